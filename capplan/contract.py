@@ -1,0 +1,170 @@
+"""The study directory contract v1: names, dtypes, units and enums, declared once.
+
+The validator, the synthetic generator, the importers and the docs all read from here, so a
+column is renamed in exactly one place. See docs/study-contract.md for the prose version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import pyarrow as pa
+
+CONTRACT_VERSION = "capplan-study/1"
+MANIFEST_NAME = "study.yaml"
+EVENTS_DIR = "events"
+RESOURCES_DIR = "resources"
+
+NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
+
+
+class Status(str, Enum):
+    """Final state of an offered request. Only ``ok`` can be SLO-good."""
+
+    OK = "ok"
+    REJECTED = "rejected"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+
+
+class LoadModel(str, Enum):
+    OPEN = "open"  # arrival schedule independent of responses (offered_rps)
+    CLOSED = "closed"  # fixed concurrency: a new request when one finishes
+
+
+ARRIVALS: tuple[str, ...] = ("constant", "poisson", "gamma", "replay", "concurrency", "unknown")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: pa.DataType
+    required: bool
+    nullable: bool
+    meaning: str
+    unit: str = ""
+
+
+# One row per *offered* request: rejected, failed and unfinished ones included.
+EVENT_COLUMNS: tuple[Column, ...] = (
+    Column("run_id", pa.string(), True, False, "a run of study.yaml"),
+    Column("request_id", pa.string(), True, False, "unique within its run"),
+    Column("scheduled_ns", pa.int64(), True, False,
+           "intended arrival, ns since the run's start (one monotonic clock per run)", "ns"),
+    Column("sent_ns", pa.int64(), False, True, "actual client send", "ns"),
+    Column("first_token_ns", pa.int64(), True, True, "first non-empty token received; null if none", "ns"),
+    Column("last_token_ns", pa.int64(), True, True, "last token received; null if none", "ns"),
+    Column("input_tokens", pa.int64(), True, False, "logical prompt tokens", "tokens"),
+    Column("output_tokens", pa.int64(), True, False, "output tokens received, 0 when none", "tokens"),
+    Column("status", pa.string(), True, False, "one of " + ", ".join(STATUSES)),
+    Column("itl_ns", pa.list_(pa.int64()), False, True, "gaps between successive output tokens or chunks", "ns"),
+    Column("admitted_ns", pa.int64(), False, True, "server admitted the request to a batch", "ns"),
+    Column("prefill_start_ns", pa.int64(), False, True, "server started its prefill", "ns"),
+    Column("server_received_ns", pa.int64(), False, True, "server received the request", "ns"),
+    Column("computed_input_tokens", pa.int64(), False, True, "prefill tokens actually computed (prefix-cache misses)", "tokens"),
+    Column("tenant", pa.string(), False, True, "tenant / customer"),
+    Column("slo_class", pa.string(), False, True, "SLO class (e.g. interactive, batch)"),
+    Column("finish_reason", pa.string(), False, True, "stop, length, abort, ..."),
+    Column("replica_group", pa.string(), False, True, "replica group that served it"),
+)
+
+EVENT_COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in EVENT_COLUMNS}
+REQUIRED_EVENT_COLUMNS: tuple[str, ...] = tuple(c.name for c in EVENT_COLUMNS if c.required)
+INT_NS_COLUMNS: tuple[str, ...] = tuple(
+    c.name for c in EVENT_COLUMNS if c.name.endswith("_ns") and c.dtype == pa.int64()
+)
+STRING_OPTIONAL_COLUMNS: tuple[str, ...] = ("tenant", "slo_class", "finish_reason", "replica_group")
+
+EVENT_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable) for c in EVENT_COLUMNS])
+
+# Telemetry samples under resources/ (one row per GPU per sample).
+RESOURCE_COLUMNS: tuple[Column, ...] = (
+    Column("t_ns", pa.int64(), True, False, "sample time, ns on the study clock (or since epoch)", "ns"),
+    Column("gpu_index", pa.int64(), True, False, "GPU index on its host"),
+    Column("power_w", pa.float64(), True, True, "instantaneous board power", "W"),
+    Column("energy_mj", pa.float64(), False, True, "total energy counter since driver load", "mJ"),
+    Column("gpu_util_pct", pa.float64(), False, True, "GPU utilisation", "%"),
+    Column("mem_used_bytes", pa.int64(), False, True, "framebuffer memory used", "bytes"),
+    Column("sm_clock_mhz", pa.float64(), False, True, "SM clock", "MHz"),
+    Column("run_id", pa.string(), False, True, "run the sample belongs to, if known"),
+    Column("host", pa.string(), False, True, "host name"),
+)
+RESOURCE_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable) for c in RESOURCE_COLUMNS])
+
+# Manifest keys.
+MANIFEST_REQUIRED = ("contract", "name", "system", "load_model", "runs")
+SYSTEM_KEYS = ("gpu", "gpus_per_replica", "tp", "pp", "replicas", "engine", "model")
+RUN_REQUIRED_OPEN = ("run_id", "offered_rps")
+RUN_REQUIRED_CLOSED = ("run_id", "concurrency")
+RUN_OPTIONAL = ("arrival", "duration_s", "warmup_s", "repeat", "nominal_rps", "notes")
+
+# Plausibility thresholds for the validator.
+RATE_MISMATCH_WARN = 0.10  # measured vs nominal offered rate
+# A run whose scheduled span is below this many ns while claiming duration_s >= 1 s looks like
+# seconds or milliseconds were written instead of nanoseconds.
+MIN_PLAUSIBLE_SPAN_FACTOR = 1e-3
+
+PERCENTILES: tuple[float, ...] = (0.50, 0.90, 0.95, 0.99, 0.999)
+PERCENTILE_DEFINITION = (
+    "empirical quantile, Hyndman & Fan type 7 (linear interpolation between order statistics)"
+)
+
+LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the manifest. Exactly one of offered_rps / concurrency is set."""
+
+    run_id: str
+    offered_rps: float | None = None
+    concurrency: int | None = None
+    arrival: str = "unknown"
+    duration_s: float | None = None
+    warmup_s: float | None = None
+    repeat: int = 0
+    nominal_rps: float | None = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def load_level(self) -> float:
+        """The x-axis of a sweep: offered rate (open) or concurrency (closed)."""
+        return float(self.offered_rps if self.offered_rps is not None else self.concurrency)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    contract: str
+    name: str
+    system: dict
+    workload: dict
+    load_model: str
+    runs: tuple[RunSpec, ...]
+    raw: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        return tuple(r.run_id for r in self.runs)
+
+    def run(self, run_id: str) -> RunSpec:
+        for r in self.runs:
+            if r.run_id == run_id:
+                return r
+        raise KeyError(run_id)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        sys = self.system or {}
+        if sys.get("gpus_per_replica"):
+            return int(sys["gpus_per_replica"])
+        return int(sys.get("tp", 1) or 1) * int(sys.get("pp", 1) or 1)
+
+    @property
+    def replicas(self) -> int:
+        return int((self.system or {}).get("replicas", 1) or 1)
