@@ -1,0 +1,81 @@
+"""Shared test fixtures: tiny study directories written through capplan.io.write_study.
+
+Use ``make_study`` (a fixture returning a factory) in any test:
+
+    def test_x(make_study):
+        path = make_study(events_df, runs=[{"run_id": "r1", "offered_rps": 2.0}])
+        study = open_study(path)
+
+``events`` may be a pandas frame, a list of row dicts, or {relative file name: frame} to
+split over several parquet files. ``runs`` defaults to one open-loop run per run_id found in
+the events, at offered_rps 1.0. Extra keyword arguments go into study.yaml. ``ev(...)`` builds
+one event row with sensible defaults, so a test only states the fields it is about.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pandas as pd
+import pytest
+
+from capplan.io import manifest_dict, write_study
+
+_counter = itertools.count()
+
+
+def ev(run_id: str = "r1", request_id: str | None = None, *, scheduled_ms: float = 0.0,
+       ttft_ms: float | None = 100.0, e2e_ms: float | None = 1000.0, sent_ms: float | None = None,
+       input_tokens: int = 100, output_tokens: int = 10, status: str = "ok", **extra) -> dict:
+    """One event row; times in ms relative to the run start, converted to int64 ns."""
+    ms = 1_000_000
+    sched = int(round(scheduled_ms * ms))
+    row = {
+        "run_id": run_id,
+        "request_id": request_id if request_id is not None else f"q{next(_counter)}",
+        "scheduled_ns": sched,
+        "sent_ns": int(round((sent_ms if sent_ms is not None else scheduled_ms) * ms)),
+        "first_token_ns": None if ttft_ms is None else sched + int(round(ttft_ms * ms)),
+        "last_token_ns": None if e2e_ms is None else sched + int(round(e2e_ms * ms)),
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "status": status,
+    }
+    row.update(extra)
+    return row
+
+
+def events_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows to a frame with nullable int64 time columns (None stays null in parquet)."""
+    df = pd.DataFrame(rows)
+    for c in df.columns:
+        if c.endswith("_ns") and c != "itl_ns" or c in ("input_tokens", "output_tokens",
+                                                         "computed_input_tokens"):
+            df[c] = df[c].astype("Int64")
+    return df
+
+
+@pytest.fixture
+def make_study(tmp_path):
+    """Factory: make_study(events, runs=None, *, name="t", load_model="open", dest=None,
+    **manifest_extra) -> Path of a new study directory under tmp_path."""
+    made = itertools.count()
+
+    def _make(events, runs: list[dict] | None = None, *, name: str = "t",
+              load_model: str = "open", dest=None, **manifest_extra):
+        if isinstance(events, list):
+            events = events_frame(events)
+        if runs is None:
+            frames = events.values() if isinstance(events, dict) else [events]
+            ids = []
+            for f in frames:
+                for r in pd.Series(f["run_id"]).dropna().unique():
+                    if r not in ids:
+                        ids.append(r)
+            key = "concurrency" if load_model == "closed" else "offered_rps"
+            runs = [{"run_id": str(r), key: 1 if load_model == "closed" else 1.0} for r in ids]
+        manifest = manifest_dict(name, runs, load_model=load_model, **manifest_extra)
+        path = dest if dest is not None else tmp_path / f"study{next(made)}"
+        return write_study(path, manifest, events)
+
+    return _make
