@@ -244,8 +244,10 @@ def connect(threads: int | None = None, memory_limit: str | None = None) -> duck
 
 def open_study(path: str | os.PathLike | Study, *, con: duckdb.DuckDBPyConnection | None = None,
                check: bool = False) -> Study:
-    """Open a study directory. With ``check=True`` also run the full validator and raise a
-    StudyError listing every problem (warnings do not raise)."""
+    """Open a study directory. Manifest and schema problems (bad YAML, missing fields, corrupt
+    parquet, missing columns, wrong dtypes) always raise a StudyError listing all of them.
+    With ``check=True`` the row-level validator runs too and its errors raise the same way
+    (warnings alone do not raise). Without it, opening reads only parquet footers."""
     if isinstance(path, Study):
         return path
     root = Path(path).expanduser()
@@ -269,17 +271,24 @@ def open_study(path: str | os.PathLike | Study, *, con: duckdb.DuckDBPyConnectio
 
     present = check_parquet_files(con, event_files, problems)
     problems.raise_if_errors()
+    study = build_study(root, manifest, event_files, resource_files, present, con)
+    if check:
+        from .validate import validate_study
+
+        report = validate_study(study)
+        report.raise_if_errors()  # StudyError listing every error (warnings attached)
+    return study
+
+
+def build_study(root: Path, manifest: C.Manifest, event_files: tuple[Path, ...],
+                resource_files: tuple[Path, ...], present: set[str],
+                con: duckdb.DuckDBPyConnection) -> Study:
+    """Create the views over already-checked files (shared by open_study and the validator)."""
     files = [str(p) for p in event_files]
     con.read_parquet(files, union_by_name=True).create_view("raw_events", replace=True)
     con.execute(f"CREATE OR REPLACE VIEW events AS SELECT {_events_select(present)} FROM raw_events")
     if resource_files:
         con.read_parquet([str(p) for p in resource_files], union_by_name=True).create_view(
             "resources", replace=True)
-    study = Study(root=root, manifest=manifest, event_files=event_files,
-                  resource_files=resource_files, present_columns=frozenset(present), con=con)
-    if check:
-        from .validate import validate_study
-
-        report = validate_study(study)
-        report.raise_if_errors()
-    return study
+    return Study(root=root, manifest=manifest, event_files=event_files,
+                 resource_files=resource_files, present_columns=frozenset(present), con=con)

@@ -1,19 +1,26 @@
 """Study validation: every problem found, each with file, column, example row and a fix.
 
 ``check_parquet_files`` runs at open time (schema level: readable, required columns, dtypes).
-``validate_study`` runs the row-level checks in DuckDB and returns all problems found.
+``validate_study`` runs the row-level checks in DuckDB and returns all problems found;
+``validate_path`` does both for a directory (what `capplan validate` calls), so even a study
+that cannot be opened gets every manifest and schema problem listed at once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import contract as C
-from .errors import ProblemList
+from .errors import Problem, ProblemList
+
+if TYPE_CHECKING:
+    from .study import Study
 
 _INT_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.uint32(), pa.uint16(), pa.uint8())
 
@@ -59,3 +66,302 @@ def check_parquet_files(con: duckdb.DuckDBPyConnection, files: tuple[Path, ...],
                              code="wrong_dtype")
             present.add(field.name)
     return present
+
+
+# --------------------------------------------------------------------------------------------
+# Whole-study validation
+# --------------------------------------------------------------------------------------------
+
+ROW_VIEW = "_validate_rows"
+#: Columns shown in an example row (those a reader needs to find and judge it).
+_EXAMPLE_COLUMNS = ("run_id", "request_id", "status", "scheduled_ns", "sent_ns", "first_token_ns",
+                    "last_token_ns", "input_tokens", "output_tokens")
+# scheduled_ns above this (≈ 3.2 years in ns) is a wall-clock epoch, not "ns since run start".
+EPOCH_NS_THRESHOLD = 100_000_000_000_000_000
+# A completed request faster than this from schedule to last token is not plausible in ns.
+MIN_PLAUSIBLE_E2E_NS = 100_000  # 0.1 ms
+# With no duration_s, a run (≥ 2 requests) whose whole activity spans less than this is implausible.
+MIN_PLAUSIBLE_RUN_SPAN_NS = 10_000_000  # 10 ms
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """A row-level rule: ``condition`` is SQL over the contract columns (identifiers from the
+    contract only; values as ``?`` parameters in ``params``)."""
+
+    code: str
+    column: str
+    condition: str
+    message: str
+    fix: str
+    params: tuple = ()
+    severity: str = "error"
+
+
+def row_checks(manifest: C.Manifest, present: frozenset[str] | set[str]) -> list[RowCheck]:
+    """Every per-row rule of contract v1."""
+    checks: list[RowCheck] = []
+    for c in C.EVENT_COLUMNS:
+        if c.required and not c.nullable:
+            checks.append(RowCheck(
+                f"null_{c.name}", c.name, f'"{c.name}" IS NULL',
+                f"required column '{c.name}' is null",
+                f"every offered request needs {c.name} ({c.meaning})"
+                + ("; write 0 when there are none" if c.unit == "tokens" else "")))
+    checks += [
+        RowCheck("unknown_status", "status",
+                 "status IS NOT NULL AND NOT list_contains(?, status)",
+                 "unknown status", "use one of " + ", ".join(C.STATUSES)
+                 + " (a request cut off at the end of the run is 'cancelled' or 'timeout')",
+                 (list(C.STATUSES),)),
+        RowCheck("unknown_run", "run_id",
+                 "run_id IS NOT NULL AND NOT list_contains(?, run_id)",
+                 "run_id is not a run of study.yaml",
+                 "add the run under 'runs:' in study.yaml or fix the run_id",
+                 (list(manifest.run_ids),)),
+        RowCheck("first_before_scheduled", "first_token_ns", "first_token_ns < scheduled_ns",
+                 "first_token_ns is before scheduled_ns",
+                 "all *_ns of a run must share one monotonic clock (ns since the run's start); "
+                 "check the clock and the unit of both columns"),
+        RowCheck("last_before_first", "last_token_ns", "last_token_ns < first_token_ns",
+                 "last_token_ns is before first_token_ns",
+                 "last_token_ns is the last token received, never before the first"),
+        RowCheck("ok_without_first_token", "first_token_ns",
+                 "status = 'ok' AND first_token_ns IS NULL",
+                 "status is 'ok' but first_token_ns is null",
+                 "an ok request received its first token: stamp it, or give the request a "
+                 "failure status (error, timeout, cancelled)"),
+        RowCheck("ok_without_last_token", "last_token_ns",
+                 "status = 'ok' AND first_token_ns IS NOT NULL AND last_token_ns IS NULL",
+                 "status is 'ok' but last_token_ns is null",
+                 "stamp the last token of a completed request (equal to first_token_ns for one token)"),
+    ]
+    for col in ("input_tokens", "output_tokens", "computed_input_tokens"):
+        if col in present:
+            checks.append(RowCheck(f"negative_{col}", col, f'"{col}" < 0',
+                                   f"{col} is negative",
+                                   f"{col} counts tokens: write 0 or more"))
+    return checks
+
+
+def _example(ex: dict | None) -> tuple[str | None, str | None]:
+    """(file, 'row N: col=value, …') of an example row (row numbers count from 0)."""
+    if not ex:
+        return None, None
+    fields = ", ".join(f"{k}={ex[k]!r}" for k in _EXAMPLE_COLUMNS if k in ex and ex[k] is not None)
+    return ex.get("filename"), f"row {ex.get('file_row_number')}: {fields}"
+
+
+def _example_struct(present) -> str:
+    # filename and row first, so min() over the struct picks the first file, then the first row.
+    cols = ["filename", "file_row_number", *[c for c in _EXAMPLE_COLUMNS]]
+    return "struct_pack(" + ", ".join(f'"{c}" := "{c}"' for c in cols) + ")"
+
+
+def _create_row_view(study: Study) -> None:
+    """The events (every contract column, NULL-filled) plus file name and row number."""
+    from .study import _events_select
+
+    rel = study.con.read_parquet([str(p) for p in study.event_files], union_by_name=True,
+                                 filename=True, file_row_number=True)
+    rel.create_view("_validate_raw", replace=True)
+    study.con.execute(f"CREATE OR REPLACE VIEW {ROW_VIEW} AS SELECT "
+                      f"{_events_select(set(study.present_columns))}, filename, file_row_number "
+                      "FROM _validate_raw")
+
+
+def _db_problem(problems: ProblemList, study: Study, exc: Exception, what: str) -> None:
+    problems.add(f"cannot read the events while checking {what}: {str(exc).splitlines()[0]}",
+                 file=str(study.root / C.EVENTS_DIR), code="bad_parquet",
+                 fix="a parquet file is corrupt or its values cannot be read; re-export it")
+
+
+def validate_study(study: Study, problems: ProblemList | None = None) -> ProblemList:
+    """Row-level checks of an opened study, all of them, each with a count and one example
+    row (file and row number). Two grouped passes over the events in DuckDB."""
+    problems = problems if problems is not None else ProblemList()
+    try:
+        _create_row_view(study)
+    except duckdb.Error as exc:
+        _db_problem(problems, study, exc, "the file list")
+        return problems
+    checks = row_checks(study.manifest, study.present_columns)
+    ex = _example_struct(study.present_columns)
+    select, params = ["count(*) AS n_rows"], []
+    for i, chk in enumerate(checks):
+        select.append(f"count(*) FILTER (WHERE {chk.condition}) AS n{i}")
+        select.append(f"min({ex}) FILTER (WHERE {chk.condition}) AS ex{i}")
+        params.extend(chk.params)
+        params.extend(chk.params)
+    try:
+        cur = study.sql(f"SELECT {', '.join(select)} FROM {ROW_VIEW}", params)
+        names = [d[0] for d in cur.description]
+        row = dict(zip(names, cur.fetchone()))
+    except duckdb.Error as exc:
+        _db_problem(problems, study, exc, "row values")
+        return problems
+    n_rows = row["n_rows"]
+    for i, chk in enumerate(checks):
+        n = row[f"n{i}"]
+        if n:
+            file, example = _example(row[f"ex{i}"])
+            problems.items.append(Problem(
+                f"{chk.message} in {n:,} of {n_rows:,} rows", file=file, column=chk.column,
+                example=example, fix=chk.fix, severity=chk.severity, code=chk.code))
+    _run_checks(study, problems)
+    return problems
+
+
+def _run_checks(study: Study, problems: ProblemList) -> None:
+    """Per-run rules: runs without events, duplicate request ids, clock unit, offered rate."""
+    manifest_file = str(study.root / C.MANIFEST_NAME)
+    try:
+        per_run = study.sql(f"""
+            SELECT run_id, count(*) AS n, count(DISTINCT request_id) AS n_ids,
+                   min(scheduled_ns) AS first_ns, max(scheduled_ns) AS last_ns,
+                   max(greatest(scheduled_ns, sent_ns, first_token_ns, last_token_ns)) AS end_ns,
+                   quantile_disc(last_token_ns - scheduled_ns, 0.5)
+                       FILTER (WHERE status = 'ok' AND last_token_ns IS NOT NULL) AS e2e_median_ns,
+                   min(filename) AS file
+            FROM {ROW_VIEW} WHERE run_id IS NOT NULL AND request_id IS NOT NULL
+                AND scheduled_ns IS NOT NULL
+            GROUP BY run_id ORDER BY run_id
+        """).fetchall()
+    except duckdb.Error as exc:
+        _db_problem(problems, study, exc, "per-run statistics")
+        return
+    stats = {r[0]: r for r in per_run}
+    for spec in study.manifest.runs:
+        if spec.run_id not in stats:
+            problems.add(f"run {spec.run_id!r} of study.yaml has no events", file=manifest_file,
+                         column="run_id", example=f"runs: - run_id: {spec.run_id}",
+                         fix="write that run's events to events/*.parquet, or remove the run "
+                             "from study.yaml", code="run_without_events")
+    for run_id, n, n_ids, first_ns, last_ns, end_ns, e2e_med, file in per_run:
+        if run_id not in study.manifest.run_ids:
+            continue  # reported by the unknown_run row check
+        spec = study.manifest.run(run_id)
+        rel = _rel(file, study.root)
+        if n_ids < n:
+            _duplicates(study, problems, run_id, n - n_ids)
+        unit = _clock_unit_suspect(n, first_ns, last_ns, end_ns, e2e_med, spec.duration_s)
+        if unit:
+            span_ns = (end_ns or last_ns) - first_ns
+            problems.add(
+                f"run {run_id!r}: timestamps look like {unit}, not nanoseconds "
+                f"(the run's events span {span_ns:,} 'ns'"
+                + (f" for a {spec.duration_s:g} s run" if spec.duration_s else "")
+                + (f"; median end-to-end latency {e2e_med:,} 'ns'" if e2e_med is not None else "") + ")",
+                file=rel, column="scheduled_ns",
+                example=f"scheduled_ns from {first_ns:,} to {last_ns:,}",
+                fix=("multiply every *_ns column by 1,000,000 (ms → ns)" if unit == "milliseconds"
+                     else "multiply every *_ns column by 1,000,000,000 (s → ns)"),
+                code="timestamp_unit")
+            continue  # rates from a wrong clock unit would only add noise
+        if first_ns is not None and first_ns > EPOCH_NS_THRESHOLD:
+            problems.warn(
+                f"run {run_id!r}: scheduled_ns looks like wall-clock epoch time, not ns since the "
+                "run's start; the warm-up window counts from 0, so warm-up is not excluded",
+                file=rel, column="scheduled_ns", example=f"first scheduled_ns = {first_ns:,}",
+                fix="subtract the run's start time from every *_ns column", code="epoch_clock")
+        if spec.offered_rps and n >= 2 and last_ns > first_ns:
+            from .metrics import measured_rate_rps
+
+            measured = measured_rate_rps(n, first_ns, last_ns)
+            rel_diff = measured / spec.offered_rps - 1.0
+            if abs(rel_diff) > C.RATE_MISMATCH_WARN:
+                problems.warn(
+                    f"run {run_id!r}: offered rate measured from scheduled_ns is "
+                    f"{measured:.3g} req/s, {rel_diff:+.0%} off the nominal offered_rps "
+                    f"{spec.offered_rps:g} (N = {n:,} over {(last_ns - first_ns) / C.NS_PER_S:.3g} s)",
+                    file=manifest_file, column="offered_rps",
+                    example=f"run_id: {run_id}, offered_rps: {spec.offered_rps:g}",
+                    fix="the load generator did not offer the nominal rate: trust the measured "
+                        "rate (capplan summarize shows it) or correct offered_rps",
+                    code="rate_mismatch")
+
+
+def _rel(file, root: Path):
+    """Files are named as DuckDB read them (the study path joined with the file's path)."""
+    return None if file is None else str(file)
+
+
+def _clock_unit_suspect(n, first_ns, last_ns, end_ns, e2e_median_ns, duration_s) -> str | None:
+    """'seconds' / 'milliseconds' when a run's stamps cannot be nanoseconds, else None."""
+    if first_ns is None:
+        return None
+    span = (end_ns if end_ns is not None else last_ns) - first_ns
+    suspect = False
+    if duration_s and duration_s >= 1 and n >= 2:
+        suspect = span < duration_s * C.NS_PER_S * C.MIN_PLAUSIBLE_SPAN_FACTOR
+    if e2e_median_ns is not None and e2e_median_ns < MIN_PLAUSIBLE_E2E_NS:
+        suspect = True
+    if not duration_s and n >= 2 and span < MIN_PLAUSIBLE_RUN_SPAN_NS:
+        suspect = True
+    if not suspect:
+        return None
+    if duration_s and span > 0:
+        per_s = span / duration_s  # ~1 for seconds, ~1000 for milliseconds
+        return "seconds" if per_s < 30 else "milliseconds"
+    ref = e2e_median_ns if e2e_median_ns is not None else span
+    return "seconds" if ref < 300 else "milliseconds"
+
+
+def _duplicates(study: Study, problems: ProblemList, run_id: str, n_extra: int) -> None:
+    row = study.sql(f"""
+        SELECT request_id, count(*) AS k,
+               list(struct_pack(f := filename, r := file_row_number)
+                    ORDER BY filename, file_row_number)[1:3] AS at
+        FROM {ROW_VIEW} WHERE run_id = ? AND request_id IS NOT NULL
+        GROUP BY request_id HAVING count(*) > 1
+        ORDER BY request_id LIMIT 1
+    """, [run_id]).fetchone()
+    request_id, k, at = row
+    where = "; ".join(f"row {a['r']} of {a['f']}" for a in at)
+    problems.add(f"run {run_id!r}: request_id is not unique ({n_extra:,} duplicate rows)",
+                 file=_rel(at[0]["f"], study.root), column="request_id",
+                 example=f"request_id={request_id!r} appears {k} times: {where}",
+                 fix="one row per offered request: drop repeated rows, or make request_id "
+                     "unique within the run (e.g. prefix a retry counter)",
+                 code="duplicate_request_id")
+
+
+def validate_path(path) -> tuple[ProblemList, Study | None]:
+    """Validate a study directory end to end and collect *every* problem: manifest, files,
+    schema, then (when the manifest and schemas allow opening it) all row and run checks."""
+    from .study import _find_parquet, build_study, connect, parse_manifest
+
+    problems = ProblemList()
+    root = Path(path).expanduser()
+    if root.is_file() and root.name == C.MANIFEST_NAME:
+        root = root.parent
+    if not root.is_dir():
+        problems.add("study directory does not exist", file=str(root),
+                     fix="pass the folder that holds study.yaml and events/", code="no_study")
+        return problems, None
+    manifest = parse_manifest(root / C.MANIFEST_NAME, problems)
+    event_files = _find_parquet(root / C.EVENTS_DIR)
+    if not event_files:
+        problems.add("no event files: events/ holds no .parquet file", file=str(root / C.EVENTS_DIR),
+                     fix="write one row per offered request to events/*.parquet "
+                         "(see docs/study-contract.md)", code="no_events")
+        return problems, None
+    con = connect()
+    n_before = len(problems.errors)
+    present = check_parquet_files(con, event_files, problems)
+    schema_ok = len(problems.errors) == n_before
+    if manifest is None or not schema_ok:
+        why = "study.yaml cannot be read" if manifest is None else "the schema problems above"
+        problems.add(f"row-level checks were skipped because of {why}; fix them and run "
+                     "`capplan validate` again", severity="error", code="checks_skipped")
+        return problems, None
+    resource_files = _find_parquet(root / C.RESOURCES_DIR)
+    try:
+        study = build_study(root, manifest, event_files, resource_files, present, con)
+    except duckdb.Error as exc:
+        problems.add(f"cannot open the events: {str(exc).splitlines()[0]}",
+                     file=str(root / C.EVENTS_DIR), code="bad_parquet",
+                     fix="a parquet file is corrupt; re-export it")
+        return problems, None
+    validate_study(study, problems)
+    return problems, study

@@ -1,0 +1,65 @@
+"""`capplan summarize STUDY --slo …`: one row per run (funnel, rates, percentiles, SLO)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import duckdb
+
+from ..errors import SpecError, StudyError
+from ..io import atomic_path
+
+OUT_FORMATS = (".csv", ".parquet")
+
+
+def write_table(df, dest: str) -> Path:
+    """Write a frame atomically as CSV or parquet, chosen by the file extension."""
+    path = Path(dest)
+    ext = path.suffix.lower()
+    if ext not in OUT_FORMATS:
+        raise SpecError(f"cannot write {path.name!r}: unknown extension {ext or '(none)'!r}",
+                        field="--out", file=str(path),
+                        fix="use a name ending in .csv or .parquet")
+    with atomic_path(path) as tmp:
+        if ext == ".csv":
+            # CRLF rows keep a field with a bare \r quoted and intact (see TOOLING.md).
+            df.to_csv(tmp, index=False, lineterminator="\r\n", encoding="utf-8")
+        else:
+            df.to_parquet(tmp, index=False)
+    return path
+
+
+@click.command("summarize")
+@click.argument("study", type=click.Path())
+@click.option("--slo", "slo_text", default=None,
+              help="e.g. ttft_ms=2000,tpot_ms=100,attainment=0.99 (adds attainment and goodput)")
+@click.option("--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="also write the table to FILE.csv or FILE.parquet (by extension)")
+@click.option("--warmup-s", type=float, default=None,
+              help="override every run's warm-up (seconds); default: the manifest's warmup_s")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="run the row-level validator first (errors stop with exit 2)")
+def cmd(study: str, slo_text: str | None, out: str | None, warmup_s: float | None,
+        check: bool) -> int:
+    """Summarize every run of STUDY: funnel, measured vs nominal offered rate, throughput,
+    TTFT/TPOT/ITL/E2E percentiles and, with --slo, attainment and goodput."""
+    from ..metrics import summarize
+    from ..slo import SLO
+    from ..study import open_study
+
+    if out is not None and Path(out).suffix.lower() not in OUT_FORMATS:
+        write_table(None, out)  # raises the SpecError before any work
+    slo = SLO.parse(slo_text) if slo_text else None
+    st = open_study(study, check=check)
+    try:
+        result = summarize(st, slo, warmup_s=warmup_s)
+    except duckdb.Error as exc:
+        raise StudyError(f"cannot read the events: {str(exc).splitlines()[0]}",
+                         file=str(st.root), fix="run `capplan validate` on the study") from None
+    click.echo(f"Study {st.name}: {len(result.run_ids)} runs")
+    click.echo(result.to_text())
+    if out is not None:
+        path = write_table(result.to_frame(), out)
+        click.echo(f"wrote {path}")
+    return 0
