@@ -1,0 +1,260 @@
+"""Block bootstrap on per-block sufficient statistics, vectorised with numpy.
+
+A replicate is a vector of how many times each *unit* (a run's sub-block of consecutive
+requests, or a single request) is drawn. With the (reps × units) count matrix ``C`` every
+additive statistic of every replicate is one matrix product ``C @ S`` where ``S`` is
+(units × stats): good counts, request counts, histogram bins. Ratios (attainment) and quantiles
+(read from replicate histograms) follow from those sums. This replaces calling a Python
+statistic once per replicate (the reference ``arch.bootstrap`` design), which is 10²–10³× slower
+at our sizes (STATISTICS.md §2).
+
+Schemes (units are consecutive in time; blocks wrap around the end):
+- ``circular``: ⌈n/L⌉ block starts drawn uniformly, each covering L units, the last one cut so
+  a replicate holds exactly n units (Politis & Romano 1992). Index generation is the same
+  as ``arch.bootstrap.CircularBlockBootstrap`` so that, with one request per unit and the same
+  seed, replicates are identical (the oracle test relies on it).
+- ``stationary``: geometric block lengths with mean L (Politis & Romano 1994), same draws as
+  ``arch.bootstrap.StationaryBootstrap``.
+- ``iid``: L = 1 circular (used to show that ignoring dependence under-covers).
+
+Lattice sub-blocks: when a unit holds s requests and L = b/s units form a block, block starts
+fall on a lattice of step s; with s ≈ b/4 this stays close to the request-level circular
+bootstrap (STATISTICS.md §3) while the count matrix stays small.
+
+Block length: Politis & White (2004) with the Patton, Politis & White (2009) correction, as
+computed by ``arch.bootstrap.optimal_block_length`` (same tuning constants, same finite-sample
+conventions), with the autocovariances by FFT so that it is O(n log n) instead of O(n^1.5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as _st
+
+from . import sketch
+
+SCHEMES = ("circular", "stationary", "iid")
+
+
+def as_rng(seed) -> np.random.Generator:
+    """A numpy Generator from an int seed (``default_rng``, as arch does) or a Generator."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    return np.random.default_rng(None if seed is None else int(seed))
+
+
+# ----------------------------------------------------------------------------- block length
+
+@dataclass(frozen=True)
+class BlockLength:
+    """Politis–White optimal block lengths (in observations) for the two schemes."""
+
+    stationary: float
+    circular: float
+
+    def for_scheme(self, scheme: str) -> float:
+        return self.stationary if scheme == "stationary" else self.circular
+
+
+def autocovariances(x, max_lag: int) -> np.ndarray:
+    """γ̂_k = n⁻¹ Σ_{t>k} (x_t − x̄)(x_{t−k} − x̄) for k = 0..max_lag, by FFT (zero-padded)."""
+    x = np.asarray(x, dtype=np.float64)
+    n = x.size
+    e = x - x.mean()
+    nfft = 1 << int(math.ceil(math.log2(max(2 * n - 1, 2))))
+    f = np.fft.rfft(e, nfft)
+    acov = np.fft.irfft(f * np.conj(f), nfft)[: max_lag + 1] / n
+    return acov
+
+
+def optimal_block_length(x) -> BlockLength:
+    """Politis–White (2004) / Patton–Politis–White (2009) block length of a 1-D series.
+
+    Reproduces ``arch.bootstrap.optimal_block_length`` (arch 7/8): m is the first lag after
+    which k_n = max(5, ⌊log10 n⌋) consecutive |autocorrelations| are all below
+    2·sqrt(log10 n / n); M = min(2·max(m, 1), ⌈√n⌉ + k_n); flat-top window
+    λ(s) = min(1, 2(1−|s|)); b = (2G²/D)^(1/3) n^(1/3) capped at ⌈min(3√n, n/3)⌉, with
+    D = 2σ̂⁴ (stationary) or 4/3 σ̂⁴ (circular). A constant series returns 1.
+    """
+    x = np.asarray(x, dtype=np.float64).ravel()
+    n = x.size
+    if n < 3:
+        return BlockLength(1.0, 1.0)
+    eps = x - x.mean()
+    b_max = math.ceil(min(3 * math.sqrt(n), n / 3))
+    kn = max(5, int(np.log10(n)))
+    m_max = int(math.ceil(math.sqrt(n))) + kn
+    cv = 2 * math.sqrt(math.log10(n) / n)
+    lags = min(m_max, n - 1)
+    cross = autocovariances(x, lags) * n  # Σ e_t e_{t−i}
+    sq = eps * eps
+    csum = np.concatenate([[0.0], np.cumsum(sq)])
+    total = csum[-1]
+    if total <= 0:
+        return BlockLength(1.0, 1.0)
+    i = np.arange(lags + 1)
+    # arch's normalisation: v1 = Σ_{t>i} e_t², v2 = Σ_{t<n−i−1} e_t² (note the off-by-one)
+    v1 = total - csum[np.minimum(i + 1, n)]
+    v2 = csum[np.maximum(n - i - 1, 0)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        abs_acorr = np.abs(cross) / np.sqrt(v1 * v2)
+    abs_acorr = np.where(np.isfinite(abs_acorr), abs_acorr, np.inf)
+    acv = np.zeros(m_max + 1)
+    acv[: lags + 1] = cross / n
+    below = abs_acorr < cv
+    opt_m = None
+    if lags + 1 > kn:
+        # window of kn consecutive lags [i−kn, i) all below the band, for i = kn..lags
+        run = np.convolve(below.astype(np.int64), np.ones(kn, dtype=np.int64), "valid")
+        # run[j] covers lags j..j+kn−1, i.e. i = j + kn
+        hits = np.nonzero(run[: lags + 1 - kn] == kn)[0]
+        if hits.size:
+            opt_m = int(hits[0])
+    m = 2 * max(opt_m, 1) if opt_m is not None else m_max
+    m = min(m, m_max)
+    k = np.arange(1, m + 1)
+    lam = np.where(k / m <= 0.5, 1.0, 2.0 * (1.0 - k / m))
+    g = float(np.sum(2 * lam * k * acv[1: m + 1]))
+    lr_acv = float(acv[0] + np.sum(2 * lam * acv[1: m + 1]))
+    if not (lr_acv > 0) or g == 0.0:
+        return BlockLength(1.0, 1.0)
+    b_sb = ((2 * g**2) / (2 * lr_acv**2)) ** (1 / 3) * n ** (1 / 3)
+    b_cb = ((2 * g**2) / (4 / 3 * lr_acv**2)) ** (1 / 3) * n ** (1 / 3)
+    return BlockLength(float(min(b_sb, b_max)), float(min(b_cb, b_max)))
+
+
+# ----------------------------------------------------------------------------- count matrices
+
+def circular_starts(n_units: int, block_units: int, reps: int, rng) -> np.ndarray:
+    """(reps × ⌈n/L⌉) block starts, drawn exactly as arch's CircularBlockBootstrap draws them."""
+    rng = as_rng(rng)
+    nb = -(-n_units // block_units)
+    return rng.integers(n_units, size=(reps, nb), dtype=np.int64)
+
+
+def circular_counts(n_units: int, block_units: int, reps: int, rng, *,
+                    dtype=np.float64) -> np.ndarray:
+    """(reps × n_units) draw counts of the circular block bootstrap (see module docstring)."""
+    L = max(1, int(block_units))
+    L = min(L, n_units)
+    starts = circular_starts(n_units, L, reps, rng)
+    idx = (starts[:, :, None] + np.arange(L, dtype=np.int64)).reshape(reps, -1)[:, :n_units]
+    idx %= n_units
+    return _counts_from_indices(idx, n_units, dtype)
+
+
+def stationary_counts(n_units: int, mean_block_units: float, reps: int, rng, *,
+                      dtype=np.float64) -> np.ndarray:
+    """(reps × n_units) draw counts of the stationary bootstrap with mean block length L,
+    with arch's StationaryBootstrap draws (start indices, then uniforms, per replicate)."""
+    rng = as_rng(rng)
+    p = 1.0 / max(float(mean_block_units), 1.0)
+    n = n_units
+    out_idx = np.empty((reps, n), dtype=np.int64)
+    pos = np.arange(n)
+    for r in range(reps):
+        start_draw = rng.integers(n, size=n, dtype=np.int64)
+        u = rng.random(n)
+        new = u <= p
+        new[0] = True
+        last = np.maximum.accumulate(np.where(new, pos, 0))
+        out_idx[r] = (start_draw[last] + (pos - last)) % n
+    return _counts_from_indices(out_idx, n, dtype)
+
+
+def _counts_from_indices(idx: np.ndarray, n_units: int, dtype) -> np.ndarray:
+    reps = idx.shape[0]
+    flat = (idx + (np.arange(reps, dtype=np.int64) * n_units)[:, None]).ravel()
+    # float64 by default: float32 counts are exact only up to 2^24 (STATISTICS.md §2)
+    return np.bincount(flat, minlength=reps * n_units).reshape(reps, n_units).astype(dtype)
+
+
+def block_counts(n_units: int, block_units: float, reps: int, rng, scheme: str = "circular",
+                 *, dtype=np.float64) -> np.ndarray:
+    """Count matrix for ``scheme`` in {'circular', 'stationary', 'iid'}."""
+    if scheme == "circular":
+        return circular_counts(n_units, max(1, int(round(block_units))), reps, rng, dtype=dtype)
+    if scheme == "stationary":
+        return stationary_counts(n_units, block_units, reps, rng, dtype=dtype)
+    if scheme == "iid":
+        return circular_counts(n_units, 1, reps, rng, dtype=dtype)
+    raise ValueError(f"unknown bootstrap scheme {scheme!r}; use one of {SCHEMES}")
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def ratio_replicates(counts: np.ndarray, num, den) -> np.ndarray:
+    """Replicates of Σnum/Σden (e.g. attainment = good / requests) for each count row.
+    ``num`` may be (units,) or (units × k) for several ratios sharing a denominator."""
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    top = counts @ num
+    bot = counts @ den
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return top / (bot[:, None] if top.ndim == 2 else bot)
+
+
+def mean_replicates(counts: np.ndarray, x) -> np.ndarray:
+    """Replicates of the mean of a per-unit series (one observation per unit)."""
+    return ratio_replicates(counts, x, np.ones(counts.shape[1]))
+
+
+def quantile_replicates(counts: np.ndarray, hist, k0: int, p, alpha: float = sketch.DEFAULT_ALPHA,
+                        below=None) -> np.ndarray:
+    """Replicates of quantile(s) p from per-unit log-bucket histograms ``hist`` (units × bins,
+    keys k0, k0+1, …) and optional per-unit counts under bucket k0 (``below``)."""
+    h = counts @ np.asarray(hist, dtype=np.float64)
+    b = None if below is None else counts @ np.asarray(below, dtype=np.float64)
+    return sketch.quantile_from_counts(h, k0, p, alpha, below=b)
+
+
+def percentile_ci(values, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided percentile interval (np.percentile, linear — as arch's 'percentile')."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return (math.nan, math.nan)
+    a = (1.0 - confidence) / 2.0
+    lo, hi = np.percentile(v, [100 * a, 100 * (1 - a)])
+    return float(lo), float(hi)
+
+
+def lower_bound(values, confidence: float = 0.95) -> float:
+    """One-sided percentile lower bound: the (1−confidence) quantile of the replicates."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return math.nan
+    return float(np.percentile(v, 100 * (1.0 - confidence)))
+
+
+def clopper_pearson(k: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact binomial (Clopper & Pearson 1934) two-sided interval for k successes in n.
+    Fractional k, n (effective sample sizes) are allowed through the beta quantiles."""
+    if n <= 0:
+        return (0.0, 1.0)
+    a = 1.0 - confidence
+    k = min(max(k, 0.0), n)
+    lo = 0.0 if k <= 0 else float(_st.beta.ppf(a / 2, k, n - k + 1))
+    hi = 1.0 if k >= n else float(_st.beta.ppf(1 - a / 2, k + 1, n - k))
+    return lo, hi
+
+
+def design_effect(boot_var: float, p: float, n: float) -> float:
+    """Bootstrap variance over the iid binomial variance p(1−p)/n (Kish 1965). NaN when the
+    binomial variance is zero (a run with no failures or no successes)."""
+    iid = p * (1.0 - p) / n if n > 0 else 0.0
+    if not iid > 0:
+        return math.nan
+    return float(boot_var / iid)
+
+
+def n_effective(n: float, deff: float) -> float:
+    """N_eff = N / design effect; a design effect below 1 (or unknown) is not allowed to
+    inflate the sample, so N_eff ≤ N."""
+    if not (deff > 1.0):
+        return float(n)
+    return float(n / deff)
