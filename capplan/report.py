@@ -1,0 +1,435 @@
+"""The main job: run notebooks 1–3 with papermill and publish an offline HTML report.
+
+``render_report`` is the whole pipeline (the CLI is a thin wrapper):
+
+1. open the study and load the plan spec *before* any kernel starts, so bad input fails fast
+   (StudyError / SpecError → exit 2) and nothing is written;
+2. execute each notebook with papermill in a kernel running this interpreter, parameters
+   recorded in the executed notebook (``metadata.papermill.parameters``), seed fixed;
+3. convert each executed notebook to HTML without code cells through the offline template
+   (``templates/nbconvert/capplan_offline``): no require.js / MathJax / widget loader from a
+   CDN, plotly.js inlined once per page, so every chart draws with the network blocked;
+4. write ``index.html`` linking the pages and the plan export (CSV/XLSX, written by notebook 3
+   through ``capplan.export``), and ``report.json`` with the parameters and study hash.
+
+Everything is written into a temp directory beside ``--out`` and renamed into place at the
+end: a failed run leaves the previous report (or nothing), never a half-written one. A failing
+notebook raises :class:`ReportError` (exit 1) naming the notebook and the cell.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import __version__
+from .errors import CapplanError, SpecError
+
+#: Notebooks of the static report, in page order: (file name, page title).
+REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
+    ("01-explore.ipynb", "Explore the study"),
+    ("02-envelope.ipynb", "SLO capacity envelope"),
+    ("03-plan.ipynb", "Capacity plan"),
+)
+WHATIF_NOTEBOOK = "04-whatif.ipynb"
+KERNEL_NAME = "capplan"
+OFFLINE_TEMPLATE = "capplan_offline"
+DEFAULT_SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
+DEFAULT_REPS = 1000
+DEFAULT_SEED = 0
+DEFAULT_CONFIDENCE = 0.95
+CELL_TIMEOUT_S = 900
+
+Progress = Callable[[str], None]
+
+
+class ReportError(CapplanError):
+    """A notebook failed while the report rendered (exit code 1: the input was fine)."""
+
+    exit_code = 1
+
+
+# --------------------------------------------------------------------------------------------
+# Locating the bundled notebooks, templates and demo study (works from any directory)
+# --------------------------------------------------------------------------------------------
+
+def _package_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def _bundled(rel: str) -> Path:
+    """A bundled resource: inside the package (wheel installs ship copies there) or beside it
+    at the repository root (editable installs). Independent of the working directory."""
+    pkg = _package_dir()
+    for base in (pkg, pkg.parent):
+        p = base / rel
+        if p.exists():
+            return p
+    raise SpecError(f"bundled resource {rel!r} not found next to the capplan package ({pkg})",
+                    fix="install capplan from its repository with `pip install -e .`")
+
+
+def notebooks_dir() -> Path:
+    return _bundled("notebooks")
+
+
+def templates_dir() -> Path:
+    return _bundled("templates")
+
+
+def demo_study_path() -> Path:
+    """The bundled demo study (``capplan synth --preset demo --out data/sample``)."""
+    try:
+        return _bundled("data/sample")
+    except SpecError:
+        raise SpecError("the bundled demo study data/sample is missing",
+                        fix="regenerate it: capplan synth --preset demo --out data/sample "
+                            "(from the repository root), or pass a STUDY directory") from None
+
+
+def default_spec_path() -> Path:
+    return _bundled("templates/plan.yaml")
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel: a kernelspec that runs *this* interpreter
+# --------------------------------------------------------------------------------------------
+
+def _runs_this_python(argv0: str) -> bool:
+    # jupyter_client replaces a bare python / python3 / python3.X with sys.executable
+    bare = {"python", f"python{sys.version_info[0]}", "python%d.%d" % sys.version_info[:2]}
+    if argv0 in bare:
+        return True
+    try:
+        return Path(argv0).resolve() == Path(sys.executable).resolve()
+    except OSError:
+        return False
+
+
+def ensure_kernel() -> str:
+    """Name of a kernel that runs this interpreter (so the notebooks import this capplan).
+
+    The native ``python3`` spec qualifies when it launches a bare ``python`` (jupyter_client
+    maps that to sys.executable); otherwise a ``capplan`` kernelspec pointing at
+    sys.executable is installed into sys.prefix (or the user's Jupyter dir when sys.prefix is
+    read-only). Right after ``pip install -e .`` on a fresh machine the first case holds."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    ksm = KernelSpecManager()
+    for name in ("python3", KERNEL_NAME):
+        try:
+            spec = ksm.get_kernel_spec(name)
+        except NoSuchKernel:
+            continue
+        if spec.argv and _runs_this_python(spec.argv[0]):
+            return name
+    from ipykernel.kernelspec import install
+
+    kw = dict(kernel_name=KERNEL_NAME, display_name="Python (capplan)")
+    try:
+        install(prefix=sys.prefix, **kw)
+    except OSError:
+        install(user=True, **kw)
+    spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    if not (spec.argv and _runs_this_python(spec.argv[0])):
+        raise ReportError(f"the Jupyter kernel {KERNEL_NAME!r} at {spec.resource_dir} runs "
+                          f"{spec.argv[0]}, not this Python ({sys.executable}); remove it with "
+                          f"`jupyter kernelspec remove {KERNEL_NAME}` and retry")
+    return KERNEL_NAME
+
+
+# --------------------------------------------------------------------------------------------
+# HTML export
+# --------------------------------------------------------------------------------------------
+
+_CDN_SCRIPT = re.compile(r"<script[^>]*\bsrc=[\"']https?://[^\"']*[\"'][^>]*>\s*</script>",
+                         re.IGNORECASE)
+
+
+def strip_cdn_scripts(text: str) -> str:
+    """Remove ``<script src="http...">`` tags (plotly's renderer adds a MathJax one per
+    figure): a report must not wait on, or fail for, the network."""
+    return _CDN_SCRIPT.sub("", text)
+
+
+def _offline_exporter():
+    from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import Preprocessor
+
+    class OfflinePreprocessor(Preprocessor):
+        """Drops stderr streams (kernel warnings are not report content) and CDN scripts."""
+
+        def preprocess_cell(self, cell, resources, index):
+            if cell.get("cell_type") == "code":
+                kept = []
+                for out in cell.get("outputs", []):
+                    if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                        continue
+                    data = out.get("data")
+                    if data and "text/html" in data:
+                        data["text/html"] = strip_cdn_scripts(data["text/html"])
+                    kept.append(out)
+                cell["outputs"] = kept
+            return cell, resources
+
+    exporter = HTMLExporter(
+        extra_template_basedirs=[str(templates_dir() / "nbconvert")],
+        template_name=OFFLINE_TEMPLATE,
+        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True,
+    )
+    exporter.register_preprocessor(OfflinePreprocessor(), enabled=True)
+    return exporter
+
+
+def notebook_to_html(nb, title: str, nav_html: str = "") -> str:
+    """Self-contained HTML without code cells for one executed notebook."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    nb.metadata["title"] = title
+    body, _ = _offline_exporter().from_notebook_node(nb, resources={"capplan_nav": nav_html})
+    return body
+
+
+# --------------------------------------------------------------------------------------------
+# Execution
+# --------------------------------------------------------------------------------------------
+
+def _first_line(source: str) -> str:
+    for line in (source or "").splitlines():
+        if line.strip():
+            return line.strip()[:120]
+    return ""
+
+
+def execution_error(notebook: str, exc: Exception) -> ReportError:
+    """Turn a papermill/nbclient failure into a message naming the notebook and the cell."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        where = f"cell {exc.cell_index}"
+        if exc.exec_count is not None:
+            where += f" (In [{exc.exec_count}])"
+        src = _first_line(exc.source)
+        msg = (f"notebook {notebook} failed at {where}: {exc.ename}: {exc.evalue}"
+               + (f"\n  cell starts: {src}" if src else ""))
+    else:
+        msg = f"notebook {notebook} failed: {type(exc).__name__}: {exc}"
+    err = ReportError(msg)
+    err.notebook = notebook
+    err.cell_index = getattr(exc, "cell_index", None)
+    return err
+
+
+def execute_notebook(path: Path, parameters: dict, *, kernel: str | None = None,
+                     cwd: Path | None = None):
+    """Execute one notebook in memory with papermill; returns the executed NotebookNode.
+    Raises ReportError naming the notebook and cell on failure."""
+    import papermill as pm
+
+    kernel = kernel or ensure_kernel()
+    try:
+        return pm.execute_notebook(
+            str(path), None, parameters=parameters, kernel_name=kernel, progress_bar=False,
+            log_output=False, cwd=str(cwd) if cwd else None, execution_timeout=CELL_TIMEOUT_S,
+            request_save_on_cell_execute=False)
+    except Exception as exc:  # noqa: BLE001 - a dead kernel or timeout is a notebook failure too
+        raise execution_error(path.name, exc) from None
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReportParams:
+    """Everything a report depends on (recorded in report.json and each notebook)."""
+
+    study: Path
+    spec: Path
+    slo: str = DEFAULT_SLO
+    seed: int = DEFAULT_SEED
+    reps: int = DEFAULT_REPS
+    confidence: float = DEFAULT_CONFIDENCE
+
+    def notebook_parameters(self, artifacts_dir: Path) -> dict:
+        from .slo import SLO
+
+        return {"study_path": str(self.study), "spec_path": str(self.spec),
+                "slo": SLO.parse(self.slo).to_dict(),
+                "seed": int(self.seed), "reps": int(self.reps),
+                "confidence": float(self.confidence), "artifacts_dir": str(artifacts_dir)}
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    out_dir: Path
+    index: Path
+    pages: tuple[Path, ...]
+    exports: tuple[Path, ...]
+    seconds_by_notebook: dict = field(default_factory=dict)
+    seconds_total: float = 0.0
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _page_name(nb_name: str) -> str:
+    return nb_name.removesuffix(".ipynb") + ".html"
+
+
+def _nav_html(current: str) -> str:
+    links = ['<a href="index.html">Index</a>']
+    for name, title in REPORT_NOTEBOOKS:
+        page = _page_name(name)
+        if page == current:
+            links.append(f"<strong>{html.escape(title)}</strong>")
+        else:
+            links.append(f'<a href="{page}">{html.escape(title)}</a>')
+    return " ".join(links)
+
+
+def index_html(params: ReportParams, study_name: str, study_hash: str,
+               pages: list[tuple[str, str]], exports: list[str]) -> str:
+    """The report's front page: links to the pages and exports, parameters and provenance."""
+    e = html.escape
+    rows = [("study", str(params.study)), ("study name", study_name),
+            ("study sha256", study_hash), ("plan spec", str(params.spec)), ("SLO", params.slo),
+            ("confidence", f"{params.confidence:g}"), ("bootstrap reps", str(params.reps)),
+            ("seed", str(params.seed)), ("capplan", __version__)]
+    page_items = "\n".join(f'<li><a href="{e(p)}">{e(t)}</a></li>' for p, t in pages)
+    export_items = "\n".join(f'<li><a href="{e(x)}">{e(x)}</a></li>' for x in exports) or \
+        "<li>(none)</li>"
+    param_rows = "\n".join(f"<tr><th>{e(k)}</th><td><code>{e(v)}</code></td></tr>" for k, v in rows)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>capplan report: {e(study_name)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 900px; margin: 2em auto; color: #222; }}
+th {{ text-align: left; padding-right: 1em; font-weight: 600; }}
+td code {{ word-break: break-all; }}
+</style></head>
+<body>
+<h1>capplan report: {e(study_name)}</h1>
+<h2>Pages</h2>
+<ul>
+{page_items}
+</ul>
+<h2>Plan export (for finance)</h2>
+<ul>
+{export_items}
+</ul>
+<h2>Parameters and provenance</h2>
+<table>
+{param_rows}
+</table>
+<p>Re-render with the same study, spec, SLO, seed and reps to get the same numbers.
+Executed notebooks (with their parameters) are in <code>notebooks/</code>.</p>
+</body></html>
+"""
+
+
+def resolve_params(study=None, spec=None, *, slo: str = DEFAULT_SLO, seed: int = DEFAULT_SEED,
+                   reps: int = DEFAULT_REPS, confidence: float = DEFAULT_CONFIDENCE):
+    """Check every input before a kernel starts; returns (ReportParams, opened Study).
+    Raises StudyError / SpecError (exit 2)."""
+    from .slo import SLO
+    from .study import open_study
+
+    study_path = Path(study).expanduser().resolve() if study else demo_study_path()
+    opened = open_study(study_path)
+    spec_path = Path(spec).expanduser().resolve() if spec else default_spec_path()
+    if not spec_path.is_file():
+        raise SpecError("plan spec not found", file=str(spec_path),
+                        fix="pass --spec PATH to a plan YAML (see templates/plan.yaml)")
+    try:
+        from .plan import load_plan_spec
+    except ModuleNotFoundError:  # pragma: no cover - plan module not installed
+        load_plan_spec = None
+    if load_plan_spec is not None:
+        load_plan_spec(spec_path)
+    slo_text = str(SLO.parse(slo))
+    if int(reps) < 1:
+        raise SpecError(f"--reps must be ≥ 1, got {reps}", field="reps")
+    if not 0.0 < float(confidence) < 1.0:
+        raise SpecError(f"confidence must be in (0, 1), got {confidence}", field="confidence")
+    params = ReportParams(study=study_path, spec=spec_path, slo=slo_text, seed=int(seed),
+                          reps=int(reps), confidence=float(confidence))
+    return params, opened
+
+
+def default_out_dir(study_name: str) -> Path:
+    """``reports/<study-name>`` under the current directory."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", study_name).strip("-.") or "study"
+    return Path.cwd() / "reports" / safe
+
+
+def render_report(study=None, *, spec=None, out=None, slo: str = DEFAULT_SLO,
+                  seed: int = DEFAULT_SEED, reps: int = DEFAULT_REPS,
+                  confidence: float = DEFAULT_CONFIDENCE, notebooks: Path | None = None,
+                  progress: Progress | None = _stderr) -> ReportResult:
+    """Render the report (see the module docstring). ``notebooks`` overrides the folder the
+    three report notebooks are read from (same file names)."""
+    from .io import atomic_dir, write_text_atomic
+
+    t_start = time.perf_counter()
+    say = progress or (lambda _msg: None)
+    params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
+                                    confidence=confidence)
+    nb_dir = Path(notebooks) if notebooks else notebooks_dir()
+    missing = [n for n, _ in REPORT_NOTEBOOKS if not (nb_dir / n).is_file()]
+    if missing:
+        raise SpecError(f"notebook(s) missing: {', '.join(missing)}", file=str(nb_dir))
+    out_dir = Path(out).expanduser().resolve() if out else default_out_dir(opened.name)
+    study_hash = opened.content_hash()
+    kernel = ensure_kernel()
+    import nbformat
+
+    seconds: dict[str, float] = {}
+    pages: list[tuple[str, str]] = []
+    n = len(REPORT_NOTEBOOKS)
+    say(f"capplan report: study {opened.name} ({params.study}), SLO {params.slo}, "
+        f"seed {params.seed}, reps {params.reps}")
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "notebooks").mkdir()
+        (tmp / "data").mkdir()
+        for i, (name, title) in enumerate(REPORT_NOTEBOOKS, 1):
+            say(f"[{i}/{n}] {name}: running …")
+            t0 = time.perf_counter()
+            nb = execute_notebook(nb_dir / name, params.notebook_parameters(tmp / "data"),
+                                  kernel=kernel, cwd=tmp)
+            nbformat.write(nb, str(tmp / "notebooks" / name))
+            page = _page_name(name)
+            (tmp / page).write_text(notebook_to_html(nb, f"{title} — {opened.name}",
+                                                     _nav_html(page)), encoding="utf-8")
+            pages.append((page, title))
+            seconds[name] = time.perf_counter() - t0
+            say(f"[{i}/{n}] {name}: done in {seconds[name]:.1f} s")
+        exports = sorted(str(p.relative_to(tmp)) for p in (tmp / "data").rglob("*") if p.is_file())
+        (tmp / "index.html").write_text(
+            index_html(params, opened.name, study_hash, pages, exports), encoding="utf-8")
+        meta = {"capplan": __version__, "study": str(params.study), "study_name": opened.name,
+                "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
+                "seed": params.seed, "reps": params.reps, "confidence": params.confidence,
+                "pages": [p for p, _ in pages], "exports": exports}
+        write_text_atomic(tmp / "report.json", json.dumps(meta, indent=2) + "\n")
+    total = time.perf_counter() - t_start
+    say(f"report written in {total:.1f} s")
+    return ReportResult(out_dir=out_dir, index=out_dir / "index.html",
+                        pages=tuple(out_dir / p for p, _ in pages),
+                        exports=tuple(out_dir / x for x in exports),
+                        seconds_by_notebook=seconds, seconds_total=total)
+
+
+def whatif_env(study: Path) -> dict:
+    """Environment for a Voila process serving the what-if notebook on ``study``."""
+    env = dict(os.environ)
+    env["CAPPLAN_STUDY"] = str(study)
+    return env
