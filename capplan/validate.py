@@ -35,6 +35,17 @@ def _dtype_ok(expected: pa.DataType, actual: pa.DataType) -> bool:
     return expected == actual
 
 
+def _first_value(path: Path, column: str) -> str | None:
+    """'row 0: column=value' of a file (reads one small batch of one column)."""
+    try:
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=1, columns=[column]), None)
+    except Exception:  # the schema was readable; a value may still not be
+        return None
+    if batch is None or batch.num_rows == 0:
+        return None
+    return f"row 0: {column}={batch.column(0)[0].as_py()!r}"
+
+
 def check_parquet_files(con: duckdb.DuckDBPyConnection, files: tuple[Path, ...],
                         problems: ProblemList) -> set[str]:
     """Schema-level checks of every events file; returns the union of contract columns present."""
@@ -62,6 +73,7 @@ def check_parquet_files(con: duckdb.DuckDBPyConnection, files: tuple[Path, ...],
             if not _dtype_ok(c.dtype, field.type):
                 problems.add(f"column '{field.name}' has type {field.type}, expected {c.dtype}",
                              file=str(path), column=field.name,
+                             example=_first_value(path, field.name),
                              fix=(f"cast it to {c.dtype}" + (" nanoseconds" if c.unit == "ns" else "")),
                              code="wrong_dtype")
             present.add(field.name)
