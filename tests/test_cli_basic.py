@@ -1,0 +1,85 @@
+"""`capplan validate` / `capplan summarize` end to end through capplan.cli.main."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from capplan.cli import main
+from capplan.metrics import summarize
+from capplan.study import open_study
+from conftest import ev
+
+
+@pytest.fixture
+def sweep(make_study):
+    rows = []
+    for run, rate, ttft in (("r01", 2.0, 100.0), ("r02", 4.0, 3000.0)):
+        for i in range(40):
+            rows.append(ev(run, f"{run}-{i}", scheduled_ms=i * 1000 / rate, ttft_ms=ttft,
+                           e2e_ms=ttft + 900, output_tokens=10))
+    rows.append(ev("r02", "r02-x", scheduled_ms=10_000, ttft_ms=None, e2e_ms=None,
+                   output_tokens=0, status="cancelled"))
+    return make_study(rows, runs=[{"run_id": "r01", "offered_rps": 2.0, "warmup_s": 1},
+                                  {"run_id": "r02", "offered_rps": 4.0, "warmup_s": 1}])
+
+
+def test_summarize_prints_one_row_per_run(sweep, capsys):
+    rc = main(["summarize", str(sweep), "--slo", "ttft_ms=2000,tpot_ms=100,attainment=0.99"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "Study t: 2 runs" in out
+    funnel = out.split("\n\n")[0].splitlines()
+    assert funnel[2].split()[:2] == ["run_id", "offered_rps"]
+    assert funnel[3].split()[:3] == ["r01", "2", "38"]  # 40 − 2 in the 1 s warm-up
+    assert funnel[4].split()[:3] == ["r02", "4", "37"]  # 40 − 4, + the cancelled one
+    assert "insufficient samples (N = 38, need 64)" in out
+    slo_block = out[out.index("SLO: 0.99 of requests with TTFT ≤ 2000 ms, TPOT ≤ 100 ms"):]
+    assert "r01" in slo_block and "yes" in slo_block and "NO" in slo_block
+
+
+def test_summarize_out_csv_and_parquet_match_the_frame(sweep, tmp_path, capsys):
+    expected = summarize(open_study(sweep), "ttft_ms=2000").to_frame()
+    for name in ("s.csv", "s.parquet"):
+        dest = tmp_path / "out" / name
+        rc = main(["summarize", str(sweep), "--slo", "ttft_ms=2000", "--out", str(dest)])
+        assert rc == 0
+        assert f"wrote {dest}" in capsys.readouterr().out
+        got = pd.read_csv(dest) if name.endswith(".csv") else pd.read_parquet(dest)
+        assert list(got.columns) == list(expected.columns)
+        assert list(got.run_id) == ["r01", "r02"]
+        pd.testing.assert_series_equal(got["n_offered"], expected["n_offered"], check_dtype=False)
+        pd.testing.assert_series_equal(got["attainment_offered"], expected["attainment_offered"],
+                                       check_dtype=False)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s.csv", "s.parquet"]
+
+
+def test_summarize_unknown_extension_writes_nothing(sweep, tmp_path, capsys):
+    dest = tmp_path / "o" / "s.xlsx"
+    rc = main(["summarize", str(sweep), "--out", str(dest)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "cannot write 's.xlsx': unknown extension '.xlsx'" in err
+    assert "use a name ending in .csv or .parquet" in err
+    assert not dest.exists() and not (tmp_path / "o").exists()
+
+
+def test_summarize_bad_slo_and_missing_study(sweep, tmp_path, capsys):
+    assert main(["summarize", str(sweep), "--slo", "ttft=2000"]) == 2
+    assert "unknown SLO key(s): ttft" in capsys.readouterr().err
+    assert main(["summarize", str(tmp_path / "none")]) == 2
+    assert "study directory does not exist" in capsys.readouterr().err
+
+
+def test_validate_ok(sweep, capsys):
+    assert main(["validate", str(sweep)]) == 0
+    assert capsys.readouterr().out.strip() == "OK: 2 runs, 81 events"
+
+
+def test_module_entry_point(sweep):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "capplan", "validate", str(sweep / "study.yaml")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "OK: 2 runs" in p.stdout
