@@ -1,0 +1,1302 @@
+"""Capacity plans: from a capacity (C_SLO) and a demand to groups, GPUs, nodes, cost and energy.
+
+A plan is a pure function of a validated :class:`PlanSpec` (see ``templates/plan.yaml``), a
+capacity per replica group, and optionally per-level facts of the study it was measured on.
+Every number is a :class:`LineItem` carrying its formula and the inputs used, so a finance
+reader can redo it by hand and a test can check it. Given a capacity number (or precomputed
+``facts``/``forecast``), :func:`make_plan` runs in about a millisecond, so the what-if panel
+calls it on every slider move::
+
+    spec = load_plan_spec("templates/plan.yaml")
+    plan = make_plan(spec, capacity=42.0)                 # req/s per replica group
+    plan2 = make_plan(spec.with_(peak_rps=500, policy="zone", price_usd_per_gpu_hour=2.1),
+                      capacity=42.0)
+
+``PlanSpec.with_`` takes the flat names listed in ``PlanSpec.ALIASES`` (or nested sections via
+``dataclasses.replace``) and validates again.
+
+Sizing (all in whole replica groups; D = λ_peak·(1+u), C = C_SLO per group):
+
+1. traffic groups            N1 = ⌈D / C⌉
+2. failure reserve           N2 = smallest N ≥ N1 with (N − L(N))·C ≥ D, L(N) = groups lost
+                              with the largest allowed failure domain (groups spread evenly over
+                              zones, then evenly over the nodes of a zone; a group spanning
+                              several nodes is lost with any of them)
+3. rollout overlap           N3 = smallest N ≥ N2 + r with (N − L(N) − r)·C ≥ D, r = groups out
+                              of service in the worst rollout step = max(max_unavailable,
+                              canary_groups − max_surge); surge groups are temporary extra GPUs
+4. cold-start reserve        N4 = smallest N ≥ N3 + ⌈b·T / C⌉ with (N − L(N) − r)·C ≥ D + b·T,
+                              b = burst growth (req/s per s), T = replica ready time (sum of parts)
+5. warm floor                N  = max(N4, warm floor)
+
+Each later step keeps the earlier conditions (a domain may fail during a rollout while demand
+grows), so adding groups that enlarge the largest zone is accounted for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+from . import cost as K
+from .errors import SpecError
+from .slo import SLO
+
+POLICIES = ("node", "zone", "n_plus_k", "none")
+READY_PARTS = ("provision", "image", "weights", "rank_init", "compile", "warmup", "register")
+CAPACITY_USES = ("lower_bound", "estimate")
+BILLING = ("node", "gpu")
+_EPS = 1e-9  # relative tolerance when dividing rates (380/47.5 must be 8, not 8.000000001)
+_MAX_GROUPS = 10_000_000
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _bad(field_: str, message: str, fix: str | None = None):
+    raise SpecError(message, field=field_, fix=fix)
+
+
+def _number(value, field_: str, *, integer: bool = False, minimum: float | None = None,
+            above: float | None = None, maximum: float | None = None, optional: bool = False,
+            example: str = "") -> Any:
+    """Check one numeric field; return it as float/int (or None when optional)."""
+    leaf = field_.split(".")[-1]
+    ex = f" (e.g. {leaf}: {example})" if example else ""
+    if value is None:
+        if optional:
+            return None
+        _bad(field_, f"{field_} is missing", f"add {leaf}: {example or '...'}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "a whole number" if integer else "a number"
+        _bad(field_, f"{field_} must be {kind}, got {value!r} ({type(value).__name__})",
+             f"write a plain number{ex}")
+    if isinstance(value, float) and not math.isfinite(value):
+        _bad(field_, f"{field_} must be finite, got {value!r}", f"write a plain number{ex}")
+    if integer:
+        if isinstance(value, float) and not value.is_integer():
+            _bad(field_, f"{field_} must be a whole number, got {value!r}", f"write a whole number{ex}")
+        value = int(value)
+    else:
+        value = float(value)
+    if minimum is not None and value < minimum:
+        _bad(field_, f"{field_} must be ≥ {minimum:g}, got {value:g}", f"use a value ≥ {minimum:g}{ex}")
+    if above is not None and not value > above:
+        _bad(field_, f"{field_} must be > {above:g}, got {value:g}", f"use a value > {above:g}{ex}")
+    if maximum is not None and value > maximum:
+        _bad(field_, f"{field_} must be ≤ {maximum:g}, got {value:g}", f"use a value ≤ {maximum:g}{ex}")
+    return value
+
+
+def _choice(value, field_: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        _bad(field_, f"unknown {field_} {value!r}", "use one of: " + ", ".join(choices))
+    return value
+
+
+def _text(value, field_: str, *, optional: bool = True) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or (not optional and not value.strip()):
+        _bad(field_, f"{field_} must be text, got {value!r}", f"write {field_.split('.')[-1]}: some-name")
+    return value
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True)
+class DemandSpec:
+    """Peak offered rate (per SLO class, summed into one pool), or a demand history to
+    forecast from; uncertainty u; planning horizon in quarters."""
+
+    SECTION: ClassVar[str] = "demand"
+    peak_rps: tuple[tuple[str, float], ...] = ()  # (class, req/s) pairs
+    history: str | None = None  # CSV/parquet of timestamped request rates
+    history_time_column: str = "t"
+    history_rate_column: str = "rps"
+    uncertainty: float = 0.0
+    horizon_quarters: int = 1
+    growth_per_quarter: float = 0.0  # only without a history
+    interval: float = 0.95  # forecast prediction-interval level; the plan uses its upper bound
+    mean_to_peak: float | None = None  # mean offered rate / peak, for monthly volumes
+    output_tokens_per_request: float | None = None  # only used without a study
+
+    def __post_init__(self):
+        s = self.SECTION
+        if not isinstance(self.peak_rps, tuple):
+            object.__setattr__(self, "peak_rps", _classes(self.peak_rps, f"{s}.peak_rps"))
+        for cls, rps in self.peak_rps:
+            f = f"{s}.peak_rps" + (f".{cls}" if cls != "all" else "")
+            _number(rps, f, above=0.0, example="380")
+        if self.peak_rps and self.history:
+            _bad(f"{s}.history", "demand has both peak_rps and history",
+                 "give either a peak (peak_rps) or a history to forecast from, not both")
+        if not self.peak_rps and not self.history:
+            _bad(f"{s}.peak_rps", "demand needs peak_rps (req/s) or history (a file of request rates)",
+                 "add peak_rps: 380 (or peak_rps: {interactive: 300, batch: 80}), or history: demand.csv")
+        _text(self.history, f"{s}.history")
+        _text(self.history_time_column, f"{s}.history_time_column", optional=False)
+        _text(self.history_rate_column, f"{s}.history_rate_column", optional=False)
+        _number(self.uncertainty, f"{s}.uncertainty", minimum=0.0, maximum=10.0, example="0.2")
+        _number(self.horizon_quarters, f"{s}.horizon_quarters", integer=True, minimum=1, maximum=40,
+                example="4")
+        _number(self.growth_per_quarter, f"{s}.growth_per_quarter", above=-1.0, example="0.1")
+        if self.history and self.growth_per_quarter:
+            _bad(f"{s}.growth_per_quarter", "growth_per_quarter is for a fixed peak; with a history "
+                 "the forecast gives the growth", "remove growth_per_quarter or history")
+        _number(self.interval, f"{s}.interval", above=0.5, maximum=0.999, example="0.95")
+        _number(self.mean_to_peak, f"{s}.mean_to_peak", above=0.0, maximum=1.0, optional=True,
+                example="0.6")
+        _number(self.output_tokens_per_request, f"{s}.output_tokens_per_request", above=0.0,
+                optional=True, example="250")
+
+    @property
+    def total_peak_rps(self) -> float:
+        return float(sum(r for _, r in self.peak_rps))
+
+
+def _classes(value, field_: str) -> tuple[tuple[str, float], ...]:
+    if value is None or value == ():
+        return ()
+    if isinstance(value, Mapping):
+        if not value:
+            _bad(field_, f"{field_} has no classes", "e.g. peak_rps: {interactive: 300, batch: 80}")
+        return tuple((str(k), v) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        return tuple((str(k), v) for k, v in value)
+    return (("all", value),)
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """Where C_SLO (req/s per replica group) comes from: a study + SLO or a number."""
+
+    SECTION: ClassVar[str] = "capacity"
+    source: str = "study"  # study | number
+    rps_per_group: float | None = None
+    use: str = "lower_bound"  # lower_bound | estimate (of the study's C_SLO)
+    confidence: float = 0.95
+    reps: int = 200
+    seed: int = 0
+    good_fraction: float | None = None  # without a study: SLO-meeting share of offered requests
+
+    def __post_init__(self):
+        s = self.SECTION
+        _choice(self.source, f"{s}.source", ("study", "number"))
+        _number(self.rps_per_group, f"{s}.rps_per_group", above=0.0, optional=True, example="42")
+        if self.source == "number" and self.rps_per_group is None:
+            _bad(f"{s}.rps_per_group", "capacity.source is number but capacity.rps_per_group is missing",
+                 "add rps_per_group: 42 (req/s one replica group serves within the SLO)")
+        _choice(self.use, f"{s}.use", CAPACITY_USES)
+        _number(self.confidence, f"{s}.confidence", above=0.5, maximum=0.999, example="0.95")
+        _number(self.reps, f"{s}.reps", integer=True, minimum=10, example="200")
+        _number(self.seed, f"{s}.seed", integer=True, minimum=0, example="0")
+        _number(self.good_fraction, f"{s}.good_fraction", above=0.0, maximum=1.0, optional=True,
+                example="0.99")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """The replica group: GPUs per replica (TP × PP) and GPUs per node."""
+
+    SECTION: ClassVar[str] = "replica_group"
+    gpus_per_replica: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    gpus_per_node: int = 8
+
+    def __post_init__(self):
+        s = self.SECTION
+        g = _number(self.gpus_per_replica, f"{s}.gpus_per_replica", integer=True, minimum=1,
+                    optional=True, example="4")
+        tp = _number(self.tp, f"{s}.tp", integer=True, minimum=1, optional=True, example="4")
+        pp = _number(self.pp, f"{s}.pp", integer=True, minimum=1, optional=True, example="1")
+        _number(self.gpus_per_node, f"{s}.gpus_per_node", integer=True, minimum=1, example="8")
+        if g is not None and (tp or pp) and g != (tp or 1) * (pp or 1):
+            _bad(f"{s}.gpus_per_replica", f"gpus_per_replica {g} ≠ tp × pp = {(tp or 1) * (pp or 1)}",
+                 "give gpus_per_replica or tp/pp, or make them agree")
+
+    @property
+    def gpus(self) -> int | None:
+        if self.gpus_per_replica is not None:
+            return int(self.gpus_per_replica)
+        if self.tp is not None or self.pp is not None:
+            return int(self.tp or 1) * int(self.pp or 1)
+        return None
+
+
+@dataclass(frozen=True)
+class FailureSpec:
+    """Failure domains and which loss the plan must survive."""
+
+    SECTION: ClassVar[str] = "failure"
+    policy: str = "node"  # node | zone | n_plus_k | none
+    zones: tuple[str, ...] = ("a",)
+    k: int = 1  # for n_plus_k
+    nodes_available: int | None = None
+
+    def __post_init__(self):
+        s = self.SECTION
+        _choice(self.policy, f"{s}.policy", POLICIES)
+        if not isinstance(self.zones, tuple):
+            object.__setattr__(self, "zones", _zones(self.zones, f"{s}.zones"))
+        if not self.zones:
+            _bad(f"{s}.zones", "failure.zones is empty", "give a zone count (zones: 3) or names (zones: [a, b, c])")
+        _number(self.k, f"{s}.k", integer=True, minimum=1 if self.policy == "n_plus_k" else 0, example="2")
+        _number(self.nodes_available, f"{s}.nodes_available", integer=True, minimum=1, optional=True,
+                example="40")
+        if self.policy == "zone" and len(self.zones) < 2:
+            _bad(f"{s}.zones", "policy zone needs at least 2 zones (losing the only zone loses everything)",
+                 "list the zones (zones: [a, b, c]) or use policy: node")
+        if self.nodes_available is not None and len(self.zones) > self.nodes_available:
+            _bad(f"{s}.zones", f"{len(self.zones)} zones but only {self.nodes_available} nodes available",
+                 "use no more zones than nodes, or raise nodes_available")
+
+
+def _zones(value, field_: str) -> tuple[str, ...]:
+    if isinstance(value, bool):
+        _bad(field_, f"{field_} must be a count or a list of names, got {value!r}", "zones: 3")
+    if isinstance(value, int):
+        if value < 1:
+            _bad(field_, f"{field_} must be ≥ 1, got {value}", "zones: 3")
+        if value > 26:
+            return tuple(f"z{i + 1}" for i in range(value))
+        return tuple("abcdefghijklmnopqrstuvwxyz"[i] for i in range(value))
+    if isinstance(value, (list, tuple)):
+        names = tuple(str(v) for v in value)
+        if len(set(names)) != len(names):
+            _bad(field_, f"{field_} has duplicate zone names: {list(names)}", "give each zone a unique name")
+        return names
+    _bad(field_, f"{field_} must be a count or a list of names, got {value!r}", "zones: [a, b, c]")
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """Rolling update: groups added before old ones go (surge), groups down at once
+    (unavailable), canary groups on the new version first."""
+
+    SECTION: ClassVar[str] = "rollout"
+    max_surge: int = 1
+    max_unavailable: int = 0
+    canary_groups: int = 0
+
+    def __post_init__(self):
+        s = self.SECTION
+        for f in ("max_surge", "max_unavailable", "canary_groups"):
+            _number(getattr(self, f), f"{s}.{f}", integer=True, minimum=0, example="1")
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            _bad(f"{s}.max_unavailable", "max_surge and max_unavailable are both 0: a rollout could never progress",
+                 "allow max_surge: 1 (extra group during rollouts) or max_unavailable: 1")
+
+    @property
+    def loss_groups(self) -> int:
+        """Groups out of service in the worst step: unavailable ones, or canaries that surge
+        does not cover (the plan does not count on a canary's capacity)."""
+        return max(self.max_unavailable, self.canary_groups - self.max_surge, 0)
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    """Replica ready time as its parts, expected burst growth, warm floor."""
+
+    SECTION: ClassVar[str] = "autoscaling"
+    ready_time_s: tuple[tuple[str, float], ...] = ()
+    burst_growth_rps_per_s: float = 0.0
+    warm_floor_groups: int = 0
+
+    def __post_init__(self):
+        s = self.SECTION
+        if not isinstance(self.ready_time_s, tuple):
+            v = self.ready_time_s
+            if not isinstance(v, Mapping):
+                _bad(f"{s}.ready_time_s", f"{s}.ready_time_s must be a mapping of parts to seconds, got {v!r}",
+                     "e.g. ready_time_s: {provision: 90, image: 40, weights: 60, rank_init: 10, "
+                     "compile: 30, warmup: 20, register: 5}")
+            object.__setattr__(self, "ready_time_s", tuple((str(k), x) for k, x in v.items()))
+        for part, secs in self.ready_time_s:
+            if part not in READY_PARTS:
+                _bad(f"{s}.ready_time_s.{part}", f"unknown ready-time part {part!r}",
+                     "parts: " + ", ".join(READY_PARTS))
+            _number(secs, f"{s}.ready_time_s.{part}", minimum=0.0, example="30")
+        _number(self.burst_growth_rps_per_s, f"{s}.burst_growth_rps_per_s", minimum=0.0, example="0.5")
+        _number(self.warm_floor_groups, f"{s}.warm_floor_groups", integer=True, minimum=0, example="2")
+
+    @property
+    def ready_s(self) -> float:
+        return float(sum(x for _, x in self.ready_time_s))
+
+
+@dataclass(frozen=True)
+class PriceSpec:
+    """Prices: $/GPU-hour, overhead % (CPU, network, storage, control plane), $/kWh, PUE."""
+
+    SECTION: ClassVar[str] = "prices"
+    usd_per_gpu_hour: float | None = None
+    overhead_pct: float = 0.0
+    usd_per_kwh: float = 0.0
+    pue: float = 1.0
+    billing: str = "node"  # node: whole nodes are paid; gpu: only the GPUs of the groups
+    gpu_power_w: float | None = None  # mean board power per GPU when the study has no telemetry
+
+    def __post_init__(self):
+        s = self.SECTION
+        _number(self.usd_per_gpu_hour, f"{s}.usd_per_gpu_hour", minimum=0.0, example="3.5")
+        _number(self.overhead_pct, f"{s}.overhead_pct", minimum=0.0, maximum=1000.0, example="15")
+        _number(self.usd_per_kwh, f"{s}.usd_per_kwh", minimum=0.0, example="0.12")
+        _number(self.pue, f"{s}.pue", minimum=1.0, maximum=5.0, example="1.3")
+        _choice(self.billing, f"{s}.billing", BILLING)
+        _number(self.gpu_power_w, f"{s}.gpu_power_w", above=0.0, optional=True, example="550")
+
+
+_SECTIONS: dict[str, type] = {
+    "demand": DemandSpec, "capacity": CapacitySpec, "replica_group": GroupSpec,
+    "failure": FailureSpec, "rollout": RolloutSpec, "autoscaling": AutoscalingSpec,
+    "prices": PriceSpec,
+}
+_ATTR = {"demand": "demand", "capacity": "capacity", "replica_group": "group", "failure": "failure",
+         "rollout": "rollout", "autoscaling": "autoscaling", "prices": "prices"}
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """A validated plan specification (frozen). Change it with :meth:`with_`."""
+
+    demand: DemandSpec
+    prices: PriceSpec
+    capacity: CapacitySpec = field(default_factory=CapacitySpec)
+    group: GroupSpec = field(default_factory=GroupSpec)
+    failure: FailureSpec = field(default_factory=FailureSpec)
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
+    name: str = "plan"
+    tenant: str | None = None
+    slo: SLO | None = None
+    source: str | None = None  # file the spec was read from
+
+    # flat name -> (section attribute, field)
+    ALIASES: ClassVar[dict[str, tuple[str, str]]] = {
+        "peak_rps": ("demand", "peak_rps"), "uncertainty": ("demand", "uncertainty"),
+        "horizon_quarters": ("demand", "horizon_quarters"),
+        "growth_per_quarter": ("demand", "growth_per_quarter"),
+        "mean_to_peak": ("demand", "mean_to_peak"),
+        "output_tokens_per_request": ("demand", "output_tokens_per_request"),
+        "capacity_rps_per_group": ("capacity", "rps_per_group"), "capacity_use": ("capacity", "use"),
+        "confidence": ("capacity", "confidence"), "good_fraction": ("capacity", "good_fraction"),
+        "gpus_per_replica": ("group", "gpus_per_replica"), "gpus_per_node": ("group", "gpus_per_node"),
+        "policy": ("failure", "policy"), "zones": ("failure", "zones"), "k": ("failure", "k"),
+        "nodes_available": ("failure", "nodes_available"),
+        "max_surge": ("rollout", "max_surge"), "max_unavailable": ("rollout", "max_unavailable"),
+        "canary_groups": ("rollout", "canary_groups"),
+        "ready_time_s": ("autoscaling", "ready_time_s"),
+        "burst_growth_rps_per_s": ("autoscaling", "burst_growth_rps_per_s"),
+        "warm_floor_groups": ("autoscaling", "warm_floor_groups"),
+        "price_usd_per_gpu_hour": ("prices", "usd_per_gpu_hour"),
+        "overhead_pct": ("prices", "overhead_pct"), "usd_per_kwh": ("prices", "usd_per_kwh"),
+        "pue": ("prices", "pue"), "billing": ("prices", "billing"), "gpu_power_w": ("prices", "gpu_power_w"),
+    }
+
+    def __post_init__(self):
+        _text(self.name, "name", optional=False)
+        _text(self.tenant, "tenant")
+        if self.slo is not None and not isinstance(self.slo, SLO):
+            object.__setattr__(self, "slo", SLO.parse(self.slo))
+
+    def with_(self, **changes) -> "PlanSpec":
+        """A copy with flat-named changes, validated again. ``peak_rps`` with several SLO
+        classes scales every class in proportion; ``slo``/``name``/``tenant`` are top level.
+        Example: ``spec.with_(peak_rps=500, policy="zone", price_usd_per_gpu_hour=2.1)``."""
+        top = {k: changes.pop(k) for k in ("slo", "name", "tenant") if k in changes}
+        if "slo" in top and top["slo"] is not None:
+            top["slo"] = SLO.parse(top["slo"])
+        by_section: dict[str, dict] = {}
+        for key, value in changes.items():
+            if key not in self.ALIASES:
+                raise SpecError(f"unknown plan parameter {key!r}", field=key,
+                                fix="known: " + ", ".join(sorted(self.ALIASES)))
+            sec, f = self.ALIASES[key]
+            if key == "peak_rps":
+                value = self._scaled_peaks(value)
+            if key == "capacity_rps_per_group" and value is not None:
+                by_section.setdefault("capacity", {})["source"] = "number"
+            by_section.setdefault(sec, {})[f] = value
+        new = {sec: dataclasses.replace(getattr(self, sec), **kw) for sec, kw in by_section.items()}
+        return dataclasses.replace(self, **new, **top)
+
+    def _scaled_peaks(self, value):
+        if isinstance(value, (Mapping, list, tuple)):
+            return value
+        _number(value, "demand.peak_rps", above=0.0, example="380")
+        classes = self.demand.peak_rps
+        total = sum(r for _, r in classes)
+        if len(classes) <= 1 or total <= 0:
+            return ((classes[0][0] if classes else "all", float(value)),)
+        return tuple((c, r * float(value) / total) for c, r in classes)
+
+    def to_dict(self) -> dict:
+        """Plain mapping in the YAML layout (for provenance and round trips)."""
+        out: dict = {"name": self.name}
+        if self.tenant is not None:
+            out["tenant"] = self.tenant
+        if self.slo is not None:
+            out["slo"] = str(self.slo)
+        for key, attr in _ATTR.items():
+            sec = getattr(self, attr)
+            d = {}
+            for f in fields(sec):
+                v = getattr(sec, f.name)
+                if f.name in ("peak_rps", "ready_time_s"):
+                    v = {a: b for a, b in v}
+                elif isinstance(v, tuple):
+                    v = list(v)
+                d[f.name] = v
+            out[key] = d
+        return out
+
+    def flat(self) -> dict[str, Any]:
+        """Flat ``section.field -> value`` view (Assumptions sheet, provenance)."""
+        out = {}
+        for k, v in self.to_dict().items():
+            if isinstance(v, dict):
+                for kk, vv in v.items():
+                    if isinstance(vv, dict):
+                        for k3, v3 in vv.items():
+                            out[f"{k}.{kk}.{k3}"] = v3
+                    else:
+                        out[f"{k}.{kk}"] = vv
+            else:
+                out[k] = v
+        return out
+
+
+_TOP_KEYS = ("name", "tenant", "slo") + tuple(_SECTIONS)
+
+
+def load_plan_spec(path_or_dict, *, base_dir: str | os.PathLike | None = None) -> PlanSpec:
+    """Read and validate a plan spec (YAML file path or mapping). Raises SpecError naming the
+    field and a fix for every bad, missing, unknown or contradictory value. A relative
+    ``demand.history`` path is resolved against the spec file's folder (or ``base_dir``)."""
+    file = None
+    if isinstance(path_or_dict, PlanSpec):
+        return path_or_dict
+    if isinstance(path_or_dict, Mapping):
+        raw = dict(path_or_dict)
+    else:
+        file = str(path_or_dict)
+        raw = _read_yaml(Path(path_or_dict))
+        base_dir = base_dir or Path(path_or_dict).parent
+    try:
+        spec = _build(raw, base_dir)
+        return dataclasses.replace(spec, source=file) if file else spec
+    except SpecError as exc:
+        if file and not exc.file:
+            raise SpecError(exc.args[0], field=exc.field, fix=exc.fix, file=file) from None
+        raise
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    file = str(path)
+    if not path.is_file():
+        raise SpecError("plan spec file not found", file=file,
+                        fix="pass --spec with a plan.yaml (start from templates/plan.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError("plan spec is not UTF-8 text", file=file) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"plan spec is not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=file,
+                        fix="check indentation and quoting (compare with templates/plan.yaml)") from None
+    except OSError as exc:
+        raise SpecError(f"cannot read plan spec: {exc.strerror or exc}", file=file) from None
+    if not isinstance(raw, dict):
+        raise SpecError("plan spec must be a mapping with demand, capacity, replica_group, failure, "
+                        "rollout, autoscaling and prices sections", file=file,
+                        fix="start from templates/plan.yaml")
+    return raw
+
+
+def _build(raw: dict, base_dir) -> PlanSpec:
+    unknown = sorted(str(k) for k in raw if k not in _TOP_KEYS)
+    if unknown:
+        raise SpecError(f"unknown key(s) in plan spec: {', '.join(unknown)}", field=unknown[0],
+                        fix="known top-level keys: " + ", ".join(_TOP_KEYS))
+    for req in ("demand", "prices"):
+        if raw.get(req) is None:
+            raise SpecError(f"plan spec is missing the '{req}' section", field=req,
+                            fix="copy it from templates/plan.yaml")
+    kw: dict = {}
+    for key, cls in _SECTIONS.items():
+        sec = raw.get(key)
+        if sec is None:
+            continue
+        if not isinstance(sec, Mapping):
+            raise SpecError(f"'{key}' must be a mapping of settings, got {sec!r}", field=key,
+                            fix="see templates/plan.yaml")
+        names = {f.name for f in fields(cls)}
+        bad = sorted(str(k) for k in sec if k not in names)
+        if bad:
+            raise SpecError(f"unknown key(s) in {key}: {', '.join(bad)}", field=f"{key}.{bad[0]}",
+                            fix=f"known keys in {key}: " + ", ".join(sorted(names)))
+        values = dict(sec)
+        if key == "demand" and values.get("history") and base_dir is not None:
+            h = values["history"]
+            if isinstance(h, str) and not os.path.isabs(h):
+                values["history"] = str(Path(base_dir) / h)
+        if key == "demand" and "peak_rps" in values:
+            values["peak_rps"] = _classes(values["peak_rps"], "demand.peak_rps")
+        if key == "capacity" and "source" not in values:
+            values["source"] = "number" if values.get("rps_per_group") is not None else "study"
+        kw[_ATTR[key]] = cls(**values)
+    slo = raw.get("slo")
+    if slo is not None:
+        try:
+            slo = SLO.parse(slo)
+        except SpecError as exc:
+            raise SpecError(exc.args[0], field="slo" + (f".{exc.field}" if exc.field else ""),
+                            fix=exc.fix) from None
+    return PlanSpec(name=raw.get("name", "plan") if raw.get("name") is not None else "plan",
+                    tenant=raw.get("tenant"), slo=slo, **kw)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class LineItem:
+    """One auditable plan number: value, unit, formula (readable text) and the inputs used."""
+
+    name: str
+    value: float
+    unit: str
+    formula: str
+    inputs: dict = field(default_factory=dict, compare=False, hash=False)
+    key: str = ""
+
+    def inputs_text(self) -> str:
+        return "; ".join(f"{k} = {_fmt(v)}" for k, v in self.inputs.items())
+
+
+@dataclass(frozen=True)
+class Check:
+    """A condition the plan must meet, stated as a sentence."""
+
+    key: str
+    sentence: str
+    ok: bool
+
+
+@dataclass(frozen=True)
+class CapacityInfo:
+    """The capacity a plan uses, with its CI when it came from a study."""
+
+    rps_per_group: float
+    source: str  # "given" | "study lower bound" | "study estimate" | "envelope ..."
+    unit: str = "req/s"
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    lower_bound: float | None = None
+    confidence: float | None = None
+    status: str | None = None
+    study_replicas: int = 1
+    study_name: str | None = None
+    study_hash: str | None = None
+
+    def to_frame(self):
+        import pandas as pd
+
+        r = self.study_replicas or 1
+        rows = [
+            ("C_SLO used per replica group", self.rps_per_group, self.unit, self.source),
+            ("C_SLO estimate (study system)", self.estimate, self.unit, ""),
+            ("CI low (study system)", self.ci_low, self.unit,
+             f"{self.confidence:.3g} two-sided" if self.confidence else ""),
+            ("CI high (study system)", self.ci_high, self.unit, ""),
+            ("one-sided lower bound (study system)", self.lower_bound, self.unit,
+             f"{self.confidence:.3g} one-sided" if self.confidence else ""),
+            ("replicas in the study system", float(r), "replicas", "study values ÷ replicas = per group"),
+            ("confidence", self.confidence, "fraction", ""),
+        ]
+        df = pd.DataFrame(rows, columns=["quantity", "value", "unit", "note"])
+        df["status"] = self.status or ""
+        return df
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The integer sizing of one demand (shared by the main plan and each quarter)."""
+
+    demand_rps: float
+    need_traffic: int
+    n_failure: int
+    n_rollout: int
+    n_cold: int
+    total: int
+    loss_failure: int
+    loss_rollout: int
+    nodes: int
+    zone_groups: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class QuarterPlan:
+    label: str
+    peak_rps: float
+    forecast_mean_rps: float | None
+    groups: int
+    gpus: int
+    nodes: int
+    billed_gpus: int
+    cost_usd_per_quarter: float
+    cost_usd_per_1k_good_requests: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A capacity plan. ``items`` (LineItem), ``checks`` (Check), ``quarters`` (QuarterPlan),
+    ``assumptions`` (name, value, note), ``notes`` (what could not be computed and why)."""
+
+    spec: PlanSpec
+    capacity: CapacityInfo
+    items: tuple[LineItem, ...]
+    checks: tuple[Check, ...]
+    quarters: tuple[QuarterPlan, ...]
+    assumptions: tuple[tuple[str, Any, str], ...]
+    notes: tuple[str, ...] = ()
+    slo: SLO | None = None
+    forecast: Any = None
+
+    def item(self, key: str) -> LineItem:
+        for it in self.items:
+            if it.key == key:
+                return it
+        raise KeyError(key)
+
+    def value(self, key: str) -> float:
+        return self.item(key).value
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def to_frame(self):
+        """Line items: item, value, unit, formula, inputs, key."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            [{"item": it.name, "value": it.value, "unit": it.unit, "formula": it.formula,
+              "inputs": it.inputs_text(), "key": it.key} for it in self.items],
+            columns=["item", "value", "unit", "formula", "inputs", "key"])
+
+    def checks_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([{"check": c.sentence, "ok": c.ok, "key": c.key} for c in self.checks],
+                            columns=["check", "ok", "key"])
+
+    def quarters_frame(self):
+        import pandas as pd
+
+        cols = ["quarter", "peak_rps", "forecast_mean_rps", "groups", "gpus", "nodes", "billed_gpus",
+                "cost_usd_per_quarter", "cost_usd_per_1k_good_requests"]
+        return pd.DataFrame([[q.label, q.peak_rps, q.forecast_mean_rps, q.groups, q.gpus, q.nodes,
+                              q.billed_gpus, q.cost_usd_per_quarter, q.cost_usd_per_1k_good_requests]
+                             for q in self.quarters], columns=cols)
+
+    def assumptions_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([{"assumption": a, "value": v, "note": n} for a, v, n in self.assumptions],
+                            columns=["assumption", "value", "note"])
+
+    @property
+    def summary(self) -> str:
+        """A few sentences a reviewer reads first."""
+        g = self.value("total_groups")
+        lines = [
+            f"{self.spec.name}: {g:.0f} replica groups ({self.value('total_gpus'):.0f} GPUs on "
+            f"{self.value('nodes'):.0f} nodes) for a planned peak of {self.value('peak_rps'):.4g} req/s "
+            f"(+{self.spec.demand.uncertainty:.0%} uncertainty) at {self.capacity.rps_per_group:.4g} req/s "
+            f"per group ({self.capacity.source}).",
+            f"Cost ${self.value('cost_usd_per_month'):,.0f} per month, "
+            f"${self.value('cost_usd_per_quarter'):,.0f} per quarter; "
+            f"${self.value('cost_usd_per_1k_good_requests'):.4g} per 1 000 SLO-meeting requests.",
+            f"Utilisation at peak {self.value('utilisation_at_peak_pct'):.1f} %; "
+            + ("all checks pass." if self.ok else
+               "FAILED checks: " + "; ".join(c.sentence for c in self.checks if not c.ok)),
+        ]
+        return "\n".join(lines)
+
+    def summary_frame(self):
+        import pandas as pd
+
+        keys = ["peak_rps", "demand_rps", "capacity_rps_per_group", "total_groups", "total_gpus", "nodes",
+                "utilisation_at_peak_pct", "cost_usd_per_month", "cost_usd_per_quarter",
+                "cost_usd_per_1k_good_requests", "cost_usd_per_1m_good_output_tokens",
+                "energy_wh_per_good_request"]
+        rows = [{"quantity": "plan", "value": self.spec.name, "unit": ""}]
+        if self.spec.tenant:
+            rows.append({"quantity": "tenant", "value": self.spec.tenant, "unit": ""})
+        if self.slo is not None:
+            rows.append({"quantity": "SLO", "value": self.slo.describe(), "unit": ""})
+        for k in keys:
+            try:
+                it = self.item(k)
+            except KeyError:
+                continue
+            rows.append({"quantity": it.name, "value": it.value, "unit": it.unit})
+        rows.append({"quantity": "all checks pass", "value": "yes" if self.ok else "NO", "unit": ""})
+        return pd.DataFrame(rows, columns=["quantity", "value", "unit"])
+
+    def figure(self):
+        """Waterfall of replica groups: traffic, failure, rollout, cold start, warm floor."""
+        import plotly.graph_objects as go
+
+        parts = [("traffic", "traffic_groups"), ("failure reserve", "failure_reserve_groups"),
+                 ("rollout overlap", "rollout_overlap_groups"), ("cold start", "cold_start_reserve_groups"),
+                 ("warm floor", "warm_floor_topup_groups")]
+        x = [p for p, _ in parts] + ["total"]
+        y = [self.value(k) for _, k in parts] + [self.value("total_groups")]
+        fig = go.Figure(go.Waterfall(x=x, y=y, measure=["relative"] * len(parts) + ["total"],
+                                     text=[f"{v:.0f}" for v in y], textposition="outside"))
+        fig.update_layout(title=f"{self.spec.name}: replica groups at peak "
+                                f"{self.value('peak_rps'):.4g} req/s", yaxis_title="replica groups",
+                          showlegend=False, template="plotly_white")
+        return fig
+
+    def to_text(self) -> str:
+        """Plain-text plan for the terminal: summary, line items, checks, notes."""
+        w = max(len(it.name) for it in self.items)
+        out = [self.summary, "", "Line items:"]
+        for it in self.items:
+            out.append(f"  {it.name:<{w}}  {_fmt(it.value):>14} {it.unit:<16} = {it.formula}")
+        out += ["", "Checks:"]
+        out += [f"  [{'ok' if c.ok else 'FAIL'}] {c.sentence}" for c in self.checks]
+        if len(self.quarters) > 1:
+            out += ["", "By quarter:"]
+            for q in self.quarters:
+                out.append(f"  {q.label}: peak {q.peak_rps:.4g} req/s → {q.groups} groups, {q.gpus} GPUs, "
+                           f"${q.cost_usd_per_quarter:,.0f}")
+        if self.notes:
+            out += ["", "Notes:"] + [f"  - {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:d}"
+    if isinstance(v, float):
+        if math.isinf(v) or math.isnan(v):
+            return str(v)
+        if v.is_integer() and abs(v) < 1e15:
+            return f"{v:.0f}"
+        return f"{v:.6g}"
+    return str(v)
+
+
+# ----------------------------------------------------------------------------- sizing
+
+
+def _ceil_div(a: float, b: float) -> int:
+    """⌈a/b⌉ tolerant to float noise (380/47.5 → 8)."""
+    q = a / b
+    return int(math.ceil(q - _EPS * max(1.0, abs(q))))
+
+
+def zone_spread(groups: int, zones: int) -> tuple[int, ...]:
+    """Groups spread evenly over zones; the first ``groups mod zones`` zones hold one more."""
+    base, extra = divmod(groups, zones)
+    return tuple(base + (1 if i < extra else 0) for i in range(zones))
+
+
+def nodes_for(groups_in_zone: int, gpus_per_group: int, gpus_per_node: int) -> int:
+    """Nodes of one zone. Groups that fit on a node share nodes (⌊n/g⌋ per node); a group
+    larger than a node takes ⌈g/n⌉ nodes of its own."""
+    if groups_in_zone <= 0:
+        return 0
+    if gpus_per_group <= gpus_per_node:
+        return -(-groups_in_zone // (gpus_per_node // gpus_per_group))
+    return groups_in_zone * -(-gpus_per_group // gpus_per_node)
+
+
+def failure_loss(groups: int, failure: FailureSpec, gpus_per_group: int, gpus_per_node: int) -> int:
+    """Groups lost with the largest allowed failure domain when ``groups`` are spread evenly
+    over the zones and, within the largest zone, evenly over its nodes."""
+    if groups <= 0 or failure.policy == "none":
+        return 0
+    if failure.policy == "n_plus_k":
+        return min(failure.k, groups)
+    z = len(failure.zones)
+    gmax = -(-groups // z)
+    if failure.policy == "zone":
+        return gmax
+    if gpus_per_group > gpus_per_node:  # spans nodes exclusively: one node takes one group
+        return 1
+    nodes = nodes_for(gmax, gpus_per_group, gpus_per_node)
+    return -(-gmax // nodes)
+
+
+def size(demand_rps: float, capacity_rps: float, spec: PlanSpec, gpus_per_group: int) -> Sizing:
+    """Integer sizing for one planned demand D (req/s, uncertainty included)."""
+    n = spec.group.gpus_per_node
+    fail, roll, auto = spec.failure, spec.rollout, spec.autoscaling
+    r = roll.loss_groups
+    burst = auto.burst_growth_rps_per_s * auto.ready_s
+
+    def loss(N):
+        return failure_loss(N, fail, gpus_per_group, n)
+
+    def smallest(start, need):
+        N = max(start, need)
+        if fail.policy == "zone":  # N − ⌈N/Z⌉ = ⌊N(Z−1)/Z⌋ ≥ need  ⇔  N ≥ need·Z/(Z−1)
+            z = len(fail.zones)
+            N = max(N, -(-need * z // (z - 1)) - 1)
+        while N - loss(N) < need:
+            N += 1
+            if N > _MAX_GROUPS:
+                raise SpecError("the plan needs more than 10 million replica groups", field="demand.peak_rps",
+                                fix="check the peak rate and the capacity units (req/s per group)")
+        return N
+
+    need = _ceil_div(demand_rps, capacity_rps)
+    n1 = need
+    n2 = smallest(n1, need)
+    n3 = smallest(n2 + r, need + r)
+    cold = _ceil_div(burst, capacity_rps) if burst > 0 else 0
+    n4 = smallest(n3 + cold, _ceil_div(demand_rps + burst, capacity_rps) + r)
+    total = max(n4, auto.warm_floor_groups)
+    zg = zone_spread(total, len(fail.zones))
+    nodes = sum(nodes_for(g, gpus_per_group, n) for g in zg)
+    return Sizing(demand_rps=demand_rps, need_traffic=n1, n_failure=n2, n_rollout=n3, n_cold=n4, total=total,
+                  loss_failure=loss(total), loss_rollout=r, nodes=nodes, zone_groups=zg)
+
+
+# ----------------------------------------------------------------------------- capacity
+
+
+def capacity_from_envelope(envelope, spec: PlanSpec, *, replicas: int = 1, study_name=None,
+                           study_hash=None) -> CapacityInfo:
+    """Per-group capacity from a fitted envelope's ``cslo`` (lower bound by default)."""
+    c = envelope.cslo
+    use = spec.capacity.use
+    value = getattr(c, use, None)
+    if value is None or not (value > 0) or not math.isfinite(value):
+        status = getattr(c, "status", "unknown")
+        raise SpecError(
+            f"the study gives no usable C_SLO {use.replace('_', ' ')} (status: {status}, value: {value})",
+            field="capacity.use",
+            fix="test lower and higher offered rates so the SLO crossing is bracketed, or pass "
+                "--capacity-rps / capacity.rps_per_group")
+    return CapacityInfo(
+        rps_per_group=float(value) / replicas,
+        source=f"study C_SLO {'lower bound' if use == 'lower_bound' else 'estimate'}"
+               + (f" ÷ {replicas} replicas" if replicas != 1 else ""),
+        unit=getattr(c, "unit", "req/s") or "req/s",
+        estimate=_opt(getattr(c, "estimate", None)), ci_low=_opt(getattr(c, "ci_low", None)),
+        ci_high=_opt(getattr(c, "ci_high", None)), lower_bound=_opt(getattr(c, "lower_bound", None)),
+        confidence=_opt(getattr(c, "confidence", None)), status=str(getattr(c, "status", "") or ""),
+        study_replicas=replicas, study_name=study_name, study_hash=study_hash)
+
+
+def _opt(v):
+    return None if v is None else float(v)
+
+
+def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None,
+                     slo: SLO | None = None) -> CapacityInfo:
+    """Capacity per group: an explicit number (or CapacityInfo) wins, then an envelope, then a
+    fit on the study, then ``capacity.rps_per_group`` of the spec."""
+    if isinstance(capacity, CapacityInfo):
+        return capacity
+    if capacity is not None:
+        v = _number(capacity, "capacity.rps_per_group", above=0.0, example="42")
+        return CapacityInfo(rps_per_group=v, source="given")
+    replicas = study.manifest.replicas if study is not None else 1
+    name = study.name if study is not None else None
+    if envelope is not None:
+        return capacity_from_envelope(envelope, spec, replicas=replicas, study_name=name)
+    if spec.capacity.source == "number":
+        return CapacityInfo(rps_per_group=float(spec.capacity.rps_per_group), source="given in the spec")
+    if study is None:
+        raise SpecError("capacity.source is study but no study was given", field="capacity.source",
+                        fix="pass a study directory (capplan plan STUDY ...), or a number with "
+                            "--capacity-rps / capacity.rps_per_group")
+    if slo is None:
+        raise SpecError("a capacity from a study needs an SLO", field="slo",
+                        fix="add slo: 'ttft_ms=2000,attainment=0.99' to the spec or pass --slo")
+    from .envelope import fit_envelope  # built by the envelope module
+
+    env = fit_envelope(study, slo, confidence=spec.capacity.confidence, reps=spec.capacity.reps,
+                       seed=spec.capacity.seed)
+    return capacity_from_envelope(env, spec, replicas=replicas, study_name=name)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=None, facts=None,
+              forecast=None) -> Plan:
+    """Build the plan. ``capacity``: req/s per replica group (number or CapacityInfo);
+    otherwise from ``envelope`` or a fit on ``study``. ``facts`` (``cost.study_facts``) and
+    ``forecast`` (``forecast.forecast_peaks``) may be passed precomputed so repeated calls
+    (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history."""
+    spec = load_plan_spec(spec)
+    slo = SLO.parse(slo) if slo is not None else spec.slo
+    cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
+    C = cap.rps_per_group
+    notes: list[str] = []
+
+    g = _gpus_per_group(spec, study)
+    n_node = spec.group.gpus_per_node
+    if g > n_node and g % n_node:
+        notes.append(f"a group of {g} GPUs spans {-(-g // n_node)} nodes of {n_node} GPUs and leaves "
+                     f"{-(-g // n_node) * n_node - g} GPUs of them idle (nodes are not shared by spanning groups)")
+    if g <= n_node and n_node % g:
+        notes.append(f"{n_node // g} groups of {g} GPUs fit a node of {n_node}; {n_node % g} GPUs per node stay idle")
+
+    if facts is None and study is not None and slo is not None:
+        facts = K.study_facts(study, slo)
+    if facts is not None:
+        notes.extend(facts.notes)
+
+    # demand per quarter
+    d = spec.demand
+    if d.history:
+        if forecast is None:
+            from .forecast import forecast_peaks_from_file
+
+            forecast = forecast_peaks_from_file(d.history, time_column=d.history_time_column,
+                                                rate_column=d.history_rate_column,
+                                                horizon_quarters=d.horizon_quarters, interval=d.interval)
+        q_labels = list(forecast.labels)
+        q_peaks = [float(x) for x in forecast.upper]
+        q_means = [float(x) for x in forecast.mean]
+        peak_formula = (f"upper bound of the {d.interval:.0%} forecast interval of the quarter's peak "
+                        f"(statsmodels {forecast.model})")
+        peak_inputs = {"quarter": q_labels[0], "forecast_mean_rps": q_means[0], "interval": d.interval}
+        mean_to_peak_default = forecast.mean_to_peak
+    else:
+        q_labels = [f"Q{i + 1}" for i in range(d.horizon_quarters)]
+        q_peaks = [d.total_peak_rps * (1.0 + d.growth_per_quarter) ** i for i in range(d.horizon_quarters)]
+        q_means = [None] * d.horizon_quarters
+        if len(d.peak_rps) > 1:
+            peak_formula = "Σ class peaks (" + " + ".join(f"{c} {r:g}" for c, r in d.peak_rps) + ")"
+            peak_inputs = {f"peak_rps.{c}": r for c, r in d.peak_rps}
+        else:
+            peak_formula = "peak offered rate from the spec"
+            peak_inputs = {"peak_rps": d.total_peak_rps}
+        mean_to_peak_default = None
+
+    ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts)
+    items, checks, main = _items_for(ctx, q_peaks[0], peak_formula, peak_inputs, notes,
+                                     mean_to_peak_default)
+    quarters = []
+    for label, peak, mean in zip(q_labels, q_peaks, q_means):
+        s = size(peak * (1 + d.uncertainty), C, spec, g)
+        c = _costs(ctx, s, peak, mean_to_peak_default, quiet=True)
+        quarters.append(QuarterPlan(label=label, peak_rps=peak, forecast_mean_rps=mean, groups=s.total,
+                                    gpus=s.total * g, nodes=s.nodes, billed_gpus=c["billed_gpus"],
+                                    cost_usd_per_quarter=c["cost_month"] * K.MONTHS_PER_QUARTER,
+                                    cost_usd_per_1k_good_requests=c["per_1k"]))
+    assumptions = _assumptions(ctx, mean_to_peak_default, notes)
+    return Plan(spec=spec, capacity=cap, items=tuple(items), checks=tuple(checks), quarters=tuple(quarters),
+                assumptions=tuple(assumptions), notes=tuple(dict.fromkeys(notes)), slo=slo, forecast=forecast)
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    spec: PlanSpec
+    cap: CapacityInfo
+    g: int
+    slo: SLO | None
+    facts: Any
+
+
+def _gpus_per_group(spec: PlanSpec, study) -> int:
+    g_spec = spec.group.gpus
+    if study is not None:
+        g_study = study.manifest.gpus_per_replica
+        if g_spec is not None and g_spec != g_study:
+            raise SpecError(f"replica_group says {g_spec} GPUs per replica but the study measured "
+                            f"{g_study} (system.gpus_per_replica / tp × pp in study.yaml)",
+                            field="replica_group.gpus_per_replica",
+                            fix="remove gpus_per_replica/tp/pp from the spec to use the study's, or plan "
+                                "with a study of that configuration")
+        return g_study
+    if g_spec is None:
+        raise SpecError("replica_group.gpus_per_replica is missing (there is no study to take it from)",
+                        field="replica_group.gpus_per_replica", fix="add gpus_per_replica: 4 (or tp: 4, pp: 1)")
+    return g_spec
+
+
+def _slo_text(slo: SLO | None) -> str:
+    return f" at {slo.describe()}" if slo is not None else ""
+
+
+def _costs(ctx: _Ctx, s: Sizing, peak: float, mean_to_peak_default, *, quiet: bool) -> dict:
+    """Cost arithmetic of one sizing (numbers only; the main plan turns them into items)."""
+    spec, p = ctx.spec, ctx.spec.prices
+    billed = s.nodes * spec.group.gpus_per_node if p.billing == "node" else s.total * ctx.g
+    gpu_month = K.gpu_cost_usd_per_month(billed, p.usd_per_gpu_hour, p.overhead_pct)
+    fa = _facts_at(ctx, peak, s.total)
+    power_w = fa.mean_power_w_per_gpu if fa is not None and fa.mean_power_w_per_gpu is not None else p.gpu_power_w
+    power_src = ("study telemetry" if fa is not None and fa.mean_power_w_per_gpu is not None
+                 else ("prices.gpu_power_w" if p.gpu_power_w is not None else None))
+    energy_month = K.energy_cost_usd_per_month(power_w * billed, p.pue, p.usd_per_kwh) if power_w else 0.0
+    cost_month = gpu_month + energy_month
+    mtp = spec.demand.mean_to_peak or mean_to_peak_default or 1.0
+    mean_rps = peak * mtp
+    good_fraction, gf_src = _good_fraction(ctx, fa)
+    good_month = K.requests_per_month(mean_rps) * good_fraction
+    per_1k = K.usd_per_unit(cost_month, good_month, 1000.0)
+    tokens, tok_src = _good_tokens(ctx, fa)
+    per_1m = K.usd_per_unit(cost_month, good_month * tokens, 1e6) if tokens else None
+    return dict(billed_gpus=billed, gpu_month=gpu_month, power_w=power_w, power_src=power_src,
+                energy_month=energy_month, cost_month=cost_month, mtp=mtp, mean_rps=mean_rps,
+                good_fraction=good_fraction, gf_src=gf_src, good_month=good_month, per_1k=per_1k,
+                tokens=tokens, tok_src=tok_src, per_1m=per_1m, facts_at=fa)
+
+
+def _facts_at(ctx: _Ctx, peak: float, groups: int):
+    """Study facts at the planned operating point: the peak spread over all groups, in the
+    study system's units (per-group load × replicas of the study system)."""
+    if ctx.facts is None or not ctx.facts.levels:
+        return None
+    per_group = peak / groups
+    return ctx.facts.at(per_group * (ctx.cap.study_replicas or ctx.facts.replicas or 1))
+
+
+def _good_fraction(ctx: _Ctx, fa) -> tuple[float, str]:
+    if fa is not None:
+        return fa.good_fraction, f"study, SLO-meeting share of offered requests ({fa.how})"
+    if ctx.spec.capacity.good_fraction is not None:
+        return ctx.spec.capacity.good_fraction, "capacity.good_fraction from the spec"
+    if ctx.slo is not None:
+        return ctx.slo.attainment, "assumed = SLO attainment target (no study; at or below C_SLO at least this share meets the SLO)"
+    return 1.0, "assumed 1.0: no study, no SLO, no capacity.good_fraction (optimistic)"
+
+
+def _good_tokens(ctx: _Ctx, fa) -> tuple[float | None, str]:
+    if fa is not None and fa.good_output_tokens_per_good_request:
+        return fa.good_output_tokens_per_good_request, f"study, mean output tokens of SLO-meeting requests ({fa.how})"
+    if ctx.spec.demand.output_tokens_per_request is not None:
+        return ctx.spec.demand.output_tokens_per_request, "demand.output_tokens_per_request from the spec"
+    return None, "unknown"
+
+
+def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, notes: list[str],
+               mean_to_peak_default):
+    spec, cap, g = ctx.spec, ctx.cap, ctx.g
+    C = cap.rps_per_group
+    u = spec.demand.uncertainty
+    D = peak * (1 + u)
+    s = size(D, C, spec, g)
+    fail, roll, auto, prices = spec.failure, spec.rollout, spec.autoscaling, spec.prices
+    n = spec.group.gpus_per_node
+    T = auto.ready_s
+    b = auto.burst_growth_rps_per_s
+    items: list[LineItem] = []
+
+    def add(key, name, value, unit, formula, inputs):
+        items.append(LineItem(name, value, unit, formula, inputs, key))
+
+    add("peak_rps", "peak offered rate λ_peak", peak, "req/s", peak_formula, peak_inputs)
+    add("demand_rps", "planned demand D = λ_peak·(1+u)", D, "req/s", "λ_peak × (1 + u)",
+        {"λ_peak": peak, "u": u})
+    cap_inputs = {"source": cap.source}
+    if cap.lower_bound is not None or cap.estimate is not None:
+        cap_inputs.update({"estimate": cap.estimate, "ci_low": cap.ci_low, "ci_high": cap.ci_high,
+                           "lower_bound": cap.lower_bound, "replicas_in_study": cap.study_replicas})
+    add("capacity_rps_per_group", "capacity per replica group C_SLO", C, "req/s",
+        ("C_SLO " + ("one-sided lower bound" if "lower" in cap.source else "estimate")
+         + " of the study ÷ replicas in the study system") if cap.estimate is not None or cap.lower_bound is not None
+        else "given", cap_inputs)
+    add("gpus_per_group", "GPUs per replica group", float(g), "GPUs",
+        "TP × PP (gpus_per_replica)", {"gpus_per_replica": g, "gpus_per_node": n})
+    add("traffic_groups", "traffic groups R_traffic", float(s.need_traffic), "groups", "⌈D / C_SLO⌉",
+        {"D": D, "C_SLO": C})
+    fail_desc = _failure_desc(fail)
+    add("failure_reserve_groups", "failure reserve", float(s.n_failure - s.need_traffic), "groups",
+        f"smallest N ≥ R_traffic with (N − L(N))·C_SLO ≥ D, L(N) = groups lost with {fail_desc} "
+        "(groups spread evenly over zones, then over the nodes of a zone; a group spanning several "
+        "nodes is lost with any of them); reserve = N − R_traffic",
+        {"R_traffic": s.need_traffic, "N": s.n_failure, "L(N)": failure_loss(s.n_failure, fail, g, n),
+         "policy": fail.policy, "zones": len(fail.zones), "k": fail.k, "gpus_per_group": g, "gpus_per_node": n})
+    add("rollout_overlap_groups", "rollout overlap", float(s.n_rollout - s.n_failure), "groups",
+        "smallest N ≥ N_failure + r with (N − L(N) − r)·C_SLO ≥ D, r = max(max_unavailable, canary_groups − "
+        "max_surge) groups out of service in the worst rollout step; overlap = N − N_failure",
+        {"N_failure": s.n_failure, "r": roll.loss_groups, "max_unavailable": roll.max_unavailable,
+         "max_surge": roll.max_surge, "canary_groups": roll.canary_groups, "N": s.n_rollout})
+    add("rollout_surge_gpus", "rollout surge GPUs (temporary, during rollouts only)",
+        float(roll.max_surge * g), "GPUs", "max_surge × GPUs per group (not in the monthly cost)",
+        {"max_surge": roll.max_surge, "gpus_per_group": g})
+    add("ready_time_s", "replica ready time T", T, "s",
+        "Σ " + " + ".join(p for p, _ in auto.ready_time_s) if auto.ready_time_s else "no parts given (0 s)",
+        {f"{p}_s": x for p, x in auto.ready_time_s})
+    cold_seed = _ceil_div(b * T, C) if b * T > 0 else 0
+    add("cold_start_reserve_groups", "cold-start reserve", float(s.n_cold - s.n_rollout), "groups",
+        "⌈b·T / C_SLO⌉ (demand growth while a new replica starts), more if the bigger fleet enlarges the "
+        "largest failure domain: smallest N ≥ N_rollout + ⌈b·T/C_SLO⌉ with (N − L(N) − r)·C_SLO ≥ D + b·T",
+        {"b_rps_per_s": b, "T_s": T, "b·T": b * T, "C_SLO": C, "⌈b·T/C_SLO⌉": cold_seed, "N_rollout": s.n_rollout,
+         "N": s.n_cold})
+    add("warm_floor_topup_groups", "warm-floor top-up", float(s.total - s.n_cold), "groups",
+        "max(0, warm_floor − N_cold)", {"warm_floor": auto.warm_floor_groups, "N_cold": s.n_cold})
+    add("total_groups", "total replica groups N", float(s.total), "groups",
+        "R_traffic + failure reserve + rollout overlap + cold-start reserve + warm-floor top-up",
+        {"R_traffic": s.need_traffic, "failure": s.n_failure - s.need_traffic,
+         "rollout": s.n_rollout - s.n_failure, "cold_start": s.n_cold - s.n_rollout,
+         "warm_floor": s.total - s.n_cold})
+    add("total_gpus", "total GPUs", float(s.total * g), "GPUs", "N × GPUs per group", {"N": s.total, "g": g})
+    add("nodes", "nodes", float(s.nodes), "nodes",
+        "Σ over zones of ⌈groups in zone / ⌊n/g⌋⌉ (groups fit a node) or groups in zone × ⌈g/n⌉ (groups span nodes)",
+        {"groups_per_zone": ", ".join(f"{z}: {k}" for z, k in zip(fail.zones, s.zone_groups)),
+         "g": g, "n": n})
+    add("capacity_total_rps", "fleet capacity N·C_SLO", s.total * C, "req/s", "N × C_SLO", {"N": s.total, "C_SLO": C})
+    add("utilisation_at_peak_pct", "utilisation at peak", 100.0 * peak / (s.total * C), "%",
+        "100 × λ_peak / (N·C_SLO)", {"λ_peak": peak, "N": s.total, "C_SLO": C})
+    add("headroom_at_peak_rps", "headroom at peak", s.total * C - peak, "req/s", "N·C_SLO − λ_peak",
+        {"N·C_SLO": s.total * C, "λ_peak": peak})
+
+    c = _costs(ctx, s, peak, mean_to_peak_default, quiet=False)
+    billed = c["billed_gpus"]
+    add("billed_gpus", "billed GPUs", float(billed), "GPUs",
+        "nodes × GPUs per node (whole nodes are paid)" if prices.billing == "node" else "N × GPUs per group",
+        {"nodes": s.nodes, "gpus_per_node": n} if prices.billing == "node" else {"N": s.total, "g": g})
+    add("gpu_cost_usd_per_month", "GPU cost per month (incl. overhead)", c["gpu_month"], "USD/month",
+        f"billed GPUs × $/GPU-h × {K.HOURS_PER_MONTH:g} h × (1 + overhead/100)",
+        {"billed_gpus": billed, "usd_per_gpu_hour": prices.usd_per_gpu_hour, "hours": K.HOURS_PER_MONTH,
+         "overhead_pct": prices.overhead_pct})
+    if c["power_w"]:
+        add("fleet_power_kw", "fleet facility power", c["power_w"] * billed * prices.pue / 1000.0, "kW",
+            "mean board power per GPU × billed GPUs × PUE / 1000",
+            {"power_w_per_gpu": c["power_w"], "source": c["power_src"], "billed_gpus": billed, "pue": prices.pue})
+        add("energy_cost_usd_per_month", "energy cost per month", c["energy_month"], "USD/month",
+            f"fleet facility power (kW) × {K.HOURS_PER_MONTH:g} h × $/kWh",
+            {"fleet_power_kw": c["power_w"] * billed * prices.pue / 1000.0, "hours": K.HOURS_PER_MONTH,
+             "usd_per_kwh": prices.usd_per_kwh})
+    else:
+        notes.append("energy cost not included: the study has no power samples and prices.gpu_power_w "
+                     "is not set (the $/GPU-hour price is taken to include power)")
+    add("cost_usd_per_month", "total cost per month", c["cost_month"], "USD/month",
+        "GPU cost per month + energy cost per month", {"gpu": c["gpu_month"], "energy": c["energy_month"]})
+    add("cost_usd_per_quarter", "total cost per quarter", c["cost_month"] * K.MONTHS_PER_QUARTER, "USD/quarter",
+        "cost per month × 3", {"cost_usd_per_month": c["cost_month"]})
+    add("mean_offered_rps", "mean offered rate", c["mean_rps"], "req/s", "λ_peak × mean_to_peak",
+        {"λ_peak": peak, "mean_to_peak": c["mtp"]})
+    add("good_fraction", "SLO-meeting fraction of offered requests", c["good_fraction"], "fraction",
+        c["gf_src"], {"operating_point_rps_per_group": peak / s.total})
+    add("good_requests_per_month", "SLO-meeting requests per month", c["good_month"], "requests",
+        f"mean offered rate × {K.SECONDS_PER_MONTH:g} s × good fraction",
+        {"mean_offered_rps": c["mean_rps"], "seconds": K.SECONDS_PER_MONTH, "good_fraction": c["good_fraction"]})
+    add("cost_usd_per_1k_good_requests", "cost per 1 000 SLO-meeting requests", c["per_1k"], "USD",
+        "total cost per month / SLO-meeting requests per month × 1 000 (all provisioned capacity, "
+        "including what rejected or late requests used, over SLO-meeting requests only)",
+        {"cost_usd_per_month": c["cost_month"], "good_requests_per_month": c["good_month"]})
+    if c["tokens"]:
+        add("good_output_tokens_per_good_request", "output tokens per SLO-meeting request", c["tokens"], "tokens",
+            c["tok_src"], {})
+        add("cost_usd_per_1m_good_output_tokens", "cost per 1 M SLO-meeting output tokens", c["per_1m"], "USD",
+            "total cost per month / (SLO-meeting requests per month × output tokens per SLO-meeting request) × 10⁶",
+            {"cost_usd_per_month": c["cost_month"], "good_requests_per_month": c["good_month"],
+             "tokens_per_good_request": c["tokens"]})
+    else:
+        notes.append("cost per 1 M SLO-meeting output tokens not computed: no study and no "
+                     "demand.output_tokens_per_request")
+    fa = c["facts_at"]
+    if fa is not None and fa.energy_j_per_good_request is not None:
+        e_wh = fa.energy_j_per_good_request * prices.pue / K.J_PER_WH
+        add("energy_wh_per_good_request", "energy per SLO-meeting request (facility)", e_wh, "Wh",
+            "∫ GPU power dt over the study's run windows / SLO-meeting requests in them × PUE / 3600 "
+            f"({fa.how})", {"board_j_per_good_request": fa.energy_j_per_good_request, "pue": prices.pue})
+    elif ctx.facts is not None:
+        notes.append("energy per SLO-meeting request not computed: the study has no usable power samples")
+
+    # checks
+    checks = _checks(ctx, s, peak, D, C, c)
+    return items, checks, s
+
+
+def _failure_desc(fail: FailureSpec) -> str:
+    return {"node": "the largest node", "zone": "the largest zone",
+            "n_plus_k": f"any {fail.k} group(s) (N+{fail.k})", "none": "nothing (no failure policy)"}[fail.policy]
+
+
+def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
+    spec = ctx.spec
+    fail, roll, auto = spec.failure, spec.rollout, spec.autoscaling
+    at = _slo_text(ctx.slo)
+    N = s.total
+    L = s.loss_failure
+    r = s.loss_rollout
+    out = []
+    out.append(Check("traffic", f"{N} groups × {C:.4g} req/s = {N * C:.4g} req/s ≥ planned peak "
+                                f"{D:.4g} req/s{at}", N * C >= D * (1 - _EPS)))
+    if fail.policy == "zone":
+        what = f"losing zone {fail.zones[0]} ({L} of {N} groups)"
+    elif fail.policy == "node":
+        what = f"losing one node ({L} of {N} groups)"
+    elif fail.policy == "n_plus_k":
+        what = f"losing any {L} of {N} groups"
+    else:
+        what = None
+    if what:
+        out.append(Check("failure", f"after {what}, capacity {(N - L) * C:.4g} req/s ≥ planned peak "
+                                    f"{D:.4g} req/s{at}", (N - L) * C >= D * (1 - _EPS)))
+    lost = L + r
+    out.append(Check("rollout",
+                     f"during the worst rollout step ({r} group(s) out of service"
+                     + (f", while {what}" if what else "")
+                     + f"), capacity {(N - lost) * C:.4g} req/s ≥ planned peak {D:.4g} req/s{at}",
+                     (N - lost) * C >= D * (1 - _EPS)))
+    bT = auto.burst_growth_rps_per_s * auto.ready_s
+    if bT > 0:
+        out.append(Check("cold_start",
+                         f"while a new replica starts ({auto.ready_s:g} s), demand can grow by "
+                         f"{bT:.4g} req/s to {D + bT:.4g} req/s and capacity {(N - lost) * C:.4g} req/s "
+                         f"still covers it{at}", (N - lost) * C >= (D + bT) * (1 - _EPS)))
+    if auto.warm_floor_groups:
+        out.append(Check("warm_floor", f"{N} groups ≥ warm floor {auto.warm_floor_groups} groups",
+                         N >= auto.warm_floor_groups))
+    if fail.nodes_available is not None:
+        out.append(Check("nodes_available", f"planned nodes {s.nodes} ≤ nodes available {fail.nodes_available}",
+                         s.nodes <= fail.nodes_available))
+    if roll.max_surge > N:
+        raise SpecError(f"rollout.max_surge ({roll.max_surge}) is larger than the planned fleet ({N} groups)",
+                        field="rollout.max_surge", fix=f"use max_surge ≤ {N}")
+    status = ctx.cap.status
+    if status:
+        ok = status.lower() in ("ok", "bracketed", "estimated")
+        out.append(Check("capacity_status", f"the study's C_SLO is bracketed by the tested rates (status: {status})",
+                         ok))
+    return out
+
+
+def _assumptions(ctx: _Ctx, mean_to_peak_default, notes) -> list[tuple[str, Any, str]]:
+    spec = ctx.spec
+    out: list[tuple[str, Any, str]] = []
+    for k, v in spec.flat().items():
+        if v is None:
+            continue
+        out.append((k, v if isinstance(v, (int, float, str, bool)) else str(v), ""))
+    out += [
+        ("hours per month", K.HOURS_PER_MONTH, "8 760 h / 12"),
+        ("fleet provisioning", "peak all month", "the planned fleet is paid for all month (reserved capacity)"),
+        ("mean_to_peak used", spec.demand.mean_to_peak or mean_to_peak_default or 1.0,
+         "from the spec" if spec.demand.mean_to_peak else
+         ("mean / peak of the demand history" if mean_to_peak_default else
+          "not given: the fleet is assumed busy at peak all month (optimistic cost per request)")),
+        ("SLO classes", "one pool", "all SLO classes share one pool sized at the spec's SLO; λ_peak = Σ class peaks"),
+        ("operating point", "λ_peak / N per group",
+         "good fraction, tokens and energy are read from the study at the peak spread over all groups"),
+    ]
+    return out
