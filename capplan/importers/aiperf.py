@@ -1,0 +1,193 @@
+"""AIPerf (0.13, and the older ``timestamp_ns``/``credit_phase`` record schema): one run per
+``profile_export.jsonl`` (``artifacts/<dir>/rate_<r>/``), its rate and load type from the
+``profile_export_aiperf.json`` beside it.
+
+Clock: epoch ns. ``credit_issued_ns`` (the credit that allows the send, ~1 ms before it) is the
+closest thing AIPerf has to an intended start → ``scheduled_ns``; ``request_start_ns`` →
+``sent_ns``; first token = start + ``time_to_first_token``; last token = start +
+``request_latency``; ``inter_chunk_latency`` → ``itl_ns``. Warm-up records
+(``benchmark_phase: warmup``) are excluded and counted in the manifest
+(``excluded_warmup_requests``). Requests AIPerf cancelled at the grace cut-off are missing from
+every export; their count is read from ``logs/aiperf.log`` and reported.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .. import contract as C
+from ..errors import StudyError
+from .common import (RunData, add_row, load_json, load_jsonl, new_columns, parse_rate,
+                     status_from_error, to_int)
+
+TOOL = "aiperf"
+RECORDS = "profile_export.jsonl"
+SUMMARY = "profile_export_aiperf.json"
+EXPECTED = "AIPerf per-request records (profile_export.jsonl: one JSON object per line with " \
+           "'metadata' and 'metrics')"
+_CANCELLED_RE = re.compile(r"Phase profiling.*?complete \|.*?cancelled=(\d+)")
+
+
+def sniff_record(obj) -> bool:
+    md = obj.get("metadata") if isinstance(obj, dict) else None
+    return isinstance(md, dict) and ("credit_issued_ns" in md or "request_start_ns" in md
+                                     or "timestamp_ns" in md)
+
+
+def find_files(path: Path) -> list[Path]:
+    """profile_export.jsonl files under an artifact directory (aggregates skipped)."""
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.rglob(RECORDS + "*")
+                   if p.name in (RECORDS, RECORDS + ".gz") and "aggregate" not in p.parts)
+    return files
+
+
+def parse(paths: list[str]) -> list[RunData]:
+    runs = []
+    for p in paths:
+        files = find_files(Path(p))
+        if not files:
+            raise StudyError(f"no {RECORDS} found; expected an AIPerf artifact directory "
+                             "(artifacts/<dir>/rate_<r>/profile_export.jsonl)", file=str(p),
+                             fix="run aiperf with --export-level records or raw")
+        runs.extend(_parse_file(f) for f in files)
+    return runs
+
+
+def _value(metrics: dict, name: str):
+    m = metrics.get(name)
+    if isinstance(m, dict):
+        return m.get("value")
+    return m
+
+
+def _ms_to_ns(v) -> int | None:
+    if v is None:
+        return None
+    return int(round(float(v) * C.NS_PER_MS))
+
+
+def _load_model(summary: dict | None, folder: Path) -> tuple[float | None, int | None, str]:
+    """(nominal rate, concurrency, arrival) from profile_export_aiperf.json, else the folder name."""
+    rate = conc = None
+    arrival = "unknown"
+    if isinstance(summary, dict):
+        ic = summary.get("input_config") or {}
+        phases = [ph for ph in (ic.get("phases") or []) if isinstance(ph, dict)
+                  and (ph.get("kind") or ph.get("name")) == "profiling"]
+        if phases:
+            ph = phases[0]
+            rate = parse_rate(ph.get("rate"))
+            conc = to_int(ph.get("concurrency"), 0) or None
+            kind = str(ph.get("type") or "")
+            arrival = {"poisson": "poisson", "constant": "constant", "gamma": "gamma"}.get(kind, arrival)
+        lg = ic.get("loadgen") or {}  # older input_config
+        rate = rate or parse_rate(lg.get("request_rate"))
+        conc = conc or (to_int(lg.get("concurrency"), 0) or None)
+        if arrival == "unknown" and lg.get("request_rate_mode"):
+            arrival = {"poisson": "poisson", "constant": "constant"}.get(
+                str(lg["request_rate_mode"]).lower(), "unknown")
+        vv = ((summary.get("run_info") or {}).get("variation_values") or {})
+        for k, v in vv.items():
+            if k.endswith(".rate"):
+                rate = parse_rate(v) or rate
+            elif k.endswith(".concurrency"):
+                conc = to_int(v, 0) or conc
+    if rate is None and conc is None:
+        m = re.match(r"(rate|concurrency)_([0-9.]+)", folder.name)
+        if m:
+            if m.group(1) == "rate":
+                rate = parse_rate(m.group(2))
+            else:
+                conc = to_int(m.group(2), 0) or None
+    if rate is not None:
+        conc = None  # open loop (a concurrency cap is not the load level)
+    elif conc is not None:
+        arrival = "concurrency"
+    return rate, conc, arrival
+
+
+def _cancelled_in_log(folder: Path) -> int | None:
+    log = folder / "logs" / "aiperf.log"
+    if not log.is_file():
+        return None
+    n = None
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        m = _CANCELLED_RE.search(line)
+        if m:
+            n = int(m.group(1))
+    return n
+
+
+def _parse_file(path: Path) -> RunData:
+    records = load_jsonl(path, EXPECTED)
+    for i, r in enumerate(records, 1):
+        if not sniff_record(r):
+            raise StudyError(f"line {i} is not an AIPerf record: expected 'metadata' with "
+                             "credit_issued_ns/request_start_ns", file=str(path),
+                             example=str(list(r)[:6]), fix="pass AIPerf's profile_export.jsonl")
+    folder = path.parent
+    summary = None
+    for name in (SUMMARY, SUMMARY + ".gz"):
+        if (folder / name).is_file():
+            summary = load_json(folder / name, "AIPerf's profile_export_aiperf.json")
+    rate, conc, arrival = _load_model(summary, folder)
+    cols = new_columns()
+    warm = 0
+    for i, r in enumerate(records, 1):
+        md, mt = r["metadata"], (r.get("metrics") or {})
+        phase = md.get("benchmark_phase") or md.get("credit_phase") or md.get("phase_kind")
+        if str(phase).lower() == "warmup":
+            warm += 1
+            continue
+        sent = md.get("request_start_ns", md.get("timestamp_ns"))
+        sched = md.get("credit_issued_ns", sent)
+        if sent is None:
+            raise StudyError(f"line {i}: record has no request_start_ns/timestamp_ns",
+                             file=str(path), column="metadata.request_start_ns")
+        sent, sched = int(sent), int(sched)
+        err = r.get("error")
+        cancelled = bool(md.get("was_cancelled"))
+        if err or cancelled:
+            e = err if isinstance(err, dict) else {}
+            status = status_from_error(f"{e.get('type', '')} {e.get('message', '')}",
+                                       code=e.get("code"), cancelled=cancelled)
+        else:
+            status = C.Status.OK.value
+        ttft = _ms_to_ns(_value(mt, "time_to_first_token"))
+        lat = _ms_to_ns(_value(mt, "request_latency"))
+        icl = _value(mt, "inter_chunk_latency")
+        osl = _value(mt, "output_sequence_length")
+        if osl is None:
+            osl = _value(mt, "output_token_count")
+        isl = _value(mt, "input_sequence_length")
+        if isl is None:
+            isl = _value(mt, "error_isl") if _value(mt, "error_isl") is not None else \
+                _value(mt, "usage_prompt_tokens")
+        add_row(cols,
+                request_id=str(md.get("x_request_id") or md.get("x_correlation_id") or i),
+                scheduled_ns=sched, sent_ns=sent,
+                first_token_ns=None if ttft is None else sent + ttft,
+                last_token_ns=None if lat is None or ttft is None else sent + lat,
+                input_tokens=to_int(isl), output_tokens=to_int(osl), status=status,
+                itl_ns=[_ms_to_ns(x) for x in icl] if isinstance(icl, list) else None)
+    run = RunData(run_id=folder.name if folder.name.startswith(("rate_", "concurrency_"))
+                  else path.stem, source=str(path), columns=cols, nominal_rps=rate,
+                  concurrency=conc, arrival=arrival)
+    if summary:
+        phases = [ph for ph in ((summary.get("input_config") or {}).get("phases") or [])
+                  if isinstance(ph, dict) and ph.get("kind") == "profiling"]
+        if phases and phases[0].get("duration") is not None:
+            run.duration_s = float(phases[0]["duration"])
+    if warm:
+        run.extra["excluded_warmup_requests"] = warm
+    missing = _cancelled_in_log(folder)
+    if missing:
+        run.extra["missing_cancelled_requests"] = missing
+        run.warnings.append(
+            f"AIPerf's log reports cancelled={missing} in the profiling phase, but AIPerf drops "
+            "requests cancelled at the grace cut-off from every export: they are missing here, "
+            "so attainment is overstated by up to that many violations")
+    return run

@@ -1,0 +1,359 @@
+"""What every importer shares: reading files with errors for people, clock alignment, offered
+rate measurement, the manifest, and writing the study.
+
+An importer is a pure parse function ``parse(paths) -> list[RunData]``: one RunData per run, its
+event columns already on one clock (int64 ns, any origin). ``assemble`` re-bases every run so its
+first scheduled request is at 0, measures the offered rate from the intended start times, builds
+the manifest and collects warnings; ``write_import`` is the only function that touches disk.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from .. import contract as C
+from ..errors import StudyError
+from ..io import events_table, manifest_dict, write_study
+
+#: event columns whose values are times on the run's clock (re-based together)
+TIME_COLUMNS = ("scheduled_ns", "sent_ns", "first_token_ns", "last_token_ns", "admitted_ns",
+                "prefill_start_ns", "server_received_ns")
+
+#: GuideLLM 0.8.1 start-up burst: targeted_start below this is a relative number, not epoch s
+EPOCH_S_MIN = 1e9
+
+
+@dataclass
+class RunData:
+    """One imported run before alignment. ``columns`` maps contract column names to equal-length
+    lists; times are int ns on one clock per run (None where the source has no value)."""
+
+    run_id: str
+    source: str
+    columns: dict[str, list]
+    nominal_rps: float | None = None
+    concurrency: int | None = None
+    arrival: str = "unknown"
+    duration_s: float | None = None
+    warmup_s: float | None = None
+    timestamps: str = "measured"  # "measured" | "none" (order and arrival times unknown)
+    extra: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.columns.get("request_id", []))
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """A parsed import, ready to write: the manifest mapping, the events table, warnings."""
+
+    tool: str
+    manifest: dict
+    events: pa.Table
+    warnings: tuple[str, ...]
+
+    def status_counts(self) -> dict[str, dict[str, int]]:
+        """{run_id: {status: count}} (for the CLI summary and tests)."""
+        out: dict[str, dict[str, int]] = {}
+        for rid, st in zip(self.events["run_id"].to_pylist(), self.events["status"].to_pylist()):
+            out.setdefault(rid, {}).setdefault(st, 0)
+            out[rid][st] += 1
+        return out
+
+
+# ------------------------------------------------------------------------------------------
+# reading
+# ------------------------------------------------------------------------------------------
+
+def read_text(path: str | os.PathLike) -> str:
+    """File text, transparently gunzipped (``.gz``); StudyError if unreadable."""
+    p = Path(path)
+    try:
+        if p.suffix == ".gz":
+            with gzip.open(p, "rt", encoding="utf-8") as fh:
+                return fh.read()
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StudyError("input file not found", file=str(p), fix="check the path") from None
+    except (UnicodeDecodeError, OSError, EOFError) as exc:
+        raise StudyError(f"cannot read the file as UTF-8 text ({exc.__class__.__name__})",
+                         file=str(p), fix="pass the tool's JSON/JSONL result file") from None
+
+
+def load_json(path: str | os.PathLike, expected: str):
+    """Parse a JSON (or YAML, by suffix) file; a truncated or invalid file names the position."""
+    text = read_text(path)
+    name = str(path)
+    if not text.strip():
+        raise StudyError(f"the file is empty; expected {expected}", file=name)
+    if name.endswith((".yaml", ".yml", ".yaml.gz", ".yml.gz")):
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise StudyError(f"not valid YAML ({getattr(exc, 'problem', exc)}); expected {expected}",
+                             file=name) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        truncated = exc.pos >= len(text.rstrip()) - 1
+        what = "truncated JSON (the file ends early)" if truncated else f"invalid JSON ({exc.msg})"
+        raise StudyError(f"{what} at line {exc.lineno}, column {exc.colno}; expected {expected}",
+                         file=name, fix="re-export the file; a run that was killed mid-write "
+                                        "leaves a truncated file") from None
+
+
+def load_jsonl(path: str | os.PathLike, expected: str) -> list[dict]:
+    """Parse a JSON-lines file; the error names the bad line (a truncated last line included)."""
+    text = read_text(path)
+    rows = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            last = i == len(lines) or all(not ln.strip() for ln in lines[i:])
+            what = "truncated last line" if last else "invalid JSON"
+            raise StudyError(f"{what} at line {i} ({exc.msg}); expected {expected}",
+                             file=str(path), example=line[:120],
+                             fix="re-export the file; a run killed mid-write leaves a truncated line") from None
+        if not isinstance(obj, dict):
+            raise StudyError(f"line {i} is not a JSON object; expected {expected}", file=str(path),
+                             example=line[:120])
+        rows.append(obj)
+    if not rows:
+        raise StudyError(f"the file holds no records; expected {expected}", file=str(path))
+    return rows
+
+
+def need(obj: dict, key: str, path, what: str):
+    """obj[key] or a StudyError naming the missing field."""
+    if not isinstance(obj, dict) or key not in obj:
+        raise StudyError(f"missing required field '{key}' in {what}", file=str(path), column=key,
+                         fix="is this the right tool's file and an unmodified export?")
+    return obj[key]
+
+
+# ------------------------------------------------------------------------------------------
+# clocks and values
+# ------------------------------------------------------------------------------------------
+
+def s_to_ns(t_s, origin_s: float) -> int | None:
+    """Float seconds → int ns relative to ``origin_s``. Subtracting first keeps sub-µs precision
+    for epoch seconds (an epoch float times 1e9 would lose ~0.25 µs)."""
+    if t_s is None:
+        return None
+    v = float(t_s)
+    if math.isnan(v):
+        return None
+    return int(round((v - origin_s) * C.NS_PER_S))
+
+
+def gaps_ns(times_ns: list[int | None]) -> list[int] | None:
+    """Successive differences of chunk times (None when fewer than two)."""
+    t = [x for x in times_ns if x is not None]
+    if len(t) < 2:
+        return None
+    return [b - a for a, b in zip(t, t[1:])]
+
+
+def to_int(v, default: int = 0) -> int:
+    if v is None:
+        return default
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(f) else int(round(f))
+
+
+def status_from_error(message: str | None, *, code: int | str | None = None,
+                      cancelled: bool = False) -> str:
+    """Map a tool's error text / HTTP code to a contract status (rejected = the server refused:
+    429/503; timeout = client deadline; cancelled = client gave up, e.g. end of benchmark)."""
+    if cancelled:
+        return C.Status.CANCELLED.value
+    text = (message or "").lower()
+    try:
+        icode = int(code) if code not in (None, "") else None
+    except (TypeError, ValueError):
+        icode = None
+    if icode in (429, 503) or " 429" in text or "429 " in text or "too many requests" in text \
+            or "service unavailable" in text or " 503" in text:
+        return C.Status.REJECTED.value
+    if "timeout" in text or "timed out" in text or icode in (408, 504):
+        return C.Status.TIMEOUT.value
+    if "cancel" in text:
+        return C.Status.CANCELLED.value
+    return C.Status.ERROR.value
+
+
+def parse_rate(value) -> float | None:
+    """A nominal rate as float; None for missing/'inf'/non-positive."""
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    if math.isinf(v) or math.isnan(v) or v <= 0:
+        return None
+    return v
+
+
+def measured_rps(scheduled_ns: list[int]) -> float | None:
+    """Offered rate from intended start times: (n − 1) / (last − first). None below 2 requests."""
+    s = sorted(x for x in scheduled_ns if x is not None)
+    if len(s) < 2 or s[-1] <= s[0]:
+        return None
+    return (len(s) - 1) * C.NS_PER_S / (s[-1] - s[0])
+
+
+def fmt_rate(v: float | None) -> str:
+    return "?" if v is None else f"{v:.3g}"
+
+
+# ------------------------------------------------------------------------------------------
+# assembly
+# ------------------------------------------------------------------------------------------
+
+def _rebase(run: RunData) -> RunData:
+    cols = run.columns
+    sched = cols["scheduled_ns"]
+    if any(v is None for v in sched):
+        raise StudyError(f"run {run.run_id}: some requests have no intended start time",
+                         file=run.source)
+    t0 = min(sched) if sched else 0
+    for name in TIME_COLUMNS:
+        if name in cols:
+            cols[name] = [None if v is None else int(v) - t0 for v in cols[name]]
+    return run
+
+
+def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None = None,
+             workload: dict | None = None, extra: dict | None = None) -> ImportResult:
+    """Align clocks, measure rates, build manifest and events; pure (no I/O)."""
+    if not runs:
+        raise StudyError(f"no runs found in the {tool} input", fix="pass the tool's result file(s)")
+    warnings: list[str] = []
+    ids = [r.run_id for r in runs]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:  # several files with the same label (e.g. two vLLM files at one rate)
+        seen: dict[str, int] = {}
+        for r in runs:
+            if r.run_id in dup:
+                seen[r.run_id] = seen.get(r.run_id, 0) + 1
+                r.run_id = f"{r.run_id}-{seen[r.run_id]}"
+    closed = [r for r in runs if r.concurrency is not None and r.nominal_rps is None]
+    load_model = C.LoadModel.CLOSED.value if len(closed) == len(runs) else C.LoadModel.OPEN.value
+    manifest_runs = []
+    parts: list[pa.Table] = []
+    for r in runs:
+        if r.n == 0:
+            warnings.append(f"run {r.run_id}: no requests in {r.source}; skipped")
+            continue
+        _rebase(r)
+        warnings.extend(f"run {r.run_id}: {w}" for w in r.warnings)
+        rate = measured_rps(r.columns["scheduled_ns"])
+        entry: dict = {"run_id": r.run_id}
+        if load_model == C.LoadModel.CLOSED.value:
+            entry["concurrency"] = int(r.concurrency)
+            entry["arrival"] = "unknown" if r.timestamps == "none" else "concurrency"
+            if rate is not None:
+                entry["measured_rps"] = round(rate, 6)
+        else:
+            if rate is None:
+                rate = r.nominal_rps
+            if rate is None:
+                warnings.append(f"run {r.run_id}: fewer than 2 requests and no nominal rate; skipped")
+                continue
+            entry["offered_rps"] = round(rate, 6)
+            if r.concurrency is not None:
+                entry["concurrency"] = int(r.concurrency)
+            entry["arrival"] = r.arrival if r.arrival in C.ARRIVALS else "unknown"
+            if r.concurrency is not None and r.nominal_rps is None:
+                warnings.append(f"run {r.run_id}: closed-loop run (concurrency {r.concurrency}) in "
+                                f"a sweep with open-loop runs; placed at its measured rate "
+                                f"{fmt_rate(rate)} rps")
+        if r.nominal_rps is not None:
+            entry["nominal_rps"] = float(r.nominal_rps)
+            if rate is not None and r.timestamps != "none" and \
+                    abs(rate - r.nominal_rps) > C.RATE_MISMATCH_WARN * r.nominal_rps:
+                warnings.append(f"run {r.run_id}: measured offered rate {fmt_rate(rate)} rps differs "
+                                f"from the tool's nominal {fmt_rate(r.nominal_rps)} rps by "
+                                f"{100 * (rate / r.nominal_rps - 1):+.0f}%")
+        if r.duration_s is not None:
+            entry["duration_s"] = float(r.duration_s)
+        if r.warmup_s is not None and (r.duration_s is None or r.warmup_s < r.duration_s):
+            entry["warmup_s"] = float(r.warmup_s)
+        if r.timestamps == "none":
+            entry["timestamps"] = "none"
+        entry["source"] = r.source
+        entry.update(r.extra)
+        manifest_runs.append(entry)
+        cols = dict(r.columns)
+        cols["run_id"] = [r.run_id] * r.n
+        parts.append(_table(cols, r))
+    if not manifest_runs:
+        raise StudyError(f"no usable runs in the {tool} input (every run was empty)",
+                         file=runs[0].source)
+    top = {"source_tool": tool}
+    if any(r.timestamps == "none" for r in runs):
+        top["timestamps"] = "none"
+        warnings.append("the source has no per-request timestamps: arrival order and times are "
+                        "unknown, so only an iid analysis is valid (manifest: timestamps: none)")
+    top.update(extra or {})
+    manifest = manifest_dict(name, manifest_runs, system=system, workload=workload,
+                             load_model=load_model, **top)
+    events = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    return ImportResult(tool=tool, manifest=manifest, events=events, warnings=tuple(warnings))
+
+
+def _table(cols: dict, run: RunData) -> pa.Table:
+    arrays = {}
+    for c in C.EVENT_COLUMNS:
+        if c.name in cols:
+            vals = cols[c.name]
+            if len(vals) != run.n:
+                raise AssertionError(f"importer bug: column {c.name} has {len(vals)} values, "
+                                     f"expected {run.n}")
+            arrays[c.name] = pa.array(vals, type=c.dtype)
+    return events_table(pa.table(arrays))
+
+
+def write_import(result: ImportResult, out: str | os.PathLike) -> Path:
+    """Write the study atomically (temp dir, then rename): nothing half-written on failure."""
+    return write_study(out, result.manifest, result.events)
+
+
+def new_columns() -> dict[str, list]:
+    """Empty column lists an importer appends to, one per request."""
+    return {k: [] for k in ("request_id", "scheduled_ns", "sent_ns", "first_token_ns",
+                            "last_token_ns", "input_tokens", "output_tokens", "status", "itl_ns",
+                            "finish_reason")}
+
+
+def add_row(cols: dict[str, list], **values) -> None:
+    """Append one request; columns not given get None."""
+    for k in cols:
+        cols[k].append(values.pop(k, None))
+    if values:
+        raise AssertionError(f"importer bug: unknown columns {sorted(values)}")
+
+
+def check_nonempty(n: int, path, what: str) -> None:
+    if n == 0:
+        raise StudyError(f"no requests found: {what} is empty", file=str(path),
+                         fix="the benchmark recorded no requests; rerun it or pass another file")

@@ -1,0 +1,223 @@
+"""GuideLLM benchmark reports (``--output kind=json``/yaml): format version 2 (GuideLLM 0.8.x)
+and the older 2025 field names (0.2–0.4, ``scheduler_info.targeted_start_time``).
+
+One benchmark = one run. Clocks are epoch float seconds; each run is re-based on its first
+intended start. Requests: ``successful`` → ok, ``errored`` → error/timeout/rejected (from the
+error text), ``incomplete`` → cancelled (GuideLLM cancels open requests at the end of each
+benchmark). GuideLLM keeps no per-token timestamps, so ``itl_ns`` stays empty.
+"""
+
+from __future__ import annotations
+
+from .. import contract as C
+from ..errors import StudyError
+from .common import (EPOCH_S_MIN, RunData, add_row, load_json, new_columns, parse_rate,
+                     s_to_ns, status_from_error, to_int)
+
+TOOL = "guidellm"
+EXPECTED = "a GuideLLM benchmark report (JSON/YAML with 'benchmarks': [...])"
+BUCKETS = (("successful", C.Status.OK.value), ("errored", None), ("incomplete", C.Status.CANCELLED.value))
+
+
+def sniff(obj) -> bool:
+    """True for a GuideLLM report (any format version)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("benchmarks"), list):
+        return False
+    b = obj["benchmarks"][0] if obj["benchmarks"] else {}
+    return isinstance(b, dict) and isinstance(b.get("requests"), dict) and (
+        "successful" in b["requests"] or "errored" in b["requests"])
+
+
+def format_version(obj: dict) -> int:
+    """2 for GuideLLM ≥ 0.5 reports (``metadata.version``), 1 for the 2025 field names."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(meta, dict) and meta.get("version") is not None:
+        return int(meta["version"])
+    return 1
+
+
+def parse(paths: list[str]) -> list[RunData]:
+    runs: list[RunData] = []
+    for path in paths:
+        obj = load_json(path, EXPECTED)
+        if not sniff(obj):
+            raise StudyError(f"not a GuideLLM report: expected {EXPECTED} with "
+                             "requests.successful/errored/incomplete", file=str(path),
+                             fix="pass the file written by `guidellm run --output kind=json,...`")
+        version = format_version(obj)
+        parse_bench = _bench_v2 if version >= 2 else _bench_v1
+        for i, bench in enumerate(obj["benchmarks"]):
+            runs.append(parse_bench(bench, i, str(path), version))
+    return runs
+
+
+def _strategy(strategy: dict) -> tuple[str, float | None, int | None, str]:
+    """(type, nominal rate, concurrency, arrival) from a GuideLLM strategy mapping."""
+    kind = str(strategy.get("type_") or strategy.get("type") or "unknown")
+    rate = parse_rate(strategy.get("rate"))
+    conc = None
+    if kind == "synchronous":
+        conc = 1
+    elif kind == "concurrent":
+        conc = to_int(strategy.get("streams"), 0) or None
+    elif kind == "throughput":
+        conc = to_int(strategy.get("max_concurrency"), 0) or None
+    arrival = {"poisson": "poisson", "constant": "constant"}.get(kind, "concurrency" if conc else "unknown")
+    return kind, rate, conc, arrival
+
+
+def _run_label(kind: str, rate, conc, index: int) -> str:
+    if rate is not None:
+        return f"{kind}@{rate:g}"
+    if conc is not None:
+        return f"{kind}-c{conc}"
+    return f"{kind}-{index}"
+
+
+def _iter_requests(bench: dict, path: str, index: int):
+    reqs = bench.get("requests")
+    if not isinstance(reqs, dict):
+        raise StudyError(f"benchmark {index} has no 'requests' mapping "
+                         "(successful/errored/incomplete)", file=path, column="requests")
+    total = 0
+    for bucket, status in BUCKETS:
+        items = reqs.get(bucket) or []
+        if not isinstance(items, list):
+            raise StudyError(f"benchmark {index}: requests.{bucket} must be a list", file=path)
+        total += len(items)
+        for r in items:
+            yield bucket, status, r
+    if total == 0:
+        raise StudyError(f"benchmark {index}: the request lists are empty "
+                         "(requests.successful/errored/incomplete)", file=path,
+                         fix="GuideLLM keeps per-request data unless it was sampled away; rerun "
+                             "without --sample-requests or with a larger value")
+
+
+def _bench_v2(bench: dict, index: int, path: str, version: int) -> RunData:
+    cfg = bench.get("config") or {}
+    strategy = cfg.get("strategy")
+    if not isinstance(strategy, dict):
+        raise StudyError(f"benchmark {index}: missing 'config.strategy' (format version {version})",
+                         file=path, column="config.strategy")
+    kind, rate, conc, arrival = _strategy(strategy)
+    rows = []
+    for bucket, status, r in _iter_requests(bench, path, index):
+        info = r.get("info") or {}
+        t = info.get("timings")
+        if not isinstance(t, dict) or "targeted_start" not in t:
+            raise StudyError(f"benchmark {index}: a request in requests.{bucket} has no "
+                             "info.timings.targeted_start", file=path, column="info.timings",
+                             example=str(r.get("request_id")))
+        rows.append((bucket, status, r, info, t))
+    burst = [t for *_, t in rows if t.get("targeted_start") is not None
+             and float(t["targeted_start"]) < EPOCH_S_MIN]
+    start = _first_epoch([t.get("targeted_start") for *_, t in rows]
+                         + [t.get("request_start") for *_, t in rows])
+    cols = new_columns()
+    for bucket, status, r, info, t in rows:
+        targeted = t.get("targeted_start")
+        sent = t.get("request_start")
+        if targeted is None or float(targeted) < EPOCH_S_MIN:
+            # start-up burst: a relative number instead of an epoch time; the request was due at
+            # once, so the actual dispatch is the best intended time we have
+            targeted = t.get("scheduled_at") or t.get("dequeued") or sent
+        st = status or status_from_error(info.get("error") or r.get("error"),
+                                         cancelled=info.get("status") == "cancelled")
+        add_row(cols,
+                request_id=str(r.get("request_id") or info.get("request_id")),
+                scheduled_ns=s_to_ns(targeted, start), sent_ns=s_to_ns(sent, start),
+                first_token_ns=s_to_ns(t.get("first_token_iteration"), start),
+                last_token_ns=s_to_ns(t.get("last_token_iteration"), start),
+                input_tokens=to_int(r.get("prompt_tokens")),
+                output_tokens=to_int(r.get("output_tokens")),
+                status=st, itl_ns=None, finish_reason=None)
+    run = RunData(run_id=_run_label(kind, rate, conc, index), source=path, columns=cols,
+                  nominal_rps=rate if conc is None else None, concurrency=conc, arrival=arrival,
+                  duration_s=_float(bench.get("duration")),
+                  extra={"guidellm_strategy": kind, "guidellm_format_version": version})
+    sm = bench.get("scheduler_metrics") or {}
+    measure_start = _float(sm.get("measure_start_time"))
+    first_sched = min((x for x in cols["scheduled_ns"] if x is not None), default=None)
+    warm_cfg = _float(bench.get("warmup_duration")) or 0.0
+    if warm_cfg > 0 and measure_start is not None and first_sched is not None:
+        warm = (s_to_ns(measure_start, start) - first_sched) / C.NS_PER_S
+        if warm > 1e-6:  # requests before GuideLLM's measured window are its warm-up
+            run.warmup_s = warm
+    if burst:
+        run.warnings.append(
+            f"GuideLLM start-up burst: {len(burst)} request(s) have targeted_start < 1e9 (a "
+            "relative number, not an epoch time); they were dispatched at once, which inflates "
+            "the offered rate and attainment at this rate is unreliable. Their intended start "
+            "was replaced by the dispatch time.")
+        run.extra["guidellm_startup_burst_requests"] = len(burst)
+    workers = to_int(strategy.get("worker_count"), 0)
+    if workers > 1 and kind == "poisson":
+        run.warnings.append(
+            f"GuideLLM ran this Poisson benchmark with {workers} worker processes; every worker "
+            "uses the same seed, so arrivals are burstier than Poisson. Rerun with "
+            "GUIDELLM__MAX_WORKER_PROCESSES=1 for a true Poisson schedule.")
+    return run
+
+
+def _bench_v1(bench: dict, index: int, path: str, version: int) -> RunData:
+    args = bench.get("args") or {}
+    strategy = args.get("strategy") or bench.get("strategy")
+    if not isinstance(strategy, dict):
+        raise StudyError(f"benchmark {index}: missing 'args.strategy' (2025 GuideLLM format)",
+                         file=path, column="args.strategy")
+    kind, rate, conc, arrival = _strategy(strategy)
+    rows = []
+    for bucket, status, r in _iter_requests(bench, path, index):
+        si = r.get("scheduler_info")
+        if not isinstance(si, dict) or "targeted_start_time" not in si:
+            raise StudyError(f"benchmark {index}: a request in requests.{bucket} has no "
+                             "scheduler_info.targeted_start_time", file=path,
+                             column="scheduler_info", example=str(r.get("request_id")))
+        rows.append((bucket, status, r, si))
+    start = _first_epoch([si.get("targeted_start_time") for *_, si in rows]
+                         + [r.get("start_time") for _, _, r, _ in rows])
+    burst = sum(1 for *_, si in rows if 0 <= float(si["targeted_start_time"]) < EPOCH_S_MIN)
+    cols = new_columns()
+    for bucket, status, r, si in rows:
+        targeted = si.get("targeted_start_time")
+        sent = r.get("start_time")
+        if sent is None or float(sent) < 0:
+            sent = si.get("request_start") if float(si.get("request_start", -1)) > 0 else None
+        if targeted is None or float(targeted) < EPOCH_S_MIN:
+            targeted = si.get("scheduled_time") if float(si.get("scheduled_time", -1)) > 0 else sent
+        st = status or status_from_error(r.get("error"), cancelled=bool(si.get("canceled")))
+        add_row(cols,
+                request_id=str(r.get("request_id")),
+                scheduled_ns=s_to_ns(targeted, start), sent_ns=s_to_ns(sent, start),
+                first_token_ns=s_to_ns(r.get("first_token_time"), start),
+                last_token_ns=s_to_ns(r.get("last_token_time"), start),
+                input_tokens=to_int(r.get("prompt_tokens")),
+                output_tokens=to_int(r.get("output_tokens")),
+                status=st, itl_ns=None, finish_reason=None)
+    run = RunData(run_id=_run_label(kind, rate, conc, index), source=path, columns=cols,
+                  nominal_rps=rate if conc is None else None, concurrency=conc, arrival=arrival,
+                  extra={"guidellm_strategy": kind, "guidellm_format_version": version})
+    rs = bench.get("run_stats") or {}
+    if rs.get("start_time") is not None and rs.get("end_time") is not None:
+        run.duration_s = float(rs["end_time"]) - float(rs["start_time"])
+    if burst:
+        run.warnings.append(f"GuideLLM start-up burst: {burst} request(s) have a targeted start "
+                            "< 1e9 (relative, not epoch); offered rate and attainment unreliable")
+        run.extra["guidellm_startup_burst_requests"] = burst
+    return run
+
+
+def _float(v) -> float | None:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _first_epoch(values) -> float:
+    """The run's clock origin: the smallest epoch-second value (burst values excluded)."""
+    vals = [float(v) for v in values if v is not None and float(v) >= EPOCH_S_MIN]
+    if not vals:
+        vals = [float(v) for v in values if v is not None and float(v) >= 0]
+    return min(vals) if vals else 0.0

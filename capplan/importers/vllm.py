@@ -1,0 +1,126 @@
+"""vLLM ``bench serve --save-result --save-detailed`` JSON: one file per rate, index-aligned
+per-request arrays that include failed requests.
+
+Clock: ``start_times`` are perf-counter seconds (arbitrary origin) taken when the request is sent;
+vLLM records no separate intended start, so ``scheduled_ns = sent_ns`` (with ``max_concurrency``
+set, a request waiting for a slot is stamped late: its queueing wait is invisible — a
+coordinated-omission caveat). ``ttfts`` (s) → first token; ``itls`` (s, one per streamed chunk
+after the first) → ``itl_ns``; last token = start + ``latencies``/``e2els`` (s), else
+first + sum(itls). ``errors[i] == ""`` → ok, otherwise the error text decides the status.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import contract as C
+from ..errors import StudyError
+from .common import RunData, add_row, load_json, new_columns, parse_rate, s_to_ns, status_from_error, to_int
+
+TOOL = "vllm"
+EXPECTED = "a vLLM bench serve result (--save-result --save-detailed: 'ttfts', 'itls', " \
+           "'input_lens', 'output_lens', 'errors' arrays)"
+ARRAYS = ("input_lens", "output_lens", "ttfts", "itls", "errors")
+
+
+def sniff(obj) -> bool:
+    return isinstance(obj, dict) and "ttfts" in obj and "itls" in obj and "input_lens" in obj \
+        and "start_times" in obj
+
+
+def parse(paths: list[str]) -> list[RunData]:
+    files: list[Path] = []
+    for p in paths:
+        pp = Path(p)
+        files.extend(sorted(x for x in pp.glob("*.json")) if pp.is_dir() else [pp])
+    if not files:
+        raise StudyError(f"no JSON files found; expected {EXPECTED}", file=", ".join(paths))
+    return [parse_file(f, require_start_times=True) for f in files]
+
+
+def parse_file(path: Path, *, require_start_times: bool) -> RunData:
+    """One vLLM result file → one run."""
+    return parse_result(load_json(path, EXPECTED), path, require_start_times=require_start_times)
+
+
+def parse_result(obj, path: Path, *, require_start_times: bool, expected: str = EXPECTED,
+                 where: str = "") -> RunData:
+    """A vLLM-style result mapping → one run (SGLang's lines share it but lack start_times)."""
+    if not isinstance(obj, dict):
+        raise StudyError(f"{where}expected {expected}, got a JSON {type(obj).__name__}", file=str(path))
+    missing = [k for k in ARRAYS if k not in obj]
+    if require_start_times and "start_times" not in obj:
+        missing.append("start_times")
+    if missing:
+        hint = " (saved without --save-detailed?)" if "ttfts" in missing else ""
+        raise StudyError(f"{where}missing per-request field(s) {', '.join(missing)}{hint}; "
+                         f"expected {expected}", file=str(path), column=missing[0],
+                         fix="rerun with --save-result --save-detailed (vLLM) or "
+                             "--output-details (SGLang)")
+    n = len(obj["input_lens"])
+    if n == 0:
+        raise StudyError(f"{where}the per-request arrays are empty: no requests were recorded",
+                         file=str(path))
+    arrays = {k: obj[k] for k in ARRAYS}
+    lat = obj.get("latencies") if obj.get("latencies") is not None else obj.get("e2els")
+    starts = obj.get("start_times")
+    for k, v in [*arrays.items(), ("latencies", lat), ("start_times", starts)]:
+        if v is not None and (not isinstance(v, list) or len(v) != n):
+            raise StudyError(f"'{k}' has {len(v) if isinstance(v, list) else 'no'} entries but "
+                             f"'input_lens' has {n}; the arrays must be index-aligned",
+                             file=str(path), column=k)
+    rate = parse_rate(obj.get("request_rate"))
+    synthetic = starts is None
+    if synthetic:  # SGLang: order and send times unknown; spread evenly at the nominal rate
+        dur = float(obj.get("duration") or 0) or None
+        step_s = 1.0 / rate if rate else (dur / n if dur else 1.0)
+        starts = [i * step_s for i in range(n)]
+    origin = min(float(s) for s in starts)
+    cols = new_columns()
+    for i in range(n):
+        err = arrays["errors"][i]
+        status = C.Status.OK.value if not err else status_from_error(str(err))
+        sent = s_to_ns(starts[i], origin)
+        ttft = arrays["ttfts"][i]
+        itl = arrays["itls"][i] or []
+        ok_ttft = ttft is not None and float(ttft) > 0 and (status == C.Status.OK.value or itl)
+        first = sent + round(float(ttft) * C.NS_PER_S) if ok_ttft and sent is not None else None
+        last = None
+        if first is not None:
+            if lat is not None and lat[i] is not None and float(lat[i]) > 0:
+                last = sent + round(float(lat[i]) * C.NS_PER_S)
+            else:
+                last = first + sum(round(float(x) * C.NS_PER_S) for x in itl)
+        add_row(cols, request_id=str(i), scheduled_ns=sent, sent_ns=None if synthetic else sent, first_token_ns=first,
+                last_token_ns=last, input_tokens=to_int(arrays["input_lens"][i]),
+                output_tokens=to_int(arrays["output_lens"][i]) if status == C.Status.OK.value
+                or itl else 0,
+                status=status,
+                itl_ns=[round(float(x) * C.NS_PER_S) for x in itl] if itl else None)
+    conc = to_int(obj.get("max_concurrency"), 0) or None
+    closed = rate is None and conc is not None
+    burst = obj.get("burstiness")
+    arrival = "concurrency" if closed else (
+        "poisson" if burst in (None, 1, 1.0) else "gamma")
+    run = RunData(run_id=(f"rate_{rate:g}" if rate is not None else
+                          f"concurrency_{conc}" if conc else path.stem),
+                  source=str(path), columns=cols, nominal_rps=rate,
+                  concurrency=conc if closed else None, arrival=arrival,
+                  duration_s=float(obj["duration"]) if obj.get("duration") else None)
+    if synthetic:
+        run.timestamps = "none"
+        run.arrival = "unknown"
+        run.extra["scheduled_ns_synthetic"] = True
+    for k in ("completed", "failed"):
+        if obj.get(k) is not None:
+            run.extra[f"source_{k}"] = int(obj[k])
+    if conc and not closed:
+        run.extra["max_concurrency"] = conc
+        run.warnings.append(f"max_concurrency={conc} caps this open-loop run: requests waiting "
+                            "for a slot are stamped when sent, so their queueing is not measured")
+    if burst not in (None, 1, 1.0):
+        run.extra["burstiness"] = float(burst)
+    if rate is None and conc is None:
+        run.warnings.append("request_rate is inf and no max_concurrency: all requests were "
+                            "sent at once (a burst, not a rate)")
+    return run
