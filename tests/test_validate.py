@@ -265,3 +265,19 @@ def test_summarize_refuses_invalid_study(make_study, capsys):
     rc = main(["summarize", str(path)])
     err = capsys.readouterr().err
     assert rc == 2 and "unknown status" in err and "Traceback" not in err
+
+
+def test_contract_doc_documents_every_contract_name():
+    from pathlib import Path
+
+    from capplan import contract as C
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "study-contract.md").read_text()
+    for c in C.EVENT_COLUMNS + C.RESOURCE_COLUMNS:
+        assert f"| `{c.name}` |" in doc, c.name
+        assert c.meaning in doc, c.name
+    for s in C.STATUSES:
+        assert f"| `{s}` |" in doc, s
+    for k in C.MANIFEST_REQUIRED + C.SYSTEM_KEYS + C.RUN_OPTIONAL + C.ARRIVALS:
+        assert f"`{k}`" in doc, k
+    assert C.CONTRACT_VERSION in doc and C.PERCENTILE_DEFINITION in doc
