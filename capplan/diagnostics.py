@@ -1,0 +1,190 @@
+"""Per-run diagnostics a careful reader expects beside a capacity number (STATISTICS.md §7–8).
+
+Pure functions over small arrays (time-bin or block means that the reduction already computed),
+plus ``run_diagnostics`` which combines them into one verdict per run:
+
+- **warm-up**: MSER-5 truncation (White 1997; Franklin & White 2008) on time-bin TTFT means,
+  unless the manifest's ``warmup_s`` says; a run whose truncation falls in its second half
+  never reached a steady state and is unusable (unless it is overloaded, below).
+- **overload / non-stationarity**: one-sided OLS slope test on batch means of TTFT over the
+  measurement window. An overloaded run stays in the fit (it fails the SLO, which is the
+  truth at that rate) but is flagged: its attainment depends on the run length.
+- **too short**: TTFT still trending upward over the last half of the window — a short run
+  started on an empty server is optimistic near saturation (§7). Flagged beside the capacity.
+- **coordinated omission**: generator lag (sent − scheduled) p99 above a threshold means the
+  client, not the server, was the bottleneck; the offered rate was not delivered ⇒ unusable.
+- **Little's law**: time-average in-flight L̄ against λ·W̄ over the window; a large mismatch
+  on a stable run points at lost or duplicated events.
+- **offered rate**: measured from scheduled timestamps, against the nominal one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _st
+
+#: thresholds (documented in docs/envelope.md)
+TREND_P = 0.01          # one-sided p-value of the upward slope
+TREND_REL = 0.20        # fitted rise over the window, relative to the mean
+LITTLE_TOL = 0.10       # |L / (λW) − 1|
+RATE_TOL = 0.10         # |measured / nominal − 1|
+LAG_P99_MS = 50.0       # default generator-lag p99 limit
+MIN_REQUESTS = 20       # below this a run says nothing
+TREND_BATCHES = 20
+
+
+@dataclass(frozen=True)
+class MSERResult:
+    """Truncation point of MSER-m: ``index`` observations (``batch``·d*) are warm-up."""
+
+    index: int
+    batches: int
+    statistic: float
+    in_second_half: bool
+
+
+def mser(x, batch: int = 5) -> MSERResult:
+    """MSER-m truncation (White 1997): batch means Z_j of ``batch`` consecutive values, then
+    d* = argmin_d Σ_{j≥d}(Z_j − Z̄_d)² / (m−d)², searched over all d < m−1; a d* in the
+    second half of the series means no steady state was found."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    m = x.size // batch
+    if m < 4:
+        return MSERResult(0, 0, math.nan, False)
+    z = x[: m * batch].reshape(m, batch).mean(axis=1)
+    # suffix sums give every d in O(m)
+    rz = z[::-1]
+    cnt = np.arange(1, m + 1, dtype=np.float64)
+    s1 = np.cumsum(rz)[::-1]
+    s2 = np.cumsum(rz * rz)[::-1]
+    k = cnt[::-1]  # m − d
+    sse = s2 - s1 * s1 / k
+    stat = sse / (k * k)
+    d = int(np.argmin(stat[: m - 1]))
+    return MSERResult(d * batch, d, float(stat[d]), d > m / 2)
+
+
+def mser5(x) -> MSERResult:
+    """MSER-5 (batches of five)."""
+    return mser(x, 5)
+
+
+@dataclass(frozen=True)
+class TrendResult:
+    slope: float
+    p_value: float
+    rel_increase: float
+    trending: bool
+
+
+def trend_test(y, *, p: float = TREND_P, rel: float = TREND_REL) -> TrendResult:
+    """One-sided OLS slope test on batch means (upward trend ⇒ queue still growing).
+    ``trending`` needs both significance (p-value < p) and size (fitted rise > rel·mean)."""
+    y = np.asarray(y, dtype=np.float64)
+    ok = ~np.isnan(y)
+    y = y[ok]
+    if y.size < 4 or np.allclose(y, y[0]):
+        return TrendResult(0.0, 1.0, 0.0, False)
+    t = np.arange(y.size, dtype=np.float64)[: y.size]
+    res = _st.linregress(t, y, alternative="greater")
+    mean = float(np.mean(y))
+    rise = float(res.slope * (y.size - 1))
+    rel_inc = rise / mean if mean > 0 else math.inf
+    return TrendResult(float(res.slope), float(res.pvalue), rel_inc,
+                       bool(res.pvalue < p and rel_inc > rel))
+
+
+def batch_means(values, weights, n_batches: int = TREND_BATCHES) -> np.ndarray:
+    """Combine consecutive per-unit means (with their counts as weights) into n_batches."""
+    v = np.asarray(values, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    ok = ~np.isnan(v) & (w > 0)
+    v, w = v[ok], w[ok]
+    if v.size == 0:
+        return np.zeros(0)
+    nb = min(n_batches, v.size)
+    edges = np.linspace(0, v.size, nb + 1).round().astype(int)
+    out = np.empty(nb)
+    for i in range(nb):
+        sl = slice(edges[i], edges[i + 1])
+        out[i] = np.sum(v[sl] * w[sl]) / np.sum(w[sl])
+    return out
+
+
+def littles_ratio(mean_in_flight: float, rate_rps: float, mean_sojourn_s: float) -> float:
+    """L̄ / (λ·W̄): 1 in a steady state whose events are all present."""
+    denom = rate_rps * mean_sojourn_s
+    return float(mean_in_flight / denom) if denom > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class RunDiagnostics:
+    run_id: str
+    n: int
+    warmup_s: float
+    warmup_source: str           # "manifest" | "mser5" | "none" | "given"
+    mser_in_second_half: bool
+    measured_rps: float
+    nominal_rps: float | None
+    rate_ratio: float
+    gen_lag_p99_ms: float
+    littles_ratio: float
+    trend_p_value: float
+    trend_rel_increase: float
+    overloaded: bool
+    too_short: bool
+    duplicates: int
+    usable: bool
+    reason: str
+    warnings: str
+
+
+def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
+                    mser_second_half: bool, measured_rps: float, nominal_rps: float | None,
+                    gen_lag_p99_ms: float, littles: float, trend_all: TrendResult,
+                    trend_end: TrendResult, duplicates: int = 0,
+                    lag_limit_ms: float = LAG_P99_MS, closed_loop: bool = False) -> RunDiagnostics:
+    """One verdict per run: which flags make it unusable (excluded, with the reason) and
+    which are warnings shown beside the result."""
+    reasons, warns = [], []
+    if n < MIN_REQUESTS:
+        reasons.append(f"only {n} requests in the measurement window (need ≥ {MIN_REQUESTS})")
+    if duplicates:
+        reasons.append(f"{duplicates} duplicated request_id(s): events recorded twice")
+    if mser_second_half and not trend_all.trending:
+        reasons.append("warm-up (MSER-5) did not end in the first half: no steady state")
+    if not closed_loop and gen_lag_p99_ms == gen_lag_p99_ms and gen_lag_p99_ms > lag_limit_ms:
+        reasons.append(f"generator lag p99 {gen_lag_p99_ms:.0f} ms > {lag_limit_ms:.0f} ms: "
+                       "the client, not the server, was the bottleneck (coordinated omission)")
+    rate_ratio = (measured_rps / nominal_rps) if nominal_rps else math.nan
+    if not closed_loop and rate_ratio == rate_ratio and abs(rate_ratio - 1) > RATE_TOL:
+        warns.append(f"measured rate {measured_rps:.3g} req/s vs nominal {nominal_rps:.3g} "
+                     f"({(rate_ratio - 1):+.0%}); the measured rate is used")
+    if trend_all.trending:
+        warns.append(f"overloaded / non-stationary: TTFT rises {trend_all.rel_increase:+.0%} "
+                     f"over the run (p = {trend_all.p_value:.1g}); attainment depends on run length")
+    too_short = bool(trend_end.trending)
+    if too_short:
+        warns.append("too short to reach steady state: TTFT still trending at the end")
+    if littles == littles and abs(littles - 1) > LITTLE_TOL and not trend_all.trending:
+        warns.append(f"Little's law mismatch: L/(λW) = {littles:.2f} (lost or duplicated events?)")
+    return RunDiagnostics(
+        run_id=run_id, n=int(n), warmup_s=float(warmup_s), warmup_source=warmup_source,
+        mser_in_second_half=bool(mser_second_half), measured_rps=float(measured_rps),
+        nominal_rps=nominal_rps, rate_ratio=float(rate_ratio),
+        gen_lag_p99_ms=float(gen_lag_p99_ms), littles_ratio=float(littles),
+        trend_p_value=trend_all.p_value, trend_rel_increase=trend_all.rel_increase,
+        overloaded=trend_all.trending, too_short=too_short, duplicates=int(duplicates),
+        usable=not reasons, reason="; ".join(reasons), warnings="; ".join(warns))
+
+
+def to_frame(diags) -> pd.DataFrame:
+    """Diagnostics of all runs as a frame (one row per run)."""
+    from dataclasses import asdict
+
+    return pd.DataFrame([asdict(d) for d in diags])

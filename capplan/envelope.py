@@ -1,0 +1,811 @@
+"""The SLO capacity envelope: C_SLO, the largest offered rate at which the SLO holds, with a
+block-bootstrap confidence interval and the one-sided lower bound a plan should use.
+
+Recipe (STATISTICS.md §5, measured to cover at the nominal level):
+1. per run, a block bootstrap of the per-unit statistics (``capplan.bootstrap``, block length
+   by Politis–White on the run's 0/1 SLO-good series); runs are resampled independently
+   (stratified); a load level with repeats is resampled in two stages (repeats, then blocks);
+2. a **decreasing** isotonic curve of attainment vs load, weighted by inverse variance
+   (weighted PAVA; Robertson, Wright & Dykstra 1988), fitted to the estimate and to every
+   replicate;
+3. C_SLO = the **first down-crossing** of the target, interpolated on the logit scale between
+   the two bracketing load levels, so every lower tested level also passes;
+4. percentile interval of the replicate crossings and a one-sided percentile lower bound;
+5. an explicit status when the target is not bracketed ("≥ max tested", "< min tested") and
+   suggested rates to add when the bracket is wide (the bootstrap cannot see interpolation
+   error between grid points).
+
+A run with no failures (or no successes) has nothing to resample; its replicates are drawn
+from Beta(N_eff, 1) (or Beta(1, N_eff)), whose quantiles are the Clopper–Pearson bounds at
+N_eff (§7), so a short perfect run cannot make the interval collapse.
+
+Closed-loop sweeps (concurrency levels) use the same machinery over concurrency; the capacity
+is the achieved goodput rate (req/s) at the highest passing concurrency, flagged closed-loop.
+A summary-only table (rate, requests, good requests) fits under an explicit iid assumption.
+
+References: Künsch 1989; Politis & Romano 1992, 1994; Politis & White 2004; Patton, Politis &
+White 2009; Davison & Hinkley 1997 §3.8; Clopper & Pearson 1934; Robertson, Wright &
+Dykstra 1988; Zhong et al. 2024 (DistServe goodput).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import isotonic_regression
+
+from . import bootstrap as boot
+from . import sketch
+from .contract import PERCENTILES
+from .earlystop import n_min
+from .errors import SpecError, StudyError
+from .reduce import BlockStats, reduce_study
+from .slo import SLO
+
+STATUS_BRACKETED = "bracketed"
+STATUS_ABOVE = "≥ max tested"
+STATUS_BELOW = "< min tested"
+_SEED_SWEEP = 1_000_003  # stream id of the sweep-level draws (independent of run streams)
+P_CI = 0.99  # the percentile that gets a bootstrap CI in the per-run table
+
+
+@dataclass(frozen=True)
+class CSLO:
+    """C_SLO with its interval. ``estimate`` is NaN when status is "< min tested"; with
+    "≥ max tested" it is the largest tested rate (a lower bound on the truth)."""
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    lower_bound: float
+    status: str
+    confidence: float
+    unit: str = "req/s"
+    closed_loop: bool = False
+    suggested_rates: tuple[float, ...] = ()
+    load_at_capacity: float = math.nan  # closed loop: the concurrency that achieves it
+
+    def to_dict(self) -> dict:
+        return {k: _clean(v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class Surface:
+    """C_SLO over a grid of TTFT × TPOT (or ITL) limits, from the same block statistics."""
+
+    x_metric: str
+    y_metric: str
+    frame: pd.DataFrame  # x_ms, y_ms, estimate, lower_bound, status
+    target: float
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.frame.copy()
+
+    def figure(self, value: str = "lower_bound"):
+        import plotly.graph_objects as go
+
+        piv = self.frame.pivot(index="y_ms", columns="x_ms", values=value)
+        fig = go.Figure(go.Heatmap(z=piv.to_numpy(), x=piv.columns, y=piv.index,
+                                   colorbar={"title": "req/s"}, colorscale="Viridis"))
+        fig.update_layout(title=f"C_SLO ({value.replace('_', ' ')}) at attainment "
+                                f"{self.target:g}",
+                          xaxis_title=f"{self.x_metric.upper()} limit (ms)",
+                          yaxis_title=f"{self.y_metric.upper()} limit (ms)",
+                          xaxis_type="log", yaxis_type="log")
+        return fig
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Result of ``fit_envelope``: C_SLO, the per-run table, the fitted curve, diagnostics."""
+
+    slo: SLO | None
+    target: float
+    cslo: CSLO
+    runs: pd.DataFrame
+    levels: pd.DataFrame
+    diagnostics: pd.DataFrame
+    knee: dict
+    max_goodput: dict
+    stats: BlockStats | None = field(repr=False, default=None)
+    notes: tuple[str, ...] = ()
+    confidence: float = 0.95
+    reps: int = 1000
+    seed: int = 0
+    scheme: str = "circular"
+    block_len: float | None = None
+    iid_assumption: bool = False
+    crossing_replicates: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    level_replicates: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0)))
+
+    # ------------------------------------------------------------------ views
+    def to_frame(self) -> pd.DataFrame:
+        """The per-run table (one row per run, unusable runs included with their reason)."""
+        return self.runs.copy()
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: ``cslo`` (nested) plus flattened ``cslo.*`` keys, runs, levels,
+        diagnostics, knee, max goodput, notes and the settings."""
+        d = {
+            "slo": None if self.slo is None else self.slo.to_dict(),
+            "target": self.target,
+            "cslo": self.cslo.to_dict(),
+        }
+        for k, v in self.cslo.to_dict().items():
+            d[f"cslo.{k}"] = v
+        d.update({
+            "runs": _records(self.runs),
+            "levels": _records(self.levels),
+            "diagnostics": _records(self.diagnostics),
+            "knee": {k: _clean(v) for k, v in self.knee.items()},
+            "max_goodput": {k: _clean(v) for k, v in self.max_goodput.items()},
+            "notes": list(self.notes),
+            "settings": {"confidence": self.confidence, "reps": self.reps, "seed": self.seed,
+                         "scheme": self.scheme, "block_len": self.block_len,
+                         "iid_assumption": self.iid_assumption,
+                         "percentile_definition": "log-bucket histogram (α = "
+                         f"{self.stats.alpha if self.stats else sketch.DEFAULT_ALPHA:g}), "
+                         "inverse-CDF rank with log-uniform interpolation in the bucket"},
+        })
+        return d
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=_clean)
+        if path is not None:
+            from .io import write_text_atomic
+
+            write_text_atomic(path, text)
+        return text
+
+    @property
+    def x_label(self) -> str:
+        return "concurrency" if self.cslo.closed_loop else "offered rate (req/s)"
+
+    def figure(self):
+        """Attainment vs load with per-run CIs, the isotonic fit, the target and C_SLO."""
+        import plotly.graph_objects as go
+
+        r = self.runs[self.runs["usable"]]
+        lv = self.levels
+        fig = go.Figure()
+        fig.add_trace(go.Scatter(
+            x=lv["x"], y=lv["ci_high"], mode="lines", line={"width": 0}, showlegend=False,
+            hoverinfo="skip"))
+        fig.add_trace(go.Scatter(
+            x=lv["x"], y=lv["ci_low"], mode="lines", line={"width": 0}, fill="tonexty",
+            fillcolor="rgba(31,119,180,0.2)", name=f"{self.confidence:.0%} CI"))
+        fig.add_trace(go.Scatter(
+            x=r["x"], y=r["attainment"], mode="markers", name="runs",
+            error_y={"type": "data", "symmetric": False,
+                     "array": (r["att_ci_high"] - r["attainment"]).clip(lower=0),
+                     "arrayminus": (r["attainment"] - r["att_ci_low"]).clip(lower=0)}))
+        fig.add_trace(go.Scatter(x=lv["x"], y=lv["fitted"], mode="lines",
+                                 name="isotonic fit"))
+        fig.add_hline(y=self.target, line_dash="dash", annotation_text=f"target {self.target:g}")
+        c = self.cslo
+        xc = c.load_at_capacity if c.closed_loop else c.estimate
+        if xc == xc:
+            fig.add_vline(x=xc, line_color="green",
+                          annotation_text=f"C_SLO {c.estimate:.3g} {c.unit} ({c.status})")
+        if not c.closed_loop and c.ci_low == c.ci_low:
+            fig.add_vrect(x0=c.ci_low, x1=c.ci_high, fillcolor="green", opacity=0.1,
+                          line_width=0)
+        fig.update_layout(title=f"SLO attainment — {self.slo.describe() if self.slo else ''}",
+                          xaxis_title=self.x_label, yaxis_title="attainment")
+        return fig
+
+    def goodput_figure(self):
+        """Goodput and throughput (req/s) vs load, with the max-goodput point and the knee."""
+        import plotly.graph_objects as go
+
+        lv = self.levels
+        fig = go.Figure()
+        fig.add_trace(go.Scatter(x=lv["x"], y=lv["throughput_rps"], mode="lines+markers",
+                                 name="throughput"))
+        fig.add_trace(go.Scatter(
+            x=lv["x"], y=lv["goodput_rps"], mode="lines+markers", name="goodput",
+            error_y={"type": "data", "symmetric": False,
+                     "array": (lv["goodput_ci_high"] - lv["goodput_rps"]).clip(lower=0),
+                     "arrayminus": (lv["goodput_rps"] - lv["goodput_ci_low"]).clip(lower=0)}))
+        if self.max_goodput.get("x") == self.max_goodput.get("x"):
+            fig.add_trace(go.Scatter(x=[self.max_goodput["x"]],
+                                     y=[self.max_goodput["goodput_rps"]], mode="markers",
+                                     marker={"size": 12, "symbol": "star"}, name="max goodput"))
+        if self.knee.get("x") == self.knee.get("x"):
+            fig.add_vline(x=self.knee["x"], line_dash="dot", annotation_text="knee")
+        fig.update_layout(title="Goodput and throughput", xaxis_title=self.x_label,
+                          yaxis_title="req/s")
+        return fig
+
+    # ------------------------------------------------------------------ what-if
+    def refit(self, slo: SLO | str | None = None, attainment: float | None = None) -> "Envelope":
+        """Re-fit for a changed SLO limit (TTFT, TPOT/ITL) or target from the cached block
+        statistics — no events are read. Same seed ⇒ same numbers. A change the statistics
+        cannot serve (e.g. a new E2E limit) re-reduces from the study."""
+        if self.stats is None:
+            if slo is not None:
+                raise SpecError("a summary-table envelope has no latency data to change the SLO")
+            return _fit_summary_points(self._summary_points, attainment or self.target,
+                                       confidence=self.confidence, reps=self.reps, seed=self.seed)
+        new = SLO.parse(slo) if slo is not None else self.slo
+        if attainment is not None:
+            new = new.with_(attainment=float(attainment))
+        if not self.stats.can_serve(new):
+            if self.stats.source is None:
+                raise SpecError("this SLO changes a limit the reduced statistics cannot vary",
+                                fix="call fit_envelope(study, slo) to re-reduce")
+            return fit_envelope(self.stats.source, new, confidence=self.confidence,
+                                reps=self.reps, seed=self.seed, scheme=self.scheme,
+                                block_len=self.block_len, warmup=self.stats.warmup)
+        return fit_from_stats(self.stats, new, confidence=self.confidence, reps=self.reps,
+                              seed=self.seed, scheme=self.scheme, block_len=self.block_len)
+
+    def surface(self, ttft_ms_grid=None, tpot_ms_grid=None, *, reps: int | None = None) -> Surface:
+        """C_SLO over TTFT × TPOT (or ITL) limits (grid values snap to the reduction grid;
+        default: every other grid value). ``reps`` defaults to min(self.reps, 200)."""
+        if self.stats is None:
+            raise SpecError("a summary-table envelope has no latency data for an SLO surface")
+        return slo_surface(self.stats, self.slo, ttft_ms_grid, tpot_ms_grid,
+                           confidence=self.confidence, reps=reps or min(self.reps, 200),
+                           seed=self.seed, scheme=self.scheme, block_len=self.block_len)
+
+    _summary_points: object = field(default=None, repr=False, compare=False)
+
+
+# ============================================================================ helpers
+
+def _clean(v):
+    if isinstance(v, (np.floating, float)):
+        v = float(v)
+        return None if math.isnan(v) else (str(v) if math.isinf(v) else v)
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.bool_,)):
+        return bool(v)
+    if isinstance(v, tuple):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+
+
+def _logit(p):
+    return np.log(p) - np.log1p(-p)
+
+
+def _count_dtype(n_units: int, max_unit: float):
+    # float32 counts and sums are exact only below 2^24 (STATISTICS.md §2)
+    return np.float32 if n_units * max(max_unit, 1.0) * 2 < 2**24 else np.float64
+
+
+def run_counts(stats: BlockStats, run, *, reps: int, seed: int, scheme: str,
+               block_len: float | None) -> np.ndarray:
+    """The (reps × units) count matrix of one run, cached on the stats (same seed ⇒ same)."""
+    L = run.block_units(scheme, block_len)
+    key = ("counts", run.run_idx, reps, seed, scheme, round(L, 9))
+    C = stats._cache.get(key)
+    if C is None:
+        rng = np.random.default_rng([int(seed), int(run.run_idx)])
+        dt = _count_dtype(run.n_units, float(run.units["n"].max()) if run.n_units else 1.0)
+        C = boot.block_counts(run.n_units, L, reps, rng, scheme, dtype=dt)
+        stats._cache[key] = C
+    return C
+
+
+# ============================================================================ per-sweep core
+
+@dataclass(frozen=True)
+class _Points:
+    """Per-run inputs of the sweep fit (usable runs only)."""
+
+    run_id: np.ndarray
+    level: np.ndarray      # manifest load level (grouping key)
+    x_rate: np.ndarray     # req/s at the level (measured offered rate)
+    n: np.ndarray
+    n_good: np.ndarray
+    good_rep: np.ndarray   # (reps × runs)
+    n_rep: np.ndarray      # (reps × runs)
+    n_eff: np.ndarray
+
+
+def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_loop: bool):
+    """Stratified (two-stage) bootstrap over levels, isotonic fits, crossings."""
+    rng = np.random.default_rng([int(seed), _SEED_SWEEP])
+    levels = np.unique(points.level)
+    reps = points.good_rep.shape[0]
+    m = levels.size
+    A = np.empty((reps, m))
+    att = np.empty(m)
+    x = np.empty(m)
+    xr = np.empty(m)
+    nl = np.empty(m)
+    neff = np.empty(m)
+    for j, lv in enumerate(levels):
+        idx = np.nonzero(points.level == lv)[0]
+        att[j] = points.n_good[idx].sum() / points.n[idx].sum()
+        x[j] = lv if closed_loop else np.nanmean(points.x_rate[idx])
+        xr[j] = np.nanmean(points.x_rate[idx])
+        nl[j] = points.n[idx].sum()
+        neff[j] = points.n_eff[idx].sum()
+        if idx.size == 1:
+            A[:, j] = points.good_rep[:, idx[0]] / points.n_rep[:, idx[0]]
+        else:  # two-stage: resample repeats, then each one's own block replicate
+            pick = idx[rng.integers(idx.size, size=(reps, idx.size))]
+            row = rng.integers(reps, size=(reps, idx.size))
+            A[:, j] = (points.good_rep[row, pick].sum(axis=1)
+                       / points.n_rep[row, pick].sum(axis=1))
+    order = np.argsort(x, kind="stable")
+    levels, A, att, x, xr, nl, neff = (levels[order], A[:, order], att[order], x[order],
+                                       xr[order], nl[order], neff[order])
+    var = np.nanvar(A, axis=0)
+    pt = (att * nl + 0.5) / (nl + 1.0)
+    floor = pt * (1 - pt) / np.maximum(neff, 1.0)
+    w = 1.0 / np.maximum(var, floor)
+    fitted = isotonic_regression(att, weights=w, increasing=False).x
+    F = np.empty_like(A)
+    for r in range(reps):
+        F[r] = isotonic_regression(A[r], weights=w, increasing=False).x
+    eps = 0.5 / (nl + 1.0)
+    est_x, est_flag, est_i = _crossing(fitted[None, :], x, target, eps)
+    rep_x, rep_flag, rep_i = _crossing(F, x, target, eps)
+    return dict(levels=levels, x=x, x_rate=xr, att=att, A=A, fitted=fitted, F=F, n=nl,
+                n_eff=neff, w=w, est=(float(est_x[0]), int(est_flag[0]), int(est_i[0])),
+                rep_x=rep_x, rep_flag=rep_flag, rep_i=rep_i)
+
+
+def _crossing(F: np.ndarray, x: np.ndarray, target: float, eps: np.ndarray):
+    """First down-crossing of ``target`` by each row of F, interpolated on the logit scale.
+    Returns (x*, flag, i) with flag −1 (< min tested; x* = 0), 0 (bracketed), +1 (≥ max
+    tested; x* = max x); i is the index of the last passing level (−1 if none)."""
+    passing = F >= target
+    fail_any = ~passing
+    first_fail = np.where(fail_any.any(axis=1), fail_any.argmax(axis=1), F.shape[1])
+    out = np.empty(F.shape[0])
+    flag = np.zeros(F.shape[0], dtype=np.int64)
+    below = first_fail == 0
+    above = first_fail == F.shape[1]
+    mid = ~below & ~above
+    out[below] = 0.0
+    flag[below] = -1
+    out[above] = x[-1]
+    flag[above] = 1
+    if mid.any():
+        i = first_fail[mid]
+        rows = np.nonzero(mid)[0]
+        f0 = np.clip(F[rows, i - 1], eps[i - 1], 1 - eps[i - 1])
+        f1 = np.clip(F[rows, i], eps[i], 1 - eps[i])
+        lt = _logit(min(max(target, 1e-12), 1 - 1e-12))
+        l0, l1 = _logit(f0), _logit(f1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.where(l0 > l1, (l0 - lt) / (l0 - l1), 1.0)
+        frac = np.clip(np.nan_to_num(frac, nan=1.0), 0.0, 1.0)
+        out[rows] = x[i - 1] + frac * (x[i] - x[i - 1])
+    return out, flag, first_fail - 1
+
+
+def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
+               goodput_rep: np.ndarray | None, goodput: np.ndarray | None):
+    est_x, est_flag, est_i = sw["est"]
+    x = sw["x"]
+    rep_x, rep_flag, rep_i = sw["rep_x"], sw["rep_flag"], sw["rep_i"]
+    notes = []
+    if closed_loop:
+        # capacity = achieved goodput at the highest passing concurrency
+        reps = rep_x.size
+        vals = np.where(rep_i >= 0, goodput_rep[np.arange(reps), np.maximum(rep_i, 0)], 0.0)
+        est = float(goodput[est_i]) if est_i >= 0 else math.nan
+        load = float(x[est_i]) if est_i >= 0 else math.nan
+    else:
+        vals = rep_x
+        est = est_x if est_flag >= 0 else math.nan
+        load = math.nan
+    lo, hi = boot.percentile_ci(vals, confidence)
+    lb = boot.lower_bound(vals, confidence)
+    if est_flag == 1:
+        status = STATUS_ABOVE
+        hi = est if not closed_loop else max(hi, est)
+        notes.append("every tested level meets the SLO: C_SLO is at least the largest tested "
+                     "level; test higher rates to bracket it")
+        suggested = tuple(float(f"{x[-1] * f:.3g}") for f in (1.25, 1.5, 2.0))
+    elif est_flag == -1:
+        status = STATUS_BELOW
+        lo, lb = 0.0, min(lb, 0.0) if lb == lb else 0.0
+        notes.append("no tested level meets the SLO: C_SLO is below the smallest tested level")
+        suggested = tuple(float(f"{x[0] * f:.3g}") for f in (0.25, 0.5, 0.75))
+    else:
+        status = STATUS_BRACKETED
+        suggested = ()
+        if not closed_loop:
+            i = est_i + 1
+            width = x[i] - x[i - 1]
+            if width > max(0.1 * est, hi - lo):
+                suggested = tuple(float(f"{v:.3g}") for v in np.linspace(x[i - 1], x[i], 5)[1:-1])
+                notes.append(f"the bracket [{x[i - 1]:.3g}, {x[i]:.3g}] is wide: interpolation "
+                             "error between tested rates is not in the CI; add rates "
+                             + ", ".join(f"{v:g}" for v in suggested))
+    frac_below = float(np.mean(rep_flag == -1))
+    if status != STATUS_BELOW and frac_below > (1 - confidence) / 2:
+        notes.append(f"{frac_below:.0%} of replicates fail already at the lowest tested level: "
+                     "the lower end of the interval is censored at 0")
+    cs = CSLO(estimate=float(est), ci_low=float(lo), ci_high=float(hi), lower_bound=float(lb),
+              status=status, confidence=confidence, closed_loop=closed_loop,
+              suggested_rates=suggested, load_at_capacity=load)
+    return cs, notes, vals
+
+
+def _knee_and_max(x, goodput, throughput, x_rate) -> tuple[dict, dict]:
+    """Max-goodput point, and the saturation knee: the last level before goodput stops
+    following load (marginal goodput ΔG/Δλ below one half of the marginal offered rate)."""
+    mg = {"x": math.nan, "goodput_rps": math.nan}
+    if goodput.size:
+        j = int(np.nanargmax(goodput))
+        mg = {"x": float(x[j]), "goodput_rps": float(goodput[j]), "offered_rps": float(x_rate[j])}
+    knee = {"x": math.nan, "method": "first level where ΔG/Δλ < 0.5 (goodput vs offered rate)"}
+    if goodput.size >= 2:
+        dx = np.diff(x_rate)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            slope = np.diff(goodput) / dx
+        bad = np.nonzero(slope < 0.5)[0]
+        if bad.size:
+            knee.update({"x": float(x[bad[0]]), "goodput_rps": float(goodput[bad[0]]),
+                         "throughput_rps": float(throughput[bad[0]])})
+    return knee, mg
+
+
+# ============================================================================ from stats
+
+def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, block_len,
+               confidence):
+    """Per-run attainment (+ CI, design effect, N_eff, early stopping) and percentiles."""
+    diag = stats.diagnostics.set_index("run_id")
+    rows, good_rep, n_rep = [], [], []
+    deffs = []
+    per = []
+    for r, gu in zip(stats.runs, good_units):
+        usable = bool(diag.loc[r.run_id, "usable"]) if r.run_id in diag.index else False
+        n = r.n
+        k = float(np.sum(gu))
+        if r.n_units == 0 or n == 0:
+            per.append((r, usable and False, n, k, None, None, math.nan))
+            continue
+        C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+        gr = C @ gu.astype(C.dtype)
+        nr_ = C @ r.units["n"].astype(C.dtype)
+        gr = gr.astype(np.float64)
+        nr_ = nr_.astype(np.float64)
+        a = k / n
+        att_rep = gr / nr_
+        deff = boot.design_effect(float(np.var(att_rep)), a, n)
+        if deff == deff:
+            deffs.append(deff)
+        per.append((r, usable, n, k, gr, nr_, deff))
+    deff_sweep = float(np.median(deffs)) if deffs else 1.0
+    rng = np.random.default_rng([int(seed), _SEED_SWEEP + 1])
+    for r, usable, n, k, gr, nr_, deff in per:
+        a = k / n if n else math.nan
+        degenerate = gr is not None and (k == 0 or k == n)
+        d_used = deff if deff == deff else max(deff_sweep, 1.0)
+        neff = boot.n_effective(n, d_used) if n else 0.0
+        if gr is not None:
+            if degenerate:  # Clopper–Pearson floor at N_eff (STATISTICS.md §7)
+                keff = a * neff
+                lo, hi = boot.clopper_pearson(keff, neff, confidence)
+                draws = (rng.beta(max(neff, 1.0), 1.0, size=reps) if k == n
+                         else rng.beta(1.0, max(neff, 1.0), size=reps))
+                gr = draws * n
+                nr_ = np.full(reps, float(n))
+            else:
+                lo, hi = boot.percentile_ci(gr / nr_, confidence)
+        else:
+            lo = hi = math.nan
+        bad_eff = int(round((n - k) * neff / n)) if n else 0
+        need = n_min(slo.attainment, bad_eff, 0.99) if n else 0
+        row = {
+            "run_id": r.run_id, "load_level": r.load_level, "offered_rps": r.offered_rps,
+            "concurrency": r.concurrency, "repeat": r.repeat,
+            "measured_rps": r.measured_rps,
+            "n": n, "n_good": int(k), "n_ok": int(r.units["n_ok"].sum()) if r.n_units else 0,
+            "attainment": a, "att_ci_low": lo, "att_ci_high": hi,
+            "ci_floor": "clopper-pearson" if degenerate else "",
+            "design_effect": deff, "n_eff": neff,
+            "early_stop_ok": bool(neff >= need), "early_stop_n_min": need,
+            "block_len": r.block_len.for_scheme(scheme if scheme != "iid" else "circular")
+            if scheme != "iid" else 1.0,
+            "unit_size": r.unit_size, "warmup_s": r.warmup_s,
+            "usable": usable,
+            "reason": str(diag.loc[r.run_id, "reason"]) if r.run_id in diag.index else "no data",
+            "warnings": str(diag.loc[r.run_id, "warnings"]) if r.run_id in diag.index else "",
+        }
+        for st in ("rejected", "timeout", "error", "cancelled"):
+            row[f"n_{st}"] = int(r.units[f"st_{st}"].sum()) if r.n_units else 0
+        rows.append(row)
+        if gr is not None:
+            good_rep.append(gr)
+            n_rep.append(nr_)
+        else:
+            good_rep.append(np.full(reps, math.nan))
+            n_rep.append(np.full(reps, math.nan))
+    return pd.DataFrame(rows), np.column_stack(good_rep) if good_rep else np.zeros((reps, 0)), \
+        np.column_stack(n_rep) if n_rep else np.zeros((reps, 0))
+
+
+def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confidence):
+    """SLO-independent per-run percentiles (+ p99 CI), cached on the stats."""
+    key = ("pct", reps, seed, scheme, block_len, confidence)
+    if key in stats._cache:
+        return stats._cache[key]
+    rows = []
+    for r in stats.runs:
+        row = {"run_id": r.run_id}
+        for m in ("ttft", "tpot", "itl", "e2e"):
+            for p in PERCENTILES:
+                row[f"{m}_p{_pname(p)}_ms"] = r.percentile(m, p, stats.alpha)
+            lo = hi = math.nan
+            tail = r.tail.get(m)
+            if tail is not None and r.n_units:
+                C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+                k0, h, below = tail
+                q = boot.quantile_replicates(C.astype(np.float64), h, k0, P_CI, stats.alpha,
+                                             below=below)
+                lo, hi = boot.percentile_ci(q, confidence)
+            row[f"{m}_p99_ci_low"] = lo
+            row[f"{m}_p99_ci_high"] = hi
+        lag = r.hist.get("gen_lag_ms")
+        row["gen_lag_p99_ms"] = (float(sketch.quantile_from_counts(lag[1], lag[0], 0.99, stats.alpha))
+                                 if lag else math.nan)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    stats._cache[key] = df
+    return df
+
+
+def _pname(p: float) -> str:
+    s = f"{p * 100:g}"
+    return s.replace(".", "")
+
+
+def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.95,
+                   reps: int = 1000, seed: int = 0, scheme: str = "circular",
+                   block_len: float | None = None) -> Envelope:
+    """The envelope from reduced statistics (the fast path behind ``refit``)."""
+    slo = SLO.parse(slo)
+    if scheme not in boot.SCHEMES:
+        raise SpecError(f"unknown scheme {scheme!r}", fix="use circular or stationary")
+    if not (0.5 < confidence < 1):
+        raise SpecError(f"confidence must be in (0.5, 1), got {confidence}")
+    notes = []
+    exact = stats.can_serve(slo) and slo.with_(attainment=0.5) == stats.slo.with_(attainment=0.5)
+    if not exact:
+        eff = stats.effective_slo(slo)
+        if eff != slo:
+            notes.append(f"limits snapped to the reduction grid: {eff}")
+        slo = eff
+    good_units = stats.good_units(slo)
+    runs, good_rep, n_rep = _run_table(stats, slo, good_units, reps=reps, seed=seed,
+                                       scheme=scheme, block_len=block_len, confidence=confidence)
+    pct = _percentile_table(stats, reps=reps, seed=seed, scheme=scheme, block_len=block_len,
+                            confidence=confidence)
+    runs = runs.merge(pct, on="run_id", how="left")
+    closed = stats.closed_loop
+    runs["x"] = runs["concurrency"] if closed else runs["measured_rps"].fillna(runs["offered_rps"])
+    runs["goodput_rps"] = runs["measured_rps"] * runs["attainment"]
+    runs["throughput_rps"] = runs["measured_rps"] * runs["n_ok"] / runs["n"]
+    use = runs["usable"].to_numpy(bool)
+    for rid, reason in runs.loc[~use, ["run_id", "reason"]].itertuples(index=False):
+        notes.append(f"run {rid} excluded: {reason}")
+    for rid, w in runs.loc[use, ["run_id", "warnings"]].itertuples(index=False):
+        if w:
+            notes.append(f"run {rid}: {w}")
+    pts = _Points(run_id=runs["run_id"].to_numpy()[use], level=runs["load_level"].to_numpy(float)[use],
+                  x_rate=runs["measured_rps"].to_numpy(float)[use], n=runs["n"].to_numpy(float)[use],
+                  n_good=runs["n_good"].to_numpy(float)[use], good_rep=good_rep[:, use],
+                  n_rep=n_rep[:, use], n_eff=runs["n_eff"].to_numpy(float)[use])
+    env = _finish(pts, runs, slo, slo.attainment, confidence, seed, closed, notes)
+    return replace(env, stats=stats, reps=reps, seed=seed, scheme=scheme, block_len=block_len,
+                   diagnostics=stats.diagnostics.copy())
+
+
+def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, closed, notes,
+            iid=False) -> Envelope:
+    if pts.n.size == 0:
+        raise StudyError("no usable run to fit an envelope",
+                         fix="see the diagnostics: " + "; ".join(notes) if notes else None)
+    sw = _sweep(pts, target, confidence, seed, closed)
+    x_rate = sw["x_rate"]
+    goodput = sw["att"] * x_rate
+    goodput_rep = sw["A"] * x_rate[None, :]
+    cs, more, vals = _cslo_from(sw, target, confidence, closed, goodput_rep, goodput)
+    # throughput per level (ok share × rate), from the run table
+    thr = []
+    for lv in sw["levels"]:
+        rr = runs[(runs["load_level"] == lv) & runs["usable"]]
+        thr.append(float((rr["measured_rps"] * rr["n_ok"] / rr["n"]).mean()))
+    thr = np.asarray(thr)
+    glo, ghi = np.nanpercentile(goodput_rep, [100 * (1 - confidence) / 2,
+                                              100 * (1 + confidence) / 2], axis=0)
+    alo, ahi = np.nanpercentile(sw["A"], [100 * (1 - confidence) / 2,
+                                          100 * (1 + confidence) / 2], axis=0)
+    levels = pd.DataFrame({
+        "load_level": sw["levels"], "x": sw["x"], "offered_rps": x_rate, "n": sw["n"],
+        "n_eff": sw["n_eff"], "attainment": sw["att"], "ci_low": alo, "ci_high": ahi,
+        "fitted": sw["fitted"], "weight": sw["w"], "goodput_rps": goodput,
+        "goodput_ci_low": glo, "goodput_ci_high": ghi, "throughput_rps": thr,
+    })
+    fit_map = dict(zip(sw["levels"], sw["fitted"]))
+    runs = runs.copy()
+    runs["fitted"] = [fit_map.get(lv, math.nan) if u else math.nan
+                      for lv, u in zip(runs["load_level"], runs["usable"])]
+    knee, mg = _knee_and_max(sw["x"], goodput, thr, x_rate)
+    return Envelope(slo=slo, target=float(target), cslo=cs, runs=runs, levels=levels,
+                    diagnostics=pd.DataFrame(), knee=knee, max_goodput=mg, stats=None,
+                    notes=tuple(notes + more), confidence=confidence, iid_assumption=iid,
+                    crossing_replicates=vals, level_replicates=sw["A"])
+
+
+# ============================================================================ public entry
+
+def fit_envelope(study, slo, *, confidence: float = 0.95, reps: int = 1000, seed: int = 0,
+                 scheme: str = "circular", block_len: float | None = None,
+                 warmup="manifest", stats: BlockStats | None = None) -> Envelope:
+    """Fit the SLO capacity envelope of a sweep.
+
+    ``study``: a Study or a path; ``slo``: an SLO or ``"ttft_ms=2000,attainment=0.99"``;
+    ``block_len`` (requests) overrides Politis–White; ``warmup``: "manifest" (manifest
+    warmup_s, else MSER-5), "mser", "none", seconds or {run_id: seconds}; ``stats``: a
+    precomputed ``reduce_study`` result to skip reading events.
+    """
+    slo = SLO.parse(slo)
+    if reps < 10:
+        raise SpecError(f"reps must be ≥ 10, got {reps}", fix="e.g. --reps 1000")
+    if scheme not in ("circular", "stationary", "iid"):
+        raise SpecError(f"unknown scheme {scheme!r}", fix="use circular or stationary")
+    if stats is None or not stats.can_serve(slo):
+        stats = reduce_study(study, slo, warmup=warmup)
+    return fit_from_stats(stats, slo, confidence=confidence, reps=reps, seed=seed,
+                          scheme=scheme, block_len=block_len)
+
+
+# ============================================================================ SLO surface
+
+def slo_surface(stats: BlockStats, slo: SLO, x_grid=None, y_grid=None, *, confidence=0.95,
+                reps=200, seed=0, scheme="circular", block_len=None) -> Surface:
+    """C_SLO (estimate and lower bound) over TTFT × TPOT/ITL limits from the grid counts."""
+    g = stats.grid_spec
+    xl, yl = g.limits("x"), g.limits("y")
+    xi = (np.arange(0, 2 * g.half + 1, 2) if x_grid is None
+          else np.array(sorted({g.index("x", float(v)) for v in x_grid})))
+    yi = (np.arange(0, 2 * g.half + 1, 2) if y_grid is None
+          else np.array(sorted({g.index("y", float(v)) for v in y_grid})))
+    diag = stats.diagnostics.set_index("run_id")
+    use = [r for r in stats.runs if r.n_units and bool(diag.loc[r.run_id, "usable"])]
+    P = xi.size * yi.size
+    if not use:
+        raise StudyError("no usable run for an SLO surface")
+    # replicate good sums for every grid point at once: C @ grid[:, xi, yi]
+    gsum = np.empty((reps, len(use), P))
+    nsum = np.empty((reps, len(use)))
+    kpt = np.empty((len(use), P))
+    for j, r in enumerate(use):
+        C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+        S = r.grid[:, xi][:, :, yi].reshape(r.n_units, P).astype(np.float64)
+        gsum[:, j, :] = C.astype(np.float64) @ S
+        nsum[:, j] = C.astype(np.float64) @ r.units["n"]
+        kpt[j] = S.sum(axis=0)
+    n = np.array([r.n for r in use], dtype=float)
+    x_rate = np.array([r.measured_rps for r in use])
+    level = np.array([r.load_level for r in use])
+    closed = stats.closed_loop
+    rows = []
+    for p in range(P):
+        k = kpt[:, p]
+        gr = gsum[:, :, p].copy()
+        nr_ = nsum.copy()
+        for j in range(len(use)):  # degenerate runs: Beta floor as in the main fit
+            if k[j] == 0 or k[j] == n[j]:
+                rng = np.random.default_rng([int(seed), _SEED_SWEEP + 2, j, p])
+                ne = n[j]
+                d = rng.beta(ne, 1.0, reps) if k[j] == n[j] else rng.beta(1.0, ne, reps)
+                gr[:, j] = d * n[j]
+                nr_[:, j] = n[j]
+        pts = _Points(np.array([r.run_id for r in use]), level, x_rate, n, k, gr, nr_, n.copy())
+        sw = _sweep(pts, slo.attainment, confidence, seed, closed)
+        goodput = sw["att"] * sw["x_rate"]
+        cs, _, _ = _cslo_from(sw, slo.attainment, confidence, closed,
+                              sw["A"] * sw["x_rate"][None, :], goodput)
+        ix, iy = xi[p // yi.size], yi[p % yi.size]
+        rows.append({"x_ms": float(xl[ix]), "y_ms": float(yl[iy]), "estimate": cs.estimate,
+                     "ci_low": cs.ci_low, "ci_high": cs.ci_high,
+                     "lower_bound": cs.lower_bound, "status": cs.status})
+    return Surface("ttft", g.y_metric, pd.DataFrame(rows), slo.attainment)
+
+
+# ============================================================================ summary table
+
+_RATE_NAMES = ("offered_rps", "rate", "rate_rps", "load_level", "concurrency", "qps", "rps")
+_N_NAMES = ("n", "requests", "n_requests", "total")
+_GOOD_NAMES = ("n_good", "good", "good_requests", "good_count")
+
+
+def _pick(df: pd.DataFrame, names, what: str) -> str:
+    low = {c.lower(): c for c in df.columns}
+    for nme in names:
+        if nme in low:
+            return low[nme]
+    raise SpecError(f"summary table has no {what} column (looked for {', '.join(names)})",
+                    fix="columns: offered_rps, requests, good_requests")
+
+
+@dataclass(frozen=True)
+class _Summary:
+    level: np.ndarray
+    n: np.ndarray
+    k: np.ndarray
+    closed: bool
+
+
+def fit_summary_table(df_or_path, slo_target, *, confidence: float = 0.95, reps: int = 1000,
+                      seed: int = 0) -> Envelope:
+    """Envelope from a table of (rate, requests, good requests) — e.g. a published attainment
+    table — under an explicit **iid assumption** (requests independent: binomial replicates;
+    the true interval is wider when requests are time-correlated)."""
+    if isinstance(df_or_path, (str, os.PathLike)):
+        p = Path(df_or_path)
+        if not p.is_file():
+            raise SpecError(f"summary table not found: {p}")
+        df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+    else:
+        df = pd.DataFrame(df_or_path)
+    rate = _pick(df, _RATE_NAMES, "rate")
+    ncol = _pick(df, _N_NAMES, "requests")
+    gcol = _pick(df, _GOOD_NAMES, "good requests")
+    target = slo_target.attainment if isinstance(slo_target, SLO) else float(
+        SLO.parse(slo_target).attainment if isinstance(slo_target, str) else slo_target)
+    n = df[ncol].to_numpy(float)
+    k = df[gcol].to_numpy(float)
+    if (n <= 0).any() or (k < 0).any() or (k > n).any():
+        raise SpecError("summary table needs requests > 0 and 0 ≤ good ≤ requests")
+    s = _Summary(df[rate].to_numpy(float), n, k, rate.lower() == "concurrency")
+    return _fit_summary_points(s, target, confidence=confidence, reps=reps, seed=seed)
+
+
+def _fit_summary_points(s: _Summary, target, *, confidence, reps, seed) -> Envelope:
+    rng = np.random.default_rng([int(seed), _SEED_SWEEP + 3])
+    m = s.n.size
+    gr = np.empty((reps, m))
+    rows = []
+    for j in range(m):
+        nj, kj = s.n[j], s.k[j]
+        if kj == nj:
+            gr[:, j] = rng.beta(nj, 1.0, reps) * nj
+            lo, hi = boot.clopper_pearson(kj, nj, confidence)
+        elif kj == 0:
+            gr[:, j] = rng.beta(1.0, nj, reps) * nj
+            lo, hi = boot.clopper_pearson(kj, nj, confidence)
+        else:
+            gr[:, j] = rng.binomial(int(nj), kj / nj, reps)
+            lo, hi = boot.percentile_ci(gr[:, j] / nj, confidence)
+        rows.append({"run_id": f"row{j}", "load_level": s.level[j],
+                     "offered_rps": None if s.closed else s.level[j],
+                     "concurrency": s.level[j] if s.closed else None,
+                     "measured_rps": math.nan if s.closed else s.level[j], "n": int(nj),
+                     "n_good": int(kj), "n_ok": int(nj), "attainment": kj / nj,
+                     "att_ci_low": lo, "att_ci_high": hi, "design_effect": 1.0, "n_eff": nj,
+                     "usable": True, "reason": "", "warnings": ""})
+    runs = pd.DataFrame(rows)
+    runs["x"] = runs["load_level"]
+    runs["goodput_rps"] = runs["measured_rps"] * runs["attainment"]
+    runs["throughput_rps"] = runs["measured_rps"]
+    pts = _Points(runs["run_id"].to_numpy(), s.level, s.level if not s.closed else np.full(m, np.nan),
+                  s.n, s.k, gr, np.tile(s.n, (reps, 1)), s.n.copy())
+    notes = ["summary-table input: requests assumed independent (iid); with time-correlated "
+             "requests the true interval is wider"]
+    env = _finish(pts, runs, None, target, confidence, seed, s.closed, notes, iid=True)
+    return replace(env, reps=reps, seed=seed, scheme="iid", _summary_points=s)

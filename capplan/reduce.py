@@ -1,0 +1,535 @@
+"""The reduction: raw request rows → per-(run, unit) sufficient statistics. The ONLY step of
+the envelope that touches raw rows; everything after it works on small numpy arrays.
+
+Design
+------
+*Units.* Inside each run's measurement window (after warm-up) requests are numbered in
+scheduled order and cut into ``units`` of ``s = ⌈n / max_units⌉`` consecutive requests (a
+request per unit for runs up to ``max_units`` requests). Units are the lattice sub-blocks of
+the block bootstrap: a bootstrap block is ``L = round(b / s)`` consecutive units, b being the
+Politis–White block length of the run's 0/1 SLO-good series (computed here, by FFT, on the
+request-level series — the only per-request array we ever fetch, one byte per request).
+
+*Per unit* (all integer counts, so they add exactly and in any order):
+- requests, ok, SLO-good (exact SQL predicate of the reduction SLO), one count per status,
+  first/last scheduled time, TTFT sum and count (trend), token sums;
+- ``grid``: a cumulative count ``G[u, i, j]`` of requests that are good under the SLO whose
+  TTFT limit is ``x_i`` and whose TPOT (or ITL) limit is ``y_j``, where ``x_i = anchor·step^(i−h)``
+  for i = 0…2h and the last index is "no limit" (same for y). The anchors are the reduction
+  SLO's own limits, so at (h, h) the grid count equals the exact count; other limits of the
+  SLO (E2E, the third latency metric) are applied as fixed conditions. In SQL each request
+  gets a pair of grid codes (a coarse log-bucket key relative to the anchor), one
+  ``GROUP BY run, unit, code_x, code_y`` counts them, numpy turns them into 2-D cumulative sums.
+  A changed TTFT/TPOT/ITL limit or attainment target re-fits from these counts without
+  reading events (limits snap to the nearest grid value, stated in the result); the SLO
+  surface reads the whole grid.
+- ``tail``: log-bucket histograms (``capplan.sketch``, α = 0.5 %) of TTFT, TPOT, ITL stat and
+  E2E per unit, holding the buckets above each run's ``tail_from`` quantile plus a per-unit
+  count of values below — enough to bootstrap p99/p99.9 at a fraction of the memory.
+- per run: full log-bucket histograms of the same metrics and of generator lag (percentile
+  point estimates), Little's-law inputs, duplicates, and time-bin TTFT means for MSER-5.
+
+Every query binds its values; identifiers come from fixed tables in this module. The SQL is
+plain (window function, CASE, GROUP BY), so it could run on another engine unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from . import bootstrap as boot
+from . import diagnostics as dg
+from . import sketch
+from .contract import STATUSES
+from .errors import SpecError, StudyError
+from .metrics import create_request_view, good_predicate
+from .slo import SLO
+from .study import Study, open_study
+
+MAX_UNITS = 1024
+GRID_STEP = 1.10
+GRID_HALF = 14
+TAIL_FROM = 0.95
+MSER_BINS = 500
+METRICS = ("ttft", "tpot", "itl", "e2e")
+_DEFAULT_ANCHOR = {"ttft": 1000.0, "tpot": 50.0, "itl": 100.0}
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """Candidate limits: ``anchor·step^(i−half)`` for i = 0…2·half, then "no limit"."""
+
+    x_metric: str  # always "ttft"
+    y_metric: str  # "tpot" or "itl"
+    x_anchor: float
+    y_anchor: float
+    step: float
+    half: int
+
+    @property
+    def size(self) -> int:
+        return 2 * self.half + 2
+
+    def limits(self, axis: str) -> np.ndarray:
+        a = self.x_anchor if axis == "x" else self.y_anchor
+        finite = a * self.step ** (np.arange(2 * self.half + 1) - self.half)
+        return np.concatenate([finite, [np.inf]])
+
+    def index(self, axis: str, value: float | None) -> int:
+        """Nearest grid index of a limit (log scale); None ⇒ "no limit"."""
+        if value is None:
+            return self.size - 1
+        a = self.x_anchor if axis == "x" else self.y_anchor
+        i = int(round(math.log(value / a) / math.log(self.step))) + self.half
+        return min(max(i, 0), 2 * self.half)
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """One run's unit statistics (arrays have one entry per unit, in scheduled order)."""
+
+    run_id: str
+    run_idx: int
+    load_level: float
+    offered_rps: float | None
+    concurrency: float | None
+    repeat: int
+    nominal_rps: float | None
+    warmup_s: float
+    unit_size: int
+    block_len: boot.BlockLength          # Politis–White, in requests
+    units: dict = field(repr=False)      # name -> (n_units,) arrays
+    grid: np.ndarray = field(repr=False)  # (n_units, size, size) int, cumulative good counts
+    hist: dict = field(repr=False)       # metric -> (k0, counts) whole-run histogram
+    tail: dict = field(repr=False)       # metric -> (k0, counts (units × bins), below (units,))
+    measured_rps: float = math.nan
+    span_s: float = math.nan
+
+    @property
+    def n_units(self) -> int:
+        return int(self.units["n"].size)
+
+    @property
+    def n(self) -> int:
+        return int(self.units["n"].sum())
+
+    @property
+    def n_good(self) -> int:
+        return int(self.units["n_good"].sum())
+
+    def block_units(self, scheme: str, block_len: float | None = None) -> float:
+        """Block length in units (≥ 1) for ``scheme``."""
+        if scheme == "iid":
+            return 1.0
+        b = block_len if block_len is not None else self.block_len.for_scheme(scheme)
+        return max(1.0, b / self.unit_size)
+
+    def percentile(self, metric: str, p: float, alpha: float) -> float:
+        k0, c = self.hist.get(metric, (0, np.zeros(0)))
+        if c.sum() <= 0:
+            return math.nan
+        return float(sketch.quantile_from_counts(c, k0, p, alpha))
+
+
+@dataclass(frozen=True)
+class BlockStats:
+    """Everything the envelope needs, reduced once from a study (see module docstring)."""
+
+    slo: SLO
+    alpha: float
+    load_model: str
+    name: str
+    runs: tuple[RunStats, ...]
+    grid_spec: GridSpec
+    diagnostics: pd.DataFrame = field(repr=False)
+    max_units: int = MAX_UNITS
+    tail_from: float = TAIL_FROM
+    source: str | None = None
+    warmup: object = "manifest"
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.load_model == "closed"
+
+    def run(self, run_id: str) -> RunStats:
+        for r in self.runs:
+            if r.run_id == run_id:
+                return r
+        raise KeyError(run_id)
+
+    # -- SLO changes served from the grid -------------------------------------------------
+    def fixed_part(self, slo: SLO) -> tuple:
+        """The SLO parts the grid cannot vary (must match the reduction SLO)."""
+        g = self.grid_spec
+        other = "itl_ms" if g.y_metric == "tpot" else "tpot_ms"
+        return (slo.e2e_ms, getattr(slo, other), slo.itl_stat if slo.itl_ms is not None
+                or g.y_metric == "itl" else None, slo.ttft_from, slo.max_error_rate)
+
+    def can_serve(self, slo: SLO) -> bool:
+        return self.fixed_part(slo) == self.fixed_part(self.slo)
+
+    def effective_slo(self, slo: SLO) -> SLO:
+        """``slo`` with its TTFT and TPOT/ITL limits snapped to the grid."""
+        g = self.grid_spec
+        ix = g.index("x", slo.ttft_ms)
+        iy = g.index("y", getattr(slo, f"{g.y_metric}_ms"))
+        xl, yl = g.limits("x"), g.limits("y")
+        kw = {"ttft_ms": None if ix == g.size - 1 else float(xl[ix]),
+              f"{g.y_metric}_ms": None if iy == g.size - 1 else float(yl[iy])}
+        if slo.ttft_ms is not None and math.isclose(kw["ttft_ms"], slo.ttft_ms, rel_tol=1e-9):
+            kw["ttft_ms"] = slo.ttft_ms
+        yv = getattr(slo, f"{g.y_metric}_ms")
+        if yv is not None and math.isclose(kw[f"{g.y_metric}_ms"], yv, rel_tol=1e-9):
+            kw[f"{g.y_metric}_ms"] = yv
+        try:
+            return slo.with_(**kw)
+        except SpecError:
+            return slo
+
+    def good_units(self, slo: SLO) -> list[np.ndarray]:
+        """Per-run, per-unit good counts under ``slo`` (exact for the reduction SLO and for
+        grid limits; other limits snap — see ``effective_slo``)."""
+        if _same_limits(slo, self.slo):
+            return [r.units["n_good"] for r in self.runs]
+        if not self.can_serve(slo):
+            raise SpecError("this SLO changes a limit the reduced statistics cannot vary "
+                            f"(only TTFT, {self.grid_spec.y_metric.upper()} and the target)",
+                            fix="re-reduce from the study: fit_envelope(study, slo)")
+        g = self.grid_spec
+        ix = g.index("x", slo.ttft_ms)
+        iy = g.index("y", getattr(slo, f"{g.y_metric}_ms"))
+        return [r.grid[:, ix, iy].astype(np.float64) for r in self.runs]
+
+
+def _same_limits(a: SLO, b: SLO) -> bool:
+    return a.with_(attainment=0.5) == b.with_(attainment=0.5)
+
+
+# ============================================================================ SQL (one place)
+
+_TTFT_COL = {"scheduled": "ttft_ms", "sent": "ttft_sent_ms"}
+_ITL_COL = {"p99": "itl_p99_ms", "max": "itl_max_ms"}
+
+
+def _grid_code_sql(col: str) -> str:
+    """Grid code of a value relative to an anchor: 0…2h for the finite limits it meets,
+    2h+1 when above them all. Parameters: anchor, anchor, ln(step), h, h, anchor, ln(step), G."""
+    return (f"CASE WHEN {col} IS NULL THEN 0 "
+            f"WHEN {col} <= ? THEN greatest(0, ? + CAST(ceil(ln(greatest({col}, 1e-12) / ?) / ?) AS INTEGER)) "
+            f"ELSE least(?, ? + greatest(1, CAST(ceil(ln({col} / ?) / ?) AS INTEGER))) END")
+
+
+def _grid_code_params(anchor: float, step: float, half: int) -> list:
+    ls = math.log(step)
+    return [anchor, half, anchor, ls, 2 * half + 1, half, anchor, ls]
+
+
+def _fixed_conditions(slo: SLO, y_metric: str) -> tuple[str, list]:
+    """SQL for the SLO limits that the grid does not vary (columns of request_metrics m)."""
+    parts, params = [], []
+    if slo.e2e_ms is not None:
+        parts.append("m.e2e_ms <= ?")
+        params.append(float(slo.e2e_ms))
+    if y_metric == "tpot" and slo.itl_ms is not None:
+        c = f"m.{_ITL_COL[slo.itl_stat]}"
+        parts.append(f"({c} IS NULL OR {c} <= ?)")
+        params.append(float(slo.itl_ms))
+    if y_metric == "itl" and slo.tpot_ms is not None:
+        parts.append("(m.tpot_ms IS NULL OR m.tpot_ms <= ?)")
+        params.append(float(slo.tpot_ms))
+    return (" AND ".join(parts) if parts else "TRUE"), params
+
+
+def _fetch_df(study: Study, q: str, params=None) -> pd.DataFrame:
+    return study.sql(q, params if params is not None else []).df()
+
+
+# ============================================================================ the reduction
+
+def resolve_warmup(study: Study, warmup, bins: pd.DataFrame) -> tuple[dict, dict, dict]:
+    """Warm-up seconds per run: a number or {run_id: s} is taken as given; "none" is 0;
+    "manifest" uses the manifest's warmup_s and MSER-5 where it is absent; "mser" always
+    MSER-5. Returns (warmup_s, source, mser_second_half) keyed by run_id."""
+    out, src, late = {}, {}, {}
+    for r in study.manifest.runs:
+        late[r.run_id] = False
+        if isinstance(warmup, dict):
+            out[r.run_id], src[r.run_id] = float(warmup.get(r.run_id, r.warmup_s or 0.0)), "given"
+            continue
+        if isinstance(warmup, (int, float)) and not isinstance(warmup, bool):
+            out[r.run_id], src[r.run_id] = float(warmup), "given"
+            continue
+        if warmup in (None, "none", False):
+            out[r.run_id], src[r.run_id] = 0.0, "none"
+            continue
+        if warmup not in ("manifest", "mser"):
+            raise SpecError(f"unknown warmup {warmup!r}",
+                            fix="use 'manifest', 'mser', 'none', seconds, or {run_id: seconds}")
+        if warmup == "manifest" and r.warmup_s is not None:
+            out[r.run_id], src[r.run_id] = float(r.warmup_s), "manifest"
+            continue
+        b = bins[bins["run_id"] == r.run_id].sort_values("bin")
+        y = b["ttft"].to_numpy(dtype=float)
+        if y.size and np.isnan(y).all():
+            y = np.zeros_like(y)
+        y = pd.Series(y).ffill().bfill().to_numpy()
+        res = dg.mser5(y)
+        t0 = b["t0"].to_numpy(dtype=float)
+        if res.in_second_half:
+            trending = dg.trend_test(dg.batch_means(y, np.ones_like(y))).trending
+            late[r.run_id] = not trending
+            out[r.run_id], src[r.run_id] = 0.0, "mser5"  # overloaded or unusable: no cut
+        else:
+            out[r.run_id] = float(t0[res.index]) if res.index > 0 and res.index < t0.size else 0.0
+            src[r.run_id] = "mser5"
+    return out, src, late
+
+
+def reduce_study(study, slo, *, warmup="manifest", alpha: float = sketch.DEFAULT_ALPHA,
+                 max_units: int = MAX_UNITS, grid_step: float = GRID_STEP,
+                 grid_half: int = GRID_HALF, tail_from: float = TAIL_FROM,
+                 lag_limit_ms: float | None = None) -> BlockStats:
+    """Reduce a study to per-(run, unit) statistics for ``slo`` (see module docstring)."""
+    study = open_study(study) if not isinstance(study, Study) else study
+    slo = SLO.parse(slo)
+    runs = study.manifest.runs
+    run_idx = {r.run_id: i for i, r in enumerate(runs)}
+    ttft_col = _TTFT_COL[slo.ttft_from]
+    itl_col = _ITL_COL[slo.itl_stat]
+    y_metric = "itl" if (slo.itl_ms is not None and slo.tpot_ms is None) else "tpot"
+
+    # 1. warm-up: time-bin TTFT means over whole runs (MSER-5), no row numbering needed
+    create_request_view(study, warmup_s={r.run_id: 0.0 for r in runs})
+    bins = _fetch_df(study, f"""
+        WITH s AS (SELECT run_id, greatest(max(scheduled_ns), 1) AS tmax FROM request_metrics
+                   GROUP BY run_id)
+        SELECT m.run_id,
+               least(CAST(floor(m.scheduled_ns * CAST(? AS DOUBLE) / s.tmax) AS BIGINT), ? - 1) AS bin,
+               count(*) AS n, avg(m.{ttft_col}) AS ttft, min(m.t_s) AS t0
+        FROM request_metrics m JOIN s USING (run_id) GROUP BY ALL""", [MSER_BINS, MSER_BINS])
+    warm_s, warm_src, warm_late = resolve_warmup(study, warmup, bins)
+    create_request_view(study, warmup_s=warm_s)
+
+    # 2. window sizes → unit sizes
+    counts = _fetch_df(study, """
+        SELECT run_id, count(*) AS n, count(*) - count(DISTINCT request_id) AS dup,
+               min(t_s) AS t_first, max(t_s) AS t_last
+        FROM request_metrics WHERE in_window GROUP BY run_id""")
+    counts = counts.set_index("run_id")
+    missing = [r.run_id for r in runs if r.run_id not in counts.index]
+    unit_rows = []
+    for r in runs:
+        n = int(counts.loc[r.run_id, "n"]) if r.run_id in counts.index else 0
+        unit_rows.append({"run_id": r.run_id, "run_idx": run_idx[r.run_id],
+                          "unit_size": max(1, -(-n // max_units))})
+    study.con.register("_cp_runs_df", pd.DataFrame(unit_rows))
+    study.con.execute("CREATE OR REPLACE TEMP TABLE _cp_runs AS SELECT * FROM _cp_runs_df")
+    study.con.unregister("_cp_runs_df")
+
+    # 3. the window's requests, numbered and cut into units (one materialisation)
+    good_sql, good_params = good_predicate(slo, alias="m")
+    fixed_sql, fixed_params = _fixed_conditions(slo, y_metric)
+    study.sql(f"""
+        CREATE OR REPLACE TEMP TABLE _cp_req AS
+        SELECT run_idx, rn, CAST(rn // unit_size AS INTEGER) AS unit, good, base, status,
+               ttft, tpot, itl, e2e, gen_lag_ms, t_s, end_s, input_tokens, output_tokens
+        FROM (
+          SELECT r.run_idx, r.unit_size,
+                 row_number() OVER (PARTITION BY m.run_id ORDER BY m.scheduled_ns, m.request_id) - 1 AS rn,
+                 {good_sql} AS good,
+                 (m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}) AS base,
+                 m.status, m.{ttft_col} AS ttft, m.tpot_ms AS tpot, m.{itl_col} AS itl,
+                 m.e2e_ms AS e2e, m.gen_lag_ms, m.t_s, m.last_token_ns / 1e9 AS end_s,
+                 m.input_tokens, m.output_tokens
+          FROM request_metrics m JOIN _cp_runs r USING (run_id) WHERE m.in_window
+        )""", good_params + fixed_params)
+    try:
+        return _reduce_from_table(study, slo, runs, run_idx, counts, missing, warm_s, warm_src,
+                                  warm_late, y_metric, alpha, max_units, grid_step, grid_half,
+                                  tail_from, lag_limit_ms, warmup)
+    finally:
+        study.sql("DROP TABLE IF EXISTS _cp_req")
+
+
+def _reduce_from_table(study, slo, runs, run_idx, counts, missing, warm_s, warm_src, warm_late,
+                       y_metric, alpha, max_units, grid_step, grid_half, tail_from,
+                       lag_limit_ms, warmup) -> BlockStats:
+    nr = len(runs)
+    ln_g = math.log(sketch.gamma_of(alpha))
+    # 4. per-unit counts
+    status_cols = ", ".join(f"sum(CAST(status = '{s}' AS INTEGER)) AS st_{s}" for s in STATUSES)
+    ok_counts = ", ".join(f"count({m}) FILTER (WHERE status = 'ok') AS cnt_{m}" for m in METRICS)
+    u = _fetch_df(study, f"""
+        SELECT run_idx, unit, count(*) AS n, sum(CAST(good AS INTEGER)) AS n_good,
+               sum(CAST(status = 'ok' AS INTEGER)) AS n_ok, {status_cols}, {ok_counts},
+               min(t_s) AS t0, max(t_s) AS t1, avg(ttft) AS ttft_mean, count(ttft) AS ttft_n,
+               sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
+               coalesce(sum(output_tokens) FILTER (WHERE good), 0) AS good_output_tokens,
+               max(end_s) AS end_max
+        FROM _cp_req GROUP BY ALL ORDER BY run_idx, unit""")
+
+    # 5. anchors for the grid axes (the SLO's own limits, else a data quantile)
+    def _anchor(metric, limit):
+        if limit is not None:
+            return float(limit)
+        v = study.sql(f"SELECT quantile_cont({metric}, 0.9) FROM _cp_req WHERE status = 'ok'").fetchone()[0]
+        return float(v) if v is not None and v > 0 else _DEFAULT_ANCHOR[metric]
+
+    gspec = GridSpec("ttft", y_metric, _anchor("ttft", slo.ttft_ms),
+                     _anchor(y_metric, getattr(slo, f"{y_metric}_ms")), grid_step, grid_half)
+    G = gspec.size
+    g = _fetch_df(study, f"""
+        SELECT run_idx, unit, {_grid_code_sql('ttft')} AS jx, {_grid_code_sql(y_metric)} AS jy,
+               count(*) AS c
+        FROM _cp_req WHERE base GROUP BY ALL""",
+        _grid_code_params(gspec.x_anchor, grid_step, grid_half)
+        + _grid_code_params(gspec.y_anchor, grid_step, grid_half))
+
+    # 6. whole-run histograms (percentiles) and generator lag
+    hist_metrics = METRICS + ("gen_lag_ms",)
+    parts = []
+    for i, m in enumerate(hist_metrics):
+        cond = "status = 'ok' AND " if m in METRICS else ""
+        parts.append(f"SELECT run_idx, {i} AS metric, {sketch.key_sql(m)} AS k, count(*) AS c "
+                     f"FROM _cp_req WHERE {cond}{m} IS NOT NULL GROUP BY ALL")
+    h = _fetch_df(study, " UNION ALL ".join(parts), [ln_g] * len(hist_metrics))
+
+    hist = [{} for _ in range(nr)]
+    thresholds = []
+    for (ri, mi), grp in h.groupby(["run_idx", "metric"]):
+        k = grp["k"].to_numpy(np.int64)
+        c = grp["c"].to_numpy(np.int64)
+        k0 = int(k.min())
+        dense = np.zeros(int(k.max()) - k0 + 1, dtype=np.int64)
+        np.add.at(dense, k - k0, c)
+        hist[int(ri)][hist_metrics[int(mi)]] = (k0, dense)
+        if int(mi) < len(METRICS):
+            cum = np.cumsum(dense)
+            kl = k0 + int(np.searchsorted(cum, tail_from * cum[-1], side="left"))
+            thresholds.append({"run_idx": int(ri), "metric": int(mi), "k_lo": kl})
+
+    # 7. per-unit tail histograms above each run's tail_from quantile
+    tails_df = pd.DataFrame(thresholds, columns=["run_idx", "metric", "k_lo"])
+    study.con.register("_cp_tail_df", tails_df)
+    parts = []
+    for i, m in enumerate(METRICS):
+        parts.append(f"SELECT run_idx, unit, {i} AS metric, {sketch.key_sql(m)} AS k FROM _cp_req "
+                     f"WHERE status = 'ok' AND {m} IS NOT NULL")
+    t = _fetch_df(study, f"""
+        SELECT x.run_idx, x.unit, x.metric, x.k, count(*) AS c
+        FROM ({' UNION ALL '.join(parts)}) x JOIN _cp_tail_df t
+             ON x.run_idx = t.run_idx AND x.metric = t.metric
+        WHERE x.k >= t.k_lo GROUP BY ALL""", [ln_g] * len(METRICS))
+    study.con.unregister("_cp_tail_df")
+
+    # 8. the request-level good series (one byte per request) for Politis–White
+    pw = study.sql("SELECT run_idx, rn, good FROM _cp_req").fetchnumpy()
+
+    # 9. Little's law inputs over all requests overlapping the window
+    win = u.groupby("run_idx").agg(t_first=("t0", "min"), t_last=("t1", "max"),
+                                   end_max=("end_max", "max")).reset_index()
+    win["run_id"] = [runs[i].run_id for i in win["run_idx"]]
+    win["w0"] = [warm_s[r] for r in win["run_id"]]
+    win["w0"] = np.minimum(win["w0"], win["t_first"])
+    win["tend"] = np.fmax(win["end_max"].to_numpy(float), win["t_last"].to_numpy(float))
+    study.con.register("_cp_win_df", win[["run_id", "w0", "t_last", "tend"]])
+    lit = _fetch_df(study, """
+        SELECT m.run_id,
+               sum(greatest(0.0, least(coalesce(m.last_token_ns / 1e9, w.tend), w.t_last)
+                                  - greatest(m.t_s, w.w0))) AS busy_s,
+               avg(coalesce(m.last_token_ns / 1e9, w.tend) - m.t_s)
+                   FILTER (WHERE m.in_window) AS sojourn_s
+        FROM request_metrics m JOIN _cp_win_df w USING (run_id)
+        WHERE m.t_s <= w.t_last GROUP BY m.run_id""").set_index("run_id")
+    study.con.unregister("_cp_win_df")
+
+    # ---------------------------------------------------------------- assemble per run
+    unit_cols = [c for c in u.columns if c not in ("run_idx", "unit")]
+    out_runs, diags = [], []
+    for r in runs:
+        i = run_idx[r.run_id]
+        ur = u[u["run_idx"] == i]
+        nu = len(ur)
+        units = {c: ur[c].to_numpy(dtype=np.float64) for c in unit_cols}
+        n = int(units["n"].sum()) if nu else 0
+        unit_size = max(1, -(-n // max_units))
+        # grid → cumulative counts
+        gr = g[g["run_idx"] == i]
+        cells = np.zeros((max(nu, 0), G, G), dtype=np.int64)
+        if nu and len(gr):
+            np.add.at(cells, (gr["unit"].to_numpy(np.int64), gr["jx"].to_numpy(np.int64),
+                              gr["jy"].to_numpy(np.int64)), gr["c"].to_numpy(np.int64))
+        grid = cells.cumsum(axis=1).cumsum(axis=2)
+        grid = grid.astype(np.int32 if n < 2**31 else np.int64)
+        # tails
+        tails = {}
+        tr = t[t["run_idx"] == i]
+        for mi, m in enumerate(METRICS):
+            k0c = hist[i].get(m)
+            cnt_m = units.get(f"cnt_{m}", np.zeros(nu))
+            if k0c is None or nu == 0:
+                continue
+            th = next(x["k_lo"] for x in thresholds if x["run_idx"] == i and x["metric"] == mi)
+            k_hi = k0c[0] + k0c[1].size - 1
+            dense = np.zeros((nu, k_hi - th + 1))
+            tm = tr[tr["metric"] == mi]
+            np.add.at(dense, (tm["unit"].to_numpy(np.int64), tm["k"].to_numpy(np.int64) - th),
+                      tm["c"].to_numpy(np.float64))
+            tails[m] = (int(th), dense, cnt_m - dense.sum(axis=1))
+        # request-level good series → block length
+        sel = pw["run_idx"] == i
+        series = np.zeros(n, dtype=np.float64)
+        series[np.asarray(pw["rn"][sel], dtype=np.int64)] = np.asarray(pw["good"][sel], dtype=np.float64)
+        bl = boot.optimal_block_length(series) if n >= 3 else boot.BlockLength(1.0, 1.0)
+        t_first = float(units["t0"].min()) if nu else math.nan
+        t_last = float(units["t1"].max()) if nu else math.nan
+        span = t_last - t_first if nu else math.nan
+        measured = (n - 1) / span if nu and span > 0 else math.nan
+        # diagnostics
+        tm_units = units.get("ttft_mean", np.zeros(0))
+        tw = units.get("ttft_n", np.zeros(0))
+        bm = dg.batch_means(tm_units, tw)
+        half = nu // 2
+        bm_end = dg.batch_means(tm_units[half:], tw[half:], dg.TREND_BATCHES // 2)
+        lag = hist[i].get("gen_lag_ms")
+        lag_p99 = float(sketch.quantile_from_counts(lag[1], lag[0], 0.99, alpha)) if lag else math.nan
+        if r.run_id in lit.index and span > 0 and measured == measured:
+            w0 = float(win.loc[win["run_idx"] == i, "w0"].iloc[0])
+            length = t_last - w0
+            L = lit.loc[r.run_id, "busy_s"] / length if length > 0 else math.nan
+            lam = n / length if length > 0 else math.nan
+            littles = dg.littles_ratio(L, lam, float(lit.loc[r.run_id, "sojourn_s"]))
+        else:
+            littles = math.nan
+        lag_limit = lag_limit_ms if lag_limit_ms is not None else max(
+            dg.LAG_P99_MS, 0.1 * (slo.ttft_ms or 0.0))
+        dup = int(counts.loc[r.run_id, "dup"]) if r.run_id in counts.index else 0
+        d = dg.run_diagnostics(
+            run_id=r.run_id, n=n, warmup_s=warm_s[r.run_id], warmup_source=warm_src[r.run_id],
+            mser_second_half=warm_late[r.run_id], measured_rps=measured,
+            nominal_rps=r.nominal_rps if r.nominal_rps is not None else r.offered_rps,
+            gen_lag_p99_ms=lag_p99, littles=littles, trend_all=dg.trend_test(bm),
+            trend_end=dg.trend_test(bm_end), duplicates=dup, lag_limit_ms=lag_limit,
+            closed_loop=study.manifest.load_model == "closed")
+        diags.append(d)
+        out_runs.append(RunStats(
+            run_id=r.run_id, run_idx=i, load_level=r.load_level, offered_rps=r.offered_rps,
+            concurrency=None if r.concurrency is None else float(r.concurrency), repeat=r.repeat,
+            nominal_rps=r.nominal_rps, warmup_s=warm_s[r.run_id], unit_size=unit_size,
+            block_len=bl, units=units, grid=grid, hist=hist[i], tail=tails,
+            measured_rps=measured, span_s=span))
+    return BlockStats(slo=slo, alpha=alpha, load_model=study.manifest.load_model,
+                      name=study.manifest.name, runs=tuple(out_runs), grid_spec=gspec,
+                      diagnostics=dg.to_frame(diags), max_units=max_units, tail_from=tail_from,
+                      source=str(study.root), warmup=warmup)
+
+
+def with_slo_anchor(stats: BlockStats, slo: SLO) -> BlockStats:
+    """The same statistics labelled with another SLO the grid serves (used by refits)."""
+    return replace(stats, slo=slo)
