@@ -182,10 +182,30 @@ def _create_row_view(study: Study) -> None:
                       "FROM _validate_raw")
 
 
+def unreadable_files(con: duckdb.DuckDBPyConnection, files) -> list[tuple[str, str]]:
+    """(file, error) for every file whose pages cannot be decoded. Reads each file fully, so
+    it is only called after a query over all files failed (to name the culprit)."""
+    bad = []
+    for f in files:
+        try:
+            reader = con.sql("SELECT * FROM read_parquet(?)", params=[str(f)]).to_arrow_reader(1 << 16)
+            for _ in reader:
+                pass
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            bad.append((str(f), (str(exc).splitlines() or [exc.__class__.__name__])[0]))
+    return bad
+
+
 def _db_problem(problems: ProblemList, study: Study, exc: Exception, what: str) -> None:
-    problems.add(f"cannot read the events while checking {what}: {str(exc).splitlines()[0]}",
-                 file=str(study.root / C.EVENTS_DIR), code="bad_parquet",
-                 fix="a parquet file is corrupt or its values cannot be read; re-export it")
+    fix = ("the file is corrupt (its footer reads but its data pages do not); re-export it, "
+           "or remove it from events/")
+    bad = unreadable_files(study.con, study.event_files)
+    for f, msg in bad:
+        problems.add(f"cannot read parquet data: {msg}", file=f, fix=fix, code="bad_parquet")
+    if not bad:
+        problems.add(f"cannot read the events while checking {what}: {str(exc).splitlines()[0]}",
+                     file=str(study.root / C.EVENTS_DIR), code="bad_parquet",
+                     fix="a parquet file is corrupt or its values cannot be read; re-export it")
 
 
 def validate_study(study: Study, problems: ProblemList | None = None) -> ProblemList:
@@ -364,8 +384,8 @@ def validate_path(path) -> tuple[ProblemList, Study | None]:
     schema_ok = len(problems.errors) == n_before
     if manifest is None or not schema_ok:
         why = "study.yaml cannot be read" if manifest is None else "the schema problems above"
-        problems.add(f"row-level checks were skipped because of {why}; fix them and run "
-                     "`capplan validate` again", severity="error", code="checks_skipped")
+        problems.warn(f"row-level checks were skipped because of {why}; fix them and run "
+                      "`capplan validate` again", code="checks_skipped")
         return problems, None
     resource_files = _find_parquet(root / C.RESOURCES_DIR)
     try:

@@ -74,6 +74,22 @@ def test_corrupt_parquet(make_study, capsys, tmp_path):
         open_study(path)
 
 
+def test_corrupt_data_pages_name_the_file(make_study, capsys):
+    rows = good_rows(n=2000)
+    path = make_study({"a.parquet": events_frame(rows[:1000]), "b.parquet": events_frame(rows[1000:])},
+                      runs=runs("r1"))
+    bad = path / "events" / "b.parquet"
+    data = bytearray(bad.read_bytes())
+    for i in range(100, len(data) // 2, 7):  # smash the data pages, keep the footer
+        data[i] = 0xFF
+    bad.write_bytes(bytes(data))
+    err = assert_error(path, capsys, "cannot read parquet data", "b.parquet", "re-export it")
+    assert "a.parquet" not in err
+    assert main(["summarize", str(path), "--no-check"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read parquet data" in err and "b.parquet" in err and "Traceback" not in err
+
+
 def test_bad_yaml(tmp_path, capsys):
     path = write_raw(tmp_path / "s", {"e.parquet": events_frame(good_rows())},
                      "contract: capplan-study/1\nruns: [ {run_id: r1\n  name: x\n")

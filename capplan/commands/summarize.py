@@ -55,8 +55,16 @@ def cmd(study: str, slo_text: str | None, out: str | None, warmup_s: float | Non
     try:
         result = summarize(st, slo, warmup_s=warmup_s)
     except duckdb.Error as exc:
-        raise StudyError(f"cannot read the events: {str(exc).splitlines()[0]}",
-                         file=str(st.root), fix="run `capplan validate` on the study") from None
+        from ..errors import Problem
+        from ..validate import unreadable_files
+
+        bad = unreadable_files(st.con, st.event_files)
+        problems = [Problem(f"cannot read parquet data: {msg}", file=f, code="bad_parquet",
+                            fix="the file is corrupt; re-export it or remove it from events/")
+                    for f, msg in bad]
+        raise StudyError(problems=problems or [Problem(
+            f"cannot read the events: {str(exc).splitlines()[0]}", file=str(st.root),
+            fix="run `capplan validate` on the study")]) from None
     click.echo(f"Study {st.name}: {len(result.run_ids)} runs")
     click.echo(result.to_text())
     if out is not None:
