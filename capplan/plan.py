@@ -561,7 +561,7 @@ def _build(raw: dict, base_dir) -> PlanSpec:
             slo = SLO.parse(slo)
         except SpecError as exc:
             raise SpecError(exc.args[0], field="slo" + (f".{exc.field}" if exc.field else ""),
-                            fix=exc.fix) from None
+                            fix=exc.fix or "e.g. slo: 'ttft_ms=2000,tpot_ms=100,attainment=0.99'") from None
     return PlanSpec(name=raw.get("name", "plan") if raw.get("name") is not None else "plan",
                     tenant=raw.get("tenant"), slo=slo, **kw)
 

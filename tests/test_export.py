@@ -1,0 +1,162 @@
+"""Finance export: round trip through openpyxl, no formula cells, injection-safe, deterministic."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import openpyxl
+import pandas as pd
+import pytest
+
+from capplan.cli import main
+from capplan.errors import SpecError
+from capplan.export import SHEETS, CSV_NAMES, export_plan, safe_text
+from capplan.plan import load_plan_spec, make_plan
+
+T = "2026-01-02T03:04:05+00:00"
+SPEC = {
+    "name": "tp4 plan",
+    "tenant": "acme",
+    "slo": "ttft_ms=2000,attainment=0.99",
+    "demand": {"peak_rps": 380.0, "uncertainty": 0.1, "horizon_quarters": 3, "growth_per_quarter": 0.1,
+               "mean_to_peak": 0.5, "output_tokens_per_request": 200},
+    "replica_group": {"gpus_per_replica": 4},
+    "failure": {"policy": "zone", "zones": 3},
+    "prices": {"usd_per_gpu_hour": 2.0, "overhead_pct": 10, "usd_per_kwh": 0.1, "pue": 1.3, "gpu_power_w": 500},
+}
+
+
+def plan_of(**top):
+    return make_plan(load_plan_spec({**SPEC, **top}), capacity=50.0)
+
+
+def read_sheet(ws):
+    rows = list(ws.iter_rows(values_only=True))
+    return list(rows[0]), [list(r) for r in rows[1:]]
+
+
+def test_round_trip_numbers_and_sheets(tmp_path):
+    plan = plan_of()
+    out = export_plan(plan, tmp_path / "x", time=T, study_hash="abc123")
+    wb = openpyxl.load_workbook(out / "plan.xlsx")
+    for s in ("Summary", "Plan line items", "Assumptions", "Capacity with CI", "Cost by quarter", "Provenance"):
+        assert s in wb.sheetnames
+    assert wb.sheetnames == list(SHEETS)
+    # no formula cells anywhere
+    for ws in wb.worksheets:
+        for row in ws.iter_rows():
+            for cell in row:
+                assert cell.data_type != "f", (ws.title, cell.coordinate, cell.value)
+    head, rows = read_sheet(wb["Plan line items"])
+    assert head == ["Line item", "Value", "Unit", "Formula", "Inputs", "Key"]
+    got = {r[5]: r[1] for r in rows}
+    for it in plan.items:
+        assert isinstance(got[it.key], (int, float)) and not isinstance(got[it.key], bool)
+        assert got[it.key] == pytest.approx(it.value, rel=1e-12)
+    head, rows = read_sheet(wb["Cost by quarter"])
+    assert "Cost (USD/quarter)" in head and "Planned peak (req/s)" in head
+    col = head.index("Cost (USD/quarter)")
+    assert [r[col] for r in rows] == pytest.approx([q.cost_usd_per_quarter for q in plan.quarters])
+    prov = dict(read_sheet(wb["Provenance"])[1])
+    assert prov["time"] == T and prov["study content hash (sha256)"] == "abc123"
+    assert prov["capplan version"] == __import__("capplan").__version__
+    assert wb.properties.created.isoformat().startswith("2026-01-02T03:04:05")
+    checks = read_sheet(wb["Checks"])[1]
+    assert all(r[1] is True for r in checks)
+    # CSVs: same tables, BOM + CRLF
+    for sheet, name in CSV_NAMES.items():
+        raw = (out / name).read_bytes()
+        assert raw.startswith(b"\xef\xbb\xbf") and b"\r\n" in raw
+    df = pd.read_csv(out / "line_items.csv", encoding="utf-8-sig")
+    assert df.set_index("Key").loc["total_groups", "Value"] == plan.value("total_groups")
+    assert df.set_index("Key").loc["cost_usd_per_month", "Value"] == pytest.approx(plan.value("cost_usd_per_month"))
+
+
+@pytest.mark.parametrize("evil", ["=HYPERLINK(\"http://x\",\"y\")", "+1+2", "-1+cmd|' /C calc'!A0", "@SUM(A1)",
+                                  "\tx", "\rx", "\nx", "＝1+1", "＋1", "－1", "＠x"])
+def test_injection_written_as_text(tmp_path, evil):
+    plan = plan_of(name=evil, tenant=evil)
+    out = export_plan(plan, tmp_path / "x", time=T)
+    wb = openpyxl.load_workbook(out / "plan.xlsx")
+    # xlsxwriter stores CR as the OOXML escape _x000D_ (Excel shows a CR; openpyxl keeps the escape)
+    summary = dict((r[0], r[1].replace("_x000D_", "\r") if isinstance(r[1], str) else r[1])
+                   for r in read_sheet(wb["Summary"])[1])
+    assert summary["plan"] == "'" + evil and summary["tenant"] == "'" + evil
+    for ws in wb.worksheets:
+        for row in ws.iter_rows():
+            for cell in row:
+                assert cell.data_type != "f"
+                if isinstance(cell.value, str):
+                    assert not cell.value.startswith(("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠"))
+    # CSV: the evil text comes back whole (one row, prefixed), nothing split by the bare CR
+    text = (out / "summary.csv").read_bytes().decode("utf-8-sig")
+    df = pd.read_csv(io.StringIO(text), keep_default_na=False)
+    assert df.set_index("Quantity").loc["tenant", "Value"] == "'" + evil
+    assert list(df.columns) == ["Quantity", "Value", "Unit"]
+
+
+def test_safe_text_rules():
+    assert safe_text("-5") == "'-5" and safe_text("5") == "5" and safe_text("a=b") == "a=b"
+
+
+def test_injection_in_headers_and_numbers_stay_numbers(tmp_path):
+    from capplan.export import write_csv, write_xlsx
+    import datetime as dt
+
+    df = pd.DataFrame({"=bad header": ["=1+1", -3.5], "n": [1, float("nan")]})
+    write_xlsx({"S": df}, tmp_path / "a.xlsx", created=dt.datetime(2026, 1, 1))
+    ws = openpyxl.load_workbook(tmp_path / "a.xlsx")["S"]
+    assert ws["A1"].value == "'=bad header"
+    assert ws["A2"].value == "'=1+1" and ws["A3"].value == -3.5  # a negative number stays a number
+    assert ws["B2"].value == 1 and ws["B3"].value is None
+    write_csv(df, tmp_path / "a.csv")
+    back = pd.read_csv(tmp_path / "a.csv", encoding="utf-8-sig")
+    assert list(back.columns) == ["'=bad header", "n"] and back.iloc[1, 0] == "-3.5"
+
+
+def test_deterministic_bytes(tmp_path):
+    a = export_plan(plan_of(), tmp_path / "a", time=T, study_hash="h")
+    b = export_plan(plan_of(), tmp_path / "b", time=T, study_hash="h")
+    for name in ["plan.xlsx", *CSV_NAMES.values()]:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    c = export_plan(plan_of(), tmp_path / "c", time="2027-01-01T00:00:00+00:00", study_hash="h")
+    assert (a / "plan.xlsx").read_bytes() != (c / "plan.xlsx").read_bytes()
+
+
+def test_out_dir_with_other_files_is_not_replaced(tmp_path):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "thesis.txt").write_text("keep me")
+    with pytest.raises(SpecError, match="holds other files"):
+        export_plan(plan_of(), d, time=T)
+    assert (d / "thesis.txt").read_text() == "keep me"
+    # an earlier export is replaced as a whole
+    out = export_plan(plan_of(), tmp_path / "x", time=T)
+    (out / "stale.csv").write_text("old")
+    export_plan(plan_of(), out, time=T)
+    assert not (out / "stale.csv").exists() and (out / "plan.xlsx").is_file()
+
+
+def test_infinite_cost_is_text_not_an_error_cell(tmp_path):
+    from capplan.export import _cell
+
+    assert _cell(math.inf) == "inf" and _cell(float("nan")) is None and _cell(3) == 3
+
+
+def test_cli_capacity_only(tmp_path, capsys):
+    import yaml
+
+    spec = tmp_path / "plan.yaml"
+    spec.write_text(yaml.safe_dump({k: v for k, v in SPEC.items()}), encoding="utf-8")
+    rc = main(["plan", "--capacity-rps", "50", "--spec", str(spec), "--out", str(tmp_path / "o"), "--time", T])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "Line items:" in text and "Checks:" in text and "[ok] after losing zone a" in text
+    assert (tmp_path / "o" / "plan.xlsx").is_file()
+    wb = openpyxl.load_workbook(tmp_path / "o" / "plan.xlsx")
+    got = {r[5]: r[1] for r in read_sheet(wb["Plan line items"])[1]}
+    assert got["total_groups"] == plan_of().value("total_groups")
+    assert main(["plan", "--capacity-rps", "50", "--spec", str(spec), "--out", str(tmp_path / "o"),
+                 "--time", "yesterday"]) == 2
+    assert "not an ISO timestamp" in capsys.readouterr().err
