@@ -235,3 +235,29 @@ def test_request_view_keeps_its_contract(hand_study):
         assert c in cols
     with pytest.raises(StudyError, match="not in study.yaml"):
         request_frame(hand_study, "nope")
+
+
+def test_percentiles_match_numpy_type7_on_random_data(make_study):
+    """Cross-check of the stated definition: numpy's 'linear' method is Hyndman & Fan type 7."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    n = 7000  # ≥ 6,636: even p99.9 is printed
+    sched = np.cumsum(rng.exponential(1e7, n)).astype("int64")
+    ttft = rng.lognormal(np.log(2e8), 0.7, n).astype("int64")
+    out = rng.integers(2, 300, n)
+    tpot = rng.lognormal(np.log(3e7), 0.3, n)
+    last = sched + ttft + (tpot * (out - 1)).astype("int64")
+    df = pd.DataFrame({"run_id": "r1", "request_id": [f"q{i}" for i in range(n)],
+                       "scheduled_ns": sched, "first_token_ns": sched + ttft, "last_token_ns": last,
+                       "input_tokens": 100, "output_tokens": out, "status": "ok"})
+    r = summarize(open_study(make_study(df, runs=[{"run_id": "r1", "offered_rps": 100.0}]))).run("r1")
+    ttft_ms = ttft / 1e6
+    tpot_ms = (last - sched - ttft) / 1e6 / (out - 1)
+    for p in (0.5, 0.9, 0.95, 0.99, 0.999):
+        lab = f"{p * 100:.10g}".replace(".", "_")
+        assert r[f"ttft_p{lab}_ms"] == pytest.approx(np.quantile(ttft_ms, p, method="linear"), rel=1e-12)
+        assert r[f"tpot_p{lab}_ms"] == pytest.approx(np.quantile(tpot_ms, p, method="linear"), rel=1e-9)
+    assert r.notes == ""
+    # measured offered rate is the interarrival estimator (N − 1) / span
+    assert r.measured_offered_rps == pytest.approx((n - 1) / ((sched[-1] - sched[0]) / 1e9))
