@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from ..errors import StudyError
-from .common import ImportResult, assemble, read_text, write_import
+from .common import ImportResult, assemble, looks_truncated, read_text, write_import
 
 #: tool name → module under capplan.importers
 TOOLS: dict[str, str] = {
@@ -94,7 +94,7 @@ def _sniff_file(path: Path) -> str | None:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        if exc.pos >= len(text.rstrip()) - 1:
+        if exc.pos >= len(text.rstrip()) - 1 or looks_truncated(text):
             raise StudyError(f"truncated JSON at line {exc.lineno}, column {exc.colno}: the file "
                              "ends early, so the tool cannot be detected", file=str(path),
                              fix="re-export the file; a run killed mid-write leaves a truncated "

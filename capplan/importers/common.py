@@ -106,11 +106,32 @@ def load_json(path: str | os.PathLike, expected: str):
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        truncated = exc.pos >= len(text.rstrip()) - 1
+        truncated = exc.pos >= len(text.rstrip()) - 1 or looks_truncated(text)
         what = "truncated JSON (the file ends early)" if truncated else f"invalid JSON ({exc.msg})"
         raise StudyError(f"{what} at line {exc.lineno}, column {exc.colno}; expected {expected}",
                          file=name, fix="re-export the file; a run that was killed mid-write "
                                         "leaves a truncated file") from None
+
+
+def looks_truncated(text: str) -> bool:
+    """True when brackets are still open (or a string unterminated) at the end of the text:
+    the signature of a file cut off mid-write, as opposed to a syntax error inside it."""
+    depth, in_str, esc = 0, False, False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+    return in_str or depth > 0
 
 
 def load_jsonl(path: str | os.PathLike, expected: str) -> list[dict]:

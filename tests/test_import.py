@@ -1,0 +1,440 @@
+"""Importers against the source files' own per-request values.
+
+GuideLLM, AIPerf and inference-perf fixtures are real tool output (tests/fixtures/<tool>/
+COMMAND.md); vLLM, SGLang, LLMPerf, GenAI-Perf and GuideLLM's 2025 format are written from the
+documented field lists (README.md in their folders). Every check compares a number capplan
+computes from the imported study with the number the tool itself wrote, within 1 µs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from capplan import open_study
+from capplan.cli import main
+from capplan.importers import detect, import_paths, write_import
+from capplan.metrics import create_request_view
+from capplan.validate import validate_study
+
+FIX = Path(__file__).parent / "fixtures"
+GL_POISSON = FIX / "guidellm" / "poisson_v2.json.gz"
+GL_CONC = FIX / "guidellm" / "concurrent_v2.json.gz"
+GL_2025 = FIX / "guidellm" / "report_2025.json"
+AIPERF = FIX / "aiperf" / "artifacts"
+IPERF = FIX / "inference_perf"
+VLLM = FIX / "vllm" / "sweep"
+VLLM_CLOSED = FIX / "vllm" / "closed"
+SGLANG = FIX / "sglang" / "sglang_bench.jsonl"
+LLMPERF = FIX / "llmperf"
+GENAI = FIX / "genai_perf"
+US_MS = 1e-3  # 1 µs in ms
+US_S = 1e-6
+
+
+def _json(path: Path):
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as fh:
+            return json.load(fh)
+    return json.loads(path.read_text())
+
+
+def _study(tmp_path, tool, *paths):
+    res = import_paths(tool, [str(p) for p in paths])
+    out = write_import(res, tmp_path / "study")
+    study = open_study(out)
+    problems = validate_study(study)
+    assert not problems.errors, [p.format() for p in problems.errors]
+    create_request_view(study)
+    return res, study
+
+
+def _rows(study, run_id):
+    """request_id → request_metrics row (dict) for one run."""
+    df = study.sql("SELECT * FROM request_metrics WHERE run_id = ?", [run_id]).df()
+    return {r["request_id"]: r for r in df.to_dict("records")}
+
+
+def _counts(study):
+    df = study.sql("SELECT run_id, status, count(*) AS n FROM events GROUP BY ALL").df()
+    out: dict = {}
+    for r in df.itertuples():
+        out.setdefault(r.run_id, {})[r.status] = int(r.n)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# GuideLLM (real 0.8.1 output, format version 2)
+# ------------------------------------------------------------------------------------------
+
+def test_guidellm_v2_counts_rates_and_latencies_match_source(tmp_path):
+    src = _json(GL_POISSON)
+    res, study = _study(tmp_path, "guidellm", GL_POISSON)
+    counts = _counts(study)
+    runs = {r["run_id"]: r for r in res.manifest["runs"]}
+    assert res.manifest["load_model"] == "open"
+    for b in src["benchmarks"]:
+        rate = b["config"]["strategy"]["rate"]
+        rid = f"poisson@{rate:g}"
+        assert runs[rid]["nominal_rps"] == rate
+        req = b["requests"]
+        ok, errored, incomplete = req["successful"], req["errored"], req["incomplete"]
+        got = counts[rid]
+        assert got.get("ok", 0) == len(ok)
+        assert got.get("cancelled", 0) == sum(r["info"]["status"] == "cancelled" for r in incomplete)
+        assert sum(got.values()) == len(ok) + len(errored) + len(incomplete)
+        assert got.get("error", 0) + got.get("timeout", 0) + got.get("rejected", 0) == len(errored)
+        rows = _rows(study, rid)
+        for r in ok:
+            m = rows[r["request_id"]]
+            assert m["ttft_sent_ms"] == pytest.approx(r["time_to_first_token_ms"], abs=US_MS)
+            # GuideLLM's inter_token_latency_ms is (last - first) / (n - 1): capplan's TPOT
+            assert m["tpot_ms"] == pytest.approx(r["inter_token_latency_ms"], abs=US_MS)
+            # ... and its time_per_output_token_ms is (last - request_start) / n
+            assert m["e2e_sent_ms"] == pytest.approx(
+                r["time_per_output_token_ms"] * r["output_tokens"], abs=US_MS)
+            assert m["output_tokens"] == r["output_tokens"]
+            assert m["input_tokens"] == r["prompt_tokens"]
+            t = r["info"]["timings"]
+            if t["targeted_start"] > 1e9:
+                assert m["gen_lag_ms"] == pytest.approx(
+                    (t["request_start"] - t["targeted_start"]) * 1e3, abs=US_MS)
+    # one clock per run, starting at the first intended start
+    mins = study.sql("SELECT run_id, min(scheduled_ns) FROM events GROUP BY 1").fetchall()
+    assert all(v == 0 for _, v in mins)
+
+
+def test_guidellm_startup_burst_detected_in_real_output(tmp_path):
+    src = _json(GL_POISSON)
+    burst = {f"poisson@{b['config']['strategy']['rate']:g}":
+             sum(r["info"]["timings"]["targeted_start"] < 1e9
+                 for k in ("successful", "errored", "incomplete") for r in b["requests"][k])
+             for b in src["benchmarks"]}
+    assert any(burst.values()), "the real fixture holds a start-up burst"
+    res = import_paths("auto", [GL_POISSON])
+    runs = {r["run_id"]: r for r in res.manifest["runs"]}
+    for rid, n in burst.items():
+        flagged = [w for w in res.warnings if w.startswith(f"run {rid}:") and "start-up burst" in w]
+        assert bool(flagged) == bool(n)
+        assert runs[rid].get("guidellm_startup_burst_requests", 0) == n
+    # nominal vs measured disagreement > 10 % is warned about
+    for rid, r in runs.items():
+        off = abs(r["offered_rps"] / r["nominal_rps"] - 1) > 0.10
+        assert off == any(w.startswith(f"run {rid}:") and "nominal" in w for w in res.warnings)
+
+
+def test_guidellm_concurrent_is_closed_loop(tmp_path):
+    src = _json(GL_CONC)
+    res, study = _study(tmp_path, "auto", GL_CONC)
+    assert res.manifest["load_model"] == "closed"
+    assert [r["concurrency"] for r in res.manifest["runs"]] == \
+        [b["config"]["strategy"]["streams"] for b in src["benchmarks"]]
+    assert study.manifest.runs[0].concurrency == 1
+    counts = _counts(study)
+    for b, run in zip(src["benchmarks"], res.manifest["runs"]):
+        assert sum(counts[run["run_id"]].values()) == sum(len(b["requests"][k]) for k in
+                                                          ("successful", "errored", "incomplete"))
+
+
+def test_guidellm_2025_field_names(tmp_path):
+    src = _json(GL_2025)
+    res, study = _study(tmp_path, "guidellm", GL_2025)
+    counts = _counts(study)
+    for b, run in zip(src["benchmarks"], res.manifest["runs"]):
+        assert run["nominal_rps"] == b["args"]["strategy"]["rate"]
+        assert run["guidellm_format_version"] == 1
+        got = counts[run["run_id"]]
+        assert got["ok"] == len(b["requests"]["successful"])
+        assert got["cancelled"] == len(b["requests"]["incomplete"])
+        assert sum(got.values()) == sum(len(v) for v in b["requests"].values())
+        rows = _rows(study, run["run_id"])
+        for r in b["requests"]["successful"]:
+            m = rows[r["request_id"]]
+            assert m["ttft_sent_ms"] == pytest.approx(r["time_to_first_token_ms"], abs=US_MS)
+            assert m["tpot_ms"] == pytest.approx(r["inter_token_latency_ms"], abs=US_MS)
+            si = r["scheduler_info"]
+            assert m["gen_lag_ms"] == pytest.approx((r["start_time"] - si["targeted_start_time"]) * 1e3,
+                                                    abs=US_MS)
+        # a cancelled request keeps its partial token
+        inc = b["requests"]["incomplete"][0]
+        assert rows[inc["request_id"]]["output_tokens"] == inc["output_tokens"]
+        assert rows[inc["request_id"]]["status"] == "cancelled"
+    # the 429 in the error list is a rejection, the 500 an error
+    assert any(c.get("rejected") for c in counts.values())
+
+
+# ------------------------------------------------------------------------------------------
+# AIPerf (real 0.13 output)
+# ------------------------------------------------------------------------------------------
+
+def _aiperf_records(rate):
+    p = AIPERF / f"rate_{rate}" / "profile_export.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def test_aiperf_records_match_source(tmp_path):
+    res, study = _study(tmp_path, "aiperf", AIPERF)
+    runs = {r["run_id"]: r for r in res.manifest["runs"]}
+    assert set(runs) == {"rate_3.0", "rate_6.0"}
+    counts = _counts(study)
+    for rate in ("3.0", "6.0"):
+        rid = f"rate_{rate}"
+        recs = _aiperf_records(rate)
+        summary = json.loads((AIPERF / rid / "profile_export_aiperf.json").read_text())
+        assert runs[rid]["nominal_rps"] == summary["run_info"]["variation_values"]["phases.profiling.rate"]
+        assert runs[rid]["arrival"] == "poisson"
+        got = counts[rid]
+        assert sum(got.values()) == len(recs)
+        assert got["ok"] == sum(1 for r in recs if not r.get("error"))
+        assert got.get("timeout", 0) == sum(1 for r in recs if (r.get("error") or {}).get("type") == "TimeoutError")
+        t0 = min(r["metadata"]["credit_issued_ns"] for r in recs)
+        df = study.sql("SELECT * FROM events WHERE run_id = ?", [rid]).df()
+        ev = {r["request_id"]: r for r in df.to_dict("records")}
+        rows = _rows(study, rid)
+        for r in recs:
+            md, mt = r["metadata"], r["metrics"]
+            e, m = ev[md["x_request_id"]], rows[md["x_request_id"]]
+            assert e["scheduled_ns"] == md["credit_issued_ns"] - t0
+            assert e["sent_ns"] == md["request_start_ns"] - t0
+            if r.get("error"):
+                assert pd.isna(e["first_token_ns"])
+                continue
+            assert m["ttft_sent_ms"] == pytest.approx(mt["time_to_first_token"]["value"], abs=US_MS)
+            assert m["e2e_sent_ms"] == pytest.approx(mt["request_latency"]["value"], abs=US_MS)
+            icl = mt["inter_chunk_latency"]["value"]
+            assert len(e["itl_ns"]) == len(icl)
+            for got_ns, want_ms in zip(e["itl_ns"], icl):
+                assert abs(got_ns - want_ms * 1e6) <= 1000
+            assert e["output_tokens"] == mt["output_sequence_length"]["value"]
+    # AIPerf drops cancelled requests from its exports; the log count is reported, not lost
+    assert runs["rate_6.0"]["missing_cancelled_requests"] == 1
+    assert any("cancelled=1" in w and "rate_6.0" in w for w in res.warnings)
+
+
+# ------------------------------------------------------------------------------------------
+# inference-perf (real 0.7 output)
+# ------------------------------------------------------------------------------------------
+
+def test_inference_perf_stages_and_latencies_match_source(tmp_path):
+    res, study = _study(tmp_path, "inference-perf", IPERF)
+    data = _json(IPERF / "per_request_lifecycle_metrics.json.gz")
+    stages = [json.loads((IPERF / f"stage_{k}_lifecycle_metrics.json").read_text()) for k in (0, 1)]
+    runs = res.manifest["runs"]
+    assert [r["run_id"] for r in runs] == ["stage_0", "stage_1"]
+    assert [r["nominal_rps"] for r in runs] == [s["load_summary"]["requested_rate"] for s in stages]
+    counts = _counts(study)
+    for k, s in enumerate(stages):
+        got = counts[f"stage_{k}"]
+        assert sum(got.values()) == s["load_summary"]["count"]
+        assert got["ok"] == s["successes"]["count"]
+        assert sum(v for st, v in got.items() if st != "ok") == s["failures"]["count"]
+    # per request: sort like the importer (by start time) and compare with the source
+    order = sorted(range(len(data)), key=lambda i: data[i]["start_time"])
+    cut = stages[0]["load_summary"]["count"]
+    for pos, i in enumerate(order):
+        r = data[i]
+        rid = "stage_0" if pos < cut else "stage_1"
+        e = study.sql("SELECT * FROM events WHERE run_id = ? AND request_id = ?",
+                      [rid, f"{0 if pos < cut else 1}-{i}"]).df().to_dict("records")[0]
+        rm = (r["info"] or {}).get("response_metrics") or {}
+        ct = rm.get("chunk_times") or []
+        if r["error"]:
+            assert e["status"] in ("error", "timeout")
+            assert e["status"] == ("timeout" if "Timeout" in r["error"]["error_type"] else "error")
+            continue
+        assert e["status"] == "ok"
+        ttft_s = (e["first_token_ns"] - e["sent_ns"]) / 1e9
+        assert ttft_s == pytest.approx(ct[0] - r["start_time"], abs=US_S)
+        assert (e["last_token_ns"] - e["sent_ns"]) / 1e9 == pytest.approx(ct[-1] - r["start_time"], abs=US_S)
+        gaps = [b - a for a, b in zip(ct, ct[1:])]
+        assert len(e["itl_ns"]) == len(gaps)
+        assert all(abs(g_ns / 1e9 - g) <= US_S for g_ns, g in zip(e["itl_ns"], gaps))
+        assert e["output_tokens"] == rm["output_tokens"]
+
+
+# ------------------------------------------------------------------------------------------
+# written from documented field lists: vLLM, SGLang, LLMPerf, GenAI-Perf
+# ------------------------------------------------------------------------------------------
+
+def test_vllm_one_file_per_rate(tmp_path):
+    files = sorted(VLLM.glob("*.json"))
+    res, study = _study(tmp_path, "vllm", *files)
+    counts = _counts(study)
+    for f in files:
+        src = json.loads(f.read_text())
+        rid = f"rate_{src['request_rate']:g}"
+        run = next(r for r in res.manifest["runs"] if r["run_id"] == rid)
+        assert run["nominal_rps"] == src["request_rate"]
+        assert counts[rid]["ok"] == src["completed"]
+        assert sum(counts[rid].values()) == src["completed"] + src["failed"]
+        rows = _rows(study, rid)
+        df = study.sql("SELECT request_id, itl_ns, sent_ns FROM events WHERE run_id = ?", [rid]).df()
+        itl = dict(zip(df.request_id, df.itl_ns))
+        sent = dict(zip(df.request_id, df.sent_ns))
+        t0 = min(src["start_times"])
+        for i, err in enumerate(src["errors"]):
+            m = rows[str(i)]
+            assert sent[str(i)] / 1e9 == pytest.approx(src["start_times"][i] - t0, abs=US_S)
+            if err:
+                assert m["status"] == ("rejected" if "429" in err else "error")
+                assert pd.isna(m["first_token_ns"])
+                continue
+            assert m["ttft_ms"] == pytest.approx(src["ttfts"][i] * 1e3, abs=US_MS)
+            assert m["e2e_ms"] == pytest.approx(src["latencies"][i] * 1e3, abs=US_MS)
+            assert [round(x) for x in itl[str(i)]] == [round(x * 1e9) for x in src["itls"][i]]
+    statuses = {s for c in counts.values() for s in c}
+    assert {"ok", "error", "rejected"} <= statuses
+
+
+def test_vllm_concurrency_run_is_closed_loop(tmp_path):
+    res, study = _study(tmp_path, "auto", VLLM_CLOSED)
+    assert res.manifest["load_model"] == "closed"
+    assert res.manifest["runs"][0]["concurrency"] == 4
+    assert study.manifest.runs[0].arrival == "concurrency"
+
+
+def test_sglang_and_llmperf_are_marked_without_timestamps(tmp_path):
+    src_lines = [json.loads(x) for x in SGLANG.read_text().splitlines()]
+    res, study = _study(tmp_path / "s", "auto", SGLANG)
+    assert res.tool == "sglang"
+    assert res.manifest["timestamps"] == "none"
+    assert all(r["timestamps"] == "none" and r["arrival"] == "unknown" for r in res.manifest["runs"])
+    for line, run in zip(src_lines, res.manifest["runs"]):
+        rows = _rows(study, run["run_id"])
+        assert len(rows) == len(line["ttfts"])
+        for i, err in enumerate(line["errors"]):
+            if not err:
+                assert rows[str(i)]["ttft_ms"] == pytest.approx(line["ttfts"][i] * 1e3, abs=US_MS)
+    res2, study2 = _study(tmp_path / "l", "auto", LLMPERF)
+    assert res2.tool == "llmperf"
+    assert res2.manifest["timestamps"] == "none" and res2.manifest["load_model"] == "closed"
+    assert res2.manifest["runs"][0]["concurrency"] == 2
+    src = json.loads(next(LLMPERF.glob("*_individual_responses.json")).read_text())
+    rows = next(iter([_rows(study2, res2.manifest["runs"][0]["run_id"])]))
+    assert sum(1 for r in rows.values() if r["status"] == "ok") == sum(1 for r in src if not r["error_code"])
+    for i, r in enumerate(src):
+        if not r["error_code"]:
+            assert rows[str(i)]["ttft_ms"] == pytest.approx(r["ttft_s"] * 1e3, abs=US_MS)
+            assert rows[str(i)]["e2e_ms"] == pytest.approx(r["end_to_end_latency_s"] * 1e3, abs=US_MS)
+    assert rows["9"]["status"] == "timeout" and rows["4"]["status"] == "error"
+
+
+def test_genai_perf_chunks(tmp_path):
+    src = json.loads((GENAI / "profile_export.json").read_text())
+    res, study = _study(tmp_path, "auto", GENAI)
+    assert res.tool == "genai-perf"
+    exp = src["experiments"][0]
+    run = res.manifest["runs"][0]
+    assert run["nominal_rps"] == exp["experiment"]["value"]
+    df = study.sql("SELECT * FROM events ORDER BY request_id").df()
+    ev = {r["request_id"]: r for r in df.to_dict("records")}
+    t0 = min(r["timestamp"] for r in exp["requests"])
+    for i, r in enumerate(exp["requests"]):
+        e = ev[f"0-{i}"]
+        assert e["sent_ns"] == r["timestamp"] - t0
+        if not r["response_timestamps"]:
+            assert e["status"] == "error"
+            continue
+        text_ts = r["response_timestamps"][:-1]  # the last event is the textless [DONE]
+        assert e["first_token_ns"] - e["sent_ns"] == text_ts[0] - r["timestamp"]
+        assert e["last_token_ns"] - e["sent_ns"] == text_ts[-1] - r["timestamp"]
+        assert list(e["itl_ns"]) == [b - a for a, b in zip(text_ts, text_ts[1:])]
+        assert e["output_tokens"] == len(text_ts)
+
+
+# ------------------------------------------------------------------------------------------
+# detection, CLI, malformed input
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path,tool", [
+    (GL_POISSON, "guidellm"), (GL_2025, "guidellm"), (AIPERF, "aiperf"),
+    (AIPERF / "rate_3.0" / "profile_export.jsonl", "aiperf"), (IPERF, "inference-perf"),
+    (VLLM, "vllm"), (next(VLLM.glob("*.json")), "vllm"), (SGLANG, "sglang"),
+    (LLMPERF, "llmperf"), (GENAI / "profile_export.json", "genai-perf"),
+])
+def test_auto_detection(path, tool):
+    assert detect(path) == tool
+
+
+def test_cli_import_prints_runs_and_warnings(tmp_path, capsys):
+    out = tmp_path / "S"
+    assert main(["import", "auto", str(GL_POISSON), "--out", str(out), "--name", "gl"]) == 0
+    o, e = capsys.readouterr()
+    assert "imported 121 requests from guidellm" in o
+    assert "poisson@8: offered" in o and "(nominal 8)" in o
+    assert "WARNING: run poisson@8: GuideLLM start-up burst" in e
+    assert main(["validate", str(out)]) == 0
+    assert open_study(out).manifest.name == "gl"
+
+
+def _truncate(src: Path, dest: Path) -> Path:
+    text = gzip.open(src, "rt").read() if src.suffix == ".gz" else src.read_text()
+    dest.write_text(text[: len(text) // 2])
+    return dest
+
+
+@pytest.mark.parametrize("case", [
+    "truncated_json", "truncated_auto", "truncated_jsonl", "wrong_tool", "vllm_no_detail",
+    "empty_guidellm", "empty_inference_perf", "unrecognised", "missing_path", "empty_file",
+    "unknown_tool", "mixed_tools",
+])
+def test_malformed_inputs_exit_2_with_message(case, tmp_path, capsys):
+    out = tmp_path / "S"
+    if case == "truncated_json":
+        f = _truncate(GL_POISSON, tmp_path / "gl.json")
+        args, msg = ["guidellm", str(f)], "truncated JSON"
+    elif case == "truncated_auto":
+        f = _truncate(next(VLLM.glob("*.json")), tmp_path / "v.json")
+        args, msg = ["auto", str(f)], "truncated JSON"
+    elif case == "truncated_jsonl":
+        d = tmp_path / "rate_3.0"
+        d.mkdir()
+        src = (AIPERF / "rate_3.0" / "profile_export.jsonl").read_text()
+        (d / "profile_export.jsonl").write_text(src[: len(src) - 40])
+        args, msg = ["aiperf", str(d)], "truncated last line"
+    elif case == "wrong_tool":
+        args, msg = ["vllm", str(GL_2025)], "missing per-request field(s)"
+    elif case == "vllm_no_detail":
+        src = json.loads(next(VLLM.glob("*.json")).read_text())
+        for k in ("ttfts", "itls", "start_times"):
+            src.pop(k)
+        f = tmp_path / "v.json"
+        f.write_text(json.dumps(src))
+        args, msg = ["vllm", str(f)], "saved without --save-detailed"
+    elif case == "empty_guidellm":
+        src = json.loads(GL_2025.read_text())
+        src["benchmarks"][0]["requests"] = {"successful": [], "errored": [], "incomplete": []}
+        f = tmp_path / "g.json"
+        f.write_text(json.dumps(src))
+        args, msg = ["auto", str(f)], "request lists are empty"
+    elif case == "empty_inference_perf":
+        f = tmp_path / "per_request_lifecycle_metrics.json"
+        f.write_text("[]")
+        args, msg = ["inference-perf", str(f)], "per-request list is empty"
+    elif case == "unrecognised":
+        f = tmp_path / "x.json"
+        f.write_text(json.dumps({"hello": [1, 2]}))
+        args, msg = ["auto", str(f)], "unrecognised file"
+    elif case == "missing_path":
+        args, msg = ["auto", str(tmp_path / "nope.json")], "input path does not exist"
+    elif case == "empty_file":
+        f = tmp_path / "e.json"
+        f.write_text("")
+        args, msg = ["guidellm", str(f)], "the file is empty"
+    elif case == "unknown_tool":
+        args, msg = ["locust", str(GL_2025)], "unknown tool 'locust'"
+    else:
+        args, msg = ["auto", str(GL_2025), str(SGLANG)], "different tools"
+    rc = main(["import", *args, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert msg in err
+    assert "Traceback" not in err
+    if case not in ("unknown_tool", "mixed_tools"):
+        assert "file:" in err  # names the file
+    assert not out.exists()  # nothing half-written
+    assert not any(p.name.startswith(".S") for p in tmp_path.iterdir())
