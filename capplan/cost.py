@@ -59,9 +59,10 @@ def usd_per_unit(total_usd: float, units: float, per: float) -> float:
     return float(total_usd) / float(units) * float(per)
 
 
-def integrate_power_j(t_ns, power_w) -> float:
-    """Energy in joules of one GPU's power samples: trapezoid rule over the sample times
-    (samples sorted by time; nulls dropped; fewer than two samples give 0)."""
+def integrate_power_j(t_ns, power_w, start_ns: float | None = None, end_ns: float | None = None) -> float:
+    """Energy in joules of one GPU's power samples: trapezoid rule over the sample times,
+    clipped to [start_ns, end_ns] when given (power linearly interpolated at the edges, never
+    extrapolated beyond the first/last sample). Nulls dropped; < 2 samples give 0."""
     t = np.asarray(t_ns, dtype=np.float64)
     p = np.asarray(power_w, dtype=np.float64)
     ok = np.isfinite(t) & np.isfinite(p)
@@ -69,8 +70,15 @@ def integrate_power_j(t_ns, power_w) -> float:
     if t.size < 2:
         return 0.0
     order = np.argsort(t, kind="stable")
-    t, p = t[order] / C.NS_PER_S, p[order]
-    return float(np.sum((p[1:] + p[:-1]) * 0.5 * np.diff(t)))
+    t, p = t[order], p[order]
+    lo = t[0] if start_ns is None else max(float(start_ns), t[0])
+    hi = t[-1] if end_ns is None else min(float(end_ns), t[-1])
+    if not hi > lo:
+        return 0.0
+    inner = (t > lo) & (t < hi)
+    tt = np.concatenate(([lo], t[inner], [hi]))
+    pp = np.concatenate(([np.interp(lo, t, p)], p[inner], [np.interp(hi, t, p)]))
+    return float(np.sum((pp[1:] + pp[:-1]) * 0.5 * np.diff(tt)) / C.NS_PER_S)
 
 
 @dataclass(frozen=True)
@@ -272,15 +280,15 @@ def _run_energy(study, per_run: dict, notes: list[str]) -> dict:
         p = np.asarray(samples["power_w"][sel], dtype=np.float64)
         g = np.asarray(samples["gpu_index"][sel], dtype=np.int64)
         w0, w1 = r["w0"], r["w1"]
-        inside = (t >= w0) & (t <= w1) if w0 is not None and w1 is not None else np.zeros(t.size, bool)
-        if np.count_nonzero(inside) >= 2:
-            mask, good = inside, r["good"]
+        overlaps = (w0 is not None and w1 is not None and t.min() < w1 and t.max() > w0)
+        if overlaps:
+            lo, hi, good = max(w0, int(t.min())), min(w1, int(t.max())), r["good"]
         else:
-            mask, good = np.ones(t.size, bool), r["good_all"]
-            notes.append(f"run {run_id}: power samples do not fall in the run's window on the "
+            lo, hi, good = int(t.min()), int(t.max()), r["good_all"]
+            notes.append(f"run {run_id}: power samples do not overlap the run's window on the "
                          "event clock; used all of its samples and all its good requests")
-        gpus = np.unique(g[mask])
-        span = (t[mask].max() - t[mask].min()) / C.NS_PER_S  # the span actually integrated
-        e = sum(integrate_power_j(t[mask & (g == k)], p[mask & (g == k)]) for k in gpus)
+        gpus = np.unique(g)
+        span = (hi - lo) / C.NS_PER_S  # the span actually integrated
+        e = sum(integrate_power_j(t[g == k], p[g == k], lo, hi) for k in gpus)
         out[run_id] = (e, span, int(gpus.size), int(good))
     return out

@@ -609,6 +609,7 @@ class CapacityInfo:
     study_replicas: int = 1
     study_name: str | None = None
     study_hash: str | None = None
+    notes: tuple[str, ...] = ()
 
     def to_frame(self):
         import pandas as pd
@@ -898,6 +899,7 @@ def capacity_from_envelope(envelope, spec: PlanSpec, *, replicas: int = 1, study
             fix="test lower and higher offered rates so the SLO crossing is bracketed, or pass "
                 "--capacity-rps / capacity.rps_per_group")
     return CapacityInfo(
+        notes=tuple(getattr(envelope, "notes", ()) or ()),
         rps_per_group=float(value) / replicas,
         source=f"study C_SLO {'lower bound' if use == 'lower_bound' else 'estimate'}"
                + (f" ÷ {replicas} replicas" if replicas != 1 else ""),
@@ -954,7 +956,7 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     slo = SLO.parse(slo) if slo is not None else spec.slo
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
     C = cap.rps_per_group
-    notes: list[str] = []
+    notes: list[str] = [f"C_SLO: {n}" for n in cap.notes]
 
     g = _gpus_per_group(spec, study)
     n_node = spec.group.gpus_per_node
@@ -1275,9 +1277,15 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
                         field="rollout.max_surge", fix=f"use max_surge ≤ {N}")
     status = ctx.cap.status
     if status:
-        ok = status.lower() in ("ok", "bracketed", "estimated")
-        out.append(Check("capacity_status", f"the study's C_SLO is bracketed by the tested rates (status: {status})",
-                         ok))
+        if status == "bracketed":
+            out.append(Check("capacity_status", "the study's C_SLO is bracketed by the tested offered rates", True))
+        elif status.startswith("≥"):
+            out.append(Check("capacity_status", "every tested rate met the SLO, so C_SLO is at least the largest "
+                                                "tested rate: the plan is conservative (test higher rates to tighten it)",
+                             True))
+        else:
+            out.append(Check("capacity_status", f"the study's C_SLO is bracketed by the tested rates (status: {status})",
+                             False))
     return out
 
 
