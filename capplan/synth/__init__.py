@@ -1,0 +1,14 @@
+"""Synthetic load sweeps: arrivals, joint lengths, a continuous-batching replica simulator, the
+demo study and ground-truth attainment. See docs/synth.md."""
+
+from .arrivals import Trace, arrival_times_ns, load_trace, replay_schedule
+from .config import PRESETS, SynthConfig, load_config, parse_config, preset
+from .engine import ClosedLoop, ReplicaParams, SimResult, simulate
+from .lengths import LengthDist
+from .service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
+from .sweep import generate_study, plan_runs, simulate_level
+
+__all__ = ["Trace", "arrival_times_ns", "load_trace", "replay_schedule", "PRESETS", "SynthConfig",
+           "load_config", "parse_config", "preset", "ClosedLoop", "ReplicaParams", "SimResult",
+           "simulate", "LengthDist", "DEFAULT_SERVICE_MODEL", "ServiceModel", "fit_service_model",
+           "generate_study", "plan_runs", "simulate_level"]

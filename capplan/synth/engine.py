@@ -1,0 +1,673 @@
+"""The replica simulator: continuous batching with iteration-level scheduling, event-driven.
+
+Model (vLLM-like, one FIFO queue per replica):
+
+- each iteration runs every *running* sequence once: decode sequences emit one token, then the
+  rest of the per-iteration token budget goes to prompt chunks (chunked prefill) of sequences
+  still in prefill, oldest first, then to newly admitted ones;
+- a request is admitted from its replica's queue (FIFO, head-of-line) when the batch has fewer
+  than ``max_batch`` sequences and the KV cache can hold its prompt blocks above the watermark;
+- KV blocks: a sequence holds ceil(tokens/block_size) blocks and needs a new one each time its
+  length crosses a block boundary. When the decode tokens of the next iteration do not fit, the
+  most recently admitted sequence is preempted *by recompute*: its blocks are freed and it
+  returns to the front of the queue; on re-admission it prefills prompt + tokens generated so
+  far, and its stream continues (the client sees one long gap);
+- the iteration time comes from a :class:`ServiceModel`.
+
+Speed: between scheduling events (arrival that can be admitted, completion, KV block shortage,
+client deadline, end of run) the batch is constant, so k decode iterations of equal length are
+committed at once. Token times are not stored per token: each sequence keeps "stints" (first
+iteration, token count) and each replica keeps piecewise-constant iteration segments; token
+timestamps and ITL lists are rebuilt vectorised in :mod:`capplan.synth.events`.
+
+Times are int64 ns. All state transitions are deterministic given the inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import SpecError
+from .service import DEFAULT_SERVICE_MODEL, ServiceModel
+
+INF = 1 << 62
+
+# request states
+WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+# status codes (index into STATUS_NAMES)
+OK, REJECTED, TIMEOUT, ERROR, CANCELLED, UNRESOLVED = 0, 1, 2, 3, 4, 5
+STATUS_NAMES = ("ok", "rejected", "timeout", "error", "cancelled", "unresolved")
+
+
+@dataclass(frozen=True)
+class ReplicaParams:
+    """One replica's scheduler and memory limits (all replicas are identical)."""
+
+    max_batch: int = 128
+    token_budget: int = 1024
+    kv_blocks: int = 28_000
+    block_size: int = 16
+    kv_watermark: float = 0.01
+    max_model_len: int = 16_384
+    queue_limit: int | None = 512
+    service: ServiceModel = DEFAULT_SERVICE_MODEL
+
+    def __post_init__(self):
+        checks = [
+            ("max_batch", self.max_batch >= 1),
+            ("token_budget", self.token_budget >= self.max_batch),
+            ("block_size", self.block_size >= 1),
+            ("kv_blocks", self.kv_blocks >= 1),
+            ("kv_watermark", 0.0 <= self.kv_watermark < 0.5),
+            ("max_model_len", self.max_model_len >= 2),
+            ("queue_limit", self.queue_limit is None or self.queue_limit >= 0),
+        ]
+        for name, ok in checks:
+            if not ok:
+                fix = {"token_budget": "token_budget must be ≥ max_batch (every running sequence decodes each iteration)"}
+                raise SpecError(f"replica.{name} is out of range: {getattr(self, name)!r}",
+                                field=f"replica.{name}", fix=fix.get(name, "see docs/synth.md"))
+        usable = int(self.kv_blocks * (1.0 - self.kv_watermark)) * self.block_size
+        if self.max_model_len > usable:
+            raise SpecError(f"max_model_len {self.max_model_len} exceeds the usable KV cache "
+                            f"({usable} tokens = kv_blocks × block_size × (1 − watermark))",
+                            field="replica.max_model_len",
+                            fix="raise replica.kv_blocks or lower replica.max_model_len")
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """Fixed-concurrency clients: each user sends its next request ``think_s`` after the last
+    one resolved (after ``max(think_s, backoff_s)`` when it was rejected or failed at once)."""
+
+    concurrency: int
+    duration_s: float
+    think_s: float = 0.0
+    backoff_s: float = 1.0
+    ramp_s: float = 0.0
+
+
+@dataclass
+class SimResult:
+    """Raw simulator output for one run (arrays indexed by request, in issue order)."""
+
+    sched_ns: np.ndarray
+    input_tokens: np.ndarray
+    target_output: np.ndarray
+    tenant: np.ndarray
+    status: np.ndarray
+    admitted_ns: np.ndarray
+    replica: np.ndarray
+    stint_rid: np.ndarray
+    stint_rep: np.ndarray
+    stint_first_iter: np.ndarray
+    stint_count: np.ndarray
+    seg_i0: list  # per replica: np.ndarray of first iteration index of each segment
+    seg_t0: list  # per replica: start time of that segment's first iteration
+    seg_step: list  # per replica: iteration length in the segment
+    seg_k: list  # per replica: iterations in the segment
+    seg_tok: list  # per replica: tokens computed per iteration (decode + prefill)
+    stats: dict = field(default_factory=dict)
+
+
+class _Rep:
+    __slots__ = ("idx", "it", "wake", "t0", "step", "k", "kind", "tok", "waiting", "nwait",
+                 "running", "ndec", "prefilling", "H", "used", "fin_heap", "dl_heap", "pf_done",
+                 "seg_i0", "seg_t0", "seg_step", "seg_k", "seg_tok", "assigned", "done", "stopped",
+                 "preemptions", "max_wait")
+
+    def __init__(self, idx: int, bs: int):
+        self.idx = idx
+        self.it = 0
+        self.wake = INF
+        self.t0 = 0
+        self.step = 0
+        self.k = 0
+        self.kind = 0  # 0 idle, 1 decode span, 2 mixed (prefill) iteration
+        self.tok = 0
+        self.waiting: deque = deque()
+        self.nwait = 0
+        self.running: dict = {}
+        self.ndec = 0
+        self.prefilling: list = []
+        self.H = [0] * bs
+        self.used = 0
+        self.fin_heap: list = []
+        self.dl_heap: list = []
+        self.pf_done: list = []
+        self.seg_i0: list = []
+        self.seg_t0: list = []
+        self.seg_step: list = []
+        self.seg_k: list = []
+        self.seg_tok: list = []
+        self.assigned = 0
+        self.done = 0
+        self.stopped = False
+        self.preemptions = 0
+        self.max_wait = 0
+
+
+def _needs(H, it, k, bs, n):
+    """New KV blocks the decode sequences need over the next k iterations."""
+    if k == 1:
+        return H[(-it) % bs]
+    full, rem = divmod(k, bs)
+    tot = n * full
+    if rem:
+        for e in range(bs):
+            h = H[e]
+            if h:
+                r = (e + it) % bs
+                if (bs - r + 1 if r else 1) <= rem:
+                    tot += h
+    return tot
+
+
+def _max_k(H, it, free, bs, n):
+    """Largest k with _needs(k) ≤ free."""
+    full = free // n
+    left = free - n * full
+    cnt = [0] * (bs + 1)
+    for e in range(bs):
+        h = H[e]
+        if h:
+            r = (e + it) % bs
+            cnt[bs - r + 1 if r else 1] += h
+    s = 0
+    rem = 0
+    for d in range(1, bs):
+        s += cnt[d]
+        if s > left:
+            break
+        rem = d
+    return full * bs + rem
+
+
+def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s: float,
+             sched_ns: np.ndarray | None = None, input_tokens: np.ndarray | None = None,
+             output_tokens: np.ndarray | None = None, tenant: np.ndarray | None = None,
+             closed: ClosedLoop | None = None, draw=None, progress=None) -> SimResult:
+    """Simulate one run. Open loop: pass sorted ``sched_ns`` with the lengths (and tenant
+    indices). Closed loop: pass ``closed`` and ``draw(n) -> (input, output, tenant)`` arrays.
+
+    Requests unresolved at ``end_s`` (the hard stop, normally duration + drain) get status
+    ``timeout`` when their client deadline had passed by then, else ``cancelled``; tokens
+    received before the end are kept."""
+    bs = params.block_size
+    kv_total = params.kv_blocks
+    wm = int(params.kv_watermark * kv_total)
+    admit_cap = kv_total - wm
+    max_batch = params.max_batch
+    budget_tok = params.token_budget
+    qlim = params.queue_limit if params.queue_limit is not None else INF
+    max_len = params.max_model_len
+    sm = params.service
+    table = params.service.step_table_ns(max_batch + 1)
+    kp_ns = sm.prefill_ms_per_token * 1e6
+    over_ns = sm.prefill_overhead_ms * 1e6
+    timeout_ns = int(round(timeout_s * 1e9))
+    end_ns = int(round(end_s * 1e9))
+    reps = [_Rep(i, bs) for i in range(n_replicas)]
+
+    # per-request state (python lists: fast scalar access)
+    if closed is None:
+        sched = sched_ns.tolist()
+        inp = input_tokens.tolist()
+        out = output_tokens.tolist()
+        ten = (tenant if tenant is not None else np.zeros(len(sched), np.int64)).tolist()
+        n0 = len(sched)
+    else:
+        sched, inp, out, ten = [], [], [], []
+        n0 = 0
+    dl = [s + timeout_ns for s in sched]
+    state = [WAITING] * n0
+    status = [UNRESOLVED] * n0
+    gen = [0] * n0  # tokens emitted before the current stint
+    pst = [0] * n0  # iteration of the current stint's first token
+    plen = [0] * n0  # prompt length of the current (re)admission
+    rem = [0] * n0  # prefill tokens still to compute
+    fin = [0] * n0
+    ekey = [0] * n0
+    adm = [-1] * n0
+    rep_of = [-1] * n0
+    st_rid, st_rep, st_p, st_cnt = [], [], [], []
+
+    # closed loop bookkeeping
+    cheap: list = []
+    user_of: list = []
+    reissued: list = []
+    pool: list = [[], [], []]
+    pool_pos = [0]
+    seqno = [0]
+    if closed is not None:
+        if draw is None:
+            raise SpecError("closed-loop simulation needs a length sampler", field="workload.lengths")
+        dur_ns = int(round(closed.duration_s * 1e9))
+        think_ns = int(round(closed.think_s * 1e9))
+        back_ns = max(think_ns, int(round(closed.backoff_s * 1e9)), 1_000_000)
+        for u in range(closed.concurrency):
+            t = int(round(closed.ramp_s * 1e9 * u / closed.concurrency))
+            heapq.heappush(cheap, (t, seqno[0], 0, u))
+            seqno[0] += 1
+
+    def new_request(t, u):
+        if pool_pos[0] >= len(pool[0]):
+            a, b, c = draw(4096)
+            pool[0], pool[1], pool[2] = a.tolist(), b.tolist(), c.tolist()
+            pool_pos[0] = 0
+        j = pool_pos[0]
+        pool_pos[0] = j + 1
+        sched.append(t)
+        inp.append(pool[0][j])
+        out.append(pool[1][j])
+        ten.append(pool[2][j])
+        dl.append(t + timeout_ns)
+        state.append(WAITING)
+        status.append(UNRESOLVED)
+        gen.append(0)
+        pst.append(0)
+        plen.append(0)
+        rem.append(0)
+        fin.append(0)
+        ekey.append(0)
+        adm.append(-1)
+        rep_of.append(-1)
+        user_of.append(u)
+        reissued.append(False)
+        rid = len(sched) - 1
+        heapq.heappush(cheap, (t + timeout_ns, seqno[0], 1, rid))
+        seqno[0] += 1
+        return rid
+
+    def resolved(rid, t, failed_fast=False):
+        if closed is None or reissued[rid]:
+            return
+        reissued[rid] = True
+        tn = t + (back_ns if failed_fast else think_ns)
+        if tn < dur_ns:
+            heapq.heappush(cheap, (tn, seqno[0], 0, user_of[rid]))
+            seqno[0] += 1
+
+    def stint(rid, r, p, cnt):
+        if cnt > 0:
+            st_rid.append(rid)
+            st_rep.append(r)
+            st_p.append(p)
+            st_cnt.append(cnt)
+
+    def end_status(rid):
+        return TIMEOUT if dl[rid] <= end_ns else CANCELLED
+
+    def free_decode(R, rid):
+        """Remove a decoding sequence from the batch; returns its KV length."""
+        L = plen[rid] + (R.it - pst[rid] - 1)
+        R.used -= -(-L // bs)
+        R.H[ekey[rid]] -= 1
+        R.ndec -= 1
+        del R.running[rid]
+        return L
+
+    def cut(R, rid, now):
+        """Resolve a running sequence at boundary ``now`` that missed its deadline or the end."""
+        cutoff = dl[rid] if dl[rid] < end_ns else end_ns
+        st = state[rid]
+        if st == DECODE:
+            cnt = R.it - pst[rid]
+            left = fin[rid] - (R.it - 1)
+            if now > cutoff:
+                cnt -= 1
+            free_decode(R, rid)
+            stint(rid, R.idx, pst[rid], cnt)
+            R.assigned -= left
+        else:  # PREFILL
+            R.used -= -(-plen[rid] // bs)
+            R.prefilling.remove(rid)
+            del R.running[rid]
+            R.assigned -= rem[rid] + (out[rid] - gen[rid] - 1)
+        state[rid] = DONE
+        status[rid] = end_status(rid)  # called at the deadline or at the end of the run
+        resolved(rid, now)
+
+    def expire_waiting(R, rid, now):
+        state[rid] = DONE
+        status[rid] = end_status(rid)
+        R.nwait -= 1
+        R.assigned -= inp[rid] + out[rid] - 1  # a queued request's remaining work, preempted or not
+        resolved(rid, now)
+
+    def purge(R, now):
+        w = R.waiting
+        while w:
+            h = w[0]
+            if state[h] != WAITING:
+                w.popleft()
+            elif dl[h] <= now:
+                w.popleft()
+                expire_waiting(R, h, now)
+            else:
+                break
+
+    def preempt_one(R):
+        rid = next(reversed(R.running))
+        if state[rid] == DECODE:
+            cnt = R.it - pst[rid]
+            free_decode(R, rid)
+            stint(rid, R.idx, pst[rid], cnt)
+            gen[rid] += cnt
+            R.assigned += inp[rid] + gen[rid] - 1
+        else:
+            R.used -= -(-plen[rid] // bs)
+            R.prefilling.remove(rid)
+            del R.running[rid]
+            R.assigned += plen[rid] - rem[rid]
+        state[rid] = WAITING
+        R.waiting.appendleft(rid)
+        R.nwait += 1
+        R.preemptions += 1
+
+    def plan(R, now):
+        purge(R, now)
+        it = R.it
+        H = R.H
+        need1 = H[(-it) % bs] if R.ndec else 0
+        while R.ndec and R.used + need1 > kv_total:
+            preempt_one(R)
+            need1 = H[(-it) % bs] if R.ndec else 0
+        n_dec = R.ndec
+        budget = budget_tok - n_dec
+        P = 0
+        nseq = n_dec
+        chunks = []
+        for rid in R.prefilling:
+            c = rem[rid]
+            if c > budget - P:
+                c = budget - P
+            if c <= 0:
+                break
+            chunks.append((rid, c))
+            P += c
+            nseq += 1
+        w = R.waiting
+        running = R.running
+        while R.nwait and len(running) < max_batch and P < budget:
+            h = w[0]
+            if state[h] != WAITING:
+                w.popleft()
+                continue
+            if dl[h] <= now:
+                w.popleft()
+                expire_waiting(R, h, now)
+                continue
+            L = inp[h] + gen[h]
+            need = -(-L // bs)
+            if R.used + need + need1 > admit_cap:
+                break
+            w.popleft()
+            R.nwait -= 1
+            state[h] = PREFILL
+            plen[h] = L
+            rem[h] = L
+            R.used += need
+            running[h] = 1
+            R.prefilling.append(h)
+            if adm[h] < 0:
+                adm[h] = now
+            heapq.heappush(R.dl_heap, (dl[h], h))
+            c = L if L < budget - P else budget - P
+            chunks.append((h, c))
+            P += c
+            nseq += 1
+        if P > 0:
+            step = table[nseq if nseq <= max_batch + 1 else max_batch + 1] + int(round((kp_ns * P + over_ns) / 1000.0)) * 1000
+            R.used += need1
+            pf = R.pf_done
+            for rid, c in chunks:
+                r_ = rem[rid] - c
+                rem[rid] = r_
+                if r_ == 0:
+                    pf.append(rid)
+            if pf:
+                for rid in pf:
+                    R.prefilling.remove(rid)
+            R.kind = 2
+            R.k = 1
+            R.t0 = now
+            R.step = step
+            R.tok = n_dec + P
+            R.wake = now + step
+        elif n_dec:
+            step = table[n_dec]
+            fh = R.fin_heap
+            while True:
+                f, rid = fh[0]
+                if state[rid] == DECODE and fin[rid] == f:
+                    break
+                heapq.heappop(fh)
+            k = f - it + 1
+            dh = R.dl_heap
+            while dh and state[dh[0][1]] not in (PREFILL, DECODE):
+                heapq.heappop(dh)
+            if dh:
+                kd = -(-(dh[0][0] - now) // step)
+                if kd < k:
+                    k = kd
+            ke = -(-(end_ns - now) // step)
+            if ke < k:
+                k = ke
+            free = kv_total - R.used
+            if bs * (free // n_dec) < k:
+                kk = _max_k(H, it, free, bs, n_dec)
+                if kk < k:
+                    k = kk
+            if k < 1:
+                k = 1
+            R.kind = 1
+            R.k = k
+            R.t0 = now
+            R.step = step
+            R.tok = n_dec
+            R.wake = now + k * step
+        else:
+            if R.nwait:
+                raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
+                                   "(max_model_len larger than the KV cache?)")
+            R.kind = 0
+            R.k = 0
+            R.wake = INF
+
+    def record(R, t0, step, k, tok):
+        if k <= 0:
+            return
+        si = R.seg_i0
+        if si and R.seg_step[-1] == step and R.seg_tok[-1] == tok and si[-1] + R.seg_k[-1] == R.it and \
+                R.seg_t0[-1] + R.seg_k[-1] * step == t0:
+            R.seg_k[-1] += k
+        else:
+            si.append(R.it)
+            R.seg_t0.append(t0)
+            R.seg_step.append(step)
+            R.seg_k.append(k)
+            R.seg_tok.append(tok)
+
+    def wake(R):
+        now = R.wake
+        k = R.k
+        kind = R.kind
+        if kind:
+            record(R, R.t0, R.step, k, R.tok)
+            if kind == 1 and k:
+                R.used += _needs(R.H, R.it, k, bs, R.ndec)
+            R.it += k
+            R.done += k * R.tok
+        it = R.it
+        if kind == 2 and R.pf_done:
+            for rid in R.pf_done:
+                p = it - 1
+                pst[rid] = p
+                left = out[rid] - gen[rid]
+                if left <= 1:
+                    cutoff = dl[rid] if dl[rid] < end_ns else end_ns
+                    cnt = 1 if now <= cutoff else 0
+                    stint(rid, R.idx, p, cnt)
+                    R.used -= -(-plen[rid] // bs)
+                    del R.running[rid]
+                    state[rid] = DONE
+                    status[rid] = OK if cnt else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
+                    resolved(rid, now)
+                else:
+                    state[rid] = DECODE
+                    e = (plen[rid] - it) % bs
+                    ekey[rid] = e
+                    R.H[e] += 1
+                    R.ndec += 1
+                    f = p + left - 1
+                    fin[rid] = f
+                    heapq.heappush(R.fin_heap, (f, rid))
+            R.pf_done = []
+        fh = R.fin_heap
+        while fh and fh[0][0] <= it - 1:
+            f, rid = heapq.heappop(fh)
+            if state[rid] != DECODE or fin[rid] != f:
+                continue
+            cutoff = dl[rid] if dl[rid] < end_ns else end_ns
+            if now <= cutoff:
+                cnt = f - pst[rid] + 1
+                free_decode(R, rid)
+                stint(rid, R.idx, pst[rid], cnt)
+                state[rid] = DONE
+                status[rid] = OK
+                resolved(rid, now)
+            else:
+                cut(R, rid, now)
+        dh = R.dl_heap
+        while dh and dh[0][0] <= now:
+            d, rid = heapq.heappop(dh)
+            if state[rid] == PREFILL or state[rid] == DECODE:
+                cut(R, rid, now)
+        if now >= end_ns:
+            for rid in list(R.running):
+                cut(R, rid, now)
+            for rid in R.waiting:
+                if state[rid] == WAITING:
+                    expire_waiting(R, rid, end_ns)
+            R.waiting.clear()
+            R.stopped = True
+            R.kind = 0
+            R.wake = INF
+            return
+        plan(R, now)
+
+    def arrive(rid, t):
+        if inp[rid] + out[rid] > max_len:
+            state[rid] = DONE
+            status[rid] = ERROR
+            resolved(rid, t, True)
+            return
+        best = None
+        bw = INF
+        for R in reps:
+            if R.stopped:
+                continue
+            if R.waiting:
+                purge(R, t)
+            if R.nwait >= qlim:
+                continue
+            w = R.assigned - R.done
+            if R.kind:
+                j = (t - R.t0) // R.step
+                w -= (j if j < R.k else R.k) * R.tok
+            if w < bw:
+                bw = w
+                best = R
+        if best is None:
+            state[rid] = DONE
+            status[rid] = REJECTED
+            resolved(rid, t, True)
+            return
+        R = best
+        rep_of[rid] = R.idx
+        was_empty = R.nwait == 0
+        R.waiting.append(rid)
+        R.nwait += 1
+        if R.nwait > R.max_wait:
+            R.max_wait = R.nwait
+        R.assigned += inp[rid] + out[rid] - 1
+        if R.kind == 0:
+            R.wake = t
+        elif R.kind == 1 and was_empty and len(R.running) < max_batch \
+                and R.used + -(-inp[rid] // bs) <= admit_cap:
+            j = -(-(t - R.t0) // R.step)
+            if j < R.k:
+                R.k = j
+                R.wake = R.t0 + j * R.step
+
+    # ---- main loop ----
+    ai = 0
+    n_open = n0
+    tick = 0
+    while True:
+        if closed is None:
+            ta = sched[ai] if ai < n_open else INF
+        else:
+            ta = cheap[0][0] if cheap else INF
+        if ta >= end_ns:
+            ta = INF
+        tw = INF
+        Rw = None
+        for R in reps:
+            if R.wake < tw:
+                tw = R.wake
+                Rw = R
+        if ta == INF and tw == INF:
+            break
+        if ta <= tw:
+            if closed is None:
+                arrive(ai, ta)
+                ai += 1
+            else:
+                t, _, kind, x = heapq.heappop(cheap)
+                if kind == 0:
+                    arrive(new_request(t, x), t)
+                else:
+                    rid = x
+                    if state[rid] != DONE and not reissued[rid]:
+                        if state[rid] == WAITING and rep_of[rid] >= 0:
+                            expire_waiting(reps[rep_of[rid]], rid, t)
+                        else:
+                            resolved(rid, t)
+            if progress is not None:
+                tick += 1
+                if tick >= 20000:
+                    progress(tick)
+                    tick = 0
+        else:
+            wake(Rw)
+    if progress is not None and tick:
+        progress(tick)
+
+    n = len(sched)
+    # anything still unresolved (only possible with arrivals at/after end) is cancelled
+    st_arr = np.asarray(status, dtype=np.int8)
+    st_arr[st_arr == UNRESOLVED] = CANCELLED
+    seg = lambda attr: [np.asarray(getattr(R, attr), dtype=np.int64) for R in reps]  # noqa: E731
+    stats = {
+        "preemptions": int(sum(R.preemptions for R in reps)),
+        "max_queue": int(max((R.max_wait for R in reps), default=0)),
+        "iterations": int(sum(R.it for R in reps)),
+        "requests": n,
+        "kv_blocks_in_use_at_end": int(sum(R.used for R in reps)),  # 0 unless a bug leaks blocks
+    }
+    return SimResult(
+        sched_ns=np.asarray(sched, dtype=np.int64), input_tokens=np.asarray(inp, dtype=np.int64),
+        target_output=np.asarray(out, dtype=np.int64), tenant=np.asarray(ten, dtype=np.int64),
+        status=st_arr, admitted_ns=np.asarray(adm, dtype=np.int64),
+        replica=np.asarray(rep_of, dtype=np.int64),
+        stint_rid=np.asarray(st_rid, dtype=np.int64), stint_rep=np.asarray(st_rep, dtype=np.int64),
+        stint_first_iter=np.asarray(st_p, dtype=np.int64), stint_count=np.asarray(st_cnt, dtype=np.int64),
+        seg_i0=seg("seg_i0"), seg_t0=seg("seg_t0"), seg_step=seg("seg_step"), seg_k=seg("seg_k"), seg_tok=seg("seg_tok"),
+        stats=stats,
+    )

@@ -1,0 +1,161 @@
+"""Turn raw simulator output into contract tables: per-request events and per-second power.
+
+Token timestamps are rebuilt from each request's stints (first iteration, token count) and its
+replica's piecewise-constant iteration segments, all vectorised: the end of iteration i of a
+replica is ``seg_t0[s] + (i − seg_i0[s] + 1) · seg_step[s]`` for the segment s holding i.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import contract as C
+from .engine import ERROR, OK, REJECTED, STATUS_NAMES, SimResult
+
+
+def _iteration_clock(res: SimResult):
+    """Concatenate all replicas' segments into one keyed table (key = base_r + iteration)."""
+    bases, i0s, t0s, steps = [], [], [], []
+    base = 0
+    for r in range(len(res.seg_i0)):
+        bases.append(base)
+        i0s.append(res.seg_i0[r] + base)
+        t0s.append(res.seg_t0[r])
+        steps.append(res.seg_step[r])
+        n_it = int(res.seg_i0[r][-1] + res.seg_k[r][-1]) if len(res.seg_i0[r]) else 0
+        base += n_it + 1
+    return (np.asarray(bases, np.int64), np.concatenate(i0s) if i0s else np.zeros(0, np.int64),
+            np.concatenate(t0s) if t0s else np.zeros(0, np.int64),
+            np.concatenate(steps) if steps else np.zeros(0, np.int64))
+
+
+def _end_time(keys, i0, t0, step):
+    s = np.searchsorted(i0, keys, side="right") - 1
+    return t0[s] + (keys - i0[s] + 1) * step[s]
+
+
+
+def token_times(res: SimResult, with_itl: bool = True):
+    """(n_received, first_token_ns, last_token_ns, itl offsets int64 | None, itl values | None);
+    first/last are −1 where no token was received."""
+    n = len(res.sched_ns)
+    order = np.argsort(res.stint_rid, kind="stable")
+    rid = res.stint_rid[order]
+    cnt = res.stint_count[order]
+    bases, i0, t0, step = _iteration_clock(res)
+    start = bases[res.stint_rep[order]] + res.stint_first_iter[order]
+    n_recv = np.bincount(rid, weights=cnt, minlength=n).astype(np.int64)
+    first = np.full(n, -1, np.int64)
+    last = np.full(n, -1, np.int64)
+    if len(rid):
+        is_first = np.r_[True, rid[1:] != rid[:-1]]
+        is_last = np.r_[rid[1:] != rid[:-1], True]
+        first[rid[is_first]] = _end_time(start[is_first], i0, t0, step)
+        last[rid[is_last]] = _end_time(start[is_last] + cnt[is_last] - 1, i0, t0, step)
+    if not with_itl:
+        return n_recv, first, last, None, None
+    total = int(cnt.sum())
+    if total:
+        cum = np.cumsum(cnt) - cnt
+        keys = np.repeat(start - cum, cnt) + np.arange(total, dtype=np.int64)
+        times = _end_time(keys, i0, t0, step)
+        gaps = np.diff(times)
+        tok_start = np.cumsum(n_recv) - n_recv  # first token index of each request
+        cut = tok_start[(n_recv > 0) & (tok_start > 0)] - 1
+        keep = np.ones(len(gaps), bool)
+        keep[cut] = False
+        values = gaps[keep]
+    else:
+        values = np.zeros(0, np.int64)
+    per = np.maximum(n_recv - 1, 0)
+    offsets = np.r_[0, np.cumsum(per)].astype(np.int64)
+    return n_recv, first, last, offsets, values
+
+
+def events_arrow(res: SimResult, run_id: str, *, tenants: tuple[str, ...] = (),
+                 slo_classes: tuple[str | None, ...] = (), with_itl: bool = True) -> pa.Table:
+    """The run's events as a contract table (one row per offered request, in issue order)."""
+    n = len(res.sched_ns)
+    n_recv, first, last, offsets, values = token_times(res, with_itl)
+    status = res.status.astype(np.int64)
+    sched = pa.array(res.sched_ns, pa.int64())
+    no_tok = n_recv == 0
+    cols = {
+        "run_id": pa.array([run_id] * n, pa.string()) if n else pa.array([], pa.string()),
+        "request_id": pc.utf8_lpad(pc.cast(pa.array(np.arange(n, dtype=np.int64)), pa.string()), 7, "0"),
+        "scheduled_ns": sched,
+        "sent_ns": sched,
+        "first_token_ns": pa.array(first, pa.int64(), mask=no_tok),
+        "last_token_ns": pa.array(last, pa.int64(), mask=no_tok),
+        "input_tokens": pa.array(res.input_tokens, pa.int64()),
+        "output_tokens": pa.array(n_recv, pa.int64()),
+        "status": pc.take(pa.array(list(STATUS_NAMES), pa.string()), pa.array(status)),
+    }
+    if with_itl:
+        lst = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32) if offsets[-1] < 2**31 else offsets,
+                                                pa.int32() if offsets[-1] < 2**31 else pa.int64()),
+                                       pa.array(values, pa.int64()), mask=pa.array(no_tok))
+        if lst.type != pa.list_(pa.int64()):
+            lst = lst.cast(pa.list_(pa.int64()))
+        cols["itl_ns"] = lst
+    admitted = res.admitted_ns
+    cols["admitted_ns"] = pa.array(admitted, pa.int64(), mask=admitted < 0)
+    cols["prefill_start_ns"] = cols["admitted_ns"]
+    cols["server_received_ns"] = sched
+    if tenants:
+        cols["tenant"] = pc.take(pa.array(list(tenants), pa.string()), pa.array(res.tenant))
+        if any(c is not None for c in slo_classes):
+            cols["slo_class"] = pc.take(pa.array(list(slo_classes), pa.string()), pa.array(res.tenant))
+    reason = np.where(status == OK, 0, np.where((status == REJECTED) | (status == ERROR), 2, 1))
+    cols["finish_reason"] = pc.take(pa.array(["length", "abort", None], pa.string()), pa.array(reason))
+    n_rep = len(res.seg_i0)
+    rep = np.where(res.replica >= 0, res.replica, n_rep)
+    cols["replica_group"] = pc.take(pa.array([f"replica-{i}" for i in range(n_rep)] + [None], pa.string()),
+                                    pa.array(rep))
+    fields = [pa.field(c.name, c.dtype, nullable=c.nullable) for c in C.EVENT_COLUMNS if c.name in cols]
+    return pa.Table.from_arrays([cols[f.name] for f in fields], schema=pa.schema(fields))
+
+
+def power_arrow(res: SimResult, run_id: str, *, gpus_per_replica: int, idle_w: float, busy_w: float,
+                horizon_s: float, token_budget: int) -> pa.Table:
+    """Per-second, per-GPU power (an assumption, not a measurement): while an iteration runs a
+    GPU draws idle_w + (busy_w − idle_w) · (0.6 + 0.4 · min(1, tokens in the iteration /
+    token_budget)), so a full prefill chunk draws busy_w and a small decode batch about 60 % of
+    the dynamic range; idle_w between iterations. ``t_ns`` is the start of the 1-s window on the
+    run clock and ``power_w`` the window mean; ``energy_mj`` accumulates from the run start."""
+    n_sec = max(int(np.ceil(horizon_s)), 1)
+    grid = np.arange(n_sec + 1, dtype=np.int64) * C.NS_PER_S
+    rows = {k: [] for k in ("t_ns", "gpu_index", "power_w", "energy_mj", "gpu_util_pct", "run_id", "host")}
+
+    def busy_integral(a, b, w):
+        """∫ w over the union of [a_i, b_i) up to each grid point (intervals sorted, disjoint)."""
+        cum = np.r_[0.0, np.cumsum((b - a) * w)]
+        idx = np.searchsorted(b, grid, side="right")
+        val = cum[idx]
+        if len(a):
+            j = np.minimum(idx, len(a) - 1)
+            part = (idx < len(a)) & (a[j] < grid)
+            val = val + np.where(part, (grid - a[j]) * w[j], 0.0)
+        return np.diff(val) / C.NS_PER_S
+
+    for r in range(len(res.seg_i0)):
+        a = res.seg_t0[r]
+        b = a + res.seg_k[r] * res.seg_step[r]
+        inten = 0.6 + 0.4 * np.minimum(1.0, res.seg_tok[r] / float(token_budget))
+        frac = np.clip(busy_integral(a, b, np.ones(len(a))), 0.0, 1.0)
+        dyn = np.clip(busy_integral(a, b, inten.astype(float)), 0.0, 1.0)
+        watts = idle_w + (busy_w - idle_w) * dyn
+        energy = np.cumsum(watts) * 1000.0  # W × 1 s = J → mJ
+        for g in range(gpus_per_replica):
+            rows["t_ns"].append(grid[:-1])
+            rows["gpu_index"].append(np.full(n_sec, g, np.int64))
+            rows["power_w"].append(np.round(watts, 3))
+            rows["energy_mj"].append(np.round(energy, 1))
+            rows["gpu_util_pct"].append(np.round(frac * 100.0, 3))
+            rows["run_id"].append(np.full(n_sec, run_id, object))
+            rows["host"].append(np.full(n_sec, f"replica-{r}", object))
+    cols = {k: np.concatenate(v) for k, v in rows.items()}
+    fields = [pa.field(c.name, c.dtype, nullable=c.nullable) for c in C.RESOURCE_COLUMNS if c.name in cols]
+    return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in fields], schema=pa.schema(fields))

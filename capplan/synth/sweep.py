@@ -1,0 +1,246 @@
+"""Simulate the runs of a sweep and write them as a study directory (atomically).
+
+Each run gets its own seed, derived from (config seed, run index), so runs are independent and
+can be simulated in parallel processes without changing a single byte of the output.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import multiprocessing as mp
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from .. import contract as C
+from ..io import atomic_dir, events_table, manifest_dict
+from . import arrivals as A
+from .config import SynthConfig
+from .engine import ClosedLoop, SimResult, simulate
+from .events import events_arrow, power_arrow
+
+# Pinned writer options: same table ⇒ same bytes (no timestamps are written by parquet-cpp).
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 17,
+                       use_dictionary=True, write_statistics=True, data_page_version="1.0",
+                       version="2.6")
+
+
+def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
+    pq.write_table(table, str(path), **PARQUET_OPTIONS)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    index: int  # position in the sweep (seed stream)
+    run_id: str
+    level: float  # offered_rps (open) or concurrency (closed)
+    repeat: int
+    duration_s: float
+
+
+def plan_runs(cfg: SynthConfig) -> tuple[RunPlan, ...]:
+    levels = cfg.rates if cfg.load_model == "open" else cfg.concurrency
+    out, i = [], 0
+    for lv in levels:
+        for rep in range(cfg.repeats):
+            rid = f"r{i + 1:02d}"
+            out.append(RunPlan(i, rid, float(lv), rep, cfg.run_duration_s(lv)))
+            i += 1
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4)
+def _trace(path: str, fmt: str) -> A.Trace:
+    return A.load_trace(path, fmt)
+
+
+def _lengths_for(cfg: SynthConfig, tenant_idx: np.ndarray, rng: np.random.Generator):
+    n = len(tenant_idx)
+    inp, out = cfg.lengths.sample(n, rng)
+    for j, t in enumerate(cfg.tenants):
+        if t.lengths is not None:
+            m = tenant_idx == j
+            a, b = t.lengths.sample(int(m.sum()), rng)
+            inp[m], out[m] = a, b
+    return inp, out
+
+
+def _tenants_for(cfg: SynthConfig, n: int, rng: np.random.Generator) -> np.ndarray:
+    if not cfg.tenants:
+        return np.zeros(n, np.int64)
+    p = np.asarray([t.share for t in cfg.tenants], float)
+    return rng.choice(len(p), size=n, p=p / p.sum()).astype(np.int64)
+
+
+def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None = None,
+                   seed_key: tuple[int, ...] = (0,), progress=None) -> SimResult:
+    """Simulate one run at an offered rate (open) or concurrency (closed). The random streams
+    come from SeedSequence([cfg.seed, *seed_key])."""
+    ss = np.random.SeedSequence([int(cfg.seed), *[int(k) for k in seed_key]])
+    r_arr, r_len, r_ten = (np.random.default_rng(s) for s in ss.spawn(3))
+    dur = float(duration_s if duration_s is not None else cfg.run_duration_s(level))
+    end_s = dur + cfg.drain
+    common = dict(n_replicas=cfg.replicas, params=cfg.replica, timeout_s=cfg.timeout_s, end_s=end_s,
+                  progress=progress)
+    if cfg.load_model == "closed":
+        def draw(n):
+            ten = _tenants_for(cfg, n, r_ten)
+            a, b = _lengths_for(cfg, ten, r_len)
+            return a, b, ten
+        return simulate(closed=ClosedLoop(int(level), dur, cfg.think_s, cfg.backoff_s, cfg.ramp_s),
+                        draw=draw, **common)
+    if cfg.arrival.process == "replay":
+        tr = _trace(cfg.arrival.path, cfg.arrival.format)
+        sched, inp, out = A.replay_schedule(tr, level, dur, cfg.arrival.start_row)
+        ten = _tenants_for(cfg, len(sched), r_ten)
+    else:
+        sched = A.arrival_times_ns(cfg.arrival.process, level, dur, r_arr, cfg.arrival.cv)
+        ten = _tenants_for(cfg, len(sched), r_ten)
+        inp, out = _lengths_for(cfg, ten, r_len)
+    return simulate(sched_ns=sched, input_tokens=inp, output_tokens=out, tenant=ten, **common)
+
+
+def run_tables(cfg: SynthConfig, plan: RunPlan, progress=None) -> tuple[pa.Table, pa.Table | None, dict]:
+    """Simulate one run of the sweep → (events, power or None, stats)."""
+    res = simulate_level(cfg, plan.level, duration_s=plan.duration_s, seed_key=(plan.index,), progress=progress)
+    names = tuple(t.name for t in cfg.tenants)
+    classes = tuple(t.slo_class for t in cfg.tenants)
+    ev = events_table(events_arrow(res, plan.run_id, tenants=names, slo_classes=classes, with_itl=cfg.itl))
+    pw = None
+    if cfg.power is not None:
+        last_busy = max((int((t0[-1] + k[-1] * s[-1])) for t0, k, s in zip(res.seg_t0, res.seg_k, res.seg_step)
+                         if len(t0)), default=0)
+        horizon = max(plan.duration_s, last_busy / C.NS_PER_S)
+        pw = power_arrow(res, plan.run_id, gpus_per_replica=int(cfg.system["gpus_per_replica"]),
+                         idle_w=cfg.power.idle_w, busy_w=cfg.power.busy_w, horizon_s=horizon,
+                         token_budget=cfg.replica.token_budget)
+    stats = dict(res.stats)
+    counts = np.bincount(res.status, minlength=6)
+    stats.update(run_id=plan.run_id, level=plan.level, ok=int(counts[0]), rejected=int(counts[1]),
+                 timeout=int(counts[2]), error=int(counts[3]), cancelled=int(counts[4]))
+    return ev, pw, stats
+
+
+def _worker(args):
+    cfg, plan, events_path = args
+    ev, pw, stats = run_tables(cfg, plan)
+    write_parquet(ev, events_path)
+    return plan.index, pw, stats
+
+
+def manifest_for(cfg: SynthConfig, plans: tuple[RunPlan, ...]) -> dict:
+    runs = []
+    for p in plans:
+        r = {"run_id": p.run_id}
+        if cfg.load_model == "open":
+            r["offered_rps"] = float(p.level)
+            r["arrival"] = cfg.arrival.process
+        else:
+            r["concurrency"] = int(p.level)
+            r["arrival"] = "concurrency"
+        r["duration_s"] = round(float(p.duration_s), 6)
+        r["warmup_s"] = float(cfg.warmup_s)
+        r["repeat"] = int(p.repeat)
+        runs.append(r)
+    sm = cfg.replica.service
+    workload = {
+        "generator": "capplan synth",
+        "seed": int(cfg.seed),
+        "arrival": {k: v for k, v in vars(cfg.arrival).items() if v is not None},
+        "lengths": cfg.lengths.to_dict(),
+        "tenants": [{"name": t.name, "share": t.share, "slo_class": t.slo_class,
+                     **({"lengths": t.lengths.to_dict()} if t.lengths else {})} for t in cfg.tenants],
+        "replica": {"max_batch": cfg.replica.max_batch, "token_budget": cfg.replica.token_budget,
+                    "kv_blocks": cfg.replica.kv_blocks, "block_size": cfg.replica.block_size,
+                    "kv_watermark": cfg.replica.kv_watermark, "max_model_len": cfg.replica.max_model_len,
+                    "queue_limit": cfg.replica.queue_limit, "router": "least outstanding work (tokens)",
+                    "preemption": "recompute"},
+        "service_model": sm.to_dict(),
+        "client": {"timeout_s": cfg.timeout_s, "drain_s": cfg.drain, "think_s": cfg.think_s,
+                   "backoff_s": cfg.backoff_s},
+        "power": None if cfg.power is None else {"idle_w": cfg.power.idle_w, "busy_w": cfg.power.busy_w},
+        "itl": cfg.itl,
+    }
+    return manifest_dict(cfg.name, runs, system=dict(cfg.system), workload=workload, load_model=cfg.load_model)
+
+
+def readme_text(cfg: SynthConfig, plans: tuple[RunPlan, ...], stats: list[dict]) -> str:
+    """A README for the generated study: what it is, how to regenerate it, per-run outcomes."""
+    from .config import PRESETS
+
+    name_preset = next((k for k, v in PRESETS.items() if v.get("name") == cfg.name), None)
+    how = (f"capplan synth --preset {name_preset} --out <dir>" + (f" --seed {cfg.seed}" if name_preset and
+           cfg.seed != PRESETS[name_preset].get("seed") else "")) if name_preset else \
+        "capplan synth --config <the config> --out <dir>"
+    lines = [f"# {cfg.name}", "", "Generated by `capplan synth` — do not edit by hand; regenerate with", "",
+             f"    {how}", "", "(same parameters and seed ⇒ byte-identical files). Model and parameters: docs/synth.md.", ""]
+    if cfg.description:
+        lines += [cfg.description, ""]
+    sysd = cfg.system
+    lines += [f"System: {sysd['replicas']} × {sysd['model']} on {sysd['gpus_per_replica']} × {sysd['gpu']} "
+              f"(TP{sysd['tp']}, PP{sysd['pp']}); max batch {cfg.replica.max_batch}, token budget "
+              f"{cfg.replica.token_budget}, KV {cfg.replica.kv_blocks} blocks × {cfg.replica.block_size}; "
+              f"client timeout {cfg.timeout_s:g} s, drain {cfg.drain:g} s.", "",
+              "| run | level | requests | ok | timeout | rejected | error | cancelled | preemptions |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for s in stats:
+        lines.append(f"| {s['run_id']} | {s['level']:g} | {s['requests']} | {s['ok']} | {s['timeout']} | "
+                     f"{s['rejected']} | {s['error']} | {s['cancelled']} | {s['preemptions']} |")
+    lines += ["", "Unfinished requests at the end of a run (duration + drain) are kept: status `timeout` "
+              "when their client deadline had passed, else `cancelled`, with the tokens received so far.", ""]
+    return "\n".join(lines)
+
+
+def generate_study(cfg: SynthConfig, out: str | os.PathLike, *, workers: int | None = None,
+                   progress: bool = False, overwrite: bool = True,
+                   plans: tuple[RunPlan, ...] | None = None) -> tuple[Path, list[dict]]:
+    """Simulate every run of ``cfg`` (or the given ``plans``) and write the study directory at
+    ``out`` atomically (events/<run_id>.parquet, resources/power.parquet, study.yaml).
+    Returns (path, per-run stats)."""
+    plans = plan_runs(cfg) if plans is None else tuple(plans)
+    workers = max(1, min(int(workers or min(2, os.cpu_count() or 1)), len(plans)))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total = sum(p.level * p.duration_s for p in plans) if cfg.load_model == "open" else None
+        bar = tqdm(total=int(total) if total else None, unit="req", desc=f"synth {cfg.name}",
+                   file=__import__("sys").stderr, dynamic_ncols=True)
+    powers: dict[int, pa.Table] = {}
+    stats: dict[int, dict] = {}
+    try:
+        with atomic_dir(out, overwrite=overwrite) as tmp:
+            (tmp / C.EVENTS_DIR).mkdir()
+            jobs = [(cfg, p, tmp / C.EVENTS_DIR / f"{p.run_id}.parquet") for p in plans]
+            if workers == 1:
+                for cfg_, p, path in jobs:
+                    cb = bar.update if bar is not None else None
+                    ev, pw, st = run_tables(cfg_, p, progress=cb)
+                    write_parquet(ev, path)
+                    powers[p.index], stats[p.index] = pw, st
+                    if bar is not None and cfg.load_model != "open":
+                        bar.update(st["requests"])
+            else:
+                with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+                    for idx, pw, st in ex.map(_worker, jobs):
+                        powers[idx], stats[idx] = pw, st
+                        if bar is not None:
+                            bar.update(st["requests"])
+            if cfg.power is not None:
+                (tmp / C.RESOURCES_DIR).mkdir()
+                write_parquet(pa.concat_tables([powers[p.index] for p in plans]),
+                              tmp / C.RESOURCES_DIR / "power.parquet")
+            (tmp / "README.md").write_text(readme_text(cfg, plans, [stats[p.index] for p in plans]),
+                                           encoding="utf-8")
+            (tmp / C.MANIFEST_NAME).write_text(
+                yaml.safe_dump(manifest_for(cfg, plans), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    finally:
+        if bar is not None:
+            bar.close()
+    return Path(out), [stats[p.index] for p in plans]
