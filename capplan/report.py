@@ -24,7 +24,7 @@ import json
 import os
 import re
 import sys
-import time
+from time import perf_counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -41,8 +41,8 @@ REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
-DEFAULT_SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
-DEFAULT_REPS = 1000
+DEFAULT_SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"  # when neither --slo nor the spec has one
+DEFAULT_REPS = 200
 DEFAULT_SEED = 0
 DEFAULT_CONFIDENCE = 0.95
 CELL_TIMEOUT_S = 900
@@ -239,7 +239,9 @@ def execute_notebook(path: Path, parameters: dict, *, kernel: str | None = None,
         return pm.execute_notebook(
             str(path), None, parameters=parameters, kernel_name=kernel, progress_bar=False,
             log_output=False, cwd=str(cwd) if cwd else None, execution_timeout=CELL_TIMEOUT_S,
-            request_save_on_cell_execute=False)
+            request_save_on_cell_execute=False,
+            # the kernel's own log (TCP transport warning, shutdown noise) is not progress
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except Exception as exc:  # noqa: BLE001 - a dead kernel or timeout is a notebook failure too
         raise execution_error(path.name, exc) from None
 
@@ -250,7 +252,7 @@ def execute_notebook(path: Path, parameters: dict, *, kernel: str | None = None,
 
 @dataclass(frozen=True)
 class ReportParams:
-    """Everything a report depends on (recorded in report.json and each notebook)."""
+    """Everything a report depends on (recorded in report.json and in each notebook)."""
 
     study: Path
     spec: Path
@@ -258,14 +260,15 @@ class ReportParams:
     seed: int = DEFAULT_SEED
     reps: int = DEFAULT_REPS
     confidence: float = DEFAULT_CONFIDENCE
+    time: str = ""  # provenance time of the plan export (ISO, UTC)
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
 
         return {"study_path": str(self.study), "spec_path": str(self.spec),
-                "slo": SLO.parse(self.slo).to_dict(),
-                "seed": int(self.seed), "reps": int(self.reps),
-                "confidence": float(self.confidence), "artifacts_dir": str(artifacts_dir)}
+                "slo": SLO.parse(self.slo).to_dict(), "seed": int(self.seed),
+                "reps": int(self.reps), "confidence": float(self.confidence),
+                "artifacts_dir": str(artifacts_dir), "report_time": self.time}
 
 
 @dataclass(frozen=True)
@@ -336,10 +339,19 @@ Executed notebooks (with their parameters) are in <code>notebooks/</code>.</p>
 """
 
 
-def resolve_params(study=None, spec=None, *, slo: str = DEFAULT_SLO, seed: int = DEFAULT_SEED,
-                   reps: int = DEFAULT_REPS, confidence: float = DEFAULT_CONFIDENCE):
+def _now_utc() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, confidence=None,
+                   time: str | None = None):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
-    Raises StudyError / SpecError (exit 2)."""
+    SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
+    ``capplan plan`` and ``capplan report`` with one spec give one plan. Raises StudyError /
+    SpecError (exit 2)."""
+    from .plan import load_plan_spec
     from .slo import SLO
     from .study import open_study
 
@@ -349,19 +361,28 @@ def resolve_params(study=None, spec=None, *, slo: str = DEFAULT_SLO, seed: int =
     if not spec_path.is_file():
         raise SpecError("plan spec not found", file=str(spec_path),
                         fix="pass --spec PATH to a plan YAML (see templates/plan.yaml)")
-    try:
-        from .plan import load_plan_spec
-    except ModuleNotFoundError:  # pragma: no cover - plan module not installed
-        load_plan_spec = None
-    if load_plan_spec is not None:
-        load_plan_spec(spec_path)
-    slo_text = str(SLO.parse(slo))
-    if int(reps) < 1:
-        raise SpecError(f"--reps must be ≥ 1, got {reps}", field="reps")
-    if not 0.0 < float(confidence) < 1.0:
-        raise SpecError(f"confidence must be in (0, 1), got {confidence}", field="confidence")
-    params = ReportParams(study=study_path, spec=spec_path, slo=slo_text, seed=int(seed),
-                          reps=int(reps), confidence=float(confidence))
+    plan_spec = load_plan_spec(spec_path)
+    slo_obj = SLO.parse(slo) if slo else (plan_spec.slo or SLO.parse(DEFAULT_SLO))
+    cap = plan_spec.capacity
+    reps = cap.reps if reps is None else int(reps)
+    seed = cap.seed if seed is None else int(seed)
+    confidence = cap.confidence if confidence is None else float(confidence)
+    if reps < 10:
+        raise SpecError(f"--reps must be ≥ 10, got {reps}", field="reps")
+    if seed < 0:
+        raise SpecError(f"--seed must be ≥ 0, got {seed}", field="seed")
+    if not 0.5 < confidence < 1.0:
+        raise SpecError(f"--confidence must be in (0.5, 1), got {confidence}", field="confidence")
+    if time:
+        import datetime as dt
+
+        try:
+            dt.datetime.fromisoformat(time)
+        except ValueError:
+            raise SpecError(f"time {time!r} is not an ISO timestamp", field="time",
+                            fix="e.g. 2026-01-01T00:00:00+00:00") from None
+    params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
+                          reps=reps, confidence=confidence, time=time or _now_utc())
     return params, opened
 
 
@@ -371,18 +392,20 @@ def default_out_dir(study_name: str) -> Path:
     return Path.cwd() / "reports" / safe
 
 
-def render_report(study=None, *, spec=None, out=None, slo: str = DEFAULT_SLO,
-                  seed: int = DEFAULT_SEED, reps: int = DEFAULT_REPS,
-                  confidence: float = DEFAULT_CONFIDENCE, notebooks: Path | None = None,
+def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
+                  seed: int | None = None, reps: int | None = None,
+                  confidence: float | None = None, time: str | None = None,
+                  notebooks: Path | None = None,
                   progress: Progress | None = _stderr) -> ReportResult:
-    """Render the report (see the module docstring). ``notebooks`` overrides the folder the
-    three report notebooks are read from (same file names)."""
+    """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
+    spec's; ``time`` (ISO) is the provenance time of the plan export (default: now, UTC);
+    ``notebooks`` overrides the folder the three report notebooks are read from."""
     from .io import atomic_dir, write_text_atomic
 
-    t_start = time.perf_counter()
+    t_start = perf_counter()
     say = progress or (lambda _msg: None)
     params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
-                                    confidence=confidence)
+                                    confidence=confidence, time=time)
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     missing = [n for n, _ in REPORT_NOTEBOOKS if not (nb_dir / n).is_file()]
     if missing:
@@ -402,7 +425,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str = DEFAULT_SLO,
         (tmp / "data").mkdir()
         for i, (name, title) in enumerate(REPORT_NOTEBOOKS, 1):
             say(f"[{i}/{n}] {name}: running …")
-            t0 = time.perf_counter()
+            t0 = perf_counter()
             nb = execute_notebook(nb_dir / name, params.notebook_parameters(tmp / "data"),
                                   kernel=kernel, cwd=tmp)
             nbformat.write(nb, str(tmp / "notebooks" / name))
@@ -410,7 +433,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str = DEFAULT_SLO,
             (tmp / page).write_text(notebook_to_html(nb, f"{title} — {opened.name}",
                                                      _nav_html(page)), encoding="utf-8")
             pages.append((page, title))
-            seconds[name] = time.perf_counter() - t0
+            seconds[name] = perf_counter() - t0
             say(f"[{i}/{n}] {name}: done in {seconds[name]:.1f} s")
         exports = sorted(str(p.relative_to(tmp)) for p in (tmp / "data").rglob("*") if p.is_file())
         (tmp / "index.html").write_text(
@@ -418,9 +441,9 @@ def render_report(study=None, *, spec=None, out=None, slo: str = DEFAULT_SLO,
         meta = {"capplan": __version__, "study": str(params.study), "study_name": opened.name,
                 "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,
-                "pages": [p for p, _ in pages], "exports": exports}
+                "time": params.time, "pages": [p for p, _ in pages], "exports": exports}
         write_text_atomic(tmp / "report.json", json.dumps(meta, indent=2) + "\n")
-    total = time.perf_counter() - t_start
+    total = perf_counter() - t_start
     say(f"report written in {total:.1f} s")
     return ReportResult(out_dir=out_dir, index=out_dir / "index.html",
                         pages=tuple(out_dir / p for p, _ in pages),

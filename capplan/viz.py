@@ -205,3 +205,60 @@ def breakdown_figure(table: pd.DataFrame, key: str, value: str = "attainment_off
     fig.update_yaxes(type="category")
     fig.update_xaxes(type="category")
     return fig
+
+
+def quarters_figure(quarters: pd.DataFrame) -> go.Figure:
+    """Plan by quarter (``Plan.quarters_frame()``): GPUs as bars, planned peak (and the
+    forecast mean, when the demand came from a forecast) as lines on a second axis; hover
+    shows cost per quarter."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    q = quarters["quarter"].astype(str)
+    fig.add_bar(x=q, y=quarters["gpus"], name="GPUs", customdata=quarters["cost_usd_per_quarter"],
+                text=quarters["gpus"], textposition="outside",
+                hovertemplate="%{x}: %{y} GPUs<br>$%{customdata:,.0f} per quarter<extra></extra>",
+                secondary_y=False)
+    fig.add_scatter(x=q, y=quarters["peak_rps"], name="planned peak (req/s)",
+                    mode="lines+markers", secondary_y=True)
+    mean = quarters.get("forecast_mean_rps")
+    if mean is not None and pd.Series(mean).notna().any():
+        fig.add_scatter(x=q, y=mean, name="forecast mean (req/s)", mode="lines+markers",
+                        line=dict(dash="dot"), secondary_y=True)
+    fig.update_layout(**LAYOUT, title="Plan by quarter: GPUs and planned peak demand")
+    fig.update_yaxes(title_text="GPUs", secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text="req/s", secondary_y=True, rangemode="tozero", showgrid=False)
+    return fig
+
+
+def format_number(v) -> str:
+    """Readable number for report tables: whole numbers without decimals, thousands
+    separators, 4 significant digits for small values; text passes through."""
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+        return "n/a"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if isinstance(v, (float, np.floating)):
+        x = float(v)
+        if not np.isfinite(x):
+            return str(x)
+        if x.is_integer() and abs(x) < 1e15:
+            return f"{x:,.0f}"
+        if abs(x) >= 1000:
+            return f"{x:,.0f}"
+        if abs(x) >= 1:
+            return f"{x:,.4g}"
+        return f"{x:.4g}"
+    return str(v)
+
+
+def styled(df: pd.DataFrame):
+    """A report table: no index, numbers through :func:`format_number`, text left-aligned."""
+    st = df.style.hide(axis="index").format(format_number)
+    text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])
+            or pd.api.types.is_bool_dtype(df[c])]
+    if text:
+        st = st.set_properties(subset=text, **{"text-align": "left"})
+    return st

@@ -13,24 +13,28 @@ from .. import report as R
               help="Plan spec YAML [default: the bundled templates/plan.yaml].")
 @click.option("--out", type=click.Path(path_type=str), default=None,
               help="Report directory [default: reports/<study-name> under the current directory].")
-@click.option("--slo", default=R.DEFAULT_SLO, show_default=True,
-              help="SLO limits and attainment target.")
-@click.option("--seed", type=int, default=R.DEFAULT_SEED, show_default=True,
-              help="Bootstrap seed (same inputs and seed give the same numbers).")
-@click.option("--reps", type=int, default=R.DEFAULT_REPS, show_default=True,
-              help="Bootstrap replicates.")
-@click.option("--confidence", type=float, default=R.DEFAULT_CONFIDENCE, show_default=True,
-              help="Confidence level of the C_SLO interval.")
+@click.option("--slo", default=None,
+              help="SLO, e.g. ttft_ms=2000,tpot_ms=100,attainment=0.99 [default: the spec's slo].")
+@click.option("--seed", type=int, default=None,
+              help="Bootstrap seed; same inputs and seed give the same numbers "
+                   "[default: the spec's capacity.seed].")
+@click.option("--reps", type=int, default=None,
+              help="Bootstrap replicates [default: the spec's capacity.reps].")
+@click.option("--confidence", type=float, default=None,
+              help="Confidence of the C_SLO interval [default: the spec's capacity.confidence].")
+@click.option("--time", "time_", default=None,
+              help="Provenance time of the plan export, ISO [default: now, UTC]; fix it to get "
+                   "byte-identical exports.")
 @click.option("--notebooks", "notebooks", type=click.Path(path_type=str), default=None,
               help="Folder with your own 01-explore/02-envelope/03-plan notebooks "
                    "[default: the bundled ones].")
-def cmd(study, spec, out, slo, seed, reps, confidence, notebooks):
+def cmd(study, spec, out, slo, seed, reps, confidence, time_, notebooks):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
 
     Progress goes to stderr; the index path is printed on stdout. A failing notebook is
     reported with the cell that failed (exit 1); a bad study or spec exits 2."""
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
-                             confidence=confidence, notebooks=notebooks)
+                             confidence=confidence, time=time_, notebooks=notebooks)
     click.echo(f"report: {result.index}")
     return 0

@@ -1,0 +1,100 @@
+"""`capplan whatif`: serve the what-if panel (notebooks/04-whatif.ipynb) as a Voila app.
+
+The study and spec reach the notebook through environment variables (CAPPLAN_STUDY,
+CAPPLAN_SPEC, CAPPLAN_SLO, CAPPLAN_REPS, CAPPLAN_SEED, CAPPLAN_CONFIDENCE) that its second
+cell reads; the notebook is served from a temp copy whose kernelspec runs this interpreter.
+Voila listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from .. import report as R
+from ..errors import SpecError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def voila_command(notebook: Path, port: int, token: str) -> list[str]:
+    return [sys.executable, "-m", "voila", str(notebook), "--no-browser", f"--port={port}",
+            "--Voila.ip=127.0.0.1", f"--token={token}",
+            "--VoilaConfiguration.show_tracebacks=True"]
+
+
+@click.command("whatif")
+@click.argument("study", required=False, type=click.Path(path_type=str))
+@click.option("--spec", type=click.Path(path_type=str), default=None,
+              help="Plan spec YAML [default: the bundled templates/plan.yaml].")
+@click.option("--port", type=int, default=8866, show_default=True,
+              help="Port on 127.0.0.1 (0 or a busy port: pick a free one).")
+@click.option("--slo", default=None,
+              help="Starting SLO, e.g. ttft_ms=2000,tpot_ms=100,attainment=0.99 "
+                   "[default: the spec's slo].")
+@click.option("--reps", type=int, default=None,
+              help="Bootstrap replicates of the one-off envelope fit [default: the spec's].")
+@click.option("--seed", type=int, default=None, help="Bootstrap seed [default: the spec's].")
+@click.option("--token", default=None, help="Access token [default: a random one, in the URL].")
+def cmd(study, spec, port, slo, reps, seed, token):
+    """Serve the what-if panel for STUDY (default: the bundled demo study) on 127.0.0.1
+    until Ctrl-C. Prints the URL to open."""
+    try:
+        import voila  # noqa: F401
+    except ModuleNotFoundError:
+        raise SpecError("the what-if app needs Voila", fix='pip install -e ".[app]"') from None
+    params, _ = R.resolve_params(study, spec, slo=slo, seed=seed, reps=reps)
+    source = R.notebooks_dir() / R.WHATIF_NOTEBOOK
+    if not source.is_file():
+        raise SpecError("what-if notebook not found", file=str(source))
+    kernel = R.ensure_kernel()
+    if port == 0 or not _port_free(port):
+        port = _free_port()
+    token = token or secrets.token_hex(16)
+    env = R.whatif_env(params.study)
+    env.update({"CAPPLAN_SPEC": str(params.spec), "CAPPLAN_REPS": str(params.reps),
+                "CAPPLAN_SEED": str(params.seed), "CAPPLAN_SLO": params.slo,
+                "CAPPLAN_CONFIDENCE": str(params.confidence)})
+    tmp = Path(tempfile.mkdtemp(prefix="capplan-whatif-"))
+    try:
+        nb = json.loads(source.read_text(encoding="utf-8"))
+        nb.setdefault("metadata", {})["kernelspec"] = {
+            "name": kernel, "display_name": "Python (capplan)", "language": "python"}
+        served = tmp / "whatif.ipynb"
+        served.write_text(json.dumps(nb), encoding="utf-8")
+        url = f"http://127.0.0.1:{port}/?token={token}"
+        click.echo(f"what-if panel for {params.study}: {url}  (Ctrl-C stops it)")
+        sys.stdout.flush()
+        proc = subprocess.Popen(voila_command(served, port, token), env=env, cwd=tmp)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,238 @@
+"""`capplan report`: bad input exits 2 and writes nothing; a failing notebook names the
+notebook and cell and exits 1 (the previous report stays); the demo report has its pages,
+index, exports and recorded parameters, is reproducible, and draws offline in chromium."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from capplan import report as R
+from capplan.cli import main
+
+REPS = 200  # small bootstrap for tests: the pipeline, not the statistics, is under test
+TIME = "2026-01-01T00:00:00+00:00"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+# Rendered once per session and shared with tests/test_notebooks.py (which imports
+# demo_report from here), so the three notebooks run once for both files.
+_CACHE: dict[str, Path] = {}
+
+
+def render_demo(root: Path, name: str) -> Path:
+    if name not in _CACHE:
+        out = root / name
+        R.render_report(out=out, reps=REPS, seed=0, time=TIME, progress=None)
+        _CACHE[name] = out
+    return _CACHE[name]
+
+
+@pytest.fixture(scope="session")
+def demo_report(tmp_path_factory) -> Path:
+    if not R.demo_study_path().exists():
+        pytest.fail("data/sample is missing: run capplan synth --preset demo --out data/sample")
+    return render_demo(tmp_path_factory.getbasetemp() / "capplan-reports", "a")
+
+
+def _tiny_study(make_study) -> Path:
+    from conftest import ev
+
+    rows = [ev("r1", scheduled_ms=i * 100.0, ttft_ms=100.0 + i) for i in range(40)]
+    return make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "duration_s": 4.0}])
+
+
+# ------------------------------------------------------------------------- bad input: exit 2
+
+def test_missing_study_exits_2_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "rep"
+    rc = main(["report", str(tmp_path / "nope"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "study directory does not exist" in err and "nope" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_bad_spec_exits_2(tmp_path, make_study, capsys):
+    study = _tiny_study(make_study)
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("demand: {peak_rps: -3}\nprices: {usd_per_gpu_hour: 2}\n", encoding="utf-8")
+    out = tmp_path / "rep"
+    rc = main(["report", str(study), "--spec", str(spec), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "peak_rps" in err
+    assert not out.exists()
+
+
+def test_bad_slo_and_reps_exit_2(tmp_path, make_study, capsys):
+    study = _tiny_study(make_study)
+    assert main(["report", str(study), "--slo", "ttft=3", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown SLO key" in capsys.readouterr().err
+    assert main(["report", str(study), "--reps", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "--reps" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------------- failing notebook: exit 1
+
+def _failing_notebooks(folder: Path) -> Path:
+    """A copy of the report notebooks whose first one fails in its fourth cell."""
+    folder.mkdir()
+    for name, _ in R.REPORT_NOTEBOOKS:
+        shutil.copy(R.notebooks_dir() / name, folder / name)
+    nb = nbformat.read(str(folder / "01-explore.ipynb"), as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    nb.cells = [nbformat.v4.new_markdown_cell("# broken"), params,
+                nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell("ratio = 1 / 0  # the failing cell")]
+    nbformat.write(nb, str(folder / "01-explore.ipynb"))
+    return folder
+
+
+def test_failing_notebook_names_notebook_and_cell_exit_1(tmp_path, make_study, capsys):
+    study = _tiny_study(make_study)
+    nbs = _failing_notebooks(tmp_path / "nbs")
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "index.html").write_text("previous report", encoding="utf-8")
+    rc = main(["report", str(study), "--out", str(out), "--notebooks", str(nbs), "--reps", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    # papermill inserts the injected-parameters cell after the parameters cell: the failing
+    # cell is index 4 of the executed notebook, its first execution count 4
+    assert "notebook 01-explore.ipynb failed at cell 4 (In [4]): ZeroDivisionError: division by zero" in err
+    assert "ratio = 1 / 0" in err
+    assert "[1/3] 01-explore.ipynb: running" in err
+    # the previous report is untouched and no temp dir is left behind
+    assert (out / "index.html").read_text(encoding="utf-8") == "previous report"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rep.")]
+
+
+def test_execution_error_message_for_dead_kernel():
+    err = R.execution_error("02-envelope.ipynb", RuntimeError("Kernel died before replying"))
+    assert err.exit_code == 1
+    assert str(err) == "notebook 02-envelope.ipynb failed: RuntimeError: Kernel died before replying"
+
+
+# ------------------------------------------------------------------------ the demo report
+
+def test_demo_report_layout(demo_report):
+    files = {str(p.relative_to(demo_report)) for p in demo_report.rglob("*") if p.is_file()}
+    for page in ("index.html", "01-explore.html", "02-envelope.html", "03-plan.html",
+                 "report.json", "notebooks/01-explore.ipynb", "notebooks/02-envelope.ipynb",
+                 "notebooks/03-plan.ipynb", "data/plan/plan.xlsx", "data/plan/line_items.csv",
+                 "data/envelope.json"):
+        assert page in files, page
+    index = (demo_report / "index.html").read_text(encoding="utf-8")
+    for target in ("01-explore.html", "02-envelope.html", "03-plan.html",
+                   "data/plan/plan.xlsx", "data/plan/line_items.csv"):
+        assert f'href="{target}"' in index
+    meta = json.loads((demo_report / "report.json").read_text(encoding="utf-8"))
+    assert meta["seed"] == 0 and meta["reps"] == REPS and meta["time"] == TIME
+    assert meta["study_name"] and len(meta["study_sha256"]) == 64
+
+
+def test_pages_have_no_code_and_no_cdn(demo_report):
+    for page in ("01-explore.html", "02-envelope.html", "03-plan.html"):
+        text = (demo_report / page).read_text(encoding="utf-8")
+        assert "jp-InputArea" not in text, f"{page} shows code cells"
+        assert "import capplan" not in text
+        assert "require.min.js" not in text and "cdnjs.cloudflare.com" not in text
+        assert "cdn.plot.ly" not in text
+        assert text.count("plotly.js v") == 1, f"{page}: plotly.js must be inlined exactly once"
+        assert text.count('class="plotly-graph-div"') >= 2
+
+
+def test_parameters_recorded_in_executed_notebooks(demo_report):
+    for name, _ in R.REPORT_NOTEBOOKS:
+        nb = nbformat.read(str(demo_report / "notebooks" / name), as_version=4)
+        p = nb.metadata["papermill"]["parameters"]
+        assert p["seed"] == 0 and p["reps"] == REPS
+        assert Path(p["study_path"]) == R.demo_study_path()
+        assert Path(p["spec_path"]) == R.default_spec_path()
+        assert nb.metadata["papermill"]["exception"] is not True
+
+
+def _csvs(root: Path) -> dict[str, str]:
+    return {p.name: p.read_text(encoding="utf-8-sig")
+            for p in sorted((root / "data" / "plan").glob("*.csv"))}
+
+
+def test_second_report_gives_the_same_numbers(demo_report, tmp_path_factory):
+    again = render_demo(tmp_path_factory.getbasetemp() / "capplan-reports", "b")
+    first, second = _csvs(demo_report), _csvs(again)
+    assert set(first) >= {"line_items.csv", "summary.csv", "capacity.csv", "cost_by_quarter.csv"}
+    assert first == second
+    e1 = json.loads((demo_report / "data" / "envelope.json").read_text(encoding="utf-8"))
+    e2 = json.loads((again / "data" / "envelope.json").read_text(encoding="utf-8"))
+    assert e1 == e2
+    # the numbers are real: a positive capacity and GPU count in the line items
+    rows = {r["Key"]: r for r in csv.DictReader(first["line_items.csv"].splitlines())}
+    assert float(rows["total_gpus"]["Value"]) > 0
+    assert float(rows["capacity_rps_per_group"]["Value"]) > 0
+
+
+def test_cli_default_out_is_reports_study_name(tmp_path, monkeypatch, capsys, make_study):
+    """No --out: reports/<study-name> under the current directory (checked up to the point
+    where the notebooks run, with a notebook set that stops at once)."""
+    study = _tiny_study(make_study)
+    nbs = _failing_notebooks(tmp_path / "nbs")
+    monkeypatch.chdir(tmp_path)
+    assert R.default_out_dir("my study/x") == tmp_path / "reports" / "my-study-x"
+    rc = main(["report", str(study), "--notebooks", str(nbs), "--reps", "10"])
+    assert rc == 1
+    assert (tmp_path / "reports").is_dir() and list((tmp_path / "reports").iterdir()) == []
+
+
+# ------------------------------------------------------------------ offline, in a browser
+
+@pytest.mark.browser
+def test_report_draws_offline_in_chromium(demo_report):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            requested: list[str] = []
+
+            def block(route):
+                url = route.request.url
+                if url.startswith("file:"):
+                    route.continue_()
+                else:
+                    requested.append(url)
+                    route.abort()
+
+            page.route("**/*", block)
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            for name in ("01-explore.html", "02-envelope.html", "03-plan.html"):
+                page.goto((demo_report / name).as_uri())
+                plots = page.locator(".js-plotly-plot")
+                page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+                n = plots.count()
+                assert n >= 2, name
+                # every chart drew: each plot div holds an SVG with at least one trace
+                page.wait_for_function(
+                    "n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n",
+                    arg=n, timeout=30_000)
+                drawn = page.evaluate(
+                    "() => [...document.querySelectorAll('.js-plotly-plot')].map(d => "
+                    "d.querySelectorAll('.scatterlayer .trace, .barlayer .trace, .heatmaplayer "
+                    ".hm, .waterfalllayer .trace, .imagelayer image').length)")
+                assert all(k > 0 for k in drawn), (name, drawn)
+            assert requested == [], f"the report tried to reach the network: {requested}"
+            assert errors == [], errors
+        finally:
+            browser.close()
