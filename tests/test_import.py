@@ -171,48 +171,64 @@ def test_guidellm_2025_field_names(tmp_path):
 # AIPerf (real 0.13 output)
 # ------------------------------------------------------------------------------------------
 
-def _aiperf_records(rate):
-    p = AIPERF / f"rate_{rate}" / "profile_export.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+def _aiperf_records(rate, root=AIPERF, folder=None):
+    d = root / (folder or f"rate_{rate}")
+    p = next(d.glob("profile_export.jsonl*"))
+    text = gzip.open(p, "rt").read() if p.suffix == ".gz" else p.read_text()
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+def _check_aiperf_run(study, rid, recs):
+    """Counts, clocks and per-request TTFT/E2E/ITL of one imported AIPerf run vs its records."""
+    got = _counts(study)[rid]
+    assert sum(got.values()) == len(recs)
+    assert got["ok"] == sum(1 for r in recs if not r.get("error"))
+    assert got.get("timeout", 0) == sum(1 for r in recs if (r.get("error") or {}).get("type") == "TimeoutError")
+    t0 = min(r["metadata"]["credit_issued_ns"] for r in recs)
+    df = study.sql("SELECT * FROM events WHERE run_id = ?", [rid]).df()
+    ev = {r["request_id"]: r for r in df.to_dict("records")}
+    rows = _rows(study, rid)
+    for r in recs:
+        md, mt = r["metadata"], r["metrics"]
+        e, m = ev[md["x_request_id"]], rows[md["x_request_id"]]
+        assert e["scheduled_ns"] == md["credit_issued_ns"] - t0
+        assert e["sent_ns"] == md["request_start_ns"] - t0
+        if r.get("error"):
+            assert pd.isna(e["first_token_ns"])
+            continue
+        assert m["ttft_sent_ms"] == pytest.approx(mt["time_to_first_token"]["value"], abs=US_MS)
+        assert m["e2e_sent_ms"] == pytest.approx(mt["request_latency"]["value"], abs=US_MS)
+        icl = mt["inter_chunk_latency"]["value"]
+        assert len(e["itl_ns"]) == len(icl)
+        for got_ns, want_ms in zip(e["itl_ns"], icl):
+            assert abs(got_ns - want_ms * 1e6) <= 1000
+        assert e["output_tokens"] == mt["output_sequence_length"]["value"]
 
 
 def test_aiperf_records_match_source(tmp_path):
     res, study = _study(tmp_path, "aiperf", AIPERF)
     runs = {r["run_id"]: r for r in res.manifest["runs"]}
     assert set(runs) == {"rate_3.0", "rate_6.0"}
-    counts = _counts(study)
     for rate in ("3.0", "6.0"):
         rid = f"rate_{rate}"
         recs = _aiperf_records(rate)
         summary = json.loads((AIPERF / rid / "profile_export_aiperf.json").read_text())
         assert runs[rid]["nominal_rps"] == summary["run_info"]["variation_values"]["phases.profiling.rate"]
         assert runs[rid]["arrival"] == "poisson"
-        got = counts[rid]
-        assert sum(got.values()) == len(recs)
-        assert got["ok"] == sum(1 for r in recs if not r.get("error"))
-        assert got.get("timeout", 0) == sum(1 for r in recs if (r.get("error") or {}).get("type") == "TimeoutError")
-        t0 = min(r["metadata"]["credit_issued_ns"] for r in recs)
-        df = study.sql("SELECT * FROM events WHERE run_id = ?", [rid]).df()
-        ev = {r["request_id"]: r for r in df.to_dict("records")}
-        rows = _rows(study, rid)
-        for r in recs:
-            md, mt = r["metadata"], r["metrics"]
-            e, m = ev[md["x_request_id"]], rows[md["x_request_id"]]
-            assert e["scheduled_ns"] == md["credit_issued_ns"] - t0
-            assert e["sent_ns"] == md["request_start_ns"] - t0
-            if r.get("error"):
-                assert pd.isna(e["first_token_ns"])
-                continue
-            assert m["ttft_sent_ms"] == pytest.approx(mt["time_to_first_token"]["value"], abs=US_MS)
-            assert m["e2e_sent_ms"] == pytest.approx(mt["request_latency"]["value"], abs=US_MS)
-            icl = mt["inter_chunk_latency"]["value"]
-            assert len(e["itl_ns"]) == len(icl)
-            for got_ns, want_ms in zip(e["itl_ns"], icl):
-                assert abs(got_ns - want_ms * 1e6) <= 1000
-            assert e["output_tokens"] == mt["output_sequence_length"]["value"]
+        _check_aiperf_run(study, rid, recs)
     # AIPerf drops cancelled requests from its exports; the log count is reported, not lost
     assert runs["rate_6.0"]["missing_cancelled_requests"] == 1
     assert any("cancelled=1" in w and "rate_6.0" in w for w in res.warnings)
+
+
+def test_aiperf_concurrency_sweep_is_closed_loop(tmp_path):
+    root = FIX / "aiperf" / "concurrency_sweep"
+    res, study = _study(tmp_path, "auto", root)
+    assert res.tool == "aiperf" and res.manifest["load_model"] == "closed"
+    assert [(r["run_id"], r["concurrency"]) for r in res.manifest["runs"]] == \
+        [("concurrency_1", 1), ("concurrency_3", 3)]
+    for r in res.manifest["runs"]:
+        _check_aiperf_run(study, r["run_id"], _aiperf_records(None, root, r["run_id"]))
 
 
 # ------------------------------------------------------------------------------------------
@@ -254,6 +270,21 @@ def test_inference_perf_stages_and_latencies_match_source(tmp_path):
         assert len(e["itl_ns"]) == len(gaps)
         assert all(abs(g_ns / 1e9 - g) <= US_S for g_ns, g in zip(e["itl_ns"], gaps))
         assert e["output_tokens"] == rm["output_tokens"]
+
+
+def test_inference_perf_concurrent_stages_are_closed_loop(tmp_path):
+    root = IPERF / "concurrent"
+    res, study = _study(tmp_path, "auto", root)
+    assert res.tool == "inference-perf" and res.manifest["load_model"] == "closed"
+    stages = [json.loads((root / f"stage_{k}_lifecycle_metrics.json").read_text()) for k in (0, 1)]
+    assert [r["concurrency"] for r in res.manifest["runs"]] == \
+        [s["load_summary"]["concurrency"] for s in stages]
+    counts = _counts(study)
+    for k, s in enumerate(stages):
+        assert sum(counts[f"stage_{k}"].values()) == s["load_summary"]["count"]
+        assert counts[f"stage_{k}"]["ok"] == s["successes"]["count"]
+    # inference-perf recorded one request fewer than planned in stage 1: said, not hidden
+    assert any("plans 24 requests" in w and "23 were recorded" in w for w in res.warnings)
 
 
 # ------------------------------------------------------------------------------------------

@@ -70,12 +70,13 @@ def _stages(folder: Path) -> list[dict]:
                         "requested_rate": parse_rate(ls.get("requested_rate")),
                         "achieved_rate": ls.get("achieved_rate"),
                         "schedule_delay_mean_s": (ls.get("schedule_delay") or {}).get("mean"),
+                        "concurrency": to_int(ls.get("concurrency"), 0) or None,
                         "duration_s": d.get("benchmark_time_seconds"), "file": str(f)})
     return sorted(out, key=lambda s: s["stage"])
 
 
-def _concurrency_stages(folder: Path) -> dict[int, int]:
-    """{stage: concurrency_level} from the run's config.yaml (concurrent load type)."""
+def _concurrency_stages(folder: Path) -> dict[int, tuple[int, int | None]]:
+    """{stage: (concurrency_level, num_requests)} from the run's config.yaml (concurrent type)."""
     cfg = folder / "config.yaml"
     if not cfg.is_file():
         return {}
@@ -88,7 +89,8 @@ def _concurrency_stages(folder: Path) -> dict[int, int]:
     load = d.get("load") or {}
     if str(load.get("type", "")).lower() != "concurrent":
         return {}
-    return {i: to_int(s.get("concurrency_level"), 0) for i, s in enumerate(load.get("stages") or [])
+    return {i: (to_int(s.get("concurrency_level"), 0), to_int(s.get("num_requests"), 0) or None)
+            for i, s in enumerate(load.get("stages") or [])
             if isinstance(s, dict) and s.get("concurrency_level")}
 
 
@@ -160,11 +162,16 @@ def _parse_file(path: Path) -> list[RunData]:
                     output_tokens=to_int(rm.get("output_tokens")), status=status,
                     itl_ns=gaps_ns(chunks), finish_reason=_finish_reason(rm))
         st = stages[k] if stages else {}
-        c = conc.get(st.get("stage", k))
+        c, planned = conc.get(st.get("stage", k), (None, None))
+        c = st.get("concurrency") or c
+        stage_warn = list(warn) if k == 0 else []
+        if planned and len(idx) < planned:
+            stage_warn.append(f"config.yaml plans {planned} requests for this stage but "
+                              f"{len(idx)} were recorded")
         run = RunData(run_id=f"stage_{st.get('stage', k)}", source=str(path), columns=cols,
                       nominal_rps=None if c else st.get("requested_rate"), concurrency=c or None,
                       arrival="concurrency" if c else _arrival(path.parent),
-                      duration_s=st.get("duration_s"), warnings=list(warn) if k == 0 else [],
+                      duration_s=st.get("duration_s"), warnings=stage_warn,
                       extra={k2: st[k2] for k2 in ("achieved_rate", "schedule_delay_mean_s")
                              if st.get(k2) is not None})
         runs.append(run)
