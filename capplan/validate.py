@@ -379,6 +379,7 @@ def validate_path(path) -> tuple[ProblemList, Study | None]:
                          "(see docs/study-contract.md)", code="no_events")
         return problems, None
     con = connect()
+    con.execute("SET enable_progress_bar = false")  # a CLI prints problems, not a progress bar
     n_before = len(problems.errors)
     present = check_parquet_files(con, event_files, problems)
     schema_ok = len(problems.errors) == n_before

@@ -46,12 +46,14 @@ def cmd(study: str, slo_text: str | None, out: str | None, warmup_s: float | Non
     TTFT/TPOT/ITL/E2E percentiles and, with --slo, attainment and goodput."""
     from ..metrics import summarize
     from ..slo import SLO
-    from ..study import open_study
+    from ..study import connect, open_study
 
     if out is not None and Path(out).suffix.lower() not in OUT_FORMATS:
         write_table(None, out)  # raises the SpecError before any work
     slo = SLO.parse(slo_text) if slo_text else None
-    st = open_study(study, check=check)
+    con = connect()
+    con.execute("SET enable_progress_bar = false")  # keep stderr for messages
+    st = open_study(study, check=check, con=con)
     try:
         result = summarize(st, slo, warmup_s=warmup_s)
     except duckdb.Error as exc:
