@@ -58,8 +58,8 @@ def arrival_times_ns(process: str, rate_rps: float, duration_s: float, rng: np.r
         total += float(g.sum())
     gaps = np.concatenate(parts)
     t = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
-    t = t[t < duration_s]
-    return np.round(t * NS_PER_S).astype(np.int64)
+    ns = np.round(t * NS_PER_S).astype(np.int64)
+    return ns[ns < int(round(duration_s * NS_PER_S))]
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,8 @@ def replay_schedule(trace: Trace, rate_rps: float, duration_s: float,
     reps = int(math.ceil(duration_s / period)) + 1
     tt = np.concatenate([t + i * period for i in range(reps)])
     rr = np.tile(rows, reps)
-    keep = tt < duration_s
-    tt, rr = tt[keep], rr[keep]
-    return (np.round(tt * NS_PER_S).astype(np.int64), trace.input_tokens[rr].copy(),
+    ns = np.round(tt * NS_PER_S).astype(np.int64)
+    keep = ns < int(round(duration_s * NS_PER_S))
+    ns, rr = ns[keep], rr[keep]
+    return (ns, trace.input_tokens[rr].copy(),
             trace.output_tokens[rr].copy())
