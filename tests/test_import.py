@@ -469,3 +469,46 @@ def test_malformed_inputs_exit_2_with_message(case, tmp_path, capsys):
         assert "file:" in err  # names the file
     assert not out.exists()  # nothing half-written
     assert not any(p.name.startswith(".S") for p in tmp_path.iterdir())
+
+
+def test_guidellm_yaml_report_and_mixed_sweep(tmp_path):
+    import yaml
+
+    y = tmp_path / "report.yaml"
+    y.write_text(yaml.safe_dump(json.loads(GL_2025.read_text())))
+    assert detect(y) == "guidellm"
+    res_y = import_paths("auto", [y])
+    res_j = import_paths("auto", [GL_2025])
+    assert res_y.events.equals(res_j.events)
+    # a GuideLLM sweep mixes closed (concurrent) and open (poisson) benchmarks: the study is open
+    # loop, the closed runs keep their concurrency and sit at their measured rate, with a warning
+    res = import_paths("guidellm", [GL_POISSON, GL_CONC])
+    assert res.manifest["load_model"] == "open"
+    conc = [r for r in res.manifest["runs"] if "concurrency" in r]
+    assert [r["concurrency"] for r in conc] == [1, 2]
+    assert all(r["offered_rps"] > 0 and r["arrival"] == "concurrency" for r in conc)
+    assert sum("closed-loop run" in w for w in res.warnings) == 2
+
+
+def test_end_to_end_import_then_envelope(tmp_path, capsys):
+    out = tmp_path / "S"
+    # the GuideLLM sweep: AIPerf's and inference-perf's real runs are below the envelope's
+    # 20-requests-per-run minimum
+    assert main(["import", "auto", str(GL_POISSON), "--out", str(out)]) == 0
+    assert main(["validate", str(out)]) == 0
+    capsys.readouterr()
+    rc = main(["envelope", str(out), "--slo", "ttft_ms=500,attainment=0.5", "--reps", "200", "--warmup", "none",
+               "--out", str(tmp_path / "env.json")])
+    o = capsys.readouterr().out
+    assert rc == 0
+    assert "sweep: 3 runs, open loop" in o
+    env = json.loads((tmp_path / "env.json").read_text())
+    # the envelope's x axis is the offered rate the importer measured, and it sees every request
+    src = _json(GL_POISSON)
+    manifest = {r.run_id: r.offered_rps for r in open_study(out).manifest.runs}
+    assert {r["run_id"]: r["offered_rps"] for r in env["runs"]} == manifest
+    n_src = {f"poisson@{b['config']['strategy']['rate']:g}":
+             sum(len(b["requests"][k]) for k in ("successful", "errored", "incomplete"))
+             for b in src["benchmarks"]}
+    assert {r["run_id"]: r["n"] for r in env["runs"]} == n_src
+    assert env["cslo.status"]
