@@ -184,6 +184,97 @@ def block_counts(n_units: int, block_units: float, reps: int, rng, scheme: str =
     raise ValueError(f"unknown bootstrap scheme {scheme!r}; use one of {SCHEMES}")
 
 
+@dataclass(frozen=True)
+class Resample:
+    """A set of block-bootstrap replicates kept as blocks (replicate, start, length) rather
+    than as a count matrix: sums over a replicate are then block sums from prefix sums,
+    gathered and added — exact, O(blocks × stats), and free of BLAS threading (which on a
+    shared, oversubscribed machine can make a small matrix product 100× slower).
+    ``counts()`` gives the equivalent (reps × units) count matrix."""
+
+    n_units: int
+    reps: int
+    rep: np.ndarray      # (blocks,) replicate of each block, non-decreasing
+    start: np.ndarray    # (blocks,) first unit
+    length: np.ndarray   # (blocks,) units in the block (wrapping circularly)
+    scheme: str = "circular"
+
+    def counts(self, dtype=np.float64) -> np.ndarray:
+        """(reps × n_units) draw counts (float64 by default: float32 is exact only < 2^24)."""
+        n = self.n_units
+        out = np.zeros(self.reps * n, dtype=np.int64)
+        full, part = np.divmod(self.length, n)
+        if full.any():  # blocks longer than the series (possible in the stationary scheme)
+            np.add.at(out.reshape(self.reps, n), self.rep[full > 0],
+                      full[full > 0][:, None] * np.ones(n, dtype=np.int64))
+        mx = int(part.max()) if part.size else 0
+        if mx:
+            off = np.arange(mx, dtype=np.int64)
+            mask = off[None, :] < part[:, None]
+            idx = (self.start[:, None] + off[None, :]) % n + (self.rep * n)[:, None]
+            out += np.bincount(idx[mask], minlength=self.reps * n)
+        return out.reshape(self.reps, n).astype(dtype)
+
+    def sums(self, values, chunk: int = 1 << 22) -> np.ndarray:
+        """Σ over each replicate of per-unit ``values`` ((units,) → (reps,), or
+        (units × k) → (reps × k)), as block sums from circular prefix sums."""
+        v = np.asarray(values, dtype=np.float64)
+        vec = v.ndim == 1
+        v2 = v[:, None] if vec else v
+        n, k = v2.shape
+        pref = np.zeros((2 * n + 1, k))
+        np.cumsum(np.concatenate([v2, v2]), axis=0, out=pref[1:])
+        total = pref[n]
+        full, part = np.divmod(self.length, n)
+        out = np.zeros((self.reps, k))
+        step = max(1, chunk // max(k, 1))
+        for a in range(0, self.rep.size, step):
+            sl = slice(a, a + step)
+            st = self.start[sl]
+            bs = pref[st + part[sl]] - pref[st]
+            if full[sl].any():
+                bs += full[sl][:, None] * total[None, :]
+            rp = self.rep[sl]
+            first = np.flatnonzero(np.r_[True, rp[1:] != rp[:-1]])  # rep is non-decreasing
+            out[rp[first]] += np.add.reduceat(bs, first, axis=0)
+        return out[:, 0] if vec else out
+
+
+def resample(n_units: int, block_units: float, reps: int, rng, scheme: str = "circular") -> Resample:
+    """Draw ``reps`` replicates of ``scheme`` ('circular', 'stationary', 'iid') over
+    ``n_units`` units with (mean) block length ``block_units``; the draws are arch's."""
+    rng = as_rng(rng)
+    n = int(n_units)
+    if scheme == "iid":
+        scheme_, L = "circular", 1
+    elif scheme in ("circular", "stationary"):
+        scheme_, L = scheme, block_units
+    else:
+        raise ValueError(f"unknown bootstrap scheme {scheme!r}; use one of {SCHEMES}")
+    if scheme_ == "circular":
+        L = min(max(1, int(round(L))), n)
+        starts = circular_starts(n, L, reps, rng)
+        nb = starts.shape[1]
+        length = np.full((reps, nb), L, dtype=np.int64)
+        length[:, -1] = n - (nb - 1) * L
+        rep = np.repeat(np.arange(reps, dtype=np.int64), nb)
+        return Resample(n, reps, rep, starts.ravel(), length.ravel(), scheme)
+    p = 1.0 / max(float(L), 1.0)
+    reps_l, starts_l, len_l = [], [], []
+    pos = np.arange(n)
+    for r in range(reps):
+        start_draw = rng.integers(n, size=n, dtype=np.int64)
+        u = rng.random(n)
+        new = u <= p
+        new[0] = True
+        at = pos[new]
+        starts_l.append(start_draw[at])
+        len_l.append(np.diff(np.append(at, n)))
+        reps_l.append(np.full(at.size, r, dtype=np.int64))
+    return Resample(n, reps, np.concatenate(reps_l), np.concatenate(starts_l),
+                    np.concatenate(len_l).astype(np.int64), scheme)
+
+
 # ----------------------------------------------------------------------------- statistics
 
 def ratio_replicates(counts: np.ndarray, num, den) -> np.ndarray:
@@ -191,24 +282,32 @@ def ratio_replicates(counts: np.ndarray, num, den) -> np.ndarray:
     ``num`` may be (units,) or (units × k) for several ratios sharing a denominator."""
     num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)
-    top = counts @ num
-    bot = counts @ den
+    top = _sum(counts, num)
+    bot = _sum(counts, den)
     with np.errstate(invalid="ignore", divide="ignore"):
         return top / (bot[:, None] if top.ndim == 2 else bot)
 
 
 def mean_replicates(counts: np.ndarray, x) -> np.ndarray:
     """Replicates of the mean of a per-unit series (one observation per unit)."""
-    return ratio_replicates(counts, x, np.ones(counts.shape[1]))
+    n = counts.n_units if isinstance(counts, Resample) else counts.shape[1]
+    return ratio_replicates(counts, x, np.ones(n))
 
 
 def quantile_replicates(counts: np.ndarray, hist, k0: int, p, alpha: float = sketch.DEFAULT_ALPHA,
                         below=None) -> np.ndarray:
     """Replicates of quantile(s) p from per-unit log-bucket histograms ``hist`` (units × bins,
     keys k0, k0+1, …) and optional per-unit counts under bucket k0 (``below``)."""
-    h = counts @ np.asarray(hist, dtype=np.float64)
-    b = None if below is None else counts @ np.asarray(below, dtype=np.float64)
+    h = _sum(counts, np.asarray(hist, dtype=np.float64))
+    b = None if below is None else _sum(counts, np.asarray(below, dtype=np.float64))
     return sketch.quantile_from_counts(h, k0, p, alpha, below=b)
+
+
+def _sum(counts, values):
+    """Replicate sums from a Resample (block sums) or a count matrix (matrix product)."""
+    if isinstance(counts, Resample):
+        return counts.sums(values)
+    return counts @ values
 
 
 def percentile_ci(values, confidence: float = 0.95) -> tuple[float, float]:

@@ -286,18 +286,25 @@ def _count_dtype(n_units: int, max_unit: float):
     return np.float32 if n_units * max(max_unit, 1.0) * 2 < 2**24 else np.float64
 
 
+def run_resample(stats: BlockStats, run, *, reps: int, seed: int, scheme: str,
+                 block_len: float | None) -> boot.Resample:
+    """The block-bootstrap replicates of one run, cached on the stats (same seed ⇒ same).
+    The run's stream is ``default_rng([seed, run_index])``."""
+    L = run.block_units(scheme, block_len)
+    key = ("resample", run.run_idx, reps, seed, scheme, round(L, 9))
+    R = stats._cache.get(key)
+    if R is None:
+        rng = np.random.default_rng([int(seed), int(run.run_idx)])
+        R = boot.resample(run.n_units, L, reps, rng, scheme)
+        stats._cache[key] = R
+    return R
+
+
 def run_counts(stats: BlockStats, run, *, reps: int, seed: int, scheme: str,
                block_len: float | None) -> np.ndarray:
-    """The (reps × units) count matrix of one run, cached on the stats (same seed ⇒ same)."""
-    L = run.block_units(scheme, block_len)
-    key = ("counts", run.run_idx, reps, seed, scheme, round(L, 9))
-    C = stats._cache.get(key)
-    if C is None:
-        rng = np.random.default_rng([int(seed), int(run.run_idx)])
-        dt = _count_dtype(run.n_units, float(run.units["n"].max()) if run.n_units else 1.0)
-        C = boot.block_counts(run.n_units, L, reps, rng, scheme, dtype=dt)
-        stats._cache[key] = C
-    return C
+    """The (reps × units) count matrix of the same replicates (for matrix statistics)."""
+    R = run_resample(stats, run, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+    return R.counts(_count_dtype(run.n_units, float(run.units["n"].max()) if run.n_units else 1.0))
 
 
 # ============================================================================ per-sweep core
@@ -476,12 +483,15 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
         if r.n_units == 0 or n == 0:
             per.append((r, usable and False, n, k, None, None, math.nan))
             continue
-        C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
-        gr = C @ gu.astype(C.dtype)
-        nr_ = C @ r.units["n"].astype(C.dtype)
-        gr = gr.astype(np.float64)
-        nr_ = nr_.astype(np.float64)
         a = k / n
+        if scheme == "iid":  # requests independent: request-level resampling ≡ binomial
+            rng_i = np.random.default_rng([int(seed), int(r.run_idx)])
+            gr = rng_i.binomial(n, a, size=reps).astype(np.float64)
+            nr_ = np.full(reps, float(n))
+        else:
+            R = run_resample(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+            gr = R.sums(gu)
+            nr_ = R.sums(r.units["n"])
         att_rep = gr / nr_
         deff = boot.design_effect(float(np.var(att_rep)), a, n)
         if deff == deff:
@@ -545,15 +555,16 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confi
     rows = []
     for r in stats.runs:
         row = {"run_id": r.run_id}
+        C = (run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+             if r.n_units and r.tail else None)
         for m in ("ttft", "tpot", "itl", "e2e"):
             for p in PERCENTILES:
                 row[f"{m}_p{_pname(p)}_ms"] = r.percentile(m, p, stats.alpha)
             lo = hi = math.nan
             tail = r.tail.get(m)
             if tail is not None and r.n_units:
-                C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
                 k0, h, below = tail
-                q = boot.quantile_replicates(C.astype(np.float64), h, k0, P_CI, stats.alpha,
+                q = boot.quantile_replicates(C, h, k0, P_CI, stats.alpha,
                                              below=below)
                 lo, hi = boot.percentile_ci(q, confidence)
             row[f"{m}_p99_ci_low"] = lo
@@ -696,8 +707,8 @@ def slo_surface(stats: BlockStats, slo: SLO, x_grid=None, y_grid=None, *, confid
     for j, r in enumerate(use):
         C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
         S = r.grid[:, xi][:, :, yi].reshape(r.n_units, P).astype(np.float64)
-        gsum[:, j, :] = C.astype(np.float64) @ S
-        nsum[:, j] = C.astype(np.float64) @ r.units["n"]
+        gsum[:, j, :] = C @ S
+        nsum[:, j] = C @ r.units["n"]
         kpt[j] = S.sum(axis=0)
     n = np.array([r.n for r in use], dtype=float)
     x_rate = np.array([r.measured_rps for r in use])

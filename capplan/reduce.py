@@ -533,3 +533,42 @@ def _reduce_from_table(study, slo, runs, run_idx, counts, missing, warm_s, warm_
 def with_slo_anchor(stats: BlockStats, slo: SLO) -> BlockStats:
     """The same statistics labelled with another SLO the grid serves (used by refits)."""
     return replace(stats, slo=slo)
+
+
+def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_UNITS,
+                      load_model: str = "open", name: str = "in-memory") -> BlockStats:
+    """BlockStats built in memory from per-run 0/1 SLO-good series, skipping SQL (for
+    simulations, tests and tools that already hold indicators). Each dict needs ``run_id``,
+    ``load_level`` and ``good`` (0/1 array in scheduled order); optional ``rate_rps``
+    (measured rate; default the load level), ``repeat``. Only the given SLO (any target) can
+    be re-fitted; there are no latency histograms."""
+    slo = SLO.parse(slo)
+    out, diags = [], []
+    for i, r in enumerate(runs):
+        good = np.asarray(r["good"], dtype=np.float64)
+        n = good.size
+        s = max(1, -(-n // max_units))
+        edges = np.arange(0, n, s)
+        g_u = np.add.reduceat(good, edges) if n else np.zeros(0)
+        n_u = np.diff(np.append(edges, n)).astype(np.float64)
+        grid = np.zeros((edges.size, 2, 2), dtype=np.int64)
+        grid[:, 0, :] = g_u[:, None]
+        grid[:, 1, :] = n_u[:, None]
+        rate = float(r.get("rate_rps", r["load_level"]))
+        units = {"n": n_u, "n_good": g_u, "n_ok": n_u.copy()}
+        for st in STATUSES:
+            units[f"st_{st}"] = n_u.copy() if st == "ok" else np.zeros_like(n_u)
+        out.append(RunStats(
+            run_id=str(r["run_id"]), run_idx=i, load_level=float(r["load_level"]),
+            offered_rps=None if load_model == "closed" else rate,
+            concurrency=float(r["load_level"]) if load_model == "closed" else None,
+            repeat=int(r.get("repeat", 0)), nominal_rps=None, warmup_s=0.0, unit_size=s,
+            block_len=boot.optimal_block_length(good), units=units, grid=grid.astype(np.int32),
+            hist={}, tail={}, measured_rps=rate, span_s=n / rate if rate > 0 else math.nan))
+        diags.append({"run_id": str(r["run_id"]), "n": n, "usable": n >= dg.MIN_REQUESTS,
+                      "reason": "" if n >= dg.MIN_REQUESTS else "too few requests",
+                      "warnings": ""})
+    gs = GridSpec("ttft", "tpot", float(slo.ttft_ms or 1.0), float(slo.tpot_ms or 1.0), 2.0, 0)
+    return BlockStats(slo=slo, alpha=sketch.DEFAULT_ALPHA, load_model=load_model, name=name,
+                      runs=tuple(out), grid_spec=gs, diagnostics=pd.DataFrame(diags),
+                      max_units=max_units, source=None)
