@@ -512,3 +512,20 @@ def test_end_to_end_import_then_envelope(tmp_path, capsys):
              for b in src["benchmarks"]}
     assert {r["run_id"]: r["n"] for r in env["runs"]} == n_src
     assert env["cslo.status"]
+
+
+def test_out_never_replaces_other_data(tmp_path, capsys):
+    keep = tmp_path / "results"
+    keep.mkdir()
+    (keep / "raw.json").write_text("{}")
+    assert main(["import", "auto", str(GL_2025), "--out", str(keep)]) == 2
+    assert "not a capplan study; refusing to replace it" in capsys.readouterr().err
+    assert (keep / "raw.json").exists()
+    assert main(["import", "auto", str(GL_2025), "--out", str(GL_2025.parent)]) == 2
+    capsys.readouterr()
+    assert GL_2025.exists()
+    # an existing study is replaced whole
+    s = tmp_path / "S"
+    assert main(["import", "auto", str(GL_2025), "--out", str(s)]) == 0
+    assert main(["import", "auto", str(SGLANG), "--out", str(s)]) == 0
+    assert open_study(s).manifest.raw["source_tool"] == "sglang"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from ..importers import TOOLS, import_paths, write_import
+from ..importers.common import check_out
 
 
 @click.command("import", help="Import load-test output (GuideLLM, vLLM bench serve, AIPerf, "
@@ -17,6 +18,7 @@ from ..importers import TOOLS, import_paths, write_import
 @click.option("--out", "out", required=True, type=click.Path(), help="study directory to write")
 @click.option("--name", default=None, help="study name (default: the first input's name)")
 def cmd(tool: str, paths: tuple[str, ...], out: str, name: str | None) -> int:
+    check_out(out, list(paths))  # before parsing: a bad --out fails fast
     result = import_paths(tool, list(paths), name=name)
     for w in result.warnings:
         click.echo(f"WARNING: {w}", err=True)

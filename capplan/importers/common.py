@@ -159,14 +159,6 @@ def load_jsonl(path: str | os.PathLike, expected: str) -> list[dict]:
     return rows
 
 
-def need(obj: dict, key: str, path, what: str):
-    """obj[key] or a StudyError naming the missing field."""
-    if not isinstance(obj, dict) or key not in obj:
-        raise StudyError(f"missing required field '{key}' in {what}", file=str(path), column=key,
-                         fix="is this the right tool's file and an unmodified export?")
-    return obj[key]
-
-
 # ------------------------------------------------------------------------------------------
 # clocks and values
 # ------------------------------------------------------------------------------------------
@@ -354,9 +346,32 @@ def _table(cols: dict, run: RunData) -> pa.Table:
     return events_table(pa.table(arrays))
 
 
+def check_out(out: str | os.PathLike, inputs: list[str] = ()) -> Path:
+    """Refuse an output path whose replacement would destroy data: an existing file, a
+    non-empty directory that is not a study, or a folder holding the inputs."""
+    dest = Path(out).expanduser()
+    if dest.exists():
+        if not dest.is_dir():
+            raise StudyError("--out exists and is a file, not a study directory", file=str(dest),
+                             fix="choose a new directory name for the study")
+        if any(dest.iterdir()) and not (dest / C.MANIFEST_NAME).is_file():
+            raise StudyError("--out is a non-empty directory that is not a capplan study; "
+                             "refusing to replace it", file=str(dest),
+                             fix="choose a new directory (an existing study is replaced whole)")
+    d = dest.resolve()
+    for p in inputs:
+        q = Path(p).resolve()
+        if q == d or d in q.parents:
+            raise StudyError("--out would replace the input itself", file=str(p),
+                             fix="write the study to another directory")
+    return dest
+
+
 def write_import(result: ImportResult, out: str | os.PathLike) -> Path:
-    """Write the study atomically (temp dir, then rename): nothing half-written on failure."""
-    return write_study(out, result.manifest, result.events)
+    """Write the study atomically (temp dir, then rename): nothing half-written on failure.
+    An existing study at ``out`` is replaced whole; anything else there is refused."""
+    dest = check_out(out, [r["source"] for r in result.manifest["runs"] if "source" in r])
+    return write_study(dest, result.manifest, result.events)
 
 
 def new_columns() -> dict[str, list]:
@@ -372,9 +387,3 @@ def add_row(cols: dict[str, list], **values) -> None:
         cols[k].append(values.pop(k, None))
     if values:
         raise AssertionError(f"importer bug: unknown columns {sorted(values)}")
-
-
-def check_nonempty(n: int, path, what: str) -> None:
-    if n == 0:
-        raise StudyError(f"no requests found: {what} is empty", file=str(path),
-                         fix="the benchmark recorded no requests; rerun it or pass another file")
