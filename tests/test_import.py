@@ -529,3 +529,34 @@ def test_out_never_replaces_other_data(tmp_path, capsys):
     assert main(["import", "auto", str(GL_2025), "--out", str(s)]) == 0
     assert main(["import", "auto", str(SGLANG), "--out", str(s)]) == 0
     assert open_study(s).manifest.raw["source_tool"] == "sglang"
+
+
+def test_vllm_without_start_times_is_iid_only(tmp_path):
+    src = json.loads(next(VLLM.glob("*.json")).read_text())
+    src.pop("start_times")
+    f = tmp_path / "old-vllm.json"
+    f.write_text(json.dumps(src))
+    assert detect(f) == "vllm"
+    res = import_paths("auto", [f])
+    assert res.manifest["timestamps"] == "none"
+    assert any("no 'start_times'" in w for w in res.warnings)
+    ttft = [(a - b) / 1e6 for a, b in zip(res.events["first_token_ns"].to_pylist(),
+                                          res.events["scheduled_ns"].to_pylist()) if a is not None]
+    assert ttft == pytest.approx([t * 1e3 for t, e in zip(src["ttfts"], src["errors"]) if not e],
+                                 abs=US_MS)
+
+
+def test_guidellm_sampled_request_lists_are_flagged():
+    src = json.loads(GL_2025.read_text())
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        made = src["benchmarks"][0]["run_stats"]["requests_made"]
+        made["total"] = 100
+        f = Path(d) / "sampled.json"
+        f.write_text(json.dumps(src))
+        res = import_paths("guidellm", [f])
+    run = res.manifest["runs"][0]
+    assert run["guidellm_requests_made"] == 100
+    assert any("kept only 8 of the 100 requests" in w for w in res.warnings)
+    assert not any("kept only" in w for w in res.warnings if "poisson@4" in w)

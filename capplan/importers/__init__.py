@@ -100,8 +100,6 @@ def _sniff_file(path: Path) -> str | None:
                              fix="re-export the file; a run killed mid-write leaves a truncated "
                                  "file") from None
         return None
-    if isinstance(obj, dict) and "ttfts" in obj and "start_times" not in obj:
-        return "sglang"
     return _sniff_obj(obj)
 
 

@@ -151,6 +151,7 @@ def _bench_v2(bench: dict, index: int, path: str, version: int) -> RunData:
             "the offered rate and attainment at this rate is unreliable. Their intended start "
             "was replaced by the dispatch time.")
         run.extra["guidellm_startup_burst_requests"] = len(burst)
+    _check_sampled(run, sm.get("requests_made"), len(rows))
     workers = to_int(strategy.get("worker_count"), 0)
     if workers > 1 and kind == "poisson":
         run.warnings.append(
@@ -201,11 +202,24 @@ def _bench_v1(bench: dict, index: int, path: str, version: int) -> RunData:
     rs = bench.get("run_stats") or {}
     if rs.get("start_time") is not None and rs.get("end_time") is not None:
         run.duration_s = float(rs["end_time"]) - float(rs["start_time"])
+    _check_sampled(run, rs.get("requests_made"), len(rows))
     if burst:
         run.warnings.append(f"GuideLLM start-up burst: {burst} request(s) have a targeted start "
                             "< 1e9 (relative, not epoch); offered rate and attainment unreliable")
         run.extra["guidellm_startup_burst_requests"] = burst
     return run
+
+
+def _check_sampled(run: RunData, made, n_listed: int) -> None:
+    """GuideLLM can keep only a sample of the per-request lists (--sample-requests): say so,
+    because the offered rate and attainment would then come from the sample."""
+    total = to_int((made or {}).get("total"), 0) if isinstance(made, dict) else 0
+    if total > n_listed:
+        run.extra["guidellm_requests_made"] = total
+        run.warnings.append(
+            f"GuideLLM kept only {n_listed} of the {total} requests made in its per-request "
+            "lists (sampled): the measured offered rate and attainment use the sample; rerun "
+            "without --sample-requests for a complete import")
 
 
 def _float(v) -> float | None:

@@ -24,8 +24,9 @@ ARRAYS = ("input_lens", "output_lens", "ttfts", "itls", "errors")
 
 
 def sniff(obj) -> bool:
+    """A vLLM result mapping (SGLang's single-line results say backend: sglang*)."""
     return isinstance(obj, dict) and "ttfts" in obj and "itls" in obj and "input_lens" in obj \
-        and "start_times" in obj
+        and not str(obj.get("backend", "")).startswith("sglang")
 
 
 def parse(paths: list[str]) -> list[RunData]:
@@ -35,7 +36,7 @@ def parse(paths: list[str]) -> list[RunData]:
         files.extend(sorted(x for x in pp.glob("*.json")) if pp.is_dir() else [pp])
     if not files:
         raise StudyError(f"no JSON files found; expected {EXPECTED}", file=", ".join(paths))
-    return [parse_file(f, require_start_times=True) for f in files]
+    return [parse_file(f, require_start_times=False) for f in files]
 
 
 def parse_file(path: Path, *, require_start_times: bool) -> RunData:
@@ -111,6 +112,9 @@ def parse_result(obj, path: Path, *, require_start_times: bool, expected: str = 
         run.timestamps = "none"
         run.arrival = "unknown"
         run.extra["scheduled_ns_synthetic"] = True
+        if not str(obj.get("backend", "")).startswith("sglang"):
+            run.warnings.append("no 'start_times' in this result (vLLM before per-request start "
+                                "times were saved): arrival times unknown, iid analysis only")
     for k in ("completed", "failed"):
         if obj.get(k) is not None:
             run.extra[f"source_{k}"] = int(obj[k])
