@@ -238,8 +238,11 @@ def execute_notebook(path: Path, parameters: dict, *, kernel: str | None = None,
     try:
         return pm.execute_notebook(
             str(path), None, parameters=parameters, kernel_name=kernel, progress_bar=False,
-            log_output=False, cwd=str(cwd) if cwd else None, execution_timeout=CELL_TIMEOUT_S,
+            log_output=False, execution_timeout=CELL_TIMEOUT_S,
             request_save_on_cell_execute=False,
+            # the kernel's working directory, set without papermill's cwd= (that chdirs this
+            # whole process, which races when notebooks run in threads)
+            resources={"metadata": {"path": str(cwd)}} if cwd else {},
             # the kernel's own log (TCP transport warning, shutdown noise) is not progress
             extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except Exception as exc:  # noqa: BLE001 - a dead kernel or timeout is a notebook failure too
@@ -386,6 +389,43 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     return params, opened
 
 
+def _execute_all(nb_dir: Path, parameters: dict, *, kernel: str, cwd: Path, jobs: int,
+                 say: Progress, seconds: dict) -> list:
+    """Execute the report notebooks (``jobs`` at a time), printing progress as each starts
+    and ends; returns them in page order or raises the first failure in page order."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = len(REPORT_NOTEBOOKS)
+    lock = threading.Lock()
+
+    def tell(msg: str) -> None:
+        with lock:
+            say(msg)
+
+    def run(i: int, name: str):
+        tell(f"[{i}/{n}] {name}: running …")
+        t0 = perf_counter()
+        try:
+            nb = execute_notebook(nb_dir / name, parameters, kernel=kernel, cwd=cwd)
+        except ReportError:
+            tell(f"[{i}/{n}] {name}: FAILED after {perf_counter() - t0:.1f} s")
+            raise
+        seconds[name] = perf_counter() - t0
+        tell(f"[{i}/{n}] {name}: done in {seconds[name]:.1f} s")
+        return nb
+
+    with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+        futures = [pool.submit(run, i, name) for i, (name, _) in enumerate(REPORT_NOTEBOOKS, 1)]
+        done = []
+        for f in futures:
+            done.append(f.exception() or f.result())
+    for r in done:
+        if isinstance(r, BaseException):
+            raise r
+    return done
+
+
 def default_out_dir(study_name: str) -> Path:
     """``reports/<study-name>`` under the current directory."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", study_name).strip("-.") or "study"
@@ -395,11 +435,13 @@ def default_out_dir(study_name: str) -> Path:
 def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   seed: int | None = None, reps: int | None = None,
                   confidence: float | None = None, time: str | None = None,
-                  notebooks: Path | None = None,
+                  notebooks: Path | None = None, jobs: int = len(REPORT_NOTEBOOKS),
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
     spec's; ``time`` (ISO) is the provenance time of the plan export (default: now, UTC);
-    ``notebooks`` overrides the folder the three report notebooks are read from."""
+    ``notebooks`` overrides the folder the three report notebooks are read from; ``jobs``
+    notebooks run at once (each in its own kernel; they share nothing but the inputs).
+    When several fail, the first in page order is reported."""
     from .io import atomic_dir, write_text_atomic
 
     t_start = perf_counter()
@@ -423,18 +465,14 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     with atomic_dir(out_dir) as tmp:
         (tmp / "notebooks").mkdir()
         (tmp / "data").mkdir()
-        for i, (name, title) in enumerate(REPORT_NOTEBOOKS, 1):
-            say(f"[{i}/{n}] {name}: running …")
-            t0 = perf_counter()
-            nb = execute_notebook(nb_dir / name, params.notebook_parameters(tmp / "data"),
-                                  kernel=kernel, cwd=tmp)
+        executed = _execute_all(nb_dir, params.notebook_parameters(tmp / "data"), kernel=kernel,
+                                cwd=tmp, jobs=jobs, say=say, seconds=seconds)
+        for (name, title), nb in zip(REPORT_NOTEBOOKS, executed):
             nbformat.write(nb, str(tmp / "notebooks" / name))
             page = _page_name(name)
             (tmp / page).write_text(notebook_to_html(nb, f"{title} — {opened.name}",
                                                      _nav_html(page)), encoding="utf-8")
             pages.append((page, title))
-            seconds[name] = perf_counter() - t0
-            say(f"[{i}/{n}] {name}: done in {seconds[name]:.1f} s")
         exports = sorted(str(p.relative_to(tmp)) for p in (tmp / "data").rglob("*") if p.is_file())
         (tmp / "index.html").write_text(
             index_html(params, opened.name, study_hash, pages, exports), encoding="utf-8")

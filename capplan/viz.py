@@ -121,12 +121,17 @@ def latency_cdf_figure(frames: Mapping[str, pd.DataFrame], metric: str = "ttft_m
     for name, df in frames.items():
         d = df[df["status"] == "ok"] if ok_only and "status" in df else df
         e = thin_ecdf(d[metric], max_points=max_points)
+        if log_x:  # a log axis cannot place 0; the CDF heights still count those requests
+            e = e[e["value"] > 0]
         fig.add_scatter(x=e["value"], y=e["cdf"], name=str(name), mode="lines",
                         line_shape="hv",
                         hovertemplate=str(name) + "<br>%{x:.1f} ms<br>F = %{y:.4f}<extra></extra>")
     if limit_ms is not None:
-        fig.add_vline(x=limit_ms, line_dash="dash", line_color="crimson",
-                      annotation_text=f"SLO {limit_ms:g} ms", annotation_position="top left")
+        # annotations on a log axis take log10 coordinates (shapes take data values)
+        fig.add_vline(x=limit_ms, line_dash="dash", line_color="crimson")
+        fig.add_annotation(x=np.log10(limit_ms) if log_x else limit_ms, y=1.0, yref="paper",
+                           text=f"SLO {limit_ms:g} ms", showarrow=False, xanchor="left",
+                           yanchor="bottom", font=dict(color="crimson"))
     fig.update_layout(**LAYOUT, title=f"{label}: CDF per run (completed requests)",
                       xaxis_title=label, yaxis_title="fraction of requests ≤ x")
     if log_x:
@@ -166,8 +171,11 @@ def latency_timeseries_figure(frames: Mapping[str, pd.DataFrame], metric: str = 
                         hovertemplate=str(name) + "<br>t = %{x:.0f} s<br>%{y:.1f} ms"
                                                   "<br>n = %{customdata}<extra></extra>")
     if limit_ms is not None:
-        fig.add_hline(y=limit_ms, line_dash="dash", line_color="crimson",
-                      annotation_text=f"SLO {limit_ms:g} ms", annotation_position="top left")
+        # annotations on a log axis take log10 coordinates (shapes take data values)
+        fig.add_hline(y=limit_ms, line_dash="dash", line_color="crimson")
+        fig.add_annotation(y=np.log10(limit_ms), x=0.0, xref="paper", text=f"SLO {limit_ms:g} ms",
+                           showarrow=False, xanchor="left", yanchor="bottom",
+                           font=dict(color="crimson"))
     if warmup_s:
         fig.add_vrect(x0=0, x1=warmup_s, fillcolor="grey", opacity=0.12, line_width=0,
                       annotation_text="warm-up", annotation_position="top left")

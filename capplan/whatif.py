@@ -113,6 +113,19 @@ class WhatIfModel:
             policy=s.failure.policy, price_usd_per_gpu_hour=s.prices.usd_per_gpu_hour or 0.0,
             capacity_use=s.capacity.use)
 
+    def limit_choices(self, axis: str, value: float) -> list[float] | None:
+        """The SLO limits the cached statistics serve exactly on ``axis`` ("x" = TTFT,
+        "y" = TPOT or ITL), with ``value`` among them; None without a grid."""
+        stats = getattr(self.envelope, "stats", None)
+        grid = getattr(stats, "grid_spec", None)
+        if grid is None or (axis == "y" and grid.y_metric != "tpot"):
+            return None
+        limits = [float(v) for v in grid.limits(axis) if math.isfinite(v)]
+        i = grid.index(axis, value)
+        if 0 <= i < len(limits):
+            limits[i] = float(value)
+        return sorted(set(limits) | {float(value)})
+
     def _facts_for(self, slo_text: str):
         from .cost import study_facts
 
@@ -255,7 +268,7 @@ def whatif_state(model: WhatIfModel, params: WhatIfParams) -> WhatIfState:
                             capacity_use=params.capacity_use, slo=slo)
     replicas = model.study.manifest.replicas
     cap = capacity_from_envelope(env, spec, replicas=replicas, study_name=model.study.name)
-    plan = make_plan(spec, capacity=cap, facts=model.facts(slo), slo=slo)
+    plan = make_plan(spec, capacity=cap, study=model.study, facts=model.facts(slo), slo=slo)
     table = plan_table(plan, env)
     fig = whatif_figure(plan, env, params)
     return WhatIfState(params=params, table=table, figure=fig, plan=plan, envelope=env,
@@ -292,8 +305,19 @@ class WhatIfPanel:
                                  continuous_update=False, readout_format=fmt, style=style,
                                  layout=layout)
 
-        self.ttft = fslider("TTFT limit (ms)", p.ttft_ms) if p.ttft_ms else None
-        self.tpot = fslider("TPOT limit (ms)", p.tpot_ms) if p.tpot_ms else None
+        def limit_slider(desc, value, axis):
+            """Limits on the reduction's grid, so every position is an exact refit."""
+            if not value:
+                return None
+            options = model.limit_choices(axis, value)
+            if options is None:
+                return fslider(desc, value)
+            return W.SelectionSlider(options=[(f"{v:.4g}", v) for v in options], value=value,
+                                     description=desc, continuous_update=False, style=style,
+                                     layout=layout)
+
+        self.ttft = limit_slider("TTFT limit (ms)", p.ttft_ms, "x")
+        self.tpot = limit_slider("TPOT limit (ms)", p.tpot_ms, "y")
         choices = sorted(set(ATTAINMENT_CHOICES) | {p.attainment})
         self.attainment = W.SelectionSlider(
             options=[(f"{a:.4g}", a) for a in choices], value=p.attainment,
@@ -350,8 +374,10 @@ class WhatIfPanel:
     def _show(self, state: WhatIfState | None) -> None:
         if state is None:
             return
-        self.status.value = (f"<small>redrawn in {state.seconds * 1000:.0f} ms · "
-                             f"{html.escape(state.plan.capacity.source)}</small>")
+        slo = getattr(state.envelope, "slo", None)
+        self.status.value = (f"<small>SLO: {html.escape(slo.describe() if slo else '')} · "
+                             f"capacity: {html.escape(state.plan.capacity.source)} · "
+                             f"redrawn in {state.seconds * 1000:.0f} ms</small>")
         self.table.value = table_html(state.table, state.plan)
 
     def _on_change(self, change) -> None:

@@ -45,7 +45,8 @@ def demo_report(tmp_path_factory) -> Path:
 def _tiny_study(make_study) -> Path:
     from conftest import ev
 
-    rows = [ev("r1", scheduled_ms=i * 100.0, ttft_ms=100.0 + i) for i in range(40)]
+    rows = [ev("r1", scheduled_ms=i * 100.0, ttft_ms=100.0 + i, e2e_ms=900.0 + i)
+            for i in range(40)]
     return make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "duration_s": 4.0}])
 
 
@@ -84,16 +85,16 @@ def test_bad_slo_and_reps_exit_2(tmp_path, make_study, capsys):
 # ----------------------------------------------------------------- failing notebook: exit 1
 
 def _failing_notebooks(folder: Path) -> Path:
-    """A copy of the report notebooks whose first one fails in its fourth cell."""
+    """The report notebooks' parameters cells; the first notebook fails in its fourth cell,
+    the others do nothing (so the test is fast)."""
     folder.mkdir()
     for name, _ in R.REPORT_NOTEBOOKS:
-        shutil.copy(R.notebooks_dir() / name, folder / name)
-    nb = nbformat.read(str(folder / "01-explore.ipynb"), as_version=4)
-    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    nb.cells = [nbformat.v4.new_markdown_cell("# broken"), params,
-                nbformat.v4.new_code_cell("x = 1"),
-                nbformat.v4.new_code_cell("ratio = 1 / 0  # the failing cell")]
-    nbformat.write(nb, str(folder / "01-explore.ipynb"))
+        nb = nbformat.read(str(R.notebooks_dir() / name), as_version=4)
+        params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        body = "ratio = 1 / 0  # the failing cell" if name.startswith("01") else "y = 2"
+        nb.cells = [nbformat.v4.new_markdown_cell("# broken"), params,
+                    nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(body)]
+        nbformat.write(nb, str(folder / name))
     return folder
 
 
@@ -103,6 +104,7 @@ def test_failing_notebook_names_notebook_and_cell_exit_1(tmp_path, make_study, c
     out = tmp_path / "rep"
     out.mkdir()
     (out / "index.html").write_text("previous report", encoding="utf-8")
+    cwd = os.getcwd()
     rc = main(["report", str(study), "--out", str(out), "--notebooks", str(nbs), "--reps", "10"])
     err = capsys.readouterr().err
     assert rc == 1
@@ -111,6 +113,7 @@ def test_failing_notebook_names_notebook_and_cell_exit_1(tmp_path, make_study, c
     assert "notebook 01-explore.ipynb failed at cell 4 (In [4]): ZeroDivisionError: division by zero" in err
     assert "ratio = 1 / 0" in err
     assert "[1/3] 01-explore.ipynb: running" in err
+    assert os.getcwd() == cwd  # notebooks run in threads must not move this process
     # the previous report is untouched and no temp dir is left behind
     assert (out / "index.html").read_text(encoding="utf-8") == "previous report"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rep.")]

@@ -28,13 +28,16 @@ from .. import report as R
 @click.option("--notebooks", "notebooks", type=click.Path(path_type=str), default=None,
               help="Folder with your own 01-explore/02-envelope/03-plan notebooks "
                    "[default: the bundled ones].")
-def cmd(study, spec, out, slo, seed, reps, confidence, time_, notebooks):
+@click.option("--jobs", type=click.IntRange(1, 8), default=3, show_default=True,
+              help="Notebooks executed at once (one kernel each).")
+def cmd(study, spec, out, slo, seed, reps, confidence, time_, notebooks, jobs):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
 
     Progress goes to stderr; the index path is printed on stdout. A failing notebook is
     reported with the cell that failed (exit 1); a bad study or spec exits 2."""
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
-                             confidence=confidence, time=time_, notebooks=notebooks)
+                             confidence=confidence, time=time_, notebooks=notebooks,
+                             jobs=jobs)
     click.echo(f"report: {result.index}")
     return 0
