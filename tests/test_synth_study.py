@@ -127,3 +127,31 @@ def test_truth_attainment_is_high_below_and_low_above_capacity(capsys):
                  "--replications", "2", "--duration-s", "30"]) == 0
     out = capsys.readouterr().out
     assert "offered_rps" in out and "yes" in out
+
+
+def test_true_capacity_brackets_the_crossing():
+    from capplan.errors import SpecError
+    from capplan.synth.truth import true_capacity
+
+    cfg = parse_config(PRESETS["small"])
+    kw = dict(replications=2, duration_s=40.0, warmup_s=5.0, tol_rps=0.5)
+    c = true_capacity(cfg, "ttft_ms=2000,tpot_ms=100,attainment=0.99", 1.0, 12.0, **kw)
+    lo, hi = c.bracket
+    assert 1.0 < c.capacity_rps < 12.0 and hi - lo <= 0.5 and lo < c.capacity_rps < hi
+    by_rate = {e.offered_rps: e.attainment for e in c.evaluations}
+    assert by_rate[lo] >= 0.99 > by_rate[hi]
+    with pytest.raises(SpecError):
+        true_capacity(cfg, "ttft_ms=2000,tpot_ms=100", 11.0, 12.0, **kw)
+
+
+def test_bench_preset_is_twelve_runs_of_a_million_requests_without_itl():
+    from capplan.synth.config import preset
+    from capplan.synth.sweep import manifest_for, plan_runs
+
+    cfg = preset("bench")
+    plans = plan_runs(cfg)
+    assert len(plans) == 12 and not cfg.itl
+    assert all(abs(p.duration_s * p.level - 1_000_000) < 1e-6 for p in plans)
+    assert cfg.lengths.kind == "fixed" and int(cfg.lengths.output.median) == 200
+    m = manifest_for(cfg, plans)
+    assert [r["offered_rps"] for r in m["runs"]] == list(cfg.rates)

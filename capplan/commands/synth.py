@@ -37,22 +37,26 @@ def _config(preset_name, config_path, seed, no_itl):
 @click.option("--slo", default=None, help="SLO for --truth, e.g. ttft_ms=2000,tpot_ms=100,attainment=0.99")
 @click.option("--replications", type=int, default=8, show_default=True, help="--truth: runs per rate")
 @click.option("--duration-s", type=float, default=None, help="--truth: run length (default: the config's)")
+@click.option("--capacity-between", "bracket", type=float, nargs=2, default=None,
+              help="--truth: also bisect for the true capacity between LO and HI req/s")
 def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth, rates, slo,
-        replications, duration_s):
+        replications, duration_s, bracket):
     """Simulate a load sweep against LLM-serving replicas and write a study directory.
 
     \b
       capplan synth --preset demo --out data/sample
       capplan synth --config my.yaml --out DIR --seed 7
       capplan synth --truth --preset demo --rate 5 --rate 6 --slo ttft_ms=2000,tpot_ms=100
+      capplan synth --truth --preset demo --slo ttft_ms=2000,tpot_ms=100 --capacity-between 1 12
     """
     cfg = _config(preset_name, config_path, seed, no_itl)
     if truth:
         from ..slo import SLO
         from ..synth.truth import true_attainment
 
-        if not rates:
-            raise SpecError("--truth needs at least one --rate", field="--rate", fix="e.g. --rate 5.5")
+        if not rates and not bracket:
+            raise SpecError("--truth needs --rate R (repeatable) or --capacity-between LO HI", field="--rate",
+                            fix="e.g. --rate 5.5")
         if not slo:
             raise SpecError("--truth needs --slo", field="--slo", fix="e.g. --slo ttft_ms=2000,tpot_ms=100")
         if replications < 1:
@@ -64,6 +68,12 @@ def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth
             t = true_attainment(cfg, r, s, replications=replications, duration_s=duration_s)
             click.echo(f"{r:>11g} {t.attainment:>10.4f} {t.ci_low:>9.4f} {t.ci_high:>9.4f} {t.n_requests:>9d}  "
                        f"{'yes' if t.attainment >= s.attainment else 'no'}")
+        if bracket:
+            from ..synth.truth import true_capacity
+
+            c = true_capacity(cfg, s, bracket[0], bracket[1], replications=replications, duration_s=duration_s)
+            click.echo(f"true capacity: {c.capacity_rps:.3f} req/s (passes at {c.bracket[0]:.3f}, "
+                       f"fails at {c.bracket[1]:.3f}; {len(c.evaluations)} rates simulated)")
         return 0
     if not out:
         raise SpecError("--out DIR is required", field="--out", fix="e.g. --out data/sample")

@@ -95,3 +95,46 @@ def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replic
         h = float("nan")
     return TruthResult(float(rate_rps), str(s), att, max(0.0, att - h), min(1.0, att + h), int(n.sum()),
                        int(g.sum()), k, tuple(float(a) for a in g / np.maximum(n, 1)))
+
+
+@dataclass(frozen=True)
+class CapacityTruth:
+    """The rate where the simulated attainment curve crosses the SLO target (bisection with
+    common random numbers, so the curve being bisected is the same at every step)."""
+
+    slo: str
+    capacity_rps: float
+    bracket: tuple[float, float]  # last passing, first failing rate evaluated
+    evaluations: tuple[TruthResult, ...]
+
+
+def true_capacity(cfg: SynthConfig, slo: SLO | str, lo_rps: float, hi_rps: float, *, tol_rps: float = 0.05,
+                  replications: int = 8, duration_s: float | None = None, warmup_s: float | None = None,
+                  seed: int | None = None) -> CapacityTruth:
+    """Largest rate whose pooled attainment meets ``slo.attainment``, to within ``tol_rps``.
+
+    ``lo_rps`` must pass and ``hi_rps`` must fail; otherwise SpecError says which and what to
+    change. Returns the midpoint of the final bracket."""
+    s = SLO.parse(slo)
+    kw = dict(replications=replications, duration_s=duration_s, warmup_s=warmup_s, seed=seed)
+    if not (0 < lo_rps < hi_rps):
+        raise SpecError("need 0 < lo_rps < hi_rps", field="lo_rps")
+    a = true_attainment(cfg, lo_rps, s, **kw)
+    b = true_attainment(cfg, hi_rps, s, **kw)
+    evals = [a, b]
+    if a.attainment < s.attainment:
+        raise SpecError(f"the low end {lo_rps:g} req/s already misses the SLO (attainment {a.attainment:.4f})",
+                        field="lo_rps", fix="start the bracket at a lower rate")
+    if b.attainment >= s.attainment:
+        raise SpecError(f"the high end {hi_rps:g} req/s still meets the SLO (attainment {b.attainment:.4f})",
+                        field="hi_rps", fix="end the bracket at a higher rate")
+    lo, hi = lo_rps, hi_rps
+    while hi - lo > tol_rps:
+        mid = 0.5 * (lo + hi)
+        m = true_attainment(cfg, mid, s, **kw)
+        evals.append(m)
+        if m.attainment >= s.attainment:
+            lo = mid
+        else:
+            hi = mid
+    return CapacityTruth(str(s), 0.5 * (lo + hi), (lo, hi), tuple(evals))
