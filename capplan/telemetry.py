@@ -150,7 +150,8 @@ class _Nvml:
             raise TelemetryError("NVIDIA driver found but no GPU is visible",
                                  fix="check CUDA_VISIBLE_DEVICES / container GPU access")
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        self.unsupported: set[str] = set()
+        self.unsupported: set[str] = set()  # "field" (device info) or "field (GPU i)"
+        self._skip: set[tuple[int, str]] = set()
         self.read_errors = 0
 
     def close(self):
@@ -159,13 +160,15 @@ class _Nvml:
         except Exception:  # noqa: BLE001 - shutting down a driver that is already gone
             pass
 
-    def _try(self, name: str, fn, *args):
+    def _try(self, name: str, fn, *args, gpu: int | None = None):
         nv = self.nv
         try:
             return fn(*args)
         except nv.NVMLError as exc:
             if getattr(exc, "value", None) == nv.NVML_ERROR_NOT_SUPPORTED:
-                self.unsupported.add(name)
+                self.unsupported.add(name if gpu is None else f"{name} (GPU {gpu})")
+                if gpu is not None:
+                    self._skip.add((gpu, name))
             else:
                 self.read_errors += 1
             return None
@@ -188,13 +191,16 @@ class _Nvml:
     def sample(self, i: int) -> tuple:
         """(power_w, energy_mj, gpu_util_pct, mem_used_bytes, sm_clock_mhz) of GPU i; None where
         the GPU does not support a field (asked once, then skipped) or a read failed."""
-        nv, h, skip = self.nv, self.handles[i], self.unsupported
-        p = None if "power_w" in skip else self._try("power_w", nv.nvmlDeviceGetPowerUsage, h)
-        e = None if "energy_mj" in skip else self._try("energy_mj", nv.nvmlDeviceGetTotalEnergyConsumption, h)
-        u = None if "gpu_util_pct" in skip else self._try("gpu_util_pct", nv.nvmlDeviceGetUtilizationRates, h)
-        m = None if "mem_used_bytes" in skip else self._try("mem_used_bytes", nv.nvmlDeviceGetMemoryInfo, h)
-        c = None if "sm_clock_mhz" in skip else self._try("sm_clock_mhz", nv.nvmlDeviceGetClockInfo, h,
-                                                          nv.NVML_CLOCK_SM)
+        nv, h = self.nv, self.handles[i]
+
+        def get(name, fn, *args):
+            return None if (i, name) in self._skip else self._try(name, fn, h, *args, gpu=i)
+
+        p = get("power_w", nv.nvmlDeviceGetPowerUsage)
+        e = get("energy_mj", nv.nvmlDeviceGetTotalEnergyConsumption)
+        u = get("gpu_util_pct", nv.nvmlDeviceGetUtilizationRates)
+        m = get("mem_used_bytes", nv.nvmlDeviceGetMemoryInfo)
+        c = get("sm_clock_mhz", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)
         return (None if p is None else float(p) / 1000.0, None if e is None else float(e),
                 None if u is None else float(u.gpu), None if m is None else int(m.used),
                 None if c is None else float(c))

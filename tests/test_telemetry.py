@@ -103,7 +103,8 @@ def test_samples_every_gpu_on_a_drift_free_grid(monkeypatch):
     assert rows[0]["energy_mj"] == 1_000_050.0 and rows[1]["energy_mj"] is None
     assert rows[0]["gpu_util_pct"] == 40.0 and rows[0]["mem_used_bytes"] == 2**30
     assert rows[0]["sm_clock_mhz"] == 1980.0 and rows[0]["run_id"] == "r1" and rows[0]["host"] == "h1"
-    assert rec.unsupported == ("energy_mj",)  # said, not hidden
+    assert rec.unsupported == ("energy_mj (GPU 1)",)  # said, not hidden
+    assert rows[-2]["energy_mj"] == 1_000_050.0 + 100 * 50.0  # GPU 0 keeps its counter
     assert rec.gpus[1].name == "NVIDIA H200 #1" and rec.gpus[0].power_limit_w == 700.0
     assert rec.gpus[0].memory_total_bytes == 80 * 2**30 and rec.driver_version == "560.35.03"
     assert fake.shutdown
@@ -154,10 +155,10 @@ def test_cli_duration_writes_parquet_and_sidecar(monkeypatch, tmp_path, capsys):
     assert t.num_rows == 2 * 6 and set(t.column("run_id").to_pylist()) == {"r7"}
     side = yaml.safe_load(sidecar_path(out).read_text())
     assert side["gpus"][0]["name"] == "NVIDIA H200 #0" and side["gpus"][0]["power_limit_w"] == 700.0
-    assert side["driver_version"] == "560.35.03" and side["unsupported_fields"] == ["energy_mj"]
+    assert side["driver_version"] == "560.35.03" and side["unsupported_fields"] == ["energy_mj (GPU 1)"]
     assert side["rows"] == 12 and side["stop_reason"] == "duration reached"
     assert read_metadata(out) == side
-    assert "power W: min" in text and "not supported by this GPU/driver (left empty): energy_mj" in text
+    assert "power W: min" in text and "not supported by this GPU/driver (left empty): energy_mj (GPU 1)" in text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
