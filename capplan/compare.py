@@ -646,13 +646,12 @@ def _check_workload(b: _Side, c: _Side, pairs: list[tuple[str, str]], rules: Wor
                                      f"{fb['cv']:.2f} vs {fc['cv']:.2f} (Poisson ≈ 1, "
                                      "constant ≈ 0)"))
     if probs:
-        head = Problem("baseline and candidate do not offer the same workload; they are not put "
-                       "side by side", file=f"{b.study.root} vs {c.study.root}",
-                       fix="replay the same trace (same rates, requests, token lengths and arrival "
-                           "process) on both systems; tolerances: gates.yaml 'workload:'",
-                       code="workload_differs")
-        raise StudyError(problems=[head, *[Problem(f"  {p.message}", code="workload_differs")
-                                           for p in probs]])
+        lines = "\n".join(f"    - {p.message}" for p in probs)
+        raise StudyError(problems=[Problem(
+            "baseline and candidate do not offer the same workload; they are not put side by "
+            f"side:\n{lines}", file=f"{b.study.root} vs {c.study.root}",
+            fix="replay the same trace (same rates, requests, token lengths and arrival process) "
+                "on both systems; tolerances: gates.yaml 'workload:'", code="workload_differs")])
 
 
 def _pairing(b: _Side, c: _Side, pairs: list[tuple[str, str]], mode: str) -> tuple[bool, pd.DataFrame]:

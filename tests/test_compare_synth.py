@@ -39,10 +39,11 @@ def make_trace(n: int = 4000, rate_rps: float = 20.0, seed: int = 0, *, long_fra
     }
 
 
-def serve(trace: dict, seed: int, *, long_slow: float = 1.0, speed: float = 1.0,
-          error_rate: float = 0.002, reject_rate: float = 0.0, noise_sd: float = 0.3) -> dict:
+def serve(trace: dict, seed: int, *, long_slow: float = 1.0, short_slow: float = 1.0,
+          speed: float = 1.0, error_rate: float = 0.0005, reject_rate: float = 0.0,
+          noise_sd: float = 0.3) -> dict:
     """Per-request outcomes. TTFT = (40 + 0.06·input) ms × congestion^1.5 × lognormal noise,
-    × ``long_slow`` for long prompts, × ``speed`` everywhere; congestion = arrivals in the last
+    × ``long_slow`` for long prompts (``short_slow`` for the others), × ``speed`` everywhere; congestion = arrivals in the last
     2 s over the mean (a property of the trace)."""
     rng = np.random.default_rng(seed)
     t = trace["t_s"]
@@ -52,7 +53,7 @@ def serve(trace: dict, seed: int, *, long_slow: float = 1.0, speed: float = 1.0,
     cong = np.clip(cnt / (2.0 * rate), 0.3, 3.0)
     inp = trace["input_tokens"]
     ttft_ms = (40.0 + 0.06 * inp) * cong ** 1.5 * np.exp(rng.normal(0.0, noise_sd, n)) * speed
-    ttft_ms = ttft_ms * np.where(inp >= LONG_INPUT, long_slow, 1.0)
+    ttft_ms = ttft_ms * np.where(inp >= LONG_INPUT, long_slow, short_slow)
     tpot_ms = 15.0 * np.sqrt(cong) * np.exp(rng.normal(0.0, 0.15, n)) * speed
     u = rng.random(n)
     status = np.where(u < reject_rate, "rejected",
