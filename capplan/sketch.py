@@ -22,6 +22,9 @@ import numpy as np
 DEFAULT_ALPHA = 0.005
 #: values below this (ms) share the lowest bucket (ln of 0 or a negative is undefined)
 MIN_VALUE = 1e-3
+#: keys are ceil(ln x / ln γ − KEY_EPS): a value exactly on a bucket edge γ^k (up to rounding
+#: of ln) lands in bucket k in numpy and SQL alike
+KEY_EPS = 1e-9
 
 
 def gamma_of(alpha: float = DEFAULT_ALPHA) -> float:
@@ -34,12 +37,12 @@ def gamma_of(alpha: float = DEFAULT_ALPHA) -> float:
 def keys(x, alpha: float = DEFAULT_ALPHA) -> np.ndarray:
     """Bucket key ceil(ln x / ln γ) of each value (values below MIN_VALUE are clamped)."""
     x = np.maximum(np.asarray(x, dtype=np.float64), MIN_VALUE)
-    return np.ceil(np.log(x) / math.log(gamma_of(alpha))).astype(np.int64)
+    return np.ceil(np.log(x) / math.log(gamma_of(alpha)) - KEY_EPS).astype(np.int64)
 
 
 def key_sql(column: str) -> str:
     """SQL for the bucket key of ``column``; ``?`` is bound to ln γ. Same clamp as ``keys``."""
-    return f"CAST(ceil(ln(greatest({column}, {MIN_VALUE!r})) / ?) AS BIGINT)"
+    return f"CAST(ceil(ln(greatest({column}, {MIN_VALUE!r})) / ? - {KEY_EPS!r}) AS BIGINT)"
 
 
 def bucket_value(k, alpha: float = DEFAULT_ALPHA) -> np.ndarray:

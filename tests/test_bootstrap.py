@@ -1,0 +1,172 @@
+"""Block bootstrap engine against the reference (``arch.bootstrap``, a test-only dependency)
+and against exact computations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from arch.bootstrap import CircularBlockBootstrap, StationaryBootstrap, optimal_block_length
+from scipy import signal
+
+from capplan import bootstrap as B
+from capplan import sketch
+from capplan.envelope import fit_envelope
+from capplan.io import manifest_dict, write_study
+
+
+def ar1(n, phi, seed):
+    rng = np.random.default_rng(seed)
+    z = signal.lfilter([1.0], [1.0, -phi], rng.standard_normal(n) * math.sqrt(1 - phi**2))
+    return z
+
+
+@pytest.mark.parametrize("n,phi,thr", [(60, 0.5, 0.0), (500, 0.9, 1.0), (5000, 0.95, 1.5),
+                                       (20000, 0.0, 1.0), (3000, 0.7, -2.0)])
+def test_politis_white_equals_arch(n, phi, thr):
+    x = (ar1(n, phi, n) > thr).astype(float)  # the 0/1 indicator series
+    ref = optimal_block_length(x)
+    got = B.optimal_block_length(x)
+    assert got.stationary == pytest.approx(ref["stationary"].iloc[0], rel=1e-9)
+    assert got.circular == pytest.approx(ref["circular"].iloc[0], rel=1e-9)
+
+
+def test_politis_white_constant_series_is_one():
+    assert B.optimal_block_length(np.ones(1000)) == B.BlockLength(1.0, 1.0)
+
+
+def test_autocovariances_by_fft_equal_direct():
+    x = ar1(300, 0.6, 3)
+    e = x - x.mean()
+    direct = [e[k:] @ e[: x.size - k] / x.size for k in range(20)]
+    assert B.autocovariances(x, 19) == pytest.approx(direct, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("scheme,cls", [("circular", CircularBlockBootstrap),
+                                        ("stationary", StationaryBootstrap)])
+def test_replicates_identical_to_arch(scheme, cls):
+    x = (ar1(700, 0.8, 5) < 1.2).astype(float)
+    reps, b = 120, 9
+    ref = cls(b, x, seed=np.random.default_rng(11)).apply(np.mean, reps).ravel()
+    R = B.resample(x.size, b, reps, np.random.default_rng(11), scheme)
+    assert np.array_equal(R.sums(x) / x.size, ref) or np.allclose(R.sums(x) / x.size, ref,
+                                                                  rtol=0, atol=1e-15)
+    C = B.block_counts(x.size, b, reps, np.random.default_rng(11), scheme)
+    assert np.array_equal(C, R.counts())
+    assert C.dtype == np.float64 and np.all(C.sum(axis=1) == x.size)
+
+
+def test_block_sums_equal_count_matrix_products():
+    rng = np.random.default_rng(0)
+    V = rng.random((257, 6))
+    for scheme in ("circular", "stationary", "iid"):
+        R = B.resample(257, 5.5, 40, 3, scheme)
+        C = R.counts()
+        assert R.sums(V) == pytest.approx(C @ V)
+        assert R.sums(V, chunk=50) == pytest.approx(C @ V)
+        assert B.ratio_replicates(R, V[:, 0], V[:, 1]) == pytest.approx(
+            B.ratio_replicates(C, V[:, 0], V[:, 1]))
+
+
+def test_count_matrix_exact_above_2_pow_24():
+    # float32 cannot hold 2^24 + 1; our counts and sums stay float64 by default
+    R = B.resample(4, 1, 2, 0, "circular")
+    v = np.full(4, 2.0**24 + 1)
+    assert np.all(R.sums(v) == 4 * (2.0**24 + 1))
+    assert R.counts().dtype == np.float64
+
+
+def test_attainment_ci_equals_arch_end_to_end(tmp_path):
+    """Oracle (issue 4): the per-run attainment CI of fit_envelope equals arch's
+    CircularBlockBootstrap percentile CI with the same block length and the same draws."""
+    n, reps, seed, b = 900, 300, 7, 12
+    z = ar1(n, 0.9, 42)
+    ttft = 800 * np.exp(0.6 * z)
+    sched = (np.arange(n) * 2.5e8).astype(np.int64)
+    ev = pd.DataFrame({
+        "run_id": "r0", "request_id": [f"q{i}" for i in range(n)], "scheduled_ns": sched,
+        "sent_ns": sched, "first_token_ns": sched + (ttft * 1e6).astype(np.int64),
+        "last_token_ns": sched + (ttft * 1e6).astype(np.int64) + 10**9,
+        "input_tokens": 10, "output_tokens": 20, "status": "ok"})
+    path = write_study(tmp_path / "s", manifest_dict("o", [{"run_id": "r0", "offered_rps": 4.0,
+                                                              "warmup_s": 0.0}]), ev)
+    env = fit_envelope(path, "ttft_ms=1000,attainment=0.9", reps=reps, seed=seed, block_len=b)
+    row = env.runs.iloc[0]
+    assert row["unit_size"] == 1
+    good = (np.rint(ttft * 1e6) / 1e6 <= 1000).astype(float)  # ns-rounded, as stored
+    assert row["n_good"] == good.sum()
+    # the run's stream is default_rng([seed, run_index])
+    bs = CircularBlockBootstrap(b, good, seed=np.random.default_rng([seed, 0]))
+    lo, hi = bs.conf_int(np.mean, reps, method="percentile").ravel()
+    assert row["att_ci_low"] == pytest.approx(lo, abs=1e-12)
+    assert row["att_ci_high"] == pytest.approx(hi, abs=1e-12)
+    # and with Politis–White chosen automatically, b is arch's optimal_block_length
+    env2 = fit_envelope(path, "ttft_ms=1000,attainment=0.9", reps=50, seed=seed)
+    assert env2.runs.iloc[0]["block_len"] == pytest.approx(
+        optimal_block_length(good)["circular"].iloc[0])
+
+
+def test_histogram_p99_ci_close_to_exact():
+    """Oracle (issue 4): p99 CI read from per-unit log-bucket histograms is within 0.2 % of
+    the exact CI computed from the raw values with the very same replicates."""
+    n, units, reps = 60_000, 600, 200
+    x = 400 * np.exp(0.5 * ar1(n, 0.95, 9))
+    s = n // units
+    unit = np.arange(n) // s
+    # per-unit histograms (tail above the 95th percentile, plus a below count)
+    k = sketch.keys(x)
+    k_lo = int(np.quantile(k, 0.95, method="inverted_cdf"))
+    k_hi = int(k.max())
+    H = np.zeros((units, k_hi - k_lo + 1))
+    tail = k >= k_lo
+    np.add.at(H, (unit[tail], k[tail] - k_lo), 1.0)
+    below = np.bincount(unit, minlength=units) - H.sum(axis=1)
+    R = B.resample(units, 8, reps, np.random.default_rng(1), "circular")
+    q_hist = B.quantile_replicates(R, H, k_lo, 0.99, below=below)
+    # exact: weighted inverse-CDF p99 of the raw values with each unit's replicate count
+    C = R.counts()
+    order = np.argsort(x)
+    W = C[:, unit[order]]
+    cw = np.cumsum(W, axis=1)
+    idx = (cw < 0.99 * cw[:, -1:]).sum(axis=1)
+    q_exact = x[order][idx]
+    lo_h, hi_h = B.percentile_ci(q_hist)
+    lo_e, hi_e = B.percentile_ci(q_exact)
+    assert lo_h == pytest.approx(lo_e, rel=2e-3)
+    assert hi_h == pytest.approx(hi_e, rel=2e-3)
+
+
+def test_clopper_pearson_closed_forms():
+    # zero failures: lower = (α/2)^(1/n); zero successes: upper = 1 − (α/2)^(1/n)
+    lo, hi = B.clopper_pearson(1000, 1000, 0.95)
+    assert lo == pytest.approx(0.025 ** (1 / 1000)) and hi == 1.0
+    lo, hi = B.clopper_pearson(0, 100, 0.95)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 100))
+    # rule of three, one-sided 95 %: 1 − 0.05^(1/n) ≈ 3/n
+    lo1, _ = B.clopper_pearson(300, 300, 0.90)
+    assert 1 - lo1 == pytest.approx(3 / 300, rel=0.02)
+
+
+def test_design_effect_and_n_eff():
+    assert B.design_effect(0.09 / 100, 0.9, 100) == pytest.approx(1.0)
+    assert B.design_effect(5 * 0.09 / 100, 0.9, 100) == pytest.approx(5.0)
+    assert math.isnan(B.design_effect(0.0, 1.0, 100))
+    assert B.n_effective(1000, 4.0) == 250.0
+    assert B.n_effective(1000, 0.5) == 1000.0  # never inflates the sample
+    assert B.n_effective(1000, math.nan) == 1000.0
+
+
+def test_percentile_ci_and_lower_bound_match_numpy():
+    v = np.arange(1001, dtype=float)
+    assert B.percentile_ci(v, 0.9) == pytest.approx((50.0, 950.0))
+    assert B.lower_bound(v, 0.95) == pytest.approx(50.0)
+
+
+def test_seed_reproducible_and_schemes_checked():
+    a = B.resample(100, 4, 10, 5).counts()
+    b = B.resample(100, 4, 10, 5).counts()
+    assert np.array_equal(a, b)
+    with pytest.raises(ValueError):
+        B.resample(100, 4, 10, 5, "bogus")
