@@ -947,7 +947,7 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
 
 
 def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=None, facts=None,
-              forecast=None) -> Plan:
+              forecast=None, gpus_per_group: int | None = None) -> Plan:
     """Build the plan. ``capacity``: req/s per replica group (number or CapacityInfo);
     otherwise from ``envelope`` or a fit on ``study``. ``facts`` (``cost.study_facts``) and
     ``forecast`` (``forecast.forecast_peaks``) may be passed precomputed so repeated calls
@@ -958,7 +958,11 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     C = cap.rps_per_group
     notes: list[str] = [f"C_SLO: {n}" for n in cap.notes]
 
-    g = _gpus_per_group(spec, study)
+    g = _gpus_per_group(spec, study) if gpus_per_group is None or study is not None else int(gpus_per_group)
+    if spec.group.gpus is not None and study is None and gpus_per_group is not None and spec.group.gpus != g:
+        raise SpecError(f"replica_group says {spec.group.gpus} GPUs per replica but the capacity was measured "
+                        f"with {g}", field="replica_group.gpus_per_replica",
+                        fix="remove gpus_per_replica/tp/pp from the spec or plan with a matching study")
     n_node = spec.group.gpus_per_node
     if g > n_node and g % n_node:
         notes.append(f"a group of {g} GPUs spans {-(-g // n_node)} nodes of {n_node} GPUs and leaves "
@@ -1013,6 +1017,30 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     assumptions = _assumptions(ctx, mean_to_peak_default, notes)
     return Plan(spec=spec, capacity=cap, items=tuple(items), checks=tuple(checks), quarters=tuple(quarters),
                 assumptions=tuple(assumptions), notes=tuple(dict.fromkeys(notes)), slo=slo, forecast=forecast)
+
+
+def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, slo=None) -> dict:
+    """The slow parts of a plan done once (C_SLO fit, study facts, demand forecast), returned as
+    keyword arguments for :func:`make_plan`, so a what-if panel re-plans in about a millisecond::
+
+        pre = prepare_plan(spec, study=study)
+        make_plan(spec.with_(peak_rps=500, pue=1.4), **pre)
+
+    ``capacity`` stays fixed across calls (pass ``capacity=`` explicitly to move it)."""
+    spec = load_plan_spec(spec)
+    slo = SLO.parse(slo) if slo is not None else spec.slo
+    cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
+    facts = K.study_facts(study, slo) if study is not None and slo is not None else None
+    fc = None
+    d = spec.demand
+    if d.history:
+        from .forecast import forecast_peaks_from_file
+
+        fc = forecast_peaks_from_file(d.history, time_column=d.history_time_column,
+                                      rate_column=d.history_rate_column, horizon_quarters=d.horizon_quarters,
+                                      interval=d.interval)
+    gpus = _gpus_per_group(spec, study)
+    return {"capacity": cap, "facts": facts, "forecast": fc, "slo": slo, "gpus_per_group": gpus}
 
 
 @dataclass(frozen=True)
@@ -1256,8 +1284,9 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
                                     f"{D:.4g} req/s{at}", (N - L) * C >= D * (1 - _EPS)))
     lost = L + r
     out.append(Check("rollout",
-                     f"during the worst rollout step ({r} group(s) out of service"
-                     + (f", while {what}" if what else "")
+                     f"during the worst rollout step ({r} group(s) out of service; max surge {roll.max_surge}, "
+                     f"max unavailable {roll.max_unavailable}, canary {roll.canary_groups}"
+                     + (f"; while {what}" if what else "")
                      + f"), capacity {(N - lost) * C:.4g} req/s ≥ planned peak {D:.4g} req/s{at}",
                      (N - lost) * C >= D * (1 - _EPS)))
     bT = auto.burst_growth_rps_per_s * auto.ready_s

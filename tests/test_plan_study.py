@@ -155,3 +155,45 @@ def test_cli_plan_fits_the_envelope(sweep_dir, tmp_path, capsys):
     items = pd.read_csv(out / "line_items.csv", encoding="utf-8-sig").set_index("Key")["Value"]
     assert float(items["traffic_groups"]) == -(-20.0 // env.cslo.lower_bound)
     assert "[ok] the study's C_SLO is bracketed" in captured.out
+
+
+def test_prepare_plan_makes_what_if_fast(study_dir):
+    import time
+
+    from capplan.plan import prepare_plan
+
+    study = open_study(study_dir)
+    spec = load_plan_spec({"slo": SLO, "demand": {"peak_rps": 6.0}, "failure": {"policy": "none"},
+                           "capacity": {"source": "number", "rps_per_group": 3.0},
+                           "prices": {"usd_per_gpu_hour": 2.0, "usd_per_kwh": 0.1}})
+    pre = prepare_plan(spec, study=study)
+    base = make_plan(spec, study=study)
+    fast = make_plan(spec, **pre)
+    assert fast.to_frame().equals(base.to_frame())
+    t0 = time.perf_counter()
+    for peak in (4.0, 6.0, 8.0, 10.0, 12.0):
+        p = make_plan(spec.with_(peak_rps=peak, pue=1.5), **pre)
+    assert (time.perf_counter() - t0) / 5 < 0.02
+    assert p.value("total_groups") == 4 and p.value("good_fraction") == pytest.approx(0.7)
+
+
+def test_demo_study_with_the_template(tmp_path, capsys):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "data" / "sample" / "study.yaml").is_file():
+        pytest.skip("bundled demo study not generated yet")
+    out = tmp_path / "demo"
+    rc = main(["plan", str(root / "data" / "sample"), "--spec", str(root / "templates" / "plan.yaml"),
+               "--out", str(out), "--time", "2026-01-01T00:00:00+00:00"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "Line items:" in captured.out and "Checks:" in captured.out
+    import openpyxl
+
+    wb = openpyxl.load_workbook(out / "plan.xlsx")
+    assert {"Summary", "Plan line items", "Assumptions", "Capacity with CI", "Cost by quarter",
+            "Provenance"} <= set(wb.sheetnames)
+    items = {r[5]: r[1] for r in list(wb["Plan line items"].iter_rows(values_only=True))[1:]}
+    assert items["total_groups"] >= items["traffic_groups"] >= 1
+    assert items["energy_wh_per_good_request"] > 0  # the demo has resources/ power samples
