@@ -560,3 +560,25 @@ def test_guidellm_sampled_request_lists_are_flagged():
     assert run["guidellm_requests_made"] == 100
     assert any("kept only 8 of the 100 requests" in w for w in res.warnings)
     assert not any("kept only" in w for w in res.warnings if "poisson@4" in w)
+
+
+def test_guidellm_real_sweep_keeps_every_request(tmp_path):
+    """A real `--profile sweep`: synchronous (one request, cancelled), throughput (everything
+    due at once), and two constant rates. Nothing is dropped; closed runs sit at their
+    completion rate."""
+    path = FIX / "guidellm" / "sweep_v2.json.gz"
+    src = _json(path)
+    res, study = _study(tmp_path, "auto", path)
+    runs = {r["run_id"]: r for r in res.manifest["runs"]}
+    assert list(runs) == ["synchronous-c1", "throughput-c512", "constant@5.5", "constant@11"]
+    counts = _counts(study)
+    for b, rid in zip(src["benchmarks"], runs):
+        n = sum(len(b["requests"][k]) for k in ("successful", "errored", "incomplete"))
+        assert sum(counts[rid].values()) == n
+        if b["config"]["strategy"]["type_"] in ("synchronous", "throughput"):
+            assert runs[rid]["offered_rps"] == pytest.approx(n / b["duration"], rel=1e-6)
+            assert runs[rid]["offered_rps_from"] == "duration_s"
+        else:
+            assert runs[rid]["nominal_rps"] == b["config"]["strategy"]["rate"]
+    assert runs["throughput-c512"]["concurrency"] == 512
+    assert counts["synchronous-c1"] == {"cancelled": 1}

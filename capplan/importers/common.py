@@ -288,10 +288,10 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
                 entry["measured_rps"] = round(rate, 6)
         else:
             if rate is None:
-                rate = r.nominal_rps
-            if rate is None:
-                warnings.append(f"run {r.run_id}: fewer than 2 requests and no nominal rate; skipped")
-                continue
+                rate, how = _fallback_rate(r)
+                entry["offered_rps_from"] = how
+                warnings.append(f"run {r.run_id}: intended starts give no rate (all at once, or "
+                                f"one request); offered rate {fmt_rate(rate)} rps taken from {how}")
             entry["offered_rps"] = round(rate, 6)
             if r.concurrency is not None:
                 entry["concurrency"] = int(r.concurrency)
@@ -332,6 +332,29 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
                              load_model=load_model, **top)
     events = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     return ImportResult(tool=tool, manifest=manifest, events=events, warnings=tuple(warnings))
+
+
+def _fallback_rate(r: RunData) -> tuple[float, str]:
+    """An open-loop x position for a run whose intended starts span no time (a GuideLLM
+    throughput benchmark sends everything at once; a synchronous one may hold one request):
+    the send rate, else requests / duration, else requests / time to the last event. A closed
+    run's arrival rate is its completion rate, so it takes requests / duration first."""
+    if r.nominal_rps is not None:
+        return r.nominal_rps, "nominal_rps"
+    if r.concurrency is not None and r.duration_s:
+        return r.n / r.duration_s, "duration_s"
+    rate = measured_rps(r.columns.get("sent_ns") or [])
+    if rate is not None:
+        return rate, "sent_ns"
+    if r.duration_s:
+        return r.n / r.duration_s, "duration_s"
+    ends = [v for k in ("last_token_ns", "first_token_ns", "sent_ns")
+            for v in r.columns.get(k) or [] if v is not None and v > 0]
+    if ends:
+        return r.n * C.NS_PER_S / max(ends), "last event"
+    raise StudyError(f"run {r.run_id}: cannot place this run on the rate axis (no time span, "
+                     "no duration, no nominal rate)", file=r.source,
+                     fix="import it on its own (closed loop) or give the tool's duration")
 
 
 def _table(cols: dict, run: RunData) -> pa.Table:
