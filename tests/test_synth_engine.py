@@ -162,3 +162,43 @@ def test_gamma_bursts_hurt_attainment_at_the_same_rate():
     a = np.mean([_attainment(_frame(simulate_level(base, 5.0, seed_key=(k,)))) for k in range(3)])
     b = np.mean([_attainment(_frame(simulate_level(bursty, 5.0, seed_key=(k,)))) for k in range(3)])
     assert b < a - 0.05, (a, b)
+
+
+def test_single_sequence_replica_is_an_md1_queue():
+    """max_batch 1 and fixed lengths make each request a deterministic service D with FIFO
+    queueing: the mean wait must match Pollaczek–Khinchine, W = ρD / (2(1 − ρ))."""
+    sm = ServiceModel((1, 2), (20.0, 20.0), 0.1, 0.0)
+    inp, out = 200, 11
+    D = (20.0 + 0.1 * inp + (out - 1) * 20.0) / 1e3  # s
+    rho = 0.7
+    n = 40_000
+    sched, i, o = _fixed_open(n, rho / D, inp, out, seed=3)
+    p = ReplicaParams(max_batch=1, token_budget=512, kv_blocks=1000, max_model_len=1024, queue_limit=None,
+                      service=sm)
+    res = simulate(sched_ns=sched, input_tokens=i, output_tokens=o, n_replicas=1, params=p,
+                   timeout_s=1e6, end_s=1e7)
+    d = _frame(res)
+    assert (d.status == "ok").all()
+    wait = ((d.admitted_ns - d.scheduled_ns) / 1e9).to_numpy()
+    w_theory = rho * D / (2 * (1 - rho))
+    assert abs(wait[1000:].mean() - w_theory) / w_theory < 0.08, (wait.mean(), w_theory)
+    e2e = ((d.last_token_ns - d.admitted_ns) / 1e9).to_numpy()
+    assert np.allclose(e2e, D, atol=2e-6)  # service is exactly D (µs-rounded steps)
+    ttft = ((d.first_token_ns - d.admitted_ns) / 1e6).to_numpy()
+    assert np.allclose(ttft, 20.0 + 0.1 * inp, atol=1e-3)
+
+
+def test_closed_loop_obeys_littles_law():
+    rng = np.random.default_rng(9)
+
+    def draw(n):
+        return (rng.integers(100, 900, n), rng.integers(20, 300, n), np.zeros(n, np.int64))
+
+    p = ReplicaParams(max_batch=64, token_budget=1024, kv_blocks=8000, max_model_len=4096, service=SM)
+    users = 12
+    res = simulate(closed=ClosedLoop(users, 300.0), draw=draw, n_replicas=2, params=p, timeout_s=60.0, end_s=400.0)
+    d = _frame(res)
+    w = d[(d.scheduled_ns >= 30e9) & (d.scheduled_ns < 270e9)]
+    throughput = len(w) / 240.0
+    e2e = ((w.last_token_ns - w.scheduled_ns) / 1e9).mean()
+    assert abs(throughput * e2e - users) / users < 0.05, throughput * e2e
