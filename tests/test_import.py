@@ -582,3 +582,31 @@ def test_guidellm_real_sweep_keeps_every_request(tmp_path):
             assert runs[rid]["nominal_rps"] == b["config"]["strategy"]["rate"]
     assert runs["throughput-c512"]["concurrency"] == 512
     assert counts["synchronous-c1"] == {"cancelled": 1}
+
+
+def test_aiperf_older_record_schema(tmp_path):
+    """AIPerf before 0.13: metadata.timestamp_ns (send) and credit_phase; warm-up excluded."""
+    d = tmp_path / "rate_3.0"
+    d.mkdir()
+    recs = _aiperf_records("3.0")
+    lines = []
+    for i, r in enumerate(recs):
+        md = r["metadata"]
+        old = {"timestamp_ns": md["request_start_ns"], "worker_id": md["worker_id"],
+               "credit_phase": "warmup" if i < 2 else "profiling",
+               "x_request_id": md["x_request_id"]}
+        lines.append(json.dumps({"metadata": old, "metrics": r["metrics"], **(
+            {"error": r["error"]} if r.get("error") else {})}))
+    (d / "profile_export.jsonl").write_text("\n".join(lines) + "\n")
+    res = import_paths("auto", [d])
+    run = res.manifest["runs"][0]
+    assert run["run_id"] == "rate_3.0" and run["excluded_warmup_requests"] == 2
+    assert res.events.num_rows == len(recs) - 2
+    ev = {r["request_id"]: r for r in res.events.to_pylist()}
+    t0 = min(r["metadata"]["request_start_ns"] for r in recs[2:])
+    for r in recs[2:]:
+        e = ev[r["metadata"]["x_request_id"]]
+        assert e["scheduled_ns"] == e["sent_ns"] == r["metadata"]["request_start_ns"] - t0
+        if not r.get("error"):
+            assert (e["first_token_ns"] - e["sent_ns"]) / 1e6 == pytest.approx(
+                r["metrics"]["time_to_first_token"]["value"], abs=US_MS)
