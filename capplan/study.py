@@ -232,13 +232,15 @@ def _events_select(present: set[str]) -> str:
 
 
 def connect(threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """A private in-memory DuckDB connection (spills to a temp dir for big studies)."""
+    """A private in-memory DuckDB connection (spills to a temp dir for big studies). DuckDB's
+    own terminal progress bar is off: it would scribble over CLI output and notebook cells."""
     config = {}
     if threads:
         config["threads"] = int(threads)
     if memory_limit:
         config["memory_limit"] = memory_limit
     con = duckdb.connect(database=":memory:", config=config)
+    con.execute("SET enable_progress_bar = false")
     return con
 
 
