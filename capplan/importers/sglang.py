@@ -35,8 +35,7 @@ def parse(paths: list[str]) -> list[RunData]:
             raise StudyError(f"no .jsonl files found; expected {EXPECTED}", file=str(pp))
         for f in files:
             for i, obj in enumerate(load_jsonl(f, EXPECTED), 1):
-                run = parse_result(obj, f, require_start_times=False, expected=EXPECTED,
-                                   where=f"line {i}: ")
+                run = parse_result(obj, f, expected=EXPECTED, where=f"line {i}: ")
                 run.timestamps = "none"
                 run.arrival = "unknown"
                 run.extra["scheduled_ns_synthetic"] = True

@@ -36,22 +36,14 @@ def parse(paths: list[str]) -> list[RunData]:
         files.extend(sorted(x for x in pp.glob("*.json")) if pp.is_dir() else [pp])
     if not files:
         raise StudyError(f"no JSON files found; expected {EXPECTED}", file=", ".join(paths))
-    return [parse_file(f, require_start_times=False) for f in files]
+    return [parse_result(load_json(f, EXPECTED), f) for f in files]
 
 
-def parse_file(path: Path, *, require_start_times: bool) -> RunData:
-    """One vLLM result file → one run."""
-    return parse_result(load_json(path, EXPECTED), path, require_start_times=require_start_times)
-
-
-def parse_result(obj, path: Path, *, require_start_times: bool, expected: str = EXPECTED,
-                 where: str = "") -> RunData:
+def parse_result(obj, path: Path, *, expected: str = EXPECTED, where: str = "") -> RunData:
     """A vLLM-style result mapping → one run (SGLang's lines share it but lack start_times)."""
     if not isinstance(obj, dict):
         raise StudyError(f"{where}expected {expected}, got a JSON {type(obj).__name__}", file=str(path))
     missing = [k for k in ARRAYS if k not in obj]
-    if require_start_times and "start_times" not in obj:
-        missing.append("start_times")
     if missing:
         hint = " (saved without --save-detailed?)" if "ttfts" in missing else ""
         raise StudyError(f"{where}missing per-request field(s) {', '.join(missing)}{hint}; "
@@ -70,6 +62,10 @@ def parse_result(obj, path: Path, *, require_start_times: bool, expected: str = 
             raise StudyError(f"'{k}' has {len(v) if isinstance(v, list) else 'no'} entries but "
                              f"'input_lens' has {n}; the arrays must be index-aligned",
                              file=str(path), column=k)
+    if starts is not None and not all(isinstance(x, (int, float)) for x in starts):
+        raise StudyError(f"{where}'start_times' must hold numbers (perf-counter seconds)",
+                         file=str(path), column="start_times",
+                         example=str([x for x in starts if not isinstance(x, (int, float))][:1]))
     rate = parse_rate(obj.get("request_rate"))
     synthetic = starts is None
     if synthetic:  # SGLang: order and send times unknown; spread evenly at the nominal rate
