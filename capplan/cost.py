@@ -265,9 +265,11 @@ def _run_energy(study, per_run: dict, notes: list[str]) -> dict:
     if "run_id" not in cols:
         notes.append("resources/ samples have no run_id column: energy cannot be attributed to runs")
         return {}
+    host = "coalesce(CAST(host AS VARCHAR), '')" if "host" in cols else "''"
+    # one GPU = (host, gpu_index): several hosts each have a GPU 0
     samples = study.sql(
-        "SELECT run_id, gpu_index, t_ns, power_w FROM resources "
-        "WHERE run_id IS NOT NULL AND power_w IS NOT NULL ORDER BY run_id, gpu_index, t_ns"
+        f"SELECT run_id, dense_rank() OVER (ORDER BY {host}, gpu_index) AS gpu_key, t_ns, power_w "
+        "FROM resources WHERE run_id IS NOT NULL AND power_w IS NOT NULL ORDER BY run_id, gpu_key, t_ns"
     ).fetchnumpy()
     out = {}
     run_ids = samples["run_id"]
@@ -278,7 +280,7 @@ def _run_energy(study, per_run: dict, notes: list[str]) -> dict:
             continue
         t = np.asarray(samples["t_ns"][sel], dtype=np.int64)
         p = np.asarray(samples["power_w"][sel], dtype=np.float64)
-        g = np.asarray(samples["gpu_index"][sel], dtype=np.int64)
+        g = np.asarray(samples["gpu_key"][sel], dtype=np.int64)
         w0, w1 = r["w0"], r["w1"]
         overlaps = (w0 is not None and w1 is not None and t.min() < w1 and t.max() > w0)
         if overlaps:

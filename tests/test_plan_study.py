@@ -32,12 +32,14 @@ def _events():
 
 
 def _power():
-    # two GPUs per run, one sample per second over the run's 0–10 s window (event clock)
+    # two GPUs per run, one sample per second over the run's 0–10 s window (event clock);
+    # r2's GPUs are GPU 0 of two hosts (must not be merged), r4's are GPUs 0 and 1 of one host
     rows = []
-    for run, watts in (("r2", 100.0), ("r4", 200.0)):
-        for gpu in (0, 1):
+    for run, watts, gpus in (("r2", 100.0, (("h0", 0), ("h1", 0))), ("r4", 200.0, (("h0", 0), ("h0", 1)))):
+        for host, gpu in gpus:
             for s in range(11):
-                rows.append({"t_ns": s * 1_000_000_000, "gpu_index": gpu, "power_w": watts, "run_id": run})
+                rows.append({"t_ns": s * 1_000_000_000, "gpu_index": gpu, "power_w": watts, "run_id": run,
+                             "host": host})
     return pd.DataFrame(rows)
 
 
@@ -65,7 +67,7 @@ def test_study_facts_per_level(study_dir):
     # 2 GPUs × 100 W × 10 s = 2 000 J over 8 good requests; 2 × 200 × 10 = 4 000 J over 6
     assert lv2.energy_j == pytest.approx(2000.0) and lv2.energy_j_per_good_request == pytest.approx(250.0)
     assert lv4.energy_j_per_good_request == pytest.approx(4000.0 / 6)
-    assert lv2.mean_power_w_per_gpu == pytest.approx(100.0)
+    assert lv2.mean_power_w_per_gpu == pytest.approx(100.0) and lv2.gpu_count == 2
     at3 = facts.at(3.0)
     assert at3.good_fraction == pytest.approx(0.7)
     assert at3.good_output_tokens_per_good_request == pytest.approx(15.0)
