@@ -1,0 +1,378 @@
+"""C_SLO envelope: exact counts, hand-computed crossings, statuses, closed loop, summary
+tables, refits from the block statistics, the SLO surface, figures and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+from scipy import signal, special
+
+from capplan.cli import main
+from capplan.earlystop import n_min
+from capplan.envelope import (STATUS_ABOVE, STATUS_BELOW, STATUS_BRACKETED, _crossing,
+                              fit_envelope, fit_from_stats, fit_summary_table)
+from capplan.errors import SpecError
+from capplan.io import manifest_dict, write_study
+from capplan.reduce import reduce_study
+from capplan.slo import SLO
+
+NS = 1_000_000
+
+
+def sweep_events(levels, n, *, seed=0, base_ms=300.0, slope=0.25, phi=0.9, sigma=0.5,
+                 closed=False, lag_ms=None, prefix="r", tpot_base=20.0):
+    """Small sweep: TTFT = base·exp(σ·AR(1) + slope·level) ms, constant arrivals."""
+    rng = np.random.default_rng(seed)
+    frames, runs = [], []
+    for i, lv in enumerate(levels):
+        rate = lv if not closed else 2.0 * lv
+        sched = (np.arange(n) / rate * 1e9).astype(np.int64)
+        z = signal.lfilter([1.0], [1.0, -phi], rng.standard_normal(n) * math.sqrt(1 - phi**2))
+        ttft = base_ms * np.exp(sigma * z + slope * lv)
+        tpot = tpot_base + lv + rng.gamma(2.0, 1.0, n)
+        out = np.full(n, 21)
+        first = sched + (ttft * NS).astype(np.int64)
+        last = first + (tpot * 20 * NS).astype(np.int64)
+        lag = np.zeros(n) if lag_ms is None or lag_ms.get(i) is None else np.full(n, lag_ms[i])
+        rid = f"{prefix}{i}"
+        frames.append(pd.DataFrame({
+            "run_id": rid, "request_id": [f"{rid}-{j}" for j in range(n)],
+            "scheduled_ns": sched, "sent_ns": sched + (lag * NS).astype(np.int64),
+            "first_token_ns": first, "last_token_ns": last, "input_tokens": 100,
+            "output_tokens": out, "status": "ok"}))
+        key = "concurrency" if closed else "offered_rps"
+        runs.append({"run_id": rid, key: int(lv) if closed else float(lv), "warmup_s": 0.0})
+    return pd.concat(frames, ignore_index=True), runs
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    ev, runs = sweep_events([1, 2, 3, 4, 5, 6], 1500, seed=3)
+    return write_study(tmp_path_factory.mktemp("env") / "s", manifest_dict("sw", runs), ev)
+
+
+@pytest.fixture(scope="module")
+def env(sweep):
+    return fit_envelope(sweep, "ttft_ms=1000,tpot_ms=30,attainment=0.9", reps=200, seed=1)
+
+
+# ------------------------------------------------------------------ exact counts
+
+def test_failures_are_violations_in_the_offered_denominator(make_study):
+    from conftest import ev
+
+    rows = []
+    for j in range(40):
+        t = j * 100.0
+        if j % 10 == 0:
+            rows.append(ev("r1", scheduled_ms=t, ttft_ms=None, e2e_ms=None, status="rejected",
+                           output_tokens=0))
+        elif j % 10 == 1:
+            rows.append(ev("r1", scheduled_ms=t, ttft_ms=500.0, e2e_ms=None, status="timeout"))
+        elif j % 10 == 2:
+            rows.append(ev("r1", scheduled_ms=t, ttft_ms=2500.0, e2e_ms=3000.0))
+        else:
+            rows.append(ev("r1", scheduled_ms=t, ttft_ms=100.0 + j, e2e_ms=900.0))
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "warmup_s": 0.0}])
+    e = fit_envelope(path, "ttft_ms=2000,attainment=0.5", reps=50)
+    r = e.runs.iloc[0]
+    # by hand: 40 offered; 4 rejected + 4 timeouts + 4 slow → 28 good
+    assert r["n"] == 40 and r["n_good"] == 28
+    assert r["attainment"] == pytest.approx(28 / 40)
+    assert r["n_rejected"] == 4 and r["n_timeout"] == 4
+    assert r["measured_rps"] == pytest.approx(10.0)
+    assert r["goodput_rps"] == pytest.approx(10.0 * 28 / 40)
+    assert r["throughput_rps"] == pytest.approx(10.0 * 32 / 40)
+
+
+def test_grid_is_exact_at_the_reduction_slo_and_grid_points(sweep):
+    slo = SLO.parse("ttft_ms=1000,tpot_ms=30,attainment=0.9")
+    st = reduce_study(sweep, slo)
+    h = st.grid_spec.half
+    for r in st.runs:
+        assert r.grid[:, h, h].sum() == r.n_good  # anchor cell = exact SQL predicate
+    # a grid point (TTFT limit = 1000·1.1²) equals a fresh exact reduction at that limit
+    lim = 1000 * 1.1**2
+    st2 = reduce_study(sweep, slo.with_(ttft_ms=lim))
+    for a, b in zip(st.runs, st2.runs):
+        assert a.grid[:, h + 2, h].sum() == b.n_good
+    # TPOT "no limit" column equals the TTFT-only SLO
+    st3 = reduce_study(sweep, "ttft_ms=1000,attainment=0.9")
+    for a, b in zip(st.runs, st3.runs):
+        assert a.grid[:, h, -1].sum() == b.n_good
+
+
+# ------------------------------------------------------------------ crossing, statuses
+
+def test_crossing_on_logit_scale_by_hand():
+    F = np.array([[0.99, 0.95, 0.80]])
+    x = np.array([1.0, 2.0, 3.0])
+    xs, flag, i = _crossing(F, x, 0.9, np.full(3, 1e-9))
+    frac = (special.logit(0.95) - special.logit(0.9)) / (special.logit(0.95) - special.logit(0.8))
+    assert xs[0] == pytest.approx(2.0 + frac)  # 2.4795…
+    assert flag[0] == 0 and i[0] == 1
+    xs, flag, _ = _crossing(np.array([[0.99, 0.98]]), np.array([1.0, 2.0]), 0.9, np.full(2, 1e-9))
+    assert flag[0] == 1 and xs[0] == 2.0
+    xs, flag, _ = _crossing(np.array([[0.5, 0.4]]), np.array([1.0, 2.0]), 0.9, np.full(2, 1e-9))
+    assert flag[0] == -1 and xs[0] == 0.0
+
+
+def test_summary_table_by_hand():
+    df = pd.DataFrame({"offered_rps": [1, 2, 3, 4], "requests": [1000] * 4,
+                       "good_requests": [999, 990, 950, 800]})
+    e = fit_summary_table(df, 0.97, reps=400, seed=0)
+    # monotone already, so the isotonic fit is the data; logit interpolation between 2 and 3
+    frac = (special.logit(0.99) - special.logit(0.97)) / (special.logit(0.99) - special.logit(0.95))
+    assert e.cslo.estimate == pytest.approx(2 + frac)  # 2.678…
+    assert e.cslo.status == STATUS_BRACKETED
+    assert e.iid_assumption and any("iid" in n for n in e.notes)
+    assert e.cslo.ci_low < e.cslo.estimate < e.cslo.ci_high
+    assert e.cslo.ci_low <= e.cslo.lower_bound <= e.cslo.estimate
+    assert e.levels["fitted"].tolist() == pytest.approx([0.999, 0.99, 0.95, 0.8])
+
+
+def test_isotonic_takes_the_first_down_crossing():
+    # raw attainment dips below target at 2 and recovers at 3: decreasing fit pools them,
+    # so C_SLO is below 3 (every lower rate must also pass)
+    df = pd.DataFrame({"rate": [1, 2, 3, 4], "n": [2000] * 4, "good": [1990, 1700, 1820, 1000]})
+    e = fit_summary_table(df, 0.9, reps=300)
+    fit = e.levels["fitted"].to_numpy()
+    assert np.all(np.diff(fit) <= 1e-12)
+    assert fit[1] == pytest.approx(fit[2])
+    assert 1.0 < e.cslo.estimate < 2.0
+
+
+def test_statuses_when_not_bracketed():
+    above = fit_summary_table(pd.DataFrame({"rate": [1, 2, 3], "n": [500] * 3,
+                                            "good": [500, 499, 498]}), 0.95, reps=200)
+    assert above.cslo.status == STATUS_ABOVE
+    assert above.cslo.estimate == 3.0 and above.cslo.ci_high == 3.0
+    assert above.cslo.suggested_rates == (3.75, 4.5, 6.0)
+    below = fit_summary_table(pd.DataFrame({"rate": [2, 4], "n": [500] * 2,
+                                            "good": [300, 100]}), 0.95, reps=200)
+    assert below.cslo.status == STATUS_BELOW
+    assert math.isnan(below.cslo.estimate)
+    assert below.cslo.lower_bound == 0.0 and below.cslo.ci_low == 0.0
+    assert below.cslo.suggested_rates == (0.5, 1.0, 1.5)
+    d = below.to_dict()
+    assert d["cslo"]["estimate"] is None and d["cslo.status"] == STATUS_BELOW
+    json.dumps(d)  # JSON-ready: no NaN
+
+
+def test_zero_failure_run_gets_clopper_pearson_floor():
+    df = pd.DataFrame({"rate": [1, 2, 3], "n": [300, 300, 300], "good": [300, 280, 150]})
+    e = fit_summary_table(df, 0.9, reps=300)
+    r = e.runs.iloc[0]
+    assert r["att_ci_high"] == 1.0
+    assert r["att_ci_low"] == pytest.approx(0.025 ** (1 / 300))  # exact CP bound
+    # the replicates of that level are not all 1.0: the interval cannot collapse
+    assert e.level_replicates[:, 0].std() > 0
+
+
+def test_wide_bracket_suggests_rates():
+    df = pd.DataFrame({"rate": [1, 10], "n": [5000, 5000], "good": [4990, 2000]})
+    e = fit_summary_table(df, 0.95, reps=200)
+    assert e.cslo.status == STATUS_BRACKETED
+    assert len(e.cslo.suggested_rates) == 3
+    assert all(1 < v < 10 for v in e.cslo.suggested_rates)
+
+
+def test_goodput_knee_and_max_goodput_by_hand():
+    df = pd.DataFrame({"rate": [1, 2, 3, 4], "n": [1000] * 4, "good": [1000, 1000, 600, 300]})
+    e = fit_summary_table(df, 0.9, reps=100)
+    assert e.levels["goodput_rps"].tolist() == pytest.approx([1.0, 2.0, 1.8, 1.2])
+    assert e.max_goodput["x"] == 2.0 and e.max_goodput["goodput_rps"] == pytest.approx(2.0)
+    assert e.knee["x"] == 2.0  # ΔG/Δλ = 1, −0.2, −0.6: the first below 0.5 starts at 2
+
+
+def test_summary_table_from_csv_and_cli(tmp_path, capsys):
+    p = tmp_path / "t.csv"
+    pd.DataFrame({"offered_rps": [1, 2, 3], "requests": [800] * 3,
+                  "good_requests": [799, 760, 500]}).to_csv(p, index=False)
+    e = fit_summary_table(p, "ttft_ms=1,attainment=0.93", reps=100)
+    assert e.cslo.status == STATUS_BRACKETED
+    out = tmp_path / "r.json"
+    rc = main(["envelope", str(p), "--slo", "ttft_ms=1000,attainment=0.93", "--reps", "100",
+               "--out", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["cslo"]["estimate"] == pytest.approx(e.cslo.estimate)
+    with pytest.raises(SpecError):
+        fit_summary_table(pd.DataFrame({"rate": [1], "n": [10], "good": [11]}), 0.9)
+
+
+# ------------------------------------------------------------------ study fits
+
+def test_envelope_from_study(env):
+    c = env.cslo
+    assert c.status == STATUS_BRACKETED and not c.closed_loop
+    assert c.ci_low <= c.lower_bound <= c.estimate <= c.ci_high
+    assert 1.0 < c.estimate < 6.0
+    r = env.runs
+    assert list(r["run_id"]) == [f"r{i}" for i in range(6)]
+    assert (r["n"] == 1500).all() and r["usable"].all()
+    assert (r["att_ci_low"] <= r["attainment"]).all() and (r["attainment"] <= r["att_ci_high"]).all()
+    assert (r["design_effect"].dropna() > 1).all()  # AR(1) latents: positively correlated
+    assert (r["n_eff"] <= r["n"]).all()
+    for col in ("ttft_p99_ms", "ttft_p99_ci_low", "ttft_p99_ci_high", "tpot_p50_ms", "e2e_p99_ms",
+                "fitted", "goodput_rps", "throughput_rps", "measured_rps", "early_stop_ok"):
+        assert col in r.columns
+    assert (r["ttft_p99_ci_low"] <= r["ttft_p99_ms"] * 1.01).all()
+    # p99 point estimate within α of the exact quantile of the stored values
+    assert np.all(np.diff(r["ttft_p50_ms"]) > 0)
+    assert set(env.diagnostics["run_id"]) == set(r["run_id"])
+
+
+def test_percentile_point_estimate_vs_exact(sweep, env):
+    import duckdb
+
+    con = duckdb.connect()
+    q = con.execute("SELECT run_id, quantile_disc((first_token_ns - scheduled_ns) / 1e6, 0.99) "
+                    "FROM read_parquet(?) GROUP BY 1 ORDER BY 1",
+                    [str(sweep / "events" / "events.parquet")]).fetchall()
+    exact = dict(q)
+    # an interpolated reading lies in the bucket of the exact order statistic: within γ − 1
+    # (≈ 2α = 1 %) of it
+    for rid, v in zip(env.runs["run_id"], env.runs["ttft_p99_ms"]):
+        assert v == pytest.approx(exact[rid], rel=0.0101)
+
+
+def test_same_seed_same_numbers(sweep, env):
+    again = fit_envelope(sweep, "ttft_ms=1000,tpot_ms=30,attainment=0.9", reps=200, seed=1)
+    assert again.cslo == env.cslo
+    pd.testing.assert_frame_equal(again.runs, env.runs)
+    other = fit_envelope(sweep, "ttft_ms=1000,tpot_ms=30,attainment=0.9", reps=200, seed=2,
+                         stats=env.stats)
+    assert other.cslo.estimate == env.cslo.estimate  # the estimate does not depend on draws
+    assert other.cslo.ci_low != env.cslo.ci_low
+
+
+def test_refit_from_stats(env, sweep):
+    same = env.refit()
+    assert same.cslo == env.cslo
+    t = env.refit(attainment=0.8)
+    direct = fit_from_stats(env.stats, env.slo.with_(attainment=0.8), reps=200, seed=1)
+    assert t.cslo == direct.cslo and t.target == 0.8
+    assert t.cslo.estimate >= env.cslo.estimate  # a looser target never lowers capacity
+    # a TTFT limit on the grid: the refit uses the exact counts of that limit
+    lim = 1000 * 1.1**2
+    rf = env.refit(slo=f"ttft_ms={lim},tpot_ms=30,attainment=0.9")
+    fresh = fit_envelope(sweep, f"ttft_ms={lim},tpot_ms=30,attainment=0.9", reps=200, seed=1)
+    assert rf.runs["n_good"].tolist() == fresh.runs["n_good"].tolist()
+    # off-grid limits snap to the grid, and the result says so
+    off = env.refit(slo="ttft_ms=1180,tpot_ms=30,attainment=0.9")
+    assert off.slo.ttft_ms == pytest.approx(lim)
+    assert any("snapped" in n for n in off.notes)
+    # an E2E limit is not on the grid: the refit re-reduces from the study
+    e2e = env.refit(slo="ttft_ms=1000,tpot_ms=30,e2e_ms=2500,attainment=0.9")
+    assert e2e.slo.e2e_ms == 2500
+    assert (e2e.runs["n_good"] <= env.runs["n_good"]).all()
+
+
+def test_surface(env):
+    s = env.surface(ttft_ms_grid=[500, 1000, 2000], tpot_ms_grid=[30, 60], reps=200)
+    f = s.to_frame()
+    assert len(f) == 6 and {"x_ms", "y_ms", "estimate", "lower_bound", "status"} <= set(f.columns)
+    at = f[(f["x_ms"].round(6) == 1000.0) & (f["y_ms"].round(6) == 30.0)].iloc[0]
+    assert at["estimate"] == pytest.approx(env.cslo.estimate)
+    # looser TTFT limit → capacity does not fall (estimates; NaN = below min tested)
+    for y in f["y_ms"].unique():
+        v = f[f["y_ms"] == y].sort_values("x_ms")["estimate"].fillna(0).to_numpy()
+        assert np.all(np.diff(v) >= -1e-9)
+    assert isinstance(s.figure(), go.Figure)
+
+
+def test_figures(env):
+    fig = env.figure()
+    assert isinstance(fig, go.Figure) and len(fig.data) >= 3
+    g = env.goodput_figure()
+    assert isinstance(g, go.Figure) and len(g.data) >= 2
+    assert "C_SLO" in json.dumps(fig.to_plotly_json(), default=str)
+
+
+def test_closed_loop(tmp_path):
+    ev, runs = sweep_events([1, 2, 4, 8], 1200, seed=5, closed=True, slope=0.3, phi=0.5)
+    path = write_study(tmp_path / "c", manifest_dict("cl", runs, load_model="closed"), ev)
+    e = fit_envelope(path, "ttft_ms=1500,attainment=0.9", reps=150)
+    c = e.cslo
+    assert c.closed_loop and c.unit == "req/s"
+    lv = e.levels
+    passing = lv[lv["fitted"] >= 0.9]
+    top = passing.iloc[-1]
+    # capacity = achieved goodput rate at the highest passing concurrency
+    assert c.load_at_capacity == top["x"]
+    assert c.estimate == pytest.approx(top["goodput_rps"])
+    assert c.lower_bound <= c.estimate
+    assert "closed loop" in e.x_label or e.x_label == "concurrency"
+
+
+def test_repeats_are_pooled_per_level(tmp_path):
+    ev1, runs1 = sweep_events([1, 2, 3], 600, seed=1, prefix="a")
+    ev2, runs2 = sweep_events([1, 2, 3], 600, seed=2, prefix="b")
+    for r in runs2:
+        r["repeat"] = 1
+    path = write_study(tmp_path / "rep", manifest_dict("rp", runs1 + runs2),
+                       pd.concat([ev1, ev2]))
+    e = fit_envelope(path, "ttft_ms=600,attainment=0.9", reps=100)
+    assert len(e.runs) == 6 and len(e.levels) == 3
+    assert (e.levels["n"] == 1200).all()
+    pooled = e.runs.groupby("load_level")["n_good"].sum() / 1200
+    assert e.levels["attainment"].tolist() == pytest.approx(pooled.tolist())
+
+
+def test_unusable_run_is_excluded_with_reason(tmp_path):
+    ev, runs = sweep_events([1, 2, 3, 4], 800, seed=7, lag_ms={3: 400.0})
+    path = write_study(tmp_path / "lag", manifest_dict("lg", runs), ev)
+    e = fit_envelope(path, "ttft_ms=1000,attainment=0.9", reps=100)
+    bad = e.runs.set_index("run_id").loc["r3"]
+    assert not bad["usable"] and "generator lag" in bad["reason"]
+    assert math.isnan(bad["fitted"])
+    assert any("r3 excluded" in n for n in e.notes)
+    assert len(e.levels) == 3
+
+
+def test_early_stopping_check(make_study):
+    from conftest import ev
+
+    rows = [ev("r1", scheduled_ms=i * 50.0, ttft_ms=100.0) for i in range(100)]
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 20.0, "warmup_s": 0.0}])
+    e = fit_envelope(path, "ttft_ms=2000,attainment=0.99", reps=50)
+    r = e.runs.iloc[0]
+    assert r["early_stop_n_min"] == n_min(0.99, 0, 0.99) == 459
+    assert not r["early_stop_ok"]
+    assert r["ci_floor"] == "clopper-pearson" and r["att_ci_high"] == 1.0
+
+
+# ------------------------------------------------------------------ CLI
+
+def test_cli_json_keys(sweep, tmp_path, capsys):
+    out = tmp_path / "res.json"
+    rc = main(["envelope", str(sweep), "--slo", "ttft_ms=1000,tpot_ms=30,attainment=0.9",
+               "--reps", "100", "--seed", "3", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "C_SLO estimate" in text and "lower bound" in text and "diagnostics" in text
+    d = json.loads(out.read_text())
+    for k in ("estimate", "ci_low", "ci_high", "lower_bound", "status"):
+        assert k in d["cslo"] and f"cslo.{k}" in d
+    assert d["cslo"]["status"] == STATUS_BRACKETED
+    assert d["cslo"]["ci_low"] <= d["cslo"]["estimate"] <= d["cslo"]["ci_high"]
+    assert len(d["runs"]) == 6 and "attainment" in d["runs"][0]
+    assert len(d["diagnostics"]) == 6 and "usable" in d["diagnostics"][0]
+    assert d["settings"]["seed"] == 3
+    rc = main(["envelope", str(sweep), "--slo", "ttft_ms=1000,tpot_ms=30,attainment=0.9",
+               "--reps", "100", "--seed", "3", "--scheme", "stationary"])
+    assert rc == 0
+
+
+def test_cli_bad_input_exits_2(sweep, tmp_path, capsys):
+    assert main(["envelope", str(sweep), "--slo", "ttft_ms=abc"]) == 2
+    assert "ERROR" in capsys.readouterr().err
+    assert main(["envelope", str(sweep), "--slo", "attainment=0.9"]) == 2
+    assert main(["envelope", str(sweep), "--slo", "ttft_ms=1000", "--confidence", "3"]) == 2
+    assert main(["envelope", str(tmp_path / "nope"), "--slo", "ttft_ms=1000"]) == 2
