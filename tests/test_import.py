@@ -610,3 +610,20 @@ def test_aiperf_older_record_schema(tmp_path):
         if not r.get("error"):
             assert (e["first_token_ns"] - e["sent_ns"]) / 1e6 == pytest.approx(
                 r["metrics"]["time_to_first_token"]["value"], abs=US_MS)
+
+
+def test_guidellm_quirks_shared_path_workers_short_runs(tmp_path):
+    # real output: the 2 and 4 rps benchmarks share one rate-scaled arrival path
+    res = import_paths("auto", [GL_POISSON])
+    runs = {r["run_id"]: r for r in res.manifest["runs"]}
+    assert runs["poisson@4"]["guidellm_same_arrival_path_as"] == "poisson@2"
+    assert "guidellm_same_arrival_path_as" not in runs["poisson@2"]
+    assert any("3 of 3 runs last under 60 s" in w for w in res.warnings)
+    # several worker processes on a Poisson benchmark: warned
+    src = _json(GL_POISSON)
+    src["benchmarks"][0]["config"]["strategy"]["worker_count"] = 4
+    f = tmp_path / "workers.json"
+    f.write_text(json.dumps(src))
+    res = import_paths("guidellm", [f])
+    flagged = [w for w in res.warnings if "worker processes" in w]
+    assert len(flagged) == 1 and flagged[0].startswith("run poisson@2:")

@@ -28,6 +28,8 @@ TIME_COLUMNS = ("scheduled_ns", "sent_ns", "first_token_ns", "last_token_ns", "a
 
 #: GuideLLM 0.8.1 start-up burst: targeted_start below this is a relative number, not epoch s
 EPOCH_S_MIN = 1e9
+#: runs shorter than this (tens of seconds on an idle server) overstate capacity near saturation
+SHORT_RUN_S = 60.0
 
 
 @dataclass
@@ -272,6 +274,7 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
     closed = [r for r in runs if r.concurrency is not None and r.nominal_rps is None]
     load_model = C.LoadModel.CLOSED.value if len(closed) == len(runs) else C.LoadModel.OPEN.value
     manifest_runs = []
+    kept: list[RunData] = []
     parts: list[pa.Table] = []
     for r in runs:
         if r.n == 0:
@@ -316,9 +319,15 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
         entry["source"] = r.source
         entry.update(r.extra)
         manifest_runs.append(entry)
+        kept.append(r)
         cols = dict(r.columns)
         cols["run_id"] = [r.run_id] * r.n
         parts.append(_table(cols, r))
+    short = [e["run_id"] for e, p in zip(manifest_runs, kept) if _span_s(p) < SHORT_RUN_S]
+    if short:
+        warnings.append(f"{len(short)} of {len(manifest_runs)} runs last under {SHORT_RUN_S:g} s "
+                        f"({', '.join(short[:6])}{', …' if len(short) > 6 else ''}): short runs "
+                        "started on an idle server overstate capacity near saturation")
     if not manifest_runs:
         raise StudyError(f"no usable runs in the {tool} input (every run was empty)",
                          file=runs[0].source)
@@ -332,6 +341,14 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
                              load_model=load_model, **top)
     events = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     return ImportResult(tool=tool, manifest=manifest, events=events, warnings=tuple(warnings))
+
+
+def _span_s(r: RunData) -> float:
+    """How long a run lasted: the tool's duration, else its span of intended starts."""
+    if r.duration_s:
+        return float(r.duration_s)
+    s = [v for v in r.columns["scheduled_ns"] if v is not None]
+    return (max(s) - min(s)) / C.NS_PER_S if s else 0.0
 
 
 def _fallback_rate(r: RunData) -> tuple[float, str]:

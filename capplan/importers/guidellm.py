@@ -46,9 +46,34 @@ def parse(paths: list[str]) -> list[RunData]:
                              fix="pass the file written by `guidellm run --output kind=json,...`")
         version = format_version(obj)
         parse_bench = _bench_v2 if version >= 2 else _bench_v1
-        for i, bench in enumerate(obj["benchmarks"]):
-            runs.append(parse_bench(bench, i, str(path), version))
+        file_runs = [parse_bench(bench, i, str(path), version)
+                     for i, bench in enumerate(obj["benchmarks"])]
+        _flag_shared_arrival_path(file_runs)
+        runs.extend(file_runs)
     return runs
+
+
+def _unit_gaps(run: RunData, k: int = 20) -> list[float]:
+    """The first k inter-arrival gaps scaled by the nominal rate (unit-rate arrival path)."""
+    s = sorted(run.columns["scheduled_ns"])
+    return [(b - a) * run.nominal_rps / C.NS_PER_S for a, b in zip(s, s[1:])][:k]
+
+
+def _flag_shared_arrival_path(runs: list[RunData], min_gaps: int = 5, rtol: float = 1e-3) -> None:
+    """GuideLLM reuses one random arrival path for every rate: the rates of a sweep are then not
+    independent samples. Detected as identical rate-scaled gap sequences between benchmarks."""
+    paths = [(r, _unit_gaps(r)) for r in runs if r.nominal_rps and r.arrival == "poisson"]
+    for j, (r, g) in enumerate(paths):
+        for q, h in paths[:j]:
+            m = min(len(g), len(h))
+            if m >= min_gaps and all(abs(a - b) <= rtol * max(abs(a), abs(b), 1e-9)
+                                     for a, b in zip(g[:m], h[:m])):
+                r.extra["guidellm_same_arrival_path_as"] = q.run_id
+                r.warnings.append(
+                    f"same random arrival path as run {q.run_id} (rate-scaled gaps identical): "
+                    "GuideLLM reuses one path for every rate, so the rates are not independent "
+                    "samples and their errors are correlated")
+                break
 
 
 def _strategy(strategy: dict) -> tuple[str, float | None, int | None, str]:
