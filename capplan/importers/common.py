@@ -13,7 +13,7 @@ import gzip
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -263,6 +263,9 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
     if not runs:
         raise StudyError(f"no runs found in the {tool} input", fix="pass the tool's result file(s)")
     warnings: list[str] = []
+    # work on copies: the caller's RunData stay as parsed
+    runs = [replace(r, columns=dict(r.columns), extra=dict(r.extra), warnings=list(r.warnings))
+            for r in runs]
     ids = [r.run_id for r in runs]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:  # several files with the same label (e.g. two vLLM files at one rate)
