@@ -1,0 +1,149 @@
+"""Diagnostics: MSER-5 on a known warm-up, trend flag, Little's law, verdicts, and the
+diagnostics as fit_envelope applies them to a study."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from capplan import diagnostics as dg
+from capplan.envelope import fit_envelope
+from capplan.io import manifest_dict, write_study
+
+
+def test_mser5_finds_a_known_warmup():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.full(200, 10.0), 1.0 + 0.1 * rng.standard_normal(1800)])
+    r = dg.mser5(x)
+    assert r.index == 200 and r.batches == 40 and not r.in_second_half
+
+
+def test_mser5_by_hand_small():
+    # batches of 5: means [9, 1, 1, 1]; cutting the first batch leaves zero spread
+    x = [9] * 5 + [1] * 15
+    r = dg.mser5(x)
+    assert r.index == 5 and r.statistic == 0.0
+    # no warm-up in a flat series with noise
+    r = dg.mser5(np.random.default_rng(1).standard_normal(1000))
+    assert r.index < 500
+
+
+def test_mser_flags_a_series_that_never_settles():
+    x = np.linspace(0, 10, 1000) ** 2
+    assert dg.mser5(x).in_second_half
+
+
+def test_trend_test():
+    rng = np.random.default_rng(2)
+    flat = 100 + rng.standard_normal(20)
+    assert not dg.trend_test(flat).trending
+    rising = 100 + 5 * np.arange(20) + rng.standard_normal(20)
+    t = dg.trend_test(rising)
+    assert t.trending and t.p_value < 1e-6
+    assert t.rel_increase == pytest.approx(95 / np.mean(rising), rel=0.05)
+    # significant but tiny: not flagged (size matters too)
+    tiny = 100 + 0.01 * np.arange(20)
+    assert not dg.trend_test(tiny + 1e-4 * rng.standard_normal(20)).trending
+
+
+def test_batch_means_weighted_by_hand():
+    v = [1.0, 3.0, 5.0, 7.0]
+    w = [1.0, 1.0, 2.0, 2.0]
+    assert dg.batch_means(v, w, 2).tolist() == [2.0, 6.0]
+    # NaN means (no TTFT in a unit) are skipped
+    assert dg.batch_means([1.0, np.nan, 3.0], [1, 1, 1], 1).tolist() == [2.0]
+
+
+def test_littles_law_by_hand():
+    assert dg.littles_ratio(5.0, 10.0, 0.5) == 1.0
+    assert dg.littles_ratio(4.0, 10.0, 0.5) == pytest.approx(0.8)
+    assert math.isnan(dg.littles_ratio(1.0, 0.0, 1.0))
+
+
+def _verdict(**kw):
+    base = dict(run_id="r", n=1000, warmup_s=0.0, warmup_source="manifest",
+                mser_second_half=False, measured_rps=10.0, nominal_rps=10.0,
+                gen_lag_p99_ms=1.0, littles=1.0,
+                trend_all=dg.TrendResult(0, 1, 0, False), trend_end=dg.TrendResult(0, 1, 0, False))
+    base.update(kw)
+    return dg.run_diagnostics(**base)
+
+
+def test_verdicts():
+    assert _verdict().usable
+    v = _verdict(gen_lag_p99_ms=200.0)
+    assert not v.usable and "coordinated omission" in v.reason
+    v = _verdict(duplicates=3)
+    assert not v.usable and "duplicated" in v.reason
+    v = _verdict(mser_second_half=True)
+    assert not v.usable and "MSER" in v.reason
+    # an overloaded run is kept (it fails the SLO, which is the truth at that rate), flagged
+    over = dg.TrendResult(1.0, 1e-9, 2.0, True)
+    v = _verdict(mser_second_half=True, trend_all=over, trend_end=over)
+    assert v.usable and v.overloaded and v.too_short and "overloaded" in v.warnings
+    v = _verdict(measured_rps=8.0)
+    assert v.usable and "nominal" in v.warnings and v.rate_ratio == pytest.approx(0.8)
+    v = _verdict(littles=1.5)
+    assert v.usable and "Little" in v.warnings
+    v = _verdict(n=5)
+    assert not v.usable and "only 5 requests" in v.reason
+
+
+def _run_frame(rid, n, rate, ttft_ms, *, seed=0, lag_ms=0.0):
+    sched = (np.arange(n) / rate * 1e9).astype(np.int64)
+    first = sched + (np.asarray(ttft_ms) * 1e6).astype(np.int64)
+    return pd.DataFrame({
+        "run_id": rid, "request_id": [f"{rid}-{i}" for i in range(n)], "scheduled_ns": sched,
+        "sent_ns": sched + int(lag_ms * 1e6), "first_token_ns": first,
+        "last_token_ns": first + 500_000_000, "input_tokens": 10, "output_tokens": 11,
+        "status": "ok"})
+
+
+def test_diagnostics_in_a_study(tmp_path):
+    rng = np.random.default_rng(4)
+    n, rate = 2000, 20.0
+    # r0: warm-up for the first 20 s (400 requests) with 5× TTFT, then stationary
+    warm = 300 * np.exp(0.2 * rng.standard_normal(n))
+    warm[:400] *= 5
+    # r1: overloaded, TTFT grows linearly (queue building up)
+    over = 300 + 40 * np.arange(n) / rate
+    # r2: stable
+    stable = 300 * np.exp(0.2 * rng.standard_normal(n))
+    ev = pd.concat([_run_frame("r0", n, rate, warm), _run_frame("r1", n, rate, over),
+                    _run_frame("r2", n, rate, stable)])
+    runs = [{"run_id": "r0", "offered_rps": rate}, {"run_id": "r1", "offered_rps": rate * 1.5,
+                                                     "nominal_rps": rate * 1.5},
+            {"run_id": "r2", "offered_rps": rate, "warmup_s": 3.0}]
+    path = write_study(tmp_path / "d", manifest_dict("dg", runs), ev)
+    e = fit_envelope(path, "ttft_ms=1000,attainment=0.9", reps=50)
+    d = e.diagnostics.set_index("run_id")
+    # MSER-5 on time-bin TTFT means finds the 20 s warm-up (bin width 100 s / 500 = 0.2 s)
+    assert d.loc["r0", "warmup_source"] == "mser5"
+    # (MSER may cut a little more of the stationary part, never less of the warm-up)
+    w = d.loc["r0", "warmup_s"]
+    assert 20.0 - 0.2 <= w <= 30.0
+    sched_s = np.arange(n) / rate
+    assert e.runs.set_index("run_id").loc["r0", "n"] == int(np.sum(sched_s >= w - 1e-9))
+    # the manifest's warm-up wins when given
+    assert d.loc["r2", "warmup_source"] == "manifest" and d.loc["r2", "warmup_s"] == 3.0
+    assert e.runs.set_index("run_id").loc["r2", "n"] == n - 60
+    # overload: flagged, kept, no MSER cut; measured rate 20 vs nominal 30 → warning
+    assert d.loc["r1", "overloaded"] and d.loc["r1", "usable"]
+    assert d.loc["r1", "too_short"]
+    assert "nominal" in d.loc["r1", "warnings"]
+    assert d.loc["r1", "warmup_s"] == 0.0
+    # a stable run with all its events obeys Little's law; measured rate from the schedule
+    assert d.loc["r2", "littles_ratio"] == pytest.approx(1.0, abs=0.02)
+    assert d.loc["r2", "measured_rps"] == pytest.approx(rate, rel=1e-3)
+    assert not d.loc["r2", "overloaded"] and d.loc["r2", "usable"]
+    # warmup="none" keeps everything
+    e2 = fit_envelope(path, "ttft_ms=1000,attainment=0.9", reps=50, warmup="none")
+    assert (e2.runs["n"] == n).all()
+
+
+def test_to_frame_has_one_row_per_run():
+    f = dg.to_frame([_verdict(), _verdict(run_id="x")])
+    assert list(f["run_id"]) == ["r", "x"] and "usable" in f.columns
