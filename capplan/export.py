@@ -84,7 +84,8 @@ def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: d
         "quarter": "Quarter", "peak_rps": "Planned peak (req/s)", "forecast_mean_rps": "Forecast mean peak (req/s)",
         "groups": "Replica groups", "gpus": "GPUs", "nodes": "Nodes", "billed_gpus": "Billed GPUs",
         "cost_usd_per_quarter": "Cost (USD/quarter)",
-        "cost_usd_per_1k_good_requests": "Cost per 1 000 SLO-meeting requests (USD)"})
+        "cost_usd_per_1k_good_requests": "Cost per 1 000 SLO-meeting requests (USD)",
+        "forecast_lower_rps": "Forecast interval low (req/s)"})
     prov = [("capplan version", __version__), ("plan", plan.spec.name), ("tenant", plan.spec.tenant),
             ("spec file", plan.spec.source), ("study", plan.capacity.study_name),
             ("study content hash (sha256)", study_hash or plan.capacity.study_hash),

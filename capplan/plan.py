@@ -658,6 +658,7 @@ class QuarterPlan:
     billed_gpus: int
     cost_usd_per_quarter: float
     cost_usd_per_1k_good_requests: float
+    forecast_lower_rps: float | None = None  # lower end of the forecast interval of the peak
 
 
 @dataclass(frozen=True)
@@ -707,9 +708,10 @@ class Plan:
         import pandas as pd
 
         cols = ["quarter", "peak_rps", "forecast_mean_rps", "groups", "gpus", "nodes", "billed_gpus",
-                "cost_usd_per_quarter", "cost_usd_per_1k_good_requests"]
+                "cost_usd_per_quarter", "cost_usd_per_1k_good_requests", "forecast_lower_rps"]
         return pd.DataFrame([[q.label, q.peak_rps, q.forecast_mean_rps, q.groups, q.gpus, q.nodes,
-                              q.billed_gpus, q.cost_usd_per_quarter, q.cost_usd_per_1k_good_requests]
+                              q.billed_gpus, q.cost_usd_per_quarter, q.cost_usd_per_1k_good_requests,
+                              q.forecast_lower_rps]
                              for q in self.quarters], columns=cols)
 
     def assumptions_frame(self):
@@ -987,6 +989,7 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
         q_labels = list(forecast.labels)
         q_peaks = [float(x) for x in forecast.upper]
         q_means = [float(x) for x in forecast.mean]
+        q_lows = [float(x) for x in forecast.lower]
         peak_formula = (f"upper bound of the {d.interval:.0%} forecast interval of the quarter's peak "
                         f"(statsmodels {forecast.model})")
         peak_inputs = {"quarter": q_labels[0], "forecast_mean_rps": q_means[0], "interval": d.interval}
@@ -995,6 +998,7 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
         q_labels = [f"Q{i + 1}" for i in range(d.horizon_quarters)]
         q_peaks = [d.total_peak_rps * (1.0 + d.growth_per_quarter) ** i for i in range(d.horizon_quarters)]
         q_means = [None] * d.horizon_quarters
+        q_lows = [None] * d.horizon_quarters
         if len(d.peak_rps) > 1:
             peak_formula = "Σ class peaks (" + " + ".join(f"{c} {r:g}" for c, r in d.peak_rps) + ")"
             peak_inputs = {f"peak_rps.{c}": r for c, r in d.peak_rps}
@@ -1007,13 +1011,13 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     items, checks, main = _items_for(ctx, q_peaks[0], peak_formula, peak_inputs, notes,
                                      mean_to_peak_default)
     quarters = []
-    for label, peak, mean in zip(q_labels, q_peaks, q_means):
+    for label, peak, mean, low in zip(q_labels, q_peaks, q_means, q_lows):
         s = size(peak * (1 + d.uncertainty), C, spec, g)
         c = _costs(ctx, s, peak, mean_to_peak_default, quiet=True)
         quarters.append(QuarterPlan(label=label, peak_rps=peak, forecast_mean_rps=mean, groups=s.total,
                                     gpus=s.total * g, nodes=s.nodes, billed_gpus=c["billed_gpus"],
                                     cost_usd_per_quarter=c["cost_month"] * K.MONTHS_PER_QUARTER,
-                                    cost_usd_per_1k_good_requests=c["per_1k"]))
+                                    cost_usd_per_1k_good_requests=c["per_1k"], forecast_lower_rps=low))
     assumptions = _assumptions(ctx, mean_to_peak_default, notes)
     return Plan(spec=spec, capacity=cap, items=tuple(items), checks=tuple(checks), quarters=tuple(quarters),
                 assumptions=tuple(assumptions), notes=tuple(dict.fromkeys(notes)), slo=slo, forecast=forecast)

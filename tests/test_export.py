@@ -157,6 +157,17 @@ def test_cli_capacity_only(tmp_path, capsys):
     wb = openpyxl.load_workbook(tmp_path / "o" / "plan.xlsx")
     got = {r[5]: r[1] for r in read_sheet(wb["Plan line items"])[1]}
     assert got["total_groups"] == plan_of().value("total_groups")
+    # --strict: a failed check (too few nodes available) exits 1, files still written
+    assert main(["plan", "--capacity-rps", "50", "--spec", str(spec), "--out", str(tmp_path / "o"), "--strict",
+                 "--time", T]) == 0
+    spec.write_text(yaml.safe_dump({**SPEC, "failure": {"policy": "zone", "zones": 3, "nodes_available": 3}}),
+                    encoding="utf-8")
+    capsys.readouterr()
+    assert main(["plan", "--capacity-rps", "50", "--spec", str(spec), "--out", str(tmp_path / "o2"), "--strict",
+                 "--time", T]) == 1
+    # D = 418 → R = 9; zone: 14 − ⌈14/3⌉ = 9 → 14 groups (5, 5, 4) at 2 per node → 3 + 3 + 2 = 8 nodes
+    assert "[FAIL] planned nodes 8 ≤ nodes available 3" in capsys.readouterr().out
+    assert (tmp_path / "o2" / "plan.xlsx").is_file()
     assert main(["plan", "--capacity-rps", "50", "--spec", str(spec), "--out", str(tmp_path / "o"),
                  "--time", "yesterday"]) == 2
     assert "not an ISO timestamp" in capsys.readouterr().err

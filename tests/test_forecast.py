@@ -77,6 +77,7 @@ def test_plan_per_quarter_uses_the_upper_bound(fc):
     plan = make_plan(spec, capacity=10.0, forecast=fc)
     assert [q.label for q in plan.quarters] == ["2026Q1", "2026Q2"]
     assert [q.peak_rps for q in plan.quarters] == list(fc.upper)
+    assert plan.quarters_frame()["forecast_lower_rps"].tolist() == list(fc.lower)
     assert [q.groups for q in plan.quarters] == [int(np.ceil(u / 10.0)) for u in fc.upper]
     assert plan.value("peak_rps") == fc.upper[0]
     assert "upper bound of the 95% forecast interval" in plan.item("peak_rps").formula

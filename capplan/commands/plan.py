@@ -21,8 +21,9 @@ from ..errors import SpecError
 @click.option("--confidence", type=float, default=None, help="confidence of the C_SLO bound")
 @click.option("--gpus-per-replica", type=int, default=None,
               help="GPUs per replica group (TP × PP) when neither the spec nor a study gives it")
+@click.option("--strict", is_flag=True, help="exit 1 when a plan check fails (files are still written)")
 @click.option("--time", "time_", default=None, help="provenance time (ISO); default now (UTC)")
-def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, time_):
+def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict, time_):
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
     from ..plan import load_plan_spec, make_plan
@@ -50,6 +51,10 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
     path = export_plan(plan, out_dir, time=time_, study_hash=study_hash, parameters=params)
     click.echo(plan.to_text())
     click.echo(f"\nwrote {path}/plan.xlsx and CSV tables")
+    if strict and not plan.ok:
+        click.echo("plan checks failed (--strict): " + "; ".join(c.sentence for c in plan.checks if not c.ok),
+                   err=True)
+        return 1
     return 0
 
 
