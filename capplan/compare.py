@@ -695,7 +695,7 @@ def _pairing(b: _Side, c: _Side, pairs: list[tuple[str, str]], mode: str) -> tup
     return paired, df
 
 
-def _block_grid(b: _Side, c: _Side, slo: SLO, paired: bool) -> pd.DataFrame:
+def _block_grid(b: _Side, c: _Side) -> pd.DataFrame:
     """Per matched run: sub-block width in ns (a quarter of the Politis–White block length of
     the SLO-good 0/1 series, the larger of the two studies, converted to time at the measured
     rate), the number of sub-blocks, and the block length in sub-blocks."""
@@ -813,7 +813,7 @@ def _telemetry(study: Study) -> dict:
     cols = {r[0] for r in study.sql("DESCRIBE resources").fetchall()}
     out = {}
     if "mem_used_bytes" in cols:
-        v = study.sql("SELECT max(mem_used_bytes) FROM resources").fetchone()[0]
+        v = study.sql("SELECT max(mem_used_bytes) FROM resources").fetchall()[0][0]
         if v is not None:
             out["peak_gpu_mem_gib"] = float(v) / BYTES_PER_GIB
     return out
@@ -1156,7 +1156,7 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
     paired, pairing = _pairing(b, c, pairs, g.workload.pairing)
     for side in (b, c):
         _good_series(side, slo)
-    grid = _block_grid(b, c, slo, paired)
+    grid = _block_grid(b, c)
     max_in = int(max(b.tok_hist["input"]["v"].max(), c.tok_hist["input"]["v"].max()))
     max_out = int(max(b.tok_hist["output"]["v"].max() if len(b.tok_hist["output"]) else 1,
                       c.tok_hist["output"]["v"].max() if len(c.tok_hist["output"]) else 1))

@@ -418,3 +418,58 @@ def test_notebook_executes_with_papermill(tmp_path):
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
     text = "".join(str(o.get("data", {}).get("text/markdown", "")) for o in outputs)
     assert "FAIL" in text and "input_tokens" in text
+
+
+# ---------------------------------------------------------------- sweeps with telemetry and cost
+
+def _sweep_study(dest, traces, outcomes, watts: float, name: str, gpus: int = 2):
+    import pyarrow as pa
+
+    from capplan.io import manifest_dict, write_study
+    from test_compare_synth import events_table
+
+    rows = []
+    for tr in traces:
+        t = np.arange(0, tr["scheduled_ns"][-1], 500_000_000)
+        for g in range(gpus):
+            rows.append(pd.DataFrame({"t_ns": t, "gpu_index": g, "power_w": watts,
+                                      "mem_used_bytes": np.int64(40 * 2**30 + g * 2**29),
+                                      "run_id": tr["run_id"][0]}))
+    runs = [{"run_id": str(tr["run_id"][0]), "offered_rps": float(tr["rate_rps"]),
+             "arrival": "poisson"} for tr in traces]
+    events = pa.concat_tables([events_table(tr, o) for tr, o in zip(traces, outcomes)])
+    system = {"gpu": "H100", "gpus_per_replica": gpus, "tp": gpus, "pp": 1, "replicas": 1}
+    return write_study(dest, manifest_dict(name, runs, system=system), events,
+                       resources=pa.Table.from_pandas(pd.concat(rows), preserve_index=False))
+
+
+def test_sweep_with_telemetry_cslo_energy_memory_and_cost(tmp_path):
+    """Three load levels, same trace, 2 GPUs; the candidate draws 330 W instead of 300 W at the
+    same latency model: C_SLO and attainment do not change significantly, energy per
+    SLO-meeting request rises by ≈ 10 % (× good-count ratio) and fails its 10 % gate only if
+    above it; cost per 1 000 good requests follows $/GPU-h ÷ (goodput per GPU × 3.6)."""
+    traces = [make_trace(1200, r, seed=i, run_id=f"r{i}") for i, r in enumerate((10.0, 20.0, 30.0))]
+    outs_b = [serve(tr, 1, speed=tr["rate_rps"] / 15) for tr in traces]
+    outs_c = [serve(tr, 2, speed=tr["rate_rps"] / 15) for tr in traces]
+    pb = _sweep_study(tmp_path / "b", traces, outs_b, 300.0, "b")
+    pc = _sweep_study(tmp_path / "c", traces, outs_c, 330.0, "c")
+    gates = {"cost": {"baseline_usd_per_gpu_hour": 2.0, "candidate_usd_per_gpu_hour": 3.0},
+             "gates": {"peak_gpu_mem_gib": {"max_regression_pct": 10, "enabled": True}}}
+    cmp = compare(pb, pc, SLO_TEXT, gates=gates, reps=200, seed=0)
+    t = cmp.to_frame()
+    all_ = t[t["scope"] == "all"].set_index("metric")
+    assert np.isfinite(all_.loc["cslo_rps", "baseline"]) and all_.loc["cslo_rps", "ci_kind"]
+    assert all_.loc["cslo_rps", "change"] == "no significant change"
+    mem = all_.loc["peak_gpu_mem_gib"]
+    assert mem["baseline"] == pytest.approx(40.5) and mem["verdict"] == "pass"
+    e = all_.loc["energy_j_per_good_request"]
+    good_ratio = (all_.loc["goodput_rps_per_gpu", "baseline"]
+                  / all_.loc["goodput_rps_per_gpu", "candidate"])
+    assert e["candidate"] / e["baseline"] == pytest.approx(1.1 * good_ratio, rel=0.02)
+    for side, price in (("baseline", 2.0), ("candidate", 3.0)):
+        gp = all_.loc["goodput_rps_per_gpu", side]
+        assert all_.loc["cost_usd_per_1k_good", side] == pytest.approx(price / (gp * 3.6))
+    assert all_.loc["cost_usd_per_1k_good", "verdict"] == "FAIL"  # 50 % pricier per good request
+    runs = t[t["scope"].str.startswith("run ")]
+    assert set(runs["metric"]) == {"offered_rps", "attainment"} and len(runs) == 6
+    assert (runs["verdict"] == "info").all()
