@@ -155,3 +155,31 @@ def test_bench_preset_is_twelve_runs_of_a_million_requests_without_itl():
     assert cfg.lengths.kind == "fixed" and int(cfg.lengths.output.median) == 200
     m = manifest_for(cfg, plans)
     assert [r["offered_rps"] for r in m["runs"]] == list(cfg.rates)
+
+
+def test_out_never_replaces_a_folder_that_is_not_a_study(tmp_path, capsys):
+    keep = tmp_path / "work"
+    keep.mkdir()
+    (keep / "precious.txt").write_text("x")
+    assert main(["synth", "--preset", "small", "--out", str(keep), "--no-progress"]) == 2
+    assert "not a capplan study" in capsys.readouterr().err
+    assert (keep / "precious.txt").read_text() == "x"
+
+
+def test_replay_config_runs_the_trace_rows(tmp_path):
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for k in range(60):
+        rows.append(f"2023-11-16 18:17:{k:02d}.5000000,{100 + 10 * k},{5 + k}")
+    rows.append("2023-11-16 18:18:00.5000000,20000,10")  # longer than max_model_len → error
+    (tmp_path / "tr.csv").write_text("\n".join(rows))
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS["small"].items()}
+    raw["workload"] = {"arrival": {"process": "replay", "path": "tr.csv"}}
+    raw["sweep"] = {"rates": [2.0], "duration_s": 30.5, "warmup_s": 0.0}
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(raw))
+    assert main(["synth", "--config", str(cfg_file), "--out", str(tmp_path / "s"), "--no-progress"]) == 0
+    st = open_study(tmp_path / "s")
+    got = st.sql("SELECT input_tokens, output_tokens, status FROM events ORDER BY scheduled_ns, request_id").fetchall()
+    assert len(got) == 61  # 61 rows at 1 req/s in the trace → 30.5 s at 2 req/s
+    assert [(a, b) for a, b, _ in got[:60]] == [(100 + 10 * k, 5 + k) for k in range(60)]
+    assert got[60][2] == "error" and all(s == "ok" for *_, s in got[:60])

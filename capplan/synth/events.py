@@ -15,26 +15,21 @@ from .. import contract as C
 from .engine import ERROR, OK, REJECTED, STATUS_NAMES, SimResult
 
 
-def _iteration_clock(res: SimResult):
-    """Concatenate all replicas' segments into one keyed table (key = base_r + iteration)."""
-    bases, i0s, t0s, steps = [], [], [], []
+def _iteration_clock(res: SimResult) -> tuple[np.ndarray, np.ndarray]:
+    """(base key of each replica, end time of every iteration of all replicas, keyed by
+    base_r + iteration). A replica's segments tile its iterations 0..n−1 in order, so in segment
+    s the end of iteration i is (t0_s + (1 − i0_s)·step_s) + i·step_s."""
+    bases, ends = [], []
     base = 0
     for r in range(len(res.seg_i0)):
+        i0, t0, step, k = res.seg_i0[r], res.seg_t0[r], res.seg_step[r], res.seg_k[r]
+        n_it = int(k.sum())
         bases.append(base)
-        i0s.append(res.seg_i0[r] + base)
-        t0s.append(res.seg_t0[r])
-        steps.append(res.seg_step[r])
-        n_it = int(res.seg_i0[r][-1] + res.seg_k[r][-1]) if len(res.seg_i0[r]) else 0
-        base += n_it + 1
-    return (np.asarray(bases, np.int64), np.concatenate(i0s) if i0s else np.zeros(0, np.int64),
-            np.concatenate(t0s) if t0s else np.zeros(0, np.int64),
-            np.concatenate(steps) if steps else np.zeros(0, np.int64))
-
-
-def _end_time(keys, i0, t0, step):
-    s = np.searchsorted(i0, keys, side="right") - 1
-    return t0[s] + (keys - i0[s] + 1) * step[s]
-
+        if n_it:
+            ends.append(np.repeat(t0 + (1 - i0) * step, k) + np.arange(n_it, dtype=np.int64) * np.repeat(step, k))
+        base += n_it
+    return (np.asarray(bases, np.int64),
+            np.concatenate(ends) if ends else np.zeros(0, np.int64))
 
 
 def token_times(res: SimResult, with_itl: bool = True):
@@ -44,7 +39,7 @@ def token_times(res: SimResult, with_itl: bool = True):
     order = np.argsort(res.stint_rid, kind="stable")
     rid = res.stint_rid[order]
     cnt = res.stint_count[order]
-    bases, i0, t0, step = _iteration_clock(res)
+    bases, iter_end = _iteration_clock(res)
     start = bases[res.stint_rep[order]] + res.stint_first_iter[order]
     n_recv = np.bincount(rid, weights=cnt, minlength=n).astype(np.int64)
     first = np.full(n, -1, np.int64)
@@ -52,15 +47,15 @@ def token_times(res: SimResult, with_itl: bool = True):
     if len(rid):
         is_first = np.r_[True, rid[1:] != rid[:-1]]
         is_last = np.r_[rid[1:] != rid[:-1], True]
-        first[rid[is_first]] = _end_time(start[is_first], i0, t0, step)
-        last[rid[is_last]] = _end_time(start[is_last] + cnt[is_last] - 1, i0, t0, step)
+        first[rid[is_first]] = iter_end[start[is_first]]
+        last[rid[is_last]] = iter_end[start[is_last] + cnt[is_last] - 1]
     if not with_itl:
         return n_recv, first, last, None, None
     total = int(cnt.sum())
     if total:
         cum = np.cumsum(cnt) - cnt
         keys = np.repeat(start - cum, cnt) + np.arange(total, dtype=np.int64)
-        times = _end_time(keys, i0, t0, step)
+        times = iter_end[keys]
         gaps = np.diff(times)
         tok_start = np.cumsum(n_recv) - n_recv  # first token index of each request
         cut = tok_start[(n_recv > 0) & (tok_start > 0)] - 1

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from .. import contract as C
+from ..errors import SpecError
 from ..io import atomic_dir, events_table, manifest_dict
 from . import arrivals as A
 from .config import SynthConfig
@@ -197,6 +198,19 @@ def readme_text(cfg: SynthConfig, plans: tuple[RunPlan, ...], stats: list[dict])
     return "\n".join(lines)
 
 
+def _check_destination(dest: Path) -> None:
+    """The study directory is replaced as a whole, so only an old study (or an empty folder)
+    may stand where it goes — never, say, the repository root after a typo in --out."""
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise SpecError("--out exists and is a file", file=str(dest), field="--out",
+                        fix="choose a new folder for the study")
+    if any(dest.iterdir()) and not (dest / C.MANIFEST_NAME).is_file():
+        raise SpecError("refusing to replace a non-empty folder that is not a capplan study", file=str(dest),
+                        field="--out", fix="choose a new or empty folder (an existing study is replaced)")
+
+
 def generate_study(cfg: SynthConfig, out: str | os.PathLike, *, workers: int | None = None,
                    progress: bool = False, overwrite: bool = True,
                    plans: tuple[RunPlan, ...] | None = None) -> tuple[Path, list[dict]]:
@@ -204,6 +218,7 @@ def generate_study(cfg: SynthConfig, out: str | os.PathLike, *, workers: int | N
     ``out`` atomically (events/<run_id>.parquet, resources/power.parquet, study.yaml).
     Returns (path, per-run stats)."""
     plans = plan_runs(cfg) if plans is None else tuple(plans)
+    _check_destination(Path(out))
     workers = max(1, min(int(workers or min(2, os.cpu_count() or 1)), len(plans)))
     bar = None
     if progress:
