@@ -627,3 +627,23 @@ def test_guidellm_quirks_shared_path_workers_short_runs(tmp_path):
     res = import_paths("guidellm", [f])
     flagged = [w for w in res.warnings if "worker processes" in w]
     assert len(flagged) == 1 and flagged[0].startswith("run poisson@2:")
+
+
+def test_inference_perf_without_stage_files_splits_at_idle_gaps(tmp_path):
+    f = tmp_path / "per_request_lifecycle_metrics.json"
+    f.write_bytes(gzip.open(IPERF / "per_request_lifecycle_metrics.json.gz").read())
+    res = import_paths("inference-perf", [tmp_path])
+    stages = [json.loads((IPERF / f"stage_{k}_lifecycle_metrics.json").read_text()) for k in (0, 1)]
+    counts = res.status_counts()
+    assert [sum(counts[r["run_id"]].values()) for r in res.manifest["runs"]] == \
+        [s["load_summary"]["count"] for s in stages]
+    assert any("recovered from idle gaps" in w for w in res.warnings)
+    assert all("nominal_rps" not in r for r in res.manifest["runs"])
+
+
+def test_model_and_tool_slo_kept_in_manifest():
+    res = import_paths("auto", [GL_POISSON])
+    assert res.manifest["system"]["model"] == "mock-llm"
+    assert res.manifest["runs"][0]["guidellm_slo"] == {"ttft_ms": 2000.0, "tpot_ms": 80.0}
+    res = import_paths("auto", [VLLM])
+    assert res.manifest["system"]["model"] == "meta-llama/Llama-3.1-8B-Instruct"

@@ -181,6 +181,10 @@ def _parse_file(path: Path) -> RunData:
                   if isinstance(ph, dict) and ph.get("kind") == "profiling"]
         if phases and phases[0].get("duration") is not None:
             run.duration_s = float(phases[0]["duration"])
+    if summary:
+        items = ((summary.get("input_config") or {}).get("models") or {}).get("items") or []
+        if items and isinstance(items[0], dict) and items[0].get("name"):
+            run.extra["model"] = str(items[0]["name"])
     if warm:
         run.extra["excluded_warmup_requests"] = warm
     missing = _cancelled_in_log(folder)

@@ -340,6 +340,10 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
         warnings.append("the source has no per-request timestamps: arrival order and times are "
                         "unknown, so only an iid analysis is valid (manifest: timestamps: none)")
     top.update(extra or {})
+    models = {e.get("model") for e in manifest_runs}
+    if system is None and len(models) == 1 and None not in models:
+        system = {"gpu": "unknown", "gpus_per_replica": 1, "tp": 1, "pp": 1, "replicas": 1,
+                  "model": models.pop()}  # hardware is not in any tool's output: fill it in
     manifest = manifest_dict(name, manifest_runs, system=system, workload=workload,
                              load_model=load_model, **top)
     events = pa.concat_tables(parts) if len(parts) > 1 else parts[0]

@@ -48,6 +48,14 @@ def parse(paths: list[str]) -> list[RunData]:
         parse_bench = _bench_v2 if version >= 2 else _bench_v1
         file_runs = [parse_bench(bench, i, str(path), version)
                      for i, bench in enumerate(obj["benchmarks"])]
+        backend = (((obj.get("config") or {}).get("spec") or {}).get("backend") or {})
+        slo = {k: v for k, v in ((obj["benchmarks"][0].get("config") or {}).get("slo") or {}).items()
+               if v is not None} if file_runs else {}
+        for r in file_runs:
+            if backend.get("model"):
+                r.extra["model"] = str(backend["model"])
+            if slo:
+                r.extra["guidellm_slo"] = dict(slo)
         _flag_shared_arrival_path(file_runs)
         runs.extend(file_runs)
     return runs

@@ -111,6 +111,8 @@ def parse_result(obj, path: Path, *, expected: str = EXPECTED, where: str = "") 
         if not str(obj.get("backend", "")).startswith("sglang"):
             run.warnings.append("no 'start_times' in this result (vLLM before per-request start "
                                 "times were saved): arrival times unknown, iid analysis only")
+    if obj.get("model_id"):
+        run.extra["model"] = str(obj["model_id"])
     for k in ("completed", "failed"):
         if obj.get(k) is not None:
             run.extra[f"source_{k}"] = int(obj[k])
