@@ -136,3 +136,17 @@ def test_bad_history_through_cli(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "demand history file not found" in err and "missing.csv" in err
+
+
+def test_monthly_history_with_yearly_season():
+    # 3 years of monthly peaks: trend 2 req/s per month, yearly sine of amplitude 10
+    m = pd.date_range("2022-01-01", periods=36, freq="MS")
+    k = np.arange(36)
+    y = 100 + 2 * k + 10 * np.sin(2 * np.pi * k / 12) + np.random.default_rng(0).normal(0, 1, 36)
+    fc = forecast_peaks(history_series(m, y), horizon_quarters=4, reps=200)
+    assert (fc.freq, fc.seasonal_periods) == ("MS", 12)
+    assert fc.labels == ("2025Q1", "2025Q2", "2025Q3", "2025Q4")
+    assert fc.trend_per_step == pytest.approx(2.0, abs=0.3)
+    # 2025Q1 peak: March 2025 (k = 38) → 100 + 76 + 10·sin(2π·38/12) = 176 + 10 = 186
+    assert fc.point[0] == pytest.approx(186.0, abs=4.0)
+    assert all(lo <= p <= hi for lo, p, hi in zip(fc.lower, fc.point, fc.upper))
