@@ -296,8 +296,9 @@ PRESETS: dict[str, dict] = {
             "replica queues at most 256 requests. Suggested SLO: ttft_ms=2000,tpot_ms=100,attainment=0.99 "
             "— rates up to 5 req/s pass, the 99 % crossing lies between 5 and 6.5 req/s (6 req/s passes "
             "narrowly, 5.5 misses narrowly: sampling noise, which the envelope's isotonic fit and "
-            "bootstrap handle), throughput saturates near 7 req/s, and 10 to 12 req/s is clear overload "
-            "with timeouts and rejections. GPU power samples (a simple utilisation model) are in resources/."),
+            "bootstrap handle); the simulated true capacity of this protocol is about 5.7 req/s "
+            "(capplan synth --truth, 40 runs per rate). Throughput saturates near 7 req/s, and 10 to "
+            "12 req/s is clear overload with timeouts and rejections. GPU power samples (a simple utilisation model) are in resources/."),
         "seed": 20261129,
         "system": _SYSTEM,
         "replica": {"max_batch": 128, "token_budget": 1024, "kv_blocks": 28000, "block_size": 16,
