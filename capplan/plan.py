@@ -1008,12 +1008,12 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
         mean_to_peak_default = None
 
     ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts)
-    items, checks, main = _items_for(ctx, q_peaks[0], peak_formula, peak_inputs, notes,
+    items, checks = _items_for(ctx, q_peaks[0], peak_formula, peak_inputs, notes,
                                      mean_to_peak_default)
     quarters = []
     for label, peak, mean, low in zip(q_labels, q_peaks, q_means, q_lows):
         s = size(peak * (1 + d.uncertainty), C, spec, g)
-        c = _costs(ctx, s, peak, mean_to_peak_default, quiet=True)
+        c = _costs(ctx, s, peak, mean_to_peak_default)
         quarters.append(QuarterPlan(label=label, peak_rps=peak, forecast_mean_rps=mean, groups=s.total,
                                     gpus=s.total * g, nodes=s.nodes, billed_gpus=c["billed_gpus"],
                                     cost_usd_per_quarter=c["cost_month"] * K.MONTHS_PER_QUARTER,
@@ -1077,7 +1077,7 @@ def _slo_text(slo: SLO | None) -> str:
     return f" at {slo.describe()}" if slo is not None else ""
 
 
-def _costs(ctx: _Ctx, s: Sizing, peak: float, mean_to_peak_default, *, quiet: bool) -> dict:
+def _costs(ctx: _Ctx, s: Sizing, peak: float, mean_to_peak_default) -> dict:
     """Cost arithmetic of one sizing (numbers only; the main plan turns them into items)."""
     spec, p = ctx.spec, ctx.spec.prices
     billed = s.nodes * spec.group.gpus_per_node if p.billing == "node" else s.total * ctx.g
@@ -1107,7 +1107,7 @@ def _facts_at(ctx: _Ctx, peak: float, groups: int):
     if ctx.facts is None or not ctx.facts.levels:
         return None
     per_group = peak / groups
-    return ctx.facts.at(per_group * (ctx.cap.study_replicas or ctx.facts.replicas or 1))
+    return ctx.facts.at(per_group * (ctx.facts.replicas or 1))
 
 
 def _good_fraction(ctx: _Ctx, fa) -> tuple[float, str]:
@@ -1201,7 +1201,7 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
     add("headroom_at_peak_rps", "headroom at peak", s.total * C - peak, "req/s", "N·C_SLO − λ_peak",
         {"N·C_SLO": s.total * C, "λ_peak": peak})
 
-    c = _costs(ctx, s, peak, mean_to_peak_default, quiet=False)
+    c = _costs(ctx, s, peak, mean_to_peak_default)
     billed = c["billed_gpus"]
     add("billed_gpus", "billed GPUs", float(billed), "GPUs",
         "nodes × GPUs per node (whole nodes are paid)" if prices.billing == "node" else "N × GPUs per group",
@@ -1257,7 +1257,7 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
 
     # checks
     checks = _checks(ctx, s, peak, D, C, c)
-    return items, checks, s
+    return items, checks
 
 
 def _failure_desc(fail: FailureSpec) -> str:

@@ -199,3 +199,17 @@ def test_demo_study_with_the_template(tmp_path, capsys):
     items = {r[5]: r[1] for r in list(wb["Plan line items"].iter_rows(values_only=True))[1:]}
     assert items["total_groups"] >= items["traffic_groups"] >= 1
     assert items["energy_wh_per_good_request"] > 0  # the demo has resources/ power samples
+
+
+def test_operating_point_in_study_units_with_two_replicas(tmp_path):
+    # the same events measured on a system of 2 replicas: a per-group load of 1.5 req/s is
+    # 3 req/s for the study system (interpolated 0.7), not 1.5 (clamped to the 2 req/s level, 0.8)
+    runs = [{"run_id": "r2", "offered_rps": 2.0}, {"run_id": "r4", "offered_rps": 4.0}]
+    spec = load_plan_spec({"slo": SLO, "demand": {"peak_rps": 3.0}, "failure": {"policy": "none"},
+                           "prices": {"usd_per_gpu_hour": 2.0}})
+    for replicas, want in ((2, 0.7), (1, 0.8)):
+        m = manifest_dict("r", runs, system={"gpu": "H200", "gpus_per_replica": 2, "replicas": replicas})
+        study = open_study(write_study(tmp_path / f"s{replicas}", m, _events()))
+        plan = make_plan(spec, capacity=2.0, study=study)  # 2 groups → 1.5 req/s per group
+        assert plan.value("total_groups") == 2
+        assert plan.value("good_fraction") == pytest.approx(want)
