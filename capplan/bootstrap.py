@@ -225,6 +225,20 @@ class Resample:
         pref = np.zeros((2 * n + 1, k))
         np.cumsum(np.concatenate([v2, v2]), axis=0, out=pref[1:])
         total = pref[n]
+        if self.scheme in ("circular", "iid") and self.reps and self.start.size % self.reps == 0:
+            # regular layout: nb blocks of L units per replicate, the last one cut short
+            nb = self.start.size // self.reps
+            st = self.start.reshape(self.reps, nb)
+            L, last = int(self.length[0]), int(self.length[nb - 1])
+            j = np.arange(n)
+            bs_l = pref[j + L] - pref[j]
+            bs_last = pref[j + last] - pref[j]
+            out = np.empty((self.reps, k))
+            step = max(1, chunk // max(nb * k, 1))
+            for a in range(0, self.reps, step):
+                s_ = st[a: a + step]
+                out[a: a + step] = bs_l[s_[:, :-1]].sum(axis=1) + bs_last[s_[:, -1]]
+            return out[:, 0] if vec else out
         full, part = np.divmod(self.length, n)
         out = np.zeros((self.reps, k))
         step = max(1, chunk // max(k, 1))

@@ -491,7 +491,10 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
         else:
             R = run_resample(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
             gr = R.sums(gu)
-            nr_ = R.sums(r.units["n"])
+            key = ("n_rep", id(R))
+            nr_ = stats._cache.get(key)
+            if nr_ is None:  # SLO-independent: computed once per replicate set
+                nr_ = stats._cache[key] = R.sums(r.units["n"])
         att_rep = gr / nr_
         deff = boot.design_effect(float(np.var(att_rep)), a, n)
         if deff == deff:

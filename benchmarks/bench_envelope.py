@@ -1,0 +1,228 @@
+"""Benchmark: the SLO capacity envelope from parquet (issue 4), side by side with a
+straightforward pandas + ``arch`` circular-block-bootstrap pipeline on the same data.
+
+Builds once (cached under benchmarks/_data/, git-ignored) a sweep of RUNS runs × ROWS requests
+with numpy: constant-rate arrivals at 20·k req/s, TTFT = base·exp(σ·AR(1) + load) (so requests
+are time-correlated), lognormal TPOT, ~0.2 % failures. Then, each in a fresh child process:
+
+  capplan   fit_envelope(study, slo, reps=1000)   open + DuckDB reduction + bootstrap + fit,
+            which also gives per-run p99 CIs of TTFT/TPOT/ITL/E2E and the diagnostics;
+            then re-fits for a changed target and a changed TTFT limit (env.refit), best of 3
+  baseline  pandas.read_parquet → per run: SLO-good 0/1 series in scheduled order,
+            arch.bootstrap.optimal_block_length, CircularBlockBootstrap(b).apply(mean, reps);
+            then the same isotonic fit and logit crossing on the replicates (numpy/scipy).
+            The baseline computes attainment only (no percentile CIs, no diagnostics).
+
+The baseline is slow at full size (arch calls the statistic once per replicate); by default it
+runs on --baseline-runs runs and is scaled linearly to RUNS (stated in the output).
+
+    python benchmarks/bench_envelope.py                          # 12 × 1 M, 1000 reps
+    python benchmarks/bench_envelope.py --rows-per-run 100000 --baseline-runs 2   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SLO_TEXT = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
+
+
+def build_study(dest: Path, runs: int, rows: int, seed: int) -> Path:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+    from scipy import signal
+
+    from capplan import contract as C
+    from capplan.io import manifest_dict
+
+    if (dest / C.MANIFEST_NAME).is_file():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    (tmp / C.EVENTS_DIR).mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    mruns = []
+    for k in range(runs):
+        run_id = f"r{k + 1:02d}"
+        rate = 20.0 * (k + 1)
+        mruns.append({"run_id": run_id, "offered_rps": rate, "arrival": "constant",
+                      "duration_s": round(rows / rate, 3), "warmup_s": 0.0})
+        sched = (np.arange(rows) * (1e9 / rate)).astype(np.int64)
+        phi = 0.98
+        z = signal.lfilter([1.0], [1.0, -phi], rng.standard_normal(rows) * np.sqrt(1 - phi**2))
+        load = (k + 1) / runs
+        ttft_ms = 400 * np.exp(0.45 * z + 2.2 * load**2)
+        tpot_ms = rng.lognormal(np.log(30 * (1 + load)), 0.3, rows)
+        out_tok = np.maximum(2, rng.geometric(1 / 150, rows)).astype(np.int64)
+        first = sched + (ttft_ms * 1e6).astype(np.int64)
+        last = first + (tpot_ms * 1e6 * (out_tok - 1)).astype(np.int64)
+        st = rng.choice(3, rows, p=[0.998, 0.001, 0.001])
+        status = np.array(["ok", "timeout", "rejected"])[st]
+        fail = st != 0
+        tbl = pa.table({
+            "run_id": pa.array(np.full(rows, run_id)),
+            "request_id": pa.array(np.char.add(f"{run_id}-", np.arange(rows).astype("U9"))),
+            "scheduled_ns": sched, "sent_ns": sched,
+            "first_token_ns": pa.array(first, mask=fail),
+            "last_token_ns": pa.array(last, mask=fail),
+            "input_tokens": rng.integers(50, 2000, rows, dtype=np.int64),
+            "output_tokens": np.where(fail, 0, out_tok),
+            "status": pa.array(status),
+        })
+        pq.write_table(tbl, tmp / C.EVENTS_DIR / f"{run_id}.parquet", compression="zstd",
+                       row_group_size=1 << 20)
+    (tmp / C.MANIFEST_NAME).write_text(yaml.safe_dump(manifest_dict("bench-envelope", mruns),
+                                                      sort_keys=False))
+    os.replace(tmp, dest)
+    return dest
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def child_capplan(path: str, reps: int) -> dict:
+    from capplan.envelope import fit_envelope, fit_from_stats
+    from capplan.reduce import reduce_study
+    from capplan.slo import SLO
+    from capplan.study import open_study
+
+    slo = SLO.parse(SLO_TEXT)
+    t0 = time.perf_counter()
+    study = open_study(path)
+    stats = reduce_study(study, slo)
+    t1 = time.perf_counter()
+    env = fit_envelope(study, slo, reps=reps, seed=0, stats=stats)
+    t2 = time.perf_counter()
+    rf_target, rf_ttft = [], []
+    for i in range(3):
+        a = time.perf_counter()
+        env.refit(attainment=0.95 + 0.01 * i)
+        b = time.perf_counter()
+        env.refit(slo=slo.with_(ttft_ms=2000 * 1.1 ** (i + 1)))
+        c = time.perf_counter()
+        rf_target.append(b - a)
+        rf_ttft.append(c - b)
+    return {"reduce_s": t1 - t0, "fit_s": t2 - t1, "total_s": t2 - t0,
+            "refit_target_s": min(rf_target), "refit_ttft_s": min(rf_ttft),
+            "rss_mb": _rss_mb(), "cslo": env.cslo.to_dict(),
+            "n_good": env.runs["n_good"].tolist(), "n": env.runs["n"].tolist(),
+            "block_len": env.runs["block_len"].tolist()}
+
+
+def child_baseline(path: str, reps: int, runs: int) -> dict:
+    import numpy as np
+    import pandas as pd
+    import yaml
+    from arch.bootstrap import CircularBlockBootstrap, optimal_block_length
+    from scipy.optimize import isotonic_regression
+    from scipy.special import logit
+
+    t0 = time.perf_counter()
+    man = yaml.safe_load(open(Path(path) / "study.yaml"))
+    rates, atts, reps_att, n_good = [], [], [], []
+    for r in man["runs"][:runs]:
+        df = pd.read_parquet(Path(path) / "events" / f"{r['run_id']}.parquet",
+                             columns=["scheduled_ns", "first_token_ns", "last_token_ns",
+                                      "output_tokens", "status"])
+        df = df.sort_values("scheduled_ns")
+        ttft = (df["first_token_ns"] - df["scheduled_ns"]) / 1e6
+        tpot = (df["last_token_ns"] - df["first_token_ns"]) / 1e6 / (df["output_tokens"] - 1)
+        good = ((df["status"] == "ok") & df["first_token_ns"].notna() & (ttft <= 2000)
+                & (tpot.isna() | (tpot <= 100))).to_numpy(float)
+        b = float(optimal_block_length(good)["circular"].iloc[0])
+        bs = CircularBlockBootstrap(max(1, int(round(b))), good, seed=0)
+        rep = bs.apply(np.mean, reps).ravel()
+        sched = df["scheduled_ns"].to_numpy()
+        rates.append((len(df) - 1) / ((sched[-1] - sched[0]) / 1e9))
+        atts.append(good.mean())
+        reps_att.append(rep)
+        n_good.append(int(good.sum()))
+    x = np.array(rates)
+    A = np.column_stack(reps_att)
+    w = 1.0 / np.maximum(A.var(axis=0), 1e-12)
+    target = 0.99
+
+    def cross(y):
+        f = isotonic_regression(y, weights=w, increasing=False).x
+        bad = np.nonzero(f < target)[0]
+        if not bad.size:
+            return x[-1]
+        i = bad[0]
+        if i == 0:
+            return 0.0
+        f0, f1 = np.clip(f[i - 1], 1e-6, 1 - 1e-6), np.clip(f[i], 1e-6, 1 - 1e-6)
+        return x[i - 1] + (x[i] - x[i - 1]) * (logit(f0) - logit(target)) / (logit(f0) - logit(f1))
+
+    est = cross(np.array(atts))
+    cr = np.array([cross(A[k]) for k in range(reps)])
+    t1 = time.perf_counter()
+    return {"total_s": t1 - t0, "runs": runs, "rss_mb": _rss_mb(), "estimate": float(est),
+            "ci": [float(v) for v in np.percentile(cr, [2.5, 97.5])], "n_good": n_good}
+
+
+def _spawn(args: list[str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                         check=True, env={**os.environ})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows-per-run", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--baseline-runs", type=int, default=2,
+                    help="runs the arch baseline processes (scaled linearly to --runs)")
+    ap.add_argument("--child", choices=["capplan", "baseline"], default=None)
+    ap.add_argument("--path", default=None)
+    a = ap.parse_args()
+    if a.child == "capplan":
+        print(json.dumps(child_capplan(a.path, a.reps)))
+        return
+    if a.child == "baseline":
+        print(json.dumps(child_baseline(a.path, a.reps, a.baseline_runs)))
+        return
+    dest = HERE / "_data" / f"envelope_{a.runs}x{a.rows_per_run}_s{a.seed}"
+    t = time.perf_counter()
+    build_study(dest, a.runs, a.rows_per_run, a.seed)
+    print(f"study: {dest} ({a.runs} runs × {a.rows_per_run:,} requests; ready in "
+          f"{time.perf_counter() - t:.1f} s)")
+    cp = _spawn(["--child", "capplan", "--path", str(dest), "--reps", str(a.reps)])
+    bl = _spawn(["--child", "baseline", "--path", str(dest), "--reps", str(a.reps),
+                 "--baseline-runs", str(a.baseline_runs)])
+    scale = a.runs / bl["runs"]
+    bl_full = bl["total_s"] * scale
+    ok = cp["n_good"][: bl["runs"]] == bl["n_good"]
+    print(f"\nreps = {a.reps}; SLO {SLO_TEXT}; good counts capplan == baseline: {ok}")
+    print(f"{'step':44s} {'wall s':>9s} {'peak RSS MB':>12s} {'speed-up':>9s}")
+    print(f"{'capplan reduce (DuckDB, parquet → unit stats)':44s} {cp['reduce_s']:9.2f}")
+    print(f"{'capplan fit (bootstrap, isotonic, CIs)':44s} {cp['fit_s']:9.2f}")
+    print(f"{'capplan full envelope':44s} {cp['total_s']:9.2f} {cp['rss_mb']:12.0f} "
+          f"{bl_full / cp['total_s']:8.1f}×")
+    print(f"{'capplan refit, changed target (best of 3)':44s} {cp['refit_target_s']:9.3f}")
+    print(f"{'capplan refit, changed TTFT limit (best of 3)':44s} {cp['refit_ttft_s']:9.3f}")
+    label = f"pandas + arch baseline ({bl['runs']} runs, measured)"
+    print(f"{label:44s} {bl['total_s']:9.2f} {bl['rss_mb']:12.0f}")
+    label = f"pandas + arch baseline (×{scale:g} → {a.runs} runs)"
+    print(f"{label:44s} {bl_full:9.2f} {'':12s} {1.0:8.1f}×")
+    c = cp["cslo"]
+    print(f"\nC_SLO capplan: {c['estimate']} [{c['ci_low']}, {c['ci_high']}] lb {c['lower_bound']} "
+          f"({c['status']})")
+    if bl["runs"] == a.runs:
+        print(f"C_SLO baseline: {bl['estimate']} CI {bl['ci']}")
+    print(f"block lengths (PW, requests): {[round(b, 1) for b in cp['block_len']]}")
+
+
+if __name__ == "__main__":
+    main()
