@@ -142,7 +142,10 @@ class DemandSpec:
         _text(self.history, f"{s}.history")
         _text(self.history_time_column, f"{s}.history_time_column", optional=False)
         _text(self.history_rate_column, f"{s}.history_rate_column", optional=False)
-        _number(self.uncertainty, f"{s}.uncertainty", minimum=0.0, maximum=10.0, example="0.2")
+        u = _number(self.uncertainty, f"{s}.uncertainty", minimum=0.0, example="0.2")
+        if u > 3.0:
+            _bad(f"{s}.uncertainty", f"{s}.uncertainty {u:g} means planning for {1 + u:g}× the peak",
+                 "u is a fraction: 0.2 plans for peak × 1.2 (+20 %); use a value ≤ 3")
         _number(self.horizon_quarters, f"{s}.horizon_quarters", integer=True, minimum=1, maximum=40,
                 example="4")
         _number(self.growth_per_quarter, f"{s}.growth_per_quarter", above=-1.0, example="0.1")

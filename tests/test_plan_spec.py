@@ -48,6 +48,7 @@ BAD = [
     (("demand.peak_rps", DELETE), "demand.peak_rps", "needs peak_rps"),
     (("demand.history", "d.csv"), "demand.history", "both peak_rps and history"),
     (("demand.uncertainty", -0.1), "demand.uncertainty", "must be ≥ 0"),
+    (("demand.uncertainty", 20), "demand.uncertainty", "means planning for 21× the peak"),
     (("demand.horizon_quarters", 1.5), "demand.horizon_quarters", "whole number"),
     (("demand.horizon_quarters", 0), "demand.horizon_quarters", "must be ≥ 1"),
     (("demand.mean_to_peak", 1.5), "demand.mean_to_peak", "must be ≤ 1"),
