@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
+import re
 from pathlib import Path
 
 import nbformat
@@ -146,10 +146,10 @@ def test_demo_report_layout(demo_report):
 def test_pages_have_no_code_and_no_cdn(demo_report):
     for page in ("01-explore.html", "02-envelope.html", "03-plan.html"):
         text = (demo_report / page).read_text(encoding="utf-8")
-        assert "jp-InputArea" not in text, f"{page} shows code cells"
-        assert "import capplan" not in text
+        assert 'class="jp-InputArea-editor' not in text, f"{page} shows code cells"
+        assert "import capplan" not in text and "fit_envelope(" not in text
+        assert not re.search(r"<script[^>]*\bsrc=[\"']https?:", text), f"{page} loads a CDN script"
         assert "require.min.js" not in text and "cdnjs.cloudflare.com" not in text
-        assert "cdn.plot.ly" not in text
         assert text.count("plotly.js v") == 1, f"{page}: plotly.js must be inlined exactly once"
         assert text.count('class="plotly-graph-div"') >= 2
 

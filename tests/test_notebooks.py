@@ -1,0 +1,149 @@
+"""Every notebook executed with papermill on the demo study, and its outputs checked against
+the library's own numbers. Notebooks 1–3 are the ones the demo report executed (shared
+session fixture from test_report, so they run once); notebook 4 is executed here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import nbformat
+import pytest
+
+from capplan import report as R
+from test_report import REPS, demo_report  # noqa: F401  (shared session fixture)
+
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def _nb(report_dir, name):
+    return nbformat.read(str(report_dir / "notebooks" / name), as_version=4)
+
+
+def _outputs(nb):
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            yield out
+
+
+def _figures(nb) -> dict[str, dict]:
+    """Plotly figures by title text."""
+    figs = {}
+    for out in _outputs(nb):
+        fig = out.get("data", {}).get(PLOTLY)
+        if fig:
+            title = fig.get("layout", {}).get("title", {}).get("text", "")
+            figs[title] = fig
+    return figs
+
+
+def _arr(v) -> list[float]:
+    """A plotly JSON array: a list, or a base64 typed array {"dtype", "bdata"}."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).astype(float).tolist()
+    return [float(x) for x in v]
+
+
+def _text(nb) -> str:
+    parts = []
+    for out in _outputs(nb):
+        d = out.get("data", {})
+        parts.append(d.get("text/markdown", "") + d.get("text/html", "")[:200_000]
+                     if "text/markdown" in d or "text/html" in d else out.get("text", ""))
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("name", [n for n, _ in R.REPORT_NOTEBOOKS])
+def test_report_notebooks_ran_clean(demo_report, name):  # noqa: F811
+    nb = _nb(demo_report, name)
+    assert not [o for o in _outputs(nb) if o.get("output_type") == "error"]
+    assert nb.metadata["papermill"]["parameters"]["reps"] == REPS
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and len(injected) == 1
+
+
+def test_explore_outputs_match_metrics(demo_report):  # noqa: F811
+    import capplan
+    from capplan import metrics
+
+    nb = _nb(demo_report, "01-explore.ipynb")
+    figs = _figures(nb)
+    assert len(figs) >= 9, sorted(figs)
+    study = capplan.open_study(R.demo_study_path())
+    slo = capplan.SLO.parse(nb.metadata["papermill"]["parameters"]["slo"])
+    runs = metrics.summarize(study, slo).to_frame()
+    funnel = figs["Request funnel per run (steady window)"]
+    by_name = {t["name"]: t for t in funnel["data"]}
+    assert _arr(by_name["offered"]["y"]) == list(map(float, runs["n_offered"]))
+    assert _arr(by_name["SLO-good"]["y"]) == list(map(float, runs["n_good"]))
+    cdf = figs["TTFT (ms): CDF per run (completed requests)"]
+    assert len([t for t in cdf["data"] if t.get("type") == "scatter"]) == len(runs)
+    titles = " | ".join(figs)
+    for needle in ("Offered vs achieved rate", "TPOT (ms): CDF", "E2E latency (ms): CDF",
+                   "TTFT (ms): p99 per", "by prompt length", "by output length", "by tenant"):
+        assert needle in titles, needle
+    text = _text(nb)
+    assert "Study" in text and study.name in text
+    assert "warmup_source" in text  # the diagnostics table
+
+
+def test_envelope_outputs_match_fit(demo_report):  # noqa: F811
+    import capplan
+    from capplan.envelope import fit_envelope
+
+    nb = _nb(demo_report, "02-envelope.ipynb")
+    p = nb.metadata["papermill"]["parameters"]
+    env = fit_envelope(capplan.open_study(R.demo_study_path()), p["slo"],
+                       confidence=p["confidence"], reps=p["reps"], seed=p["seed"])
+    text = _text(nb)
+    m = re.search(r"C_SLO = ([0-9.]+) req/s .*?CI ([0-9.]+) – ([0-9.]+)\); plan on the lower "
+                  r"bound \*\*([0-9.]+) req/s", text)
+    assert m, "C_SLO headline missing"
+    c = env.cslo
+    assert [float(x) for x in m.groups()] == [float(f"{v:.4g}") for v in
+                                              (c.estimate, c.ci_low, c.ci_high, c.lower_bound)]
+    figs = _figures(nb)
+    assert any(t.startswith("SLO attainment") for t in figs)
+    assert "Goodput and throughput" in figs
+    assert any(t.startswith("C_SLO (lower bound)") for t in figs), sorted(figs)
+    saved = json.loads((demo_report / "data" / "envelope.json").read_text(encoding="utf-8"))
+    assert saved["cslo"]["estimate"] == pytest.approx(c.estimate, rel=1e-12)
+
+
+def test_plan_outputs_match_export(demo_report):  # noqa: F811
+    nb = _nb(demo_report, "03-plan.ipynb")
+    figs = _figures(nb)
+    waterfall = next(f for t, f in figs.items() if "replica groups at peak" in t)
+    total_shown = _arr(waterfall["data"][0]["y"])[-1]
+    items = (demo_report / "data" / "plan" / "line_items.csv").read_text(encoding="utf-8-sig")
+    rows = {r["Key"]: r for r in csv.DictReader(items.splitlines())}
+    assert float(rows["total_groups"]["Value"]) == total_shown
+    quarters = next(f for t, f in figs.items() if t.startswith("Plan by quarter"))
+    gpus = _arr([d for d in quarters["data"] if d.get("type") == "bar"][0]["y"])
+    by_q = (demo_report / "data" / "plan" / "cost_by_quarter.csv").read_text(encoding="utf-8-sig")
+    assert [float(r["GPUs"]) for r in csv.DictReader(by_q.splitlines())] == gpus
+    text = _text(nb)
+    assert "replica groups" in text and "holds" in text
+
+
+def test_whatif_notebook_executes_and_shows_the_panel(tmp_path):
+    nb = R.execute_notebook(R.notebooks_dir() / R.WHATIF_NOTEBOOK, {"reps": 20, "seed": 0},
+                            cwd=tmp_path)
+    assert not [o for o in _outputs(nb) if o.get("output_type") == "error"]
+    views = [o for o in _outputs(nb) if WIDGET in o.get("data", {})]
+    assert len(views) == 1
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    html = " ".join(str(m["state"].get("value", "")) for m in state.values()
+                    if m["model_name"] == "HTMLModel")
+    assert 'data-key="total_gpus"' in html and 'data-key="cslo_lower_bound"' in html
+    sliders = [m for m in state.values() if m["model_name"] in ("FloatSliderModel",
+                                                                "SelectionSliderModel")]
+    assert len(sliders) >= 5
+    assert all(m["state"]["continuous_update"] is False for m in sliders)
