@@ -163,7 +163,8 @@ def replay_schedule(trace: Trace, rate_rps: float, duration_s: float,
                     start_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Scale the trace clock by ``trace.mean_rate_rps / rate_rps`` and take its rows from
     ``start_row`` in order until ``duration_s``; past the trace end it wraps to row 0 (one
-    mean gap after the last row). Returns (scheduled_ns, input_tokens, output_tokens)."""
+    mean gap after the last row). Returns (scheduled_ns, input_tokens, output_tokens); rows with
+    0 generated tokens are replayed as 1-token requests (none in the public traces)."""
     if not (rate_rps > 0):
         raise SpecError(f"offered rate must be > 0, got {rate_rps}", field="rates")
     scale = trace.mean_rate_rps / rate_rps
@@ -177,5 +178,5 @@ def replay_schedule(trace: Trace, rate_rps: float, duration_s: float,
     ns = np.round(tt * NS_PER_S).astype(np.int64)
     keep = ns < int(round(duration_s * NS_PER_S))
     ns, rr = ns[keep], rr[keep]
-    return (ns, trace.input_tokens[rr].copy(),
-            trace.output_tokens[rr].copy())
+    # a completion emits at least one token: rows logged with 0 generated tokens replay as 1
+    return ns, trace.input_tokens[rr].copy(), np.maximum(trace.output_tokens[rr], 1)

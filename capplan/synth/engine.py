@@ -215,6 +215,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
     # per-request state (python lists: fast scalar access)
     if closed is None:
+        if len(sched_ns) and (np.any(np.diff(sched_ns) < 0) or sched_ns[0] < 0):
+            raise SpecError("arrival times must be sorted and ≥ 0 ns", field="sched_ns")
+        if len(sched_ns) and (input_tokens.min() < 1 or output_tokens.min() < 1):
+            raise SpecError("every request needs ≥ 1 input and ≥ 1 output token", field="lengths")
         sched = sched_ns.tolist()
         inp = input_tokens.tolist()
         out = output_tokens.tolist()
