@@ -77,7 +77,7 @@ def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: d
     assumptions = plan.assumptions_frame().rename(columns={"assumption": "Assumption", "value": "Value",
                                                            "note": "Note"})
     for note in plan.notes:
-        assumptions.loc[len(assumptions)] = ["note", note, "not computed / stated limitation"]
+        assumptions.loc[len(assumptions)] = ["note", note, "stated by the plan (what it could not compute, or a warning)"]
     capacity = plan.capacity.to_frame().rename(columns={"quantity": "Quantity", "value": "Value",
                                                         "unit": "Unit", "note": "Note", "status": "Status"})
     quarters = plan.quarters_frame().rename(columns={
