@@ -202,3 +202,26 @@ def test_closed_loop_obeys_littles_law():
     throughput = len(w) / 240.0
     e2e = ((w.last_token_ns - w.scheduled_ns) / 1e9).mean()
     assert abs(throughput * e2e - users) / users < 0.05, throughput * e2e
+
+
+def test_power_samples_integrate_busy_time_and_match_md1_utilisation():
+    from capplan.synth.events import power_arrow
+
+    sm = ServiceModel((1, 2), (20.0, 20.0), 0.1, 0.0)
+    inp, out = 200, 11
+    D = (20.0 + 0.1 * inp + (out - 1) * 20.0) / 1e3
+    rho = 0.5
+    sched, i, o = _fixed_open(20_000, rho / D, inp, out, seed=4)
+    p = ReplicaParams(max_batch=1, token_budget=512, kv_blocks=1000, max_model_len=1024, queue_limit=None, service=sm)
+    res = simulate(sched_ns=sched, input_tokens=i, output_tokens=o, n_replicas=1, params=p, timeout_s=1e6, end_s=1e7)
+    horizon = float(np.ceil((res.seg_t0[0][-1] + res.seg_k[0][-1] * res.seg_step[0][-1]) / 1e9))
+    pw = power_arrow(res, "r", gpus_per_replica=2, idle_w=100.0, busy_w=600.0, horizon_s=horizon,
+                     token_budget=512).to_pandas()
+    g0 = pw[pw.gpu_index == 0]
+    assert len(pw) == 2 * len(g0) == 2 * int(horizon)
+    busy_s = float((res.seg_k[0] * res.seg_step[0]).sum()) / 1e9
+    assert g0.gpu_util_pct.sum() / 100.0 == pytest.approx(busy_s, rel=1e-6)
+    assert g0.gpu_util_pct.mean() / 100.0 == pytest.approx(rho, abs=0.02)  # M/D/1: utilisation = ρ
+    assert ((g0.power_w >= 100.0) & (g0.power_w <= 600.0)).all()
+    assert np.all(np.diff(g0.energy_mj.to_numpy()) > 0)
+    assert g0.energy_mj.iloc[-1] == pytest.approx(g0.power_w.sum() * 1000.0, rel=1e-6)
