@@ -27,7 +27,6 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
     from ..plan import load_plan_spec, make_plan
-    from ..slo import SLO
 
     spec = load_plan_spec(spec_path)
     spec = _apply_overrides(spec, slo=slo, use=use, reps=reps, seed=seed, confidence=confidence)
