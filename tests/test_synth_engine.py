@@ -225,3 +225,19 @@ def test_power_samples_integrate_busy_time_and_match_md1_utilisation():
     assert ((g0.power_w >= 100.0) & (g0.power_w <= 600.0)).all()
     assert np.all(np.diff(g0.energy_mj.to_numpy()) > 0)
     assert g0.energy_mj.iloc[-1] == pytest.approx(g0.power_w.sum() * 1000.0, rel=1e-6)
+
+
+def test_saturated_throughput_equals_batch_over_service_iterations():
+    """Flat step time s and free prefill: a request occupies exactly `out` iterations, so a
+    saturated replica completes max_batch / (out · s) requests per second."""
+    sm = ServiceModel((1, 2), (20.0, 20.0), 0.0, 0.0)
+    B, out = 8, 50
+    sched, i, o = _fixed_open(3000, 12.0, 100, out, seed=6)
+    p = ReplicaParams(max_batch=B, token_budget=512, kv_blocks=5000, max_model_len=1024, queue_limit=None, service=sm)
+    res = simulate(sched_ns=sched, input_tokens=i, output_tokens=o, n_replicas=1, params=p, timeout_s=1e6, end_s=1e6)
+    d = _frame(res)
+    done = np.sort(d.last_token_ns.to_numpy()) / 1e9
+    x = np.sum((done >= 50) & (done < 150)) / 100.0
+    assert x == pytest.approx(B / (out * 0.020), rel=0.01)
+    itl = np.concatenate(d.itl_ns.to_list())
+    assert np.all(itl == 20_000_000)  # every gap is one flat iteration
