@@ -158,3 +158,15 @@ def test_template_is_valid():
     spec = load_plan_spec(ROOT / "templates" / "plan.yaml")
     assert spec.capacity.source == "study" and spec.slo is not None
     assert spec.autoscaling.ready_s > 0 and spec.prices.usd_per_gpu_hour > 0
+
+
+def test_surge_larger_than_fleet_via_cli(tmp_path, capsys):
+    # D = 110, C = 30 → 4 traffic groups; zone policy (3 zones) → 6; cold start b·T = 0.1 × 60 = 6 req/s
+    # → ⌈6/30⌉ = 1 more → 7 (7 − ⌈7/3⌉ = 4 ≥ ⌈116/30⌉ = 4); surge 9 > 7
+    p = tmp_path / "plan.yaml"
+    p.write_text(yaml.safe_dump(variant("rollout.max_surge", 9)), encoding="utf-8")
+    out = tmp_path / "o"
+    assert main(["plan", "--spec", str(p), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.max_surge (9) is larger than the planned fleet (7 groups)" in err and "field:   rollout.max_surge" in err
+    assert not out.exists()
