@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -87,6 +88,11 @@ def cmd(study, spec, port, slo, reps, seed, token):
         click.echo(f"what-if panel for {params.study}: {url}  (Ctrl-C stops it)")
         sys.stdout.flush()
         proc = subprocess.Popen(voila_command(served, port, token), env=env, cwd=tmp)
+
+        def _stop(signum, frame):  # SIGTERM: stop Voila and clean up like Ctrl-C
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _stop)
         try:
             return proc.wait()
         except KeyboardInterrupt:

@@ -1,0 +1,117 @@
+"""Real browser against the what-if app: `capplan whatif` serves notebook 4 with Voila on
+127.0.0.1, Playwright drives Debian's chromium, moves the peak-demand slider with the
+keyboard and waits for the plan table to show the plan the library computes for that peak."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from capplan import report as R
+from capplan.whatif import WhatIfModel, _slider_range, whatif_state
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+REPS = 20
+PRESSES = 3
+
+pytestmark = pytest.mark.browser
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Wait until the port accepts connections (no HTTP GET: each one starts a kernel)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"capplan whatif exited with {proc.returncode}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
+
+
+@pytest.fixture
+def whatif_app(tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+    port, token = _free_port(), "capplan-test"
+    log = open(tmp_path / "whatif.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capplan", "whatif", "--port", str(port), "--reps", str(REPS),
+         "--seed", "0", "--token", token],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
+    try:
+        _wait_for_port(port, proc)
+        yield f"http://127.0.0.1:{port}/?token={token}"
+    except Exception:
+        log.flush()
+        print((tmp_path / "whatif.log").read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        # the whole process group: capplan whatif, Voila and its kernel
+        for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        log.close()
+
+
+def test_slider_moves_the_rendered_plan(whatif_app):
+    from playwright.sync_api import sync_playwright
+
+    # what the table must show after PRESSES steps of the peak slider, computed here
+    model = WhatIfModel.build(R.demo_study_path(), reps=REPS, seed=0)
+    start = model.defaults()
+    _, _, step = _slider_range(start.peak_rps, 0.1, 3.0)
+    final = whatif_state(model, start.with_(peak_rps=start.peak_rps + PRESSES * step))
+    shown = final.table.set_index("key")["shown"]
+    want_peak, want_gpus = shown["peak_rps"], shown["total_gpus"]
+    assert want_gpus != whatif_state(model, start).table.set_index("key")["shown"]["total_gpus"]
+
+    cell = "document.querySelector('tr[data-key=\"{}\"] td.value')"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            page.goto(whatif_app)
+            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=120_000)
+            assert page.inner_text('tr[data-key="peak_rps"] td.value') == f"{start.peak_rps:g}"
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            # the peak-demand slider: the handle in the row labelled so
+            row = page.locator(".widget-slider", has_text="peak demand")
+            row.locator(".noUi-handle").focus()
+            for _ in range(PRESSES):
+                page.keyboard.press("ArrowRight")
+            page.wait_for_function(
+                f"([p, g]) => {cell.format('peak_rps')}?.innerText === p && "
+                f"{cell.format('total_gpus')}?.innerText === g",
+                arg=[want_peak, want_gpus], timeout=30_000)
+            assert page.inner_text('tr[data-key="total_gpus"] td.value') == want_gpus
+            # the chart redrew too: the waterfall's total bar label is the new group count
+            total = shown["total_groups"]
+            page.wait_for_function(
+                "t => [...document.querySelectorAll('.js-plotly-plot .waterfalllayer text')]"
+                ".some(e => e.textContent === t)", arg=total, timeout=30_000)
+        finally:
+            browser.close()
