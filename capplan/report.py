@@ -426,6 +426,20 @@ def _execute_all(nb_dir: Path, parameters: dict, *, kernel: str, cwd: Path, jobs
     return done
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """The report replaces ``out_dir`` as a whole, so it must be new, empty, or an earlier
+    report (has report.json): never a folder of the user's other files."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise SpecError("--out exists and is not a directory", file=str(out_dir),
+                        fix="choose a new directory name for the report")
+    if any(out_dir.iterdir()) and not (out_dir / "report.json").is_file():
+        raise SpecError("--out is a directory with other files; the report would replace it",
+                        file=str(out_dir),
+                        fix="choose a new or empty directory (an earlier report is replaced)")
+
+
 def default_out_dir(study_name: str) -> Path:
     """``reports/<study-name>`` under the current directory."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", study_name).strip("-.") or "study"
@@ -453,6 +467,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     if missing:
         raise SpecError(f"notebook(s) missing: {', '.join(missing)}", file=str(nb_dir))
     out_dir = Path(out).expanduser().resolve() if out else default_out_dir(opened.name)
+    check_out_dir(out_dir)
     study_hash = opened.content_hash()
     kernel = ensure_kernel()
     import nbformat

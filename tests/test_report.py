@@ -73,6 +73,19 @@ def test_bad_spec_exits_2(tmp_path, make_study, capsys):
     assert not out.exists()
 
 
+def test_out_dir_with_other_files_is_refused(tmp_path, make_study, capsys):
+    study = _tiny_study(make_study)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious", encoding="utf-8")
+    assert main(["report", str(study), "--out", str(out)]) == 2
+    assert "would replace it" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"]
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    assert main(["report", str(study), "--out", str(tmp_path / "afile")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
 def test_bad_slo_and_reps_exit_2(tmp_path, make_study, capsys):
     study = _tiny_study(make_study)
     assert main(["report", str(study), "--slo", "ttft=3", "--out", str(tmp_path / "x")]) == 2
@@ -104,6 +117,7 @@ def test_failing_notebook_names_notebook_and_cell_exit_1(tmp_path, make_study, c
     out = tmp_path / "rep"
     out.mkdir()
     (out / "index.html").write_text("previous report", encoding="utf-8")
+    (out / "report.json").write_text("{}", encoding="utf-8")
     cwd = os.getcwd()
     rc = main(["report", str(study), "--out", str(out), "--notebooks", str(nbs), "--reps", "10"])
     err = capsys.readouterr().err
