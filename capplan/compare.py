@@ -1024,6 +1024,10 @@ class Comparison:
             f"{self.confidence_buckets:.4g}",
             self.display_frame().to_string(index=False),
         ]
+        row_notes = [f"  {r.metric} ({r.scope}): {r.note}" for r in self.table.itertuples()
+                     if r.note]
+        if row_notes:
+            parts.append("Row notes\n" + "\n".join(row_notes))
         flagged = self.buckets[self.buckets["flag"] != ""] if len(self.buckets) else self.buckets
         if len(flagged):
             cols = ["dimension", "bucket", "metric", "n_baseline", "n_candidate", "baseline",
@@ -1360,8 +1364,11 @@ def _cslo_rows(ctx: _Ctx, notes: list[str]) -> list[dict]:
         fits.append(env)
     vals = [float(env.cslo.estimate) for env in fits]
     reps_ = [np.asarray(env.crossing_replicates, dtype=np.float64) for env in fits]
-    status = [str(env.cslo.status) for env in fits]
-    note = f"fit status: baseline {status[0]}, candidate {status[1]}"
+    def one(name, cs):
+        return (f"{name} {cs.estimate:.4g} [{cs.ci_low:.4g}, {cs.ci_high:.4g}], lower bound "
+                f"{cs.lower_bound:.4g} ({cs.status})")
+
+    note = "; ".join(one(n, env.cslo) for n, env in zip(("baseline", "candidate"), fits))
     usable = all(r.size == reps and np.isfinite(r).mean() >= 0.95 for r in reps_)
     if not usable:
         notes.append("C_SLO difference has no CI: the capacity is not bracketed by the tested "
