@@ -32,6 +32,40 @@ def _iteration_clock(res: SimResult) -> tuple[np.ndarray, np.ndarray]:
             np.concatenate(ends) if ends else np.zeros(0, np.int64))
 
 
+def _itl_values(rid, cnt, start, is_first, iter_end) -> np.ndarray:
+    """All requests' inter-token gaps, concatenated in request order, with one large
+    allocation (fresh memory is costly: keys are built by an in-place cumsum and gathered in
+    place).
+
+    Stints are sorted by request, then in time. Within a stint the gap before token i is the
+    length of its iteration (the replica is busy, so iterations run back to back); the first
+    token of a later stint (after a preemption) gets the gap from the previous stint's last
+    token."""
+    if len(rid) == 0:
+        return np.zeros(0, np.int64)
+    first = is_first.astype(np.int64)
+    seg_len = cnt - first  # a request's very first token has no gap before it
+    seg_key0 = start + first
+    keep = seg_len > 0
+    total = int(seg_len[keep].sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    iter_len = np.diff(iter_end, prepend=iter_end[:1])
+    k_len, k_key0 = seg_len[keep], seg_key0[keep]
+    pos = np.cumsum(k_len) - k_len
+    arr = np.ones(total, np.int64)
+    prev_last = np.r_[0, (k_key0 + k_len - 1)[:-1]]
+    arr[pos] = k_key0 - prev_last
+    np.cumsum(arr, out=arr)  # iteration key of every gap's later token
+    np.take(iter_len, arr, out=arr, mode="clip")  # element-wise, so in place is safe
+    later = np.flatnonzero(~is_first)  # stints after a preemption (always kept: cnt ≥ 1)
+    if len(later):
+        cross = iter_end[start[later]] - iter_end[start[later - 1] + cnt[later - 1] - 1]
+        kept_index = np.cumsum(keep) - 1
+        arr[pos[kept_index[later]]] = cross
+    return arr
+
+
 def token_times(res: SimResult, with_itl: bool = True):
     """(n_received, first_token_ns, last_token_ns, itl offsets int64 | None, itl values | None);
     first/last are −1 where no token was received."""
@@ -51,19 +85,7 @@ def token_times(res: SimResult, with_itl: bool = True):
         last[rid[is_last]] = iter_end[start[is_last] + cnt[is_last] - 1]
     if not with_itl:
         return n_recv, first, last, None, None
-    total = int(cnt.sum())
-    if total:
-        cum = np.cumsum(cnt) - cnt
-        keys = np.repeat(start - cum, cnt) + np.arange(total, dtype=np.int64)
-        times = iter_end[keys]
-        gaps = np.diff(times)
-        tok_start = np.cumsum(n_recv) - n_recv  # first token index of each request
-        cut = tok_start[(n_recv > 0) & (tok_start > 0)] - 1
-        keep = np.ones(len(gaps), bool)
-        keep[cut] = False
-        values = gaps[keep]
-    else:
-        values = np.zeros(0, np.int64)
+    values = _itl_values(rid, cnt, start, is_first if len(rid) else np.zeros(0, bool), iter_end)
     per = np.maximum(n_recv - 1, 0)
     offsets = np.r_[0, np.cumsum(per)].astype(np.int64)
     return n_recv, first, last, offsets, values
