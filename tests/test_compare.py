@@ -475,3 +475,67 @@ def test_sweep_with_telemetry_cslo_energy_memory_and_cost(tmp_path):
     runs = t[t["scope"].str.startswith("run ")]
     assert set(runs["metric"]) == {"offered_rps", "attainment"} and len(runs) == 6
     assert (runs["verdict"] == "info").all()
+
+
+# ---------------------------------------------------------------- numbers against numpy
+
+def test_headline_and_bucket_values_match_direct_computation(tmp_path):
+    """Attainment (exact) and TTFT p99 (log-bucket sketch, α = 0.5 %: within 1 %) of the
+    aggregate and of the long-input and tenant buckets, against numpy on the generated rows."""
+    tr = make_trace(4000, 20.0, seed=21)
+    ob, oc = serve(tr, 1), serve(tr, 2, long_slow=1.3)
+    pb = write_pair_study(tmp_path / "b", [tr], [ob])
+    pc = write_pair_study(tmp_path / "c", [tr], [oc])
+    cmp = compare(pb, pc, SLO_TEXT, reps=100, seed=0)
+    t = cmp.to_frame()
+    t = t[t["scope"] == "all"].set_index("metric")
+    long = tr["input_tokens"] >= LONG_INPUT
+    for side, o in (("baseline", ob), ("candidate", oc)):
+        ttft = (o["first_token_ns"] - tr["scheduled_ns"]) / 1e6
+        good = o["ok"] & (ttft <= 600)
+        assert t.loc["attainment", side] == pytest.approx(good.mean(), abs=1e-12)
+        p99 = np.quantile(ttft[o["ok"]], 0.99, method="inverted_cdf")
+        assert t.loc["ttft_p99_ms", side] == pytest.approx(p99, rel=0.01)
+        bk = cmp.buckets
+        row = bk[(bk["dimension"] == "input_tokens") & (bk["bucket"] == "[4,096, 8,192)")]
+        att = row[row["metric"] == "attainment"][side].iat[0]
+        assert att == pytest.approx(good[long].mean(), abs=1e-12)
+        q = row[row["metric"] == "ttft_p99_ms"][side].iat[0]
+        assert q == pytest.approx(np.quantile(ttft[o["ok"] & long], 0.99, method="inverted_cdf"),
+                                  rel=0.01)
+        ten = bk[(bk["dimension"] == "tenant") & (bk["bucket"] == "b")
+                 & (bk["metric"] == "attainment")]
+        assert ten[side].iat[0] == pytest.approx(good[tr["tenant"] == "b"].mean(), abs=1e-12)
+        assert ten[f"n_{side}"].iat[0] == int((tr["tenant"] == "b").sum())
+        gp = good.sum() / ((tr["scheduled_ns"][-1] - tr["scheduled_ns"][0]) / 1e9)
+        assert t.loc["goodput_rps_per_gpu", side] == pytest.approx(gp)
+        err = (o["status"] == "error").mean()
+        assert t.loc["error_rate", side] == pytest.approx(err)
+
+
+def test_entitlements_from_the_manifest(tmp_path):
+    tr = make_trace(1500, 20.0, seed=22)
+    wl = {"entitlements": {"a": 1, "b": 1, "c": 2}}
+    pb = write_pair_study(tmp_path / "b", [tr], [serve(tr, 1)], workload=wl)
+    pc = write_pair_study(tmp_path / "c", [tr], [serve(tr, 2)], workload=wl)
+    f = compare(pb, pc, SLO_TEXT, reps=100, seed=0).fairness.set_index("tenant")
+    assert list(f["entitled_share"]) == [0.25, 0.25, 0.5]
+
+
+def test_minimal_studies_without_optional_columns(make_study):
+    """No tenant, no SLO class, one output token each (no TPOT): no fairness rows, no tenant
+    buckets, TPOT n/a — and still a verdict."""
+    from conftest import ev
+
+    def rows(shift):
+        return [ev("r1", f"q{i}", scheduled_ms=100.0 * i, ttft_ms=80 + (i * 37 % 50) + shift,
+                   e2e_ms=200, output_tokens=1, input_tokens=50 + i % 400) for i in range(400)]
+
+    pb = make_study(rows(0), runs=[{"run_id": "r1", "offered_rps": 10.0}])
+    pc = make_study(rows(0.5), runs=[{"run_id": "r1", "offered_rps": 10.0}])
+    cmp = compare(pb, pc, "ttft_ms=1000", reps=100, seed=0)
+    t = cmp.to_frame().set_index("metric")
+    assert "fair_share_deviation" not in t.index and cmp.fairness.empty
+    assert t.loc["tpot_p99_ms", "verdict"] == "n/a"
+    assert set(cmp.buckets["dimension"]) == {"input_tokens", "output_tokens", "quadrant"}
+    assert cmp.paired and cmp.verdict.passed
