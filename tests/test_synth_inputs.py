@@ -144,6 +144,12 @@ def test_service_model_interpolates_and_extrapolates():
     ({"workload": {"arrival": {"process": "replay"}}}, "workload.arrival.path"),
     ({"replica": {"max_model_len": 100000}}, "replica.max_model_len"),
     ({"sweep": {"rates": [1], "duration_s": 10, "warmup_s": 20}}, "sweep.warmup_s"),
+    ({"sweep": {"rates": [1, 50], "duration_s": None, "requests_per_run": 100, "warmup_s": 5}}, "sweep.warmup_s"),
+    ({"sweep": {"rates": [1], "duration_s": 10, "requests_per_run": 100}}, "sweep"),
+    ({"sweep": {"load_model": "closed", "concurrency": [0]}}, "sweep.concurrency[0]"),
+    ({"workload": {"tenants": [{"name": "a"}, {"name": "a"}]}}, "workload.tenants"),
+    ({"power": {"idle_w": 500, "busy_w": 100}}, "power.busy_w"),
+    ({"sweep": {"rates": [1, -2]}}, "sweep.rates[1]"),
 ])
 def test_bad_config_names_the_field(patch, field):
     raw = {**PRESETS["small"]}

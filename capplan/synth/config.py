@@ -224,13 +224,15 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         if not isinstance(rr, list) or not rr:
             raise SpecError("an open-loop sweep needs a list of offered rates", field="sweep.rates",
                             fix="e.g. rates: [1, 2, 4, 6, 8]")
-        rates = tuple(_num({"r": r}, "r", "sweep.rates", None, lo=0.0, lo_open=True) for r in rr)
+        rates = tuple(_num({f"rates[{i}]": r}, f"rates[{i}]", "sweep", None, lo=0.0, lo_open=True)
+                      for i, r in enumerate(rr))
     else:
         cc = sw.get("concurrency")
         if not isinstance(cc, list) or not cc:
             raise SpecError("a closed-loop sweep needs a list of concurrencies", field="sweep.concurrency",
                             fix="e.g. concurrency: [1, 4, 16, 64]")
-        conc = tuple(_num({"c": c}, "c", "sweep.concurrency", None, int, lo=1) for c in cc)
+        conc = tuple(_num({f"concurrency[{i}]": c}, f"concurrency[{i}]", "sweep", None, int, lo=1)
+                     for i, c in enumerate(cc))
     rpr = _num(sw, "requests_per_run", "sweep", None, int, lo=1, allow_none=True)
     duration_s = _num(sw, "duration_s", "sweep", None if rpr else 300.0, lo=0.0, lo_open=True, allow_none=True)
     if rpr is not None and load_model != "open":
@@ -242,6 +244,9 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
     if duration_s is not None and warmup_s >= duration_s:
         raise SpecError(f"sweep.warmup_s ({warmup_s:g}) must be shorter than duration_s ({duration_s:g})",
                         field="sweep.warmup_s")
+    if rpr is not None and rates and warmup_s >= rpr / max(rates):
+        raise SpecError(f"sweep.warmup_s ({warmup_s:g}) must be shorter than the shortest run "
+                        f"({rpr / max(rates):g} s = requests_per_run / highest rate)", field="sweep.warmup_s")
     cfg = SynthConfig(
         name=str(d.get("name", "synthetic")), description=str(d.get("description", "") or ""), seed=_num(d, "seed", "config", 0, int, lo=0), system=system,
         replicas=replicas, replica=replica, timeout_s=timeout_s, drain_s=drain_s,
