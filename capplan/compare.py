@@ -115,7 +115,7 @@ class Gate:
     def describe(self) -> str:
         parts = []
         if self.max_regression_abs is not None:
-            parts.append(f"±{self.max_regression_abs:g}")
+            parts.append(f"{self.max_regression_abs:g}")
         if self.max_regression_pct is not None:
             parts.append(f"{self.max_regression_pct:g} %")
         text = "worse by > " + " or ".join(parts) if parts else "any regression"
@@ -563,7 +563,7 @@ def _facts(side: _Side, pairs_ids: list[str]) -> pd.DataFrame:
                stddev_pop(gap) / nullif(avg(gap), 0) AS cv
         FROM r GROUP BY run_id
     """).df().set_index("run_id")
-    ends = side.study.sql(f"""
+    ends = side.study.sql("""
         SELECT run_id, count_if(status = 'ok') AS n_ok,
                max(greatest(scheduled_ns, sent_ns, admitted_ns, first_token_ns, last_token_ns))
                    AS end_ns

@@ -149,7 +149,6 @@ def test_fairness_table_matches_hand_computed_study(make_study):
     = 4 000; shares 0.375 / 0.625, equal entitlement → deviations ∓0.125, Jain 4 / 4.25.
     Worst age: a = the timeout, censored at the run's last event (30 000 + 950 ms after start)
     minus its schedule (1 500 ms) = 29 450 ms; b = 900 ms."""
-    from test_compare_synth import events_table  # noqa: F401  (same helpers module)
     from conftest import ev
 
     rows = []
