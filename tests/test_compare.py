@@ -247,16 +247,18 @@ def test_missing_requests_fail_at_once(tmp_path):
 
 # ---------------------------------------------------------------- refusal of differing workloads
 
-@pytest.mark.parametrize("cand_trace, needle", [
-    ({"rate_rps": 30.0}, "offered rate"),
-    ({"long_frac": 0.6}, "input tokens distribution differs"),
-    ({"arrival": "constant"}, "arrival process poisson vs constant"),
+@pytest.mark.parametrize("cand_trace, n_c, label, needle", [
+    ({"rate_rps": 30.0}, 1500, True, "offered rate"),
+    ({}, 2000, True, "offered requests in the steady window baseline 1,500, candidate 2,000"),
+    ({"long_frac": 0.6}, 1500, True, "input tokens distribution differs"),
+    ({"arrival": "constant"}, 1500, True, "arrival process poisson vs constant"),
+    ({"arrival": "constant"}, 1500, False, "inter-arrival CV"),
 ])
-def test_differing_offered_workload_is_refused(tmp_path, cand_trace, needle):
+def test_differing_offered_workload_is_refused(tmp_path, cand_trace, n_c, label, needle):
     tb = make_trace(1500, 20.0, seed=1)
-    tc = make_trace(1500, cand_trace.pop("rate_rps", 20.0), seed=2, **cand_trace)
-    pb = write_pair_study(tmp_path / "b", [tb], [serve(tb, 1)])
-    pc = write_pair_study(tmp_path / "c", [tc], [serve(tc, 2)])
+    tc = make_trace(n_c, cand_trace.pop("rate_rps", 20.0), seed=2, **cand_trace)
+    pb = write_pair_study(tmp_path / "b", [tb], [serve(tb, 1)], label_arrival=label)
+    pc = write_pair_study(tmp_path / "c", [tc], [serve(tc, 2)], label_arrival=label)
     with pytest.raises(StudyError) as ei:
         compare(pb, pc, SLO_TEXT, **FAST)
     text = ei.value.format()

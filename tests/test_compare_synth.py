@@ -87,9 +87,9 @@ def events_table(trace: dict, outcome: dict, *, drop: int = 0) -> pa.Table:
 
 
 def write_pair_study(dest, traces: list[dict], outcomes: list[dict], *, name: str = "s",
-                     gpus: int = 1, drop: int = 0, **manifest_extra):
+                     gpus: int = 1, drop: int = 0, label_arrival: bool = True, **manifest_extra):
     runs = [{"run_id": str(tr["run_id"][0]), "offered_rps": float(tr["rate_rps"]),
-             "arrival": tr["arrival"]} for tr in traces]
+             "arrival": tr["arrival"] if label_arrival else "unknown"} for tr in traces]
     tables = [events_table(tr, o, drop=drop) for tr, o in zip(traces, outcomes)]
     table = pa.concat_tables(tables)
     system = {"gpu": "H100", "gpus_per_replica": gpus, "tp": gpus, "pp": 1, "replicas": 1}
