@@ -147,3 +147,36 @@ def test_whatif_notebook_executes_and_shows_the_panel(tmp_path):
                                                                 "SelectionSliderModel")]
     assert len(sliders) >= 5
     assert all(m["state"]["continuous_update"] is False for m in sliders)
+
+
+# ------------------------------------------------------------------ viz helpers (pure)
+
+def test_thin_ecdf_keeps_the_tail_and_exact_heights():
+    import numpy as np
+
+    from capplan.viz import thin_ecdf
+
+    x = np.arange(1, 100_001, dtype=float)
+    e = thin_ecdf(x[::-1], max_points=400)
+    assert len(e) <= 400
+    assert e["value"].iloc[-1] == 100_000 and e["cdf"].iloc[-1] == 1.0
+    assert e["value"].iloc[0] == 1 and e["cdf"].iloc[0] == pytest.approx(1e-5)
+    assert (e["value"] == e["cdf"] * 100_000).all()  # every kept point is an exact ECDF point
+    assert (e["cdf"] >= 0.999).sum() >= 40  # the top 0.1 % keeps ~a tenth of the points
+    small = thin_ecdf([3.0, float("nan"), 1.0, float("inf")])
+    assert small["value"].tolist() == [1.0, 3.0] and small["cdf"].tolist() == [0.5, 1.0]
+
+
+def test_binned_quantile_and_format_number():
+    import pandas as pd
+
+    from capplan.viz import binned_quantile, format_number
+
+    df = pd.DataFrame({"t_s": [0.5, 1.0, 4.9, 5.0, 7.0, 9.0], "ttft_ms": [1, 2, 3, 10, 20, 999],
+                       "status": ["ok"] * 5 + ["timeout"]})
+    b = binned_quantile(df, "ttft_ms", bin_s=5.0, q=0.5)
+    assert b["t_s"].tolist() == [0.0, 5.0] and b["value"].tolist() == [2.0, 15.0]
+    assert b["n"].tolist() == [3, 2]
+    assert [format_number(v) for v in (17.0, 51873.216, 3.00909, 0.0123456, float("nan"),
+                                       True, "text", 12)] == \
+        ["17", "51,873", "3.009", "0.01235", "n/a", "yes", "text", "12"]

@@ -27,19 +27,15 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 _CACHE: dict[str, Path] = {}
 
 
-def render_demo(root: Path, name: str) -> Path:
-    if name not in _CACHE:
-        out = root / name
-        R.render_report(out=out, reps=REPS, seed=0, time=TIME, progress=None)
-        _CACHE[name] = out
-    return _CACHE[name]
-
-
 @pytest.fixture(scope="session")
 def demo_report(tmp_path_factory) -> Path:
     if not R.demo_study_path().exists():
         pytest.fail("data/sample is missing: run capplan synth --preset demo --out data/sample")
-    return render_demo(tmp_path_factory.getbasetemp() / "capplan-reports", "a")
+    if "demo" not in _CACHE:
+        out = tmp_path_factory.getbasetemp() / "capplan-reports" / "demo"
+        R.render_report(out=out, reps=REPS, seed=0, time=TIME, progress=None)
+        _CACHE["demo"] = out
+    return _CACHE["demo"]
 
 
 def _tiny_study(make_study) -> Path:
@@ -183,11 +179,23 @@ def _csvs(root: Path) -> dict[str, str]:
             for p in sorted((root / "data" / "plan").glob("*.csv"))}
 
 
-def test_second_report_gives_the_same_numbers(demo_report, tmp_path_factory):
-    again = render_demo(tmp_path_factory.getbasetemp() / "capplan-reports", "b")
+def test_second_report_gives_the_same_numbers(demo_report, tmp_path, monkeypatch, capsys):
+    """The CLI with no STUDY, from an unrelated directory, renders the bundled demo again;
+    every exported number and the envelope match the first render byte for byte."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["report", "--out", "again", "--reps", str(REPS), "--seed", "0", "--time", TIME])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    again = tmp_path / "again"
+    assert captured.out.strip() == f"report: {again / 'index.html'}"
+    for i, (name, _) in enumerate(R.REPORT_NOTEBOOKS, 1):
+        assert f"[{i}/3] {name}: running" in captured.err
+        assert f"[{i}/3] {name}: done in" in captured.err
     first, second = _csvs(demo_report), _csvs(again)
     assert set(first) >= {"line_items.csv", "summary.csv", "capacity.csv", "cost_by_quarter.csv"}
     assert first == second
+    assert (demo_report / "data/plan/plan.xlsx").read_bytes() == \
+        (again / "data/plan/plan.xlsx").read_bytes()
     e1 = json.loads((demo_report / "data" / "envelope.json").read_text(encoding="utf-8"))
     e2 = json.loads((again / "data" / "envelope.json").read_text(encoding="utf-8"))
     assert e1 == e2
@@ -195,6 +203,17 @@ def test_second_report_gives_the_same_numbers(demo_report, tmp_path_factory):
     rows = {r["Key"]: r for r in csv.DictReader(first["line_items.csv"].splitlines())}
     assert float(rows["total_gpus"]["Value"]) > 0
     assert float(rows["capacity_rps_per_group"]["Value"]) > 0
+
+
+def test_kernel_runs_this_interpreter():
+    import sys
+
+    assert R._runs_this_python("python") and R._runs_this_python(sys.executable)
+    assert not R._runs_this_python("/opt/elsewhere/bin/python3.9")
+    name = R.ensure_kernel()
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    assert R._runs_this_python(KernelSpecManager().get_kernel_spec(name).argv[0])
 
 
 def test_cli_default_out_is_reports_study_name(tmp_path, monkeypatch, capsys, make_study):
