@@ -540,3 +540,24 @@ def test_minimal_studies_without_optional_columns(make_study):
     assert t.loc["tpot_p99_ms", "verdict"] == "n/a"
     assert set(cmp.buckets["dimension"]) == {"input_tokens", "output_tokens", "quadrant"}
     assert cmp.paired and cmp.verdict.passed
+
+
+def test_closed_loop_counts_are_outcomes_not_workload(make_study):
+    """Closed loop at the same concurrency: the faster candidate completes more requests in
+    the same time; that is not a different workload. A different concurrency is."""
+    from conftest import ev
+
+    def rows(n, gap_ms):
+        return [ev("r1", f"q{i}", scheduled_ms=gap_ms * i, ttft_ms=100 + i % 7, e2e_ms=300,
+                   input_tokens=100 + i % 50, output_tokens=20) for i in range(n)]
+
+    closed = dict(load_model="closed")
+    pb = make_study(rows(800, 100.0), runs=[{"run_id": "r1", "concurrency": 4}], **closed)
+    pc = make_study(rows(1000, 80.0), runs=[{"run_id": "r1", "concurrency": 4}], **closed)
+    cmp = compare(pb, pc, "ttft_ms=1000", reps=100, seed=0)
+    t = cmp.to_frame().set_index("metric")
+    assert not cmp.paired and "cslo_rps" not in t.index
+    assert t.loc["goodput_rps_per_gpu", "candidate"] > t.loc["goodput_rps_per_gpu", "baseline"]
+    p8 = make_study(rows(800, 100.0), runs=[{"run_id": "r1", "concurrency": 8}], **closed)
+    with pytest.raises(StudyError, match="concurrency 4 vs 8"):
+        compare(pb, p8, "ttft_ms=1000", reps=100, seed=0)
