@@ -161,7 +161,7 @@ def test_thin_ecdf_keeps_the_tail_and_exact_heights():
     assert len(e) <= 400
     assert e["value"].iloc[-1] == 100_000 and e["cdf"].iloc[-1] == 1.0
     assert e["value"].iloc[0] == 1 and e["cdf"].iloc[0] == pytest.approx(1e-5)
-    assert (e["value"] == e["cdf"] * 100_000).all()  # every kept point is an exact ECDF point
+    np.testing.assert_allclose(e["value"], e["cdf"] * 100_000)  # exact ECDF points only
     assert (e["cdf"] >= 0.999).sum() >= 40  # the top 0.1 % keeps ~a tenth of the points
     small = thin_ecdf([3.0, float("nan"), 1.0, float("inf")])
     assert small["value"].tolist() == [1.0, 3.0] and small["cdf"].tolist() == [0.5, 1.0]
