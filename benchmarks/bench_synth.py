@@ -9,7 +9,8 @@ Measures, each in a fresh child process (so peak RSS is that step's own ``ru_max
   study     generate_study(bench preset) end to end: simulate + build tables + write parquet,
             runs spread over --workers processes (the figure the target is about)
   sim-1core simulate_level only, one process, one rate near capacity (the engine alone)
-  itl       generate_study of a 2-rate slice WITH per-token itl_ns lists (cost of the lists)
+  itl       generate_study of a 2-rate slice (12 and 24 req/s, max(requests-per-run / 10, 50 k)
+            requests each) WITH per-token itl_ns lists (cost of the lists)
 
     python benchmarks/bench_synth.py                            # full size: 12 × 1 M requests
     python benchmarks/bench_synth.py --requests-per-run 100000  # quick check (1.2 M requests)
@@ -69,7 +70,7 @@ def main() -> None:
     for kind in ("study", "sim-1core", "itl"):
         if kind in a.skip:
             continue
-        n = a.requests_per_run if kind != "itl" else max(a.requests_per_run // 10, 10_000)
+        n = a.requests_per_run if kind != "itl" else max(a.requests_per_run // 10, 50_000)
         with tempfile.TemporaryDirectory(prefix="bench-synth-") as tmp:
             out = str(Path(tmp) / "study")
             p = subprocess.run([sys.executable, __file__, "--child", kind, str(n), str(a.workers), out],
