@@ -101,7 +101,7 @@ class RunStats:
     repeat: int
     nominal_rps: float | None
     warmup_s: float
-    unit_size: int
+    unit_size: float                    # mean requests per unit (n / units)
     block_len: boot.BlockLength          # Politis–White, in requests
     units: dict = field(repr=False)      # name -> (n_units,) arrays
     grid: np.ndarray = field(repr=False)  # (n_units, size, size) int, cumulative good counts
@@ -291,6 +291,16 @@ def resolve_warmup(study: Study, warmup, bins: pd.DataFrame) -> tuple[dict, dict
     return out, src, late
 
 
+def _needs_mser(study: Study, warmup) -> bool:
+    if warmup == "mser":
+        return True
+    return warmup == "manifest" and any(r.warmup_s is None for r in study.manifest.runs)
+
+
+_STATUS_CODE_SQL = ("CASE m.status " + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(STATUSES))
+                    + f" ELSE {len(STATUSES)} END")
+
+
 def reduce_study(study, slo, *, warmup="manifest", alpha: float = sketch.DEFAULT_ALPHA,
                  max_units: int = MAX_UNITS, grid_step: float = GRID_STEP,
                  grid_half: int = GRID_HALF, tail_from: float = TAIL_FROM,
@@ -304,188 +314,187 @@ def reduce_study(study, slo, *, warmup="manifest", alpha: float = sketch.DEFAULT
     itl_col = _ITL_COL[slo.itl_stat]
     y_metric = "itl" if (slo.itl_ms is not None and slo.tpot_ms is None) else "tpot"
 
-    # 1. warm-up: time-bin TTFT means over whole runs (MSER-5), no row numbering needed
-    create_request_view(study, warmup_s={r.run_id: 0.0 for r in runs})
-    bins = _fetch_df(study, f"""
-        WITH s AS (SELECT run_id, greatest(max(scheduled_ns), 1) AS tmax FROM request_metrics
-                   GROUP BY run_id)
-        SELECT m.run_id,
-               least(CAST(floor(m.scheduled_ns * CAST(? AS DOUBLE) / s.tmax) AS BIGINT), ? - 1) AS bin,
-               count(*) AS n, avg(m.{ttft_col}) AS ttft, min(m.t_s) AS t0
-        FROM request_metrics m JOIN s USING (run_id) GROUP BY ALL""", [MSER_BINS, MSER_BINS])
+    # 1. warm-up: time-bin TTFT means over whole runs (MSER-5), only when some run needs it
+    bins = pd.DataFrame(columns=["run_id", "bin", "n", "ttft", "t0"])
+    if _needs_mser(study, warmup):
+        create_request_view(study, warmup_s={r.run_id: 0.0 for r in runs})
+        bins = _fetch_df(study, f"""
+            WITH s AS (SELECT run_id, greatest(max(scheduled_ns), 1) AS tmax FROM request_metrics
+                       GROUP BY run_id)
+            SELECT m.run_id,
+                   least(CAST(floor(m.scheduled_ns * CAST(? AS DOUBLE) / s.tmax) AS BIGINT), ? - 1) AS bin,
+                   count(*) AS n, avg(m.{ttft_col}) AS ttft, min(m.t_s) AS t0
+            FROM request_metrics m JOIN s USING (run_id) GROUP BY ALL""", [MSER_BINS, MSER_BINS])
     warm_s, warm_src, warm_late = resolve_warmup(study, warmup, bins)
     create_request_view(study, warmup_s=warm_s)
-
-    # 2. window sizes → unit sizes
-    counts = _fetch_df(study, """
-        SELECT run_id, count(*) AS n, count(*) - count(DISTINCT request_id) AS dup,
-               min(t_s) AS t_first, max(t_s) AS t_last
-        FROM request_metrics WHERE in_window GROUP BY run_id""")
-    counts = counts.set_index("run_id")
-    missing = [r.run_id for r in runs if r.run_id not in counts.index]
-    unit_rows = []
-    for r in runs:
-        n = int(counts.loc[r.run_id, "n"]) if r.run_id in counts.index else 0
-        unit_rows.append({"run_id": r.run_id, "run_idx": run_idx[r.run_id],
-                          "unit_size": max(1, -(-n // max_units))})
-    study.con.register("_cp_runs_df", pd.DataFrame(unit_rows))
+    study.con.register("_cp_runs_df", pd.DataFrame(
+        {"run_id": [r.run_id for r in runs], "run_idx": [run_idx[r.run_id] for r in runs]}))
     study.con.execute("CREATE OR REPLACE TEMP TABLE _cp_runs AS SELECT * FROM _cp_runs_df")
     study.con.unregister("_cp_runs_df")
 
-    # 3. the window's requests, numbered and cut into units (one materialisation)
+    # 2. grid anchors: the SLO's own limits, else the 90th percentile of the data
+    def _anchor(col, limit, metric):
+        if limit is not None:
+            return float(limit)
+        v = study.sql(f"SELECT approx_quantile({col}, 0.9) FROM request_metrics "
+                      "WHERE in_window AND status = 'ok'").fetchone()[0]
+        return float(v) if v is not None and v > 0 else _DEFAULT_ANCHOR[metric]
+
+    y_col = "tpot_ms" if y_metric == "tpot" else itl_col
+    gspec = GridSpec("ttft", y_metric, _anchor(ttft_col, slo.ttft_ms, "ttft"),
+                     _anchor(y_col, getattr(slo, f"{y_metric}_ms"), y_metric),
+                     grid_step, grid_half)
+
+    # 3. the window's requests in scheduled order (ties broken by hash(request_id)), one
+    #    materialisation of compact columns: flags, status code, time, log-bucket keys and
+    #    grid codes (every logarithm is taken once, here). A CTAS with ORDER BY keeps that order
+    #    in rowid (DuckDB's preserve_insertion_order, set here) — far cheaper than a window
+    #    function carrying the payload. Unit = ⌊(rowid − first)·U/n⌋, U = min(max_units, n).
+    ln_g = math.log(sketch.gamma_of(alpha))
     good_sql, good_params = good_predicate(slo, alias="m")
     fixed_sql, fixed_params = _fixed_conditions(slo, y_metric)
+    keys = {"kt": f"m.{ttft_col}", "kp": "m.tpot_ms", "ki": f"m.{itl_col}", "ke": "m.e2e_ms",
+            "kl": "m.gen_lag_ms"}
+    key_sql = ", ".join(f"CASE WHEN {c} IS NULL THEN NULL ELSE {sketch.key_sql(c)} END AS {k}"
+                        for k, c in keys.items())
+    study.sql("SET preserve_insertion_order = true")
     study.sql(f"""
         CREATE OR REPLACE TEMP TABLE _cp_req AS
-        SELECT run_idx, rn, CAST(rn // unit_size AS INTEGER) AS unit, good, base, status,
-               ttft, tpot, itl, e2e, gen_lag_ms, t_s, end_s, input_tokens, output_tokens
-        FROM (
-          SELECT r.run_idx, r.unit_size,
-                 row_number() OVER (PARTITION BY m.run_id ORDER BY m.scheduled_ns, m.request_id) - 1 AS rn,
-                 {good_sql} AS good,
-                 (m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}) AS base,
-                 m.status, m.{ttft_col} AS ttft, m.tpot_ms AS tpot, m.{itl_col} AS itl,
-                 m.e2e_ms AS e2e, m.gen_lag_ms, m.t_s, m.last_token_ns / 1e9 AS end_s,
-                 m.input_tokens, m.output_tokens
-          FROM request_metrics m JOIN _cp_runs r USING (run_id) WHERE m.in_window
-        )""", good_params + fixed_params)
+        SELECT r.run_idx, hash(m.request_id) AS h,
+               {good_sql} AS good,
+               (m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}) AS base,
+               CAST({_STATUS_CODE_SQL} AS TINYINT) AS st,
+               m.t_s, m.{ttft_col} AS ttft, m.e2e_ms / 1e3 AS soj,
+               {key_sql},
+               CAST({_grid_code_sql('m.' + ttft_col)} AS SMALLINT) AS jx,
+               CAST({_grid_code_sql('m.' + y_col)} AS SMALLINT) AS jy
+        FROM request_metrics m JOIN _cp_runs r USING (run_id) WHERE m.in_window
+        ORDER BY r.run_idx, m.scheduled_ns, h""",
+              good_params + fixed_params + [ln_g] * len(keys)
+              + _grid_code_params(gspec.x_anchor, grid_step, grid_half)
+              + _grid_code_params(gspec.y_anchor, grid_step, grid_half))
+    study.sql("""CREATE OR REPLACE TEMP TABLE _cp_meta AS
+                 SELECT run_idx, min(rowid) AS first_row, count(*) AS n_run,
+                        least(count(*), CAST(? AS BIGINT)) AS n_units, max(t_s) AS t_last
+                 FROM _cp_req GROUP BY run_idx""", [int(max_units)])
+    study.sql("""CREATE OR REPLACE TEMP VIEW _cp_u AS
+                 SELECT q.*, m.t_last,
+                        CAST((q.rowid - m.first_row) * m.n_units // m.n_run AS INTEGER) AS unit
+                 FROM _cp_req q JOIN _cp_meta m USING (run_idx)""")
     try:
-        return _reduce_from_table(study, slo, runs, run_idx, counts, missing, warm_s, warm_src,
-                                  warm_late, y_metric, alpha, max_units, grid_step, grid_half,
-                                  tail_from, lag_limit_ms, warmup)
+        return _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late,
+                                  gspec, alpha, max_units, tail_from, lag_limit_ms, warmup)
     finally:
+        study.sql("DROP VIEW IF EXISTS _cp_u")
+        study.sql("DROP TABLE IF EXISTS _cp_meta")
         study.sql("DROP TABLE IF EXISTS _cp_req")
 
 
-def _reduce_from_table(study, slo, runs, run_idx, counts, missing, warm_s, warm_src, warm_late,
-                       y_metric, alpha, max_units, grid_step, grid_half, tail_from,
-                       lag_limit_ms, warmup) -> BlockStats:
+def _np(study: Study, q: str, params=None) -> dict:
+    """Fetch a query as numpy columns (no pandas round trip for large results)."""
+    res = study.sql(q, params if params is not None else []).fetchnumpy()
+    return {k: np.asarray(v) for k, v in res.items()}
+
+
+_KEY_COL = {"ttft": "kt", "tpot": "kp", "itl": "ki", "e2e": "ke", "gen_lag_ms": "kl"}
+
+
+def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, gspec, alpha,
+                       max_units, tail_from, lag_limit_ms, warmup) -> BlockStats:
     nr = len(runs)
-    ln_g = math.log(sketch.gamma_of(alpha))
-    # 4. per-unit counts
-    status_cols = ", ".join(f"sum(CAST(status = '{s}' AS INTEGER)) AS st_{s}" for s in STATUSES)
-    ok_counts = ", ".join(f"count({m}) FILTER (WHERE status = 'ok') AS cnt_{m}" for m in METRICS)
+    G = gspec.size
+    # 4. per-unit counts (and Little's-law sums: time in flight inside the window, sojourns)
+    status_cols = ", ".join(f"sum(CAST(st = {i} AS INTEGER)) AS st_{s}"
+                            for i, s in enumerate(STATUSES))
+    ok_counts = ", ".join(f"count({_KEY_COL[m]}) FILTER (WHERE st = 0) AS cnt_{m}" for m in METRICS)
     u = _fetch_df(study, f"""
         SELECT run_idx, unit, count(*) AS n, sum(CAST(good AS INTEGER)) AS n_good,
-               sum(CAST(status = 'ok' AS INTEGER)) AS n_ok, {status_cols}, {ok_counts},
+               sum(CAST(st = 0 AS INTEGER)) AS n_ok, {status_cols}, {ok_counts},
                min(t_s) AS t0, max(t_s) AS t1, avg(ttft) AS ttft_mean, count(ttft) AS ttft_n,
-               sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
-               coalesce(sum(output_tokens) FILTER (WHERE good), 0) AS good_output_tokens,
-               max(end_s) AS end_max
-        FROM _cp_req GROUP BY ALL ORDER BY run_idx, unit""")
+               coalesce(sum(greatest(0.0, least(t_s + soj, t_last) - t_s)), 0) AS busy_s,
+               coalesce(sum(soj), 0) AS soj_s
+        FROM _cp_u GROUP BY ALL ORDER BY run_idx, unit""")
+    g = _np(study, "SELECT run_idx, unit, jx, jy, count(*) AS c FROM _cp_u WHERE base GROUP BY ALL")
 
-    # 5. anchors for the grid axes (the SLO's own limits, else a data quantile)
-    def _anchor(metric, limit):
-        if limit is not None:
-            return float(limit)
-        v = study.sql(f"SELECT quantile_cont({metric}, 0.9) FROM _cp_req WHERE status = 'ok'").fetchone()[0]
-        return float(v) if v is not None and v > 0 else _DEFAULT_ANCHOR[metric]
-
-    gspec = GridSpec("ttft", y_metric, _anchor("ttft", slo.ttft_ms),
-                     _anchor(y_metric, getattr(slo, f"{y_metric}_ms")), grid_step, grid_half)
-    G = gspec.size
-    g = _fetch_df(study, f"""
-        SELECT run_idx, unit, {_grid_code_sql('ttft')} AS jx, {_grid_code_sql(y_metric)} AS jy,
-               count(*) AS c
-        FROM _cp_req WHERE base GROUP BY ALL""",
-        _grid_code_params(gspec.x_anchor, grid_step, grid_half)
-        + _grid_code_params(gspec.y_anchor, grid_step, grid_half))
-
-    # 6. whole-run histograms (percentiles) and generator lag
+    # 5. whole-run histograms (percentiles; latency over ok requests) and generator lag
     hist_metrics = METRICS + ("gen_lag_ms",)
     parts = []
     for i, m in enumerate(hist_metrics):
-        cond = "status = 'ok' AND " if m in METRICS else ""
-        parts.append(f"SELECT run_idx, {i} AS metric, {sketch.key_sql(m)} AS k, count(*) AS c "
-                     f"FROM _cp_req WHERE {cond}{m} IS NOT NULL GROUP BY ALL")
-    h = _fetch_df(study, " UNION ALL ".join(parts), [ln_g] * len(hist_metrics))
-
+        k = _KEY_COL[m]
+        cond = "st = 0 AND " if m in METRICS else ""
+        parts.append(f"SELECT run_idx, {i} AS metric, {k} AS k, count(*) AS c "
+                     f"FROM _cp_req WHERE {cond}{k} IS NOT NULL GROUP BY ALL")
+    h = _fetch_df(study, " UNION ALL ".join(parts))
     hist = [{} for _ in range(nr)]
-    thresholds = []
+    thresholds = {}
     for (ri, mi), grp in h.groupby(["run_idx", "metric"]):
         k = grp["k"].to_numpy(np.int64)
         c = grp["c"].to_numpy(np.int64)
         k0 = int(k.min())
-        dense = np.zeros(int(k.max()) - k0 + 1, dtype=np.int64)
-        np.add.at(dense, k - k0, c)
+        dense = np.bincount(k - k0, weights=c).astype(np.int64)
         hist[int(ri)][hist_metrics[int(mi)]] = (k0, dense)
         if int(mi) < len(METRICS):
             cum = np.cumsum(dense)
-            kl = k0 + int(np.searchsorted(cum, tail_from * cum[-1], side="left"))
-            thresholds.append({"run_idx": int(ri), "metric": int(mi), "k_lo": kl})
+            thresholds[(int(ri), int(mi))] = k0 + int(np.searchsorted(cum, tail_from * cum[-1]))
 
-    # 7. per-unit tail histograms above each run's tail_from quantile
-    tails_df = pd.DataFrame(thresholds, columns=["run_idx", "metric", "k_lo"])
+    # 6. per-unit tail histograms above each run's tail_from quantile
+    tails_df = pd.DataFrame([{"run_idx": a, "metric": b, "k_lo": v}
+                             for (a, b), v in thresholds.items()],
+                            columns=["run_idx", "metric", "k_lo"]).astype("int64")
     study.con.register("_cp_tail_df", tails_df)
-    parts = []
-    for i, m in enumerate(METRICS):
-        parts.append(f"SELECT run_idx, unit, {i} AS metric, {sketch.key_sql(m)} AS k FROM _cp_req "
-                     f"WHERE status = 'ok' AND {m} IS NOT NULL")
-    t = _fetch_df(study, f"""
+    parts = [f"SELECT run_idx, unit, {i} AS metric, {_KEY_COL[m]} AS k FROM _cp_u "
+             f"WHERE st = 0 AND {_KEY_COL[m]} IS NOT NULL" for i, m in enumerate(METRICS)]
+    t = _np(study, f"""
         SELECT x.run_idx, x.unit, x.metric, x.k, count(*) AS c
         FROM ({' UNION ALL '.join(parts)}) x JOIN _cp_tail_df t
              ON x.run_idx = t.run_idx AND x.metric = t.metric
-        WHERE x.k >= t.k_lo GROUP BY ALL""", [ln_g] * len(METRICS))
+        WHERE x.k >= t.k_lo GROUP BY ALL""")
     study.con.unregister("_cp_tail_df")
 
-    # 8. the request-level good series (one byte per request) for Politis–White
-    pw = study.sql("SELECT run_idx, rn, good FROM _cp_req").fetchnumpy()
-
-    # 9. Little's law inputs over all requests overlapping the window
-    win = u.groupby("run_idx").agg(t_first=("t0", "min"), t_last=("t1", "max"),
-                                   end_max=("end_max", "max")).reset_index()
-    win["run_id"] = [runs[i].run_id for i in win["run_idx"]]
-    win["w0"] = [warm_s[r] for r in win["run_id"]]
-    win["w0"] = np.minimum(win["w0"], win["t_first"])
-    win["tend"] = np.fmax(win["end_max"].to_numpy(float), win["t_last"].to_numpy(float))
-    study.con.register("_cp_win_df", win[["run_id", "w0", "t_last", "tend"]])
-    lit = _fetch_df(study, """
-        SELECT m.run_id,
-               sum(greatest(0.0, least(coalesce(m.last_token_ns / 1e9, w.tend), w.t_last)
-                                  - greatest(m.t_s, w.w0))) AS busy_s,
-               avg(coalesce(m.last_token_ns / 1e9, w.tend) - m.t_s)
-                   FILTER (WHERE m.in_window) AS sojourn_s
-        FROM request_metrics m JOIN _cp_win_df w USING (run_id)
-        WHERE m.t_s <= w.t_last GROUP BY m.run_id""").set_index("run_id")
-    study.con.unregister("_cp_win_df")
+    # 7. the request-level good series (one byte per request) for Politis–White, in order
+    pw = _np(study, "SELECT rowid AS rid, run_idx, good, h FROM _cp_req")
+    if pw["rid"].size and np.any(np.diff(pw["rid"]) < 0):  # keep the scheduled order
+        o = np.argsort(pw["rid"], kind="stable")
+        pw = {k: v[o] for k, v in pw.items()}
 
     # ---------------------------------------------------------------- assemble per run
     unit_cols = [c for c in u.columns if c not in ("run_idx", "unit")]
+    u_run = u["run_idx"].to_numpy()
+    g_run, t_run, pw_run = g["run_idx"], t["run_idx"], pw["run_idx"]
     out_runs, diags = [], []
+    closed = study.manifest.load_model == "closed"
     for r in runs:
         i = run_idx[r.run_id]
-        ur = u[u["run_idx"] == i]
-        nu = len(ur)
-        units = {c: ur[c].to_numpy(dtype=np.float64) for c in unit_cols}
+        sel = u_run == i
+        nu = int(sel.sum())
+        units = {c: u.loc[sel, c].to_numpy(dtype=np.float64) for c in unit_cols}
         n = int(units["n"].sum()) if nu else 0
-        unit_size = max(1, -(-n // max_units))
-        # grid → cumulative counts
-        gr = g[g["run_idx"] == i]
-        cells = np.zeros((max(nu, 0), G, G), dtype=np.int64)
-        if nu and len(gr):
-            np.add.at(cells, (gr["unit"].to_numpy(np.int64), gr["jx"].to_numpy(np.int64),
-                              gr["jy"].to_numpy(np.int64)), gr["c"].to_numpy(np.int64))
+        unit_size = n / nu if nu else 1.0
+        # grid → 2-D cumulative counts
+        gs = g_run == i
+        flat = (g["unit"][gs].astype(np.int64) * G + g["jx"][gs].astype(np.int64)) * G \
+            + g["jy"][gs].astype(np.int64)
+        cells = np.bincount(flat, weights=g["c"][gs], minlength=nu * G * G).reshape(nu, G, G)
         grid = cells.cumsum(axis=1).cumsum(axis=2)
-        grid = grid.astype(np.int32 if n < 2**31 else np.int64)
-        # tails
+        grid = np.rint(grid).astype(np.int32 if n < 2**31 else np.int64)
+        # tails (dense units × bins, plus the count below each tail)
         tails = {}
-        tr = t[t["run_idx"] == i]
+        ts = t_run == i
         for mi, m in enumerate(METRICS):
             k0c = hist[i].get(m)
-            cnt_m = units.get(f"cnt_{m}", np.zeros(nu))
             if k0c is None or nu == 0:
                 continue
-            th = next(x["k_lo"] for x in thresholds if x["run_idx"] == i and x["metric"] == mi)
-            k_hi = k0c[0] + k0c[1].size - 1
-            dense = np.zeros((nu, k_hi - th + 1))
-            tm = tr[tr["metric"] == mi]
-            np.add.at(dense, (tm["unit"].to_numpy(np.int64), tm["k"].to_numpy(np.int64) - th),
-                      tm["c"].to_numpy(np.float64))
-            tails[m] = (int(th), dense, cnt_m - dense.sum(axis=1))
+            th = thresholds[(i, mi)]
+            nb = k0c[0] + k0c[1].size - th
+            sm = ts & (t["metric"] == mi)
+            idx = t["unit"][sm].astype(np.int64) * nb + (t["k"][sm].astype(np.int64) - th)
+            dense = np.bincount(idx, weights=t["c"][sm], minlength=nu * nb).reshape(nu, nb)
+            tails[m] = (int(th), dense, units[f"cnt_{m}"] - dense.sum(axis=1))
         # request-level good series → block length
-        sel = pw["run_idx"] == i
-        series = np.zeros(n, dtype=np.float64)
-        series[np.asarray(pw["rn"][sel], dtype=np.int64)] = np.asarray(pw["good"][sel], dtype=np.float64)
+        ps = pw_run == i
+        series = pw["good"][ps].astype(np.float64)
+        hs = pw["h"][ps]  # adjacent equal (scheduled_ns, hash(request_id)): recorded twice
+        dups = int(np.sum(hs[1:] == hs[:-1])) if hs.size > 1 else 0
         bl = boot.optimal_block_length(series) if n >= 3 else boot.BlockLength(1.0, 1.0)
         t_first = float(units["t0"].min()) if nu else math.nan
         t_last = float(units["t1"].max()) if nu else math.nan
@@ -494,29 +503,24 @@ def _reduce_from_table(study, slo, runs, run_idx, counts, missing, warm_s, warm_
         # diagnostics
         tm_units = units.get("ttft_mean", np.zeros(0))
         tw = units.get("ttft_n", np.zeros(0))
-        bm = dg.batch_means(tm_units, tw)
         half = nu // 2
+        bm = dg.batch_means(tm_units, tw)
         bm_end = dg.batch_means(tm_units[half:], tw[half:], dg.TREND_BATCHES // 2)
         lag = hist[i].get("gen_lag_ms")
         lag_p99 = float(sketch.quantile_from_counts(lag[1], lag[0], 0.99, alpha)) if lag else math.nan
-        if r.run_id in lit.index and span > 0 and measured == measured:
-            w0 = float(win.loc[win["run_idx"] == i, "w0"].iloc[0])
-            length = t_last - w0
-            L = lit.loc[r.run_id, "busy_s"] / length if length > 0 else math.nan
-            lam = n / length if length > 0 else math.nan
-            littles = dg.littles_ratio(L, lam, float(lit.loc[r.run_id, "sojourn_s"]))
-        else:
-            littles = math.nan
+        # Little: L̄ = Σ in-window flight time / T, λ·W̄ = Σ sojourn / T (requests with an end)
+        littles = math.nan
+        if nu and span > 0 and units["soj_s"].sum() > 0:
+            littles = float(units["busy_s"].sum() / units["soj_s"].sum())
         lag_limit = lag_limit_ms if lag_limit_ms is not None else max(
             dg.LAG_P99_MS, 0.1 * (slo.ttft_ms or 0.0))
-        dup = int(counts.loc[r.run_id, "dup"]) if r.run_id in counts.index else 0
         d = dg.run_diagnostics(
             run_id=r.run_id, n=n, warmup_s=warm_s[r.run_id], warmup_source=warm_src[r.run_id],
             mser_second_half=warm_late[r.run_id], measured_rps=measured,
             nominal_rps=r.nominal_rps if r.nominal_rps is not None else r.offered_rps,
             gen_lag_p99_ms=lag_p99, littles=littles, trend_all=dg.trend_test(bm),
-            trend_end=dg.trend_test(bm_end), duplicates=dup, lag_limit_ms=lag_limit,
-            closed_loop=study.manifest.load_model == "closed")
+            trend_end=dg.trend_test(bm_end), duplicates=dups,
+            lag_limit_ms=lag_limit, closed_loop=closed)
         diags.append(d)
         out_runs.append(RunStats(
             run_id=r.run_id, run_idx=i, load_level=r.load_level, offered_rps=r.offered_rps,
@@ -547,10 +551,12 @@ def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_
     for i, r in enumerate(runs):
         good = np.asarray(r["good"], dtype=np.float64)
         n = good.size
-        s = max(1, -(-n // max_units))
-        edges = np.arange(0, n, s)
-        g_u = np.add.reduceat(good, edges) if n else np.zeros(0)
-        n_u = np.diff(np.append(edges, n)).astype(np.float64)
+        nu = min(n, max_units)
+        unit = np.arange(n) * nu // n if n else np.zeros(0, dtype=np.int64)  # as in the SQL
+        g_u = np.bincount(unit, weights=good, minlength=nu)
+        n_u = np.bincount(unit, minlength=nu).astype(np.float64)
+        edges = np.arange(nu)
+        s = n / nu if nu else 1.0
         grid = np.zeros((edges.size, 2, 2), dtype=np.int64)
         grid[:, 0, :] = g_u[:, None]
         grid[:, 1, :] = n_u[:, None]
