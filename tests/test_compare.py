@@ -410,9 +410,10 @@ def test_notebook_executes_with_papermill(tmp_path):
     pb, pc = make_pair(tmp_path, seed=15, n=1200, cand={"long_slow": 1.5})
     out = tmp_path / "05.ipynb"
     pm.execute_notebook(str(REPO / "notebooks" / "05-compare.ipynb"), str(out),
-                        parameters={"baseline": str(pb), "candidate": str(pc),
+                        parameters={"baseline": str(pb), "study_path": str(pc),
                                     "slo": {"ttft_ms": 600.0, "attainment": 0.95},
-                                    "seed": 2, "reps": 100},
+                                    "seed": 2, "reps": 100, "artifacts_dir": str(tmp_path / "art"),
+                                    "report_time": "2026-01-01T00:00:00+00:00"},
                         kernel_name=ensure_kernel(), progress_bar=False)
     import nbformat
 
@@ -421,6 +422,7 @@ def test_notebook_executes_with_papermill(tmp_path):
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
     text = "".join(str(o.get("data", {}).get("text/markdown", "")) for o in outputs)
     assert "FAIL" in text and "input_tokens" in text
+    assert (tmp_path / "art" / "compare" / "compare.xlsx").is_file()
 
 
 # ---------------------------------------------------------------- sweeps with telemetry and cost
