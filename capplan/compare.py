@@ -1034,10 +1034,13 @@ class Comparison:
         if len(flagged):
             cols = ["dimension", "bucket", "metric", "n_baseline", "n_candidate", "baseline",
                     "candidate", "delta", "ci_low", "ci_high", "flag"]
-            parts.append("Bucket regressions\n" + flagged[cols].to_string(index=False))
+            shown = flagged[cols].copy()
+            for col in ("baseline", "candidate", "delta", "ci_low", "ci_high"):
+                shown[col] = shown[col].map(lambda v: f"{v:.4g}")
+            parts.append("Bucket regressions\n" + shown.to_string(index=False))
         if len(self.fairness):
             parts.append("Tenant fairness (service = weighted tokens; age = max(TTFT, queue))\n"
-                         + self.fairness.to_string(index=False))
+                         + self.fairness.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         if self.notes:
             parts.append("Notes\n" + "\n".join(f"  {n}" for n in self.notes))
         parts.append(self.verdict.to_text())
