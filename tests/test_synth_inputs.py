@@ -73,9 +73,15 @@ def test_replay_small_azure_file_keeps_rows_and_hits_rate(tmp_path):
     tr = A.load_trace(p)
     assert tr.n == 4 and tr.input_tokens.tolist() == [4808, 3180, 100, 50]
     assert tr.t_s[1] == pytest.approx(0.052, abs=1e-9)  # 7-decimal timestamps keep 100-ns precision
-    sched, i, o = A.replay_schedule(tr, rate_rps=tr.mean_rate_rps * 2, duration_s=tr.span_s / 2 + 1e-9)
-    assert len(sched) == 4 and list(zip(i, o)) == [(r[1], r[2]) for r in rows]
-    assert sched[-1] == pytest.approx(tr.span_s / 2 * 1e9, abs=2)
+    # 4 rows over 4 s at 1 req/s: the whole trace, clock unchanged (row 4 would come one mean gap later)
+    sched, i, o = A.replay_schedule(tr, rate_rps=1.0, duration_s=4.0)
+    assert list(zip(i, o)) == [(r[1], r[2]) for r in rows]
+    period = tr.span_s + 1 / tr.mean_rate_rps
+    assert np.allclose(sched / 1e9, tr.t_s * 4.0 / period, atol=1e-9)
+    # 6 rows in 2 s: the trace wraps; rows and their joint lengths repeat in order
+    sched, i, o = A.replay_schedule(tr, rate_rps=3.0, duration_s=2.0)
+    assert len(sched) == 6 and i.tolist() == [4808, 3180, 100, 50, 4808, 3180]
+    assert sched[-1] < 2e9 and np.all(np.diff(sched) >= 0)
 
 
 def test_replay_rejects_bad_trace(tmp_path):
@@ -96,15 +102,23 @@ def test_replay_public_trace_keeps_rows_and_rate(name):
                 "mooncake_conversation_trace.jsonl": 12031}[name]
     assert tr.n == n_expect  # the last Azure line has no trailing newline: still read
     target = 40.0
-    period = (tr.span_s + 1 / tr.mean_rate_rps) * tr.mean_rate_rps / target
+    period = tr.n / target  # the whole trace once
     sched, i, o = A.replay_schedule(tr, target, period)
-    assert len(sched) == tr.n
-    assert abs(len(sched) / period - target) / target < 1e-3
+    assert len(sched) == tr.n and len(sched) / period == pytest.approx(target)
     # each replayed row keeps its own joint (input, output) pair, in trace order
     assert np.array_equal(i, tr.input_tokens) and np.array_equal(o, tr.output_tokens)
+    # the burst shape is kept: the trace clock is only rescaled
+    raw = tr.t_s / (tr.span_s + 1 / tr.mean_rate_rps)
+    assert np.allclose(sched / 1e9 / period, raw, atol=1e-6)
     # two periods: the trace wraps and rows repeat
     s2, i2, _ = A.replay_schedule(tr, target, 2 * period)
     assert len(s2) == 2 * tr.n and np.all(np.diff(s2) >= 0) and np.array_equal(i2[tr.n:], tr.input_tokens)
+    # any window, any start row: exactly round(rate × duration) rows, the target rate
+    for start, dur in ((0, 60.0), (1234, 25.0), (tr.n - 3, 200.0)):
+        s3, i3, o3 = A.replay_schedule(tr, 7.0, dur, start_row=start)
+        assert len(s3) == round(7.0 * dur) and s3[-1] < dur * 1e9 and np.all(np.diff(s3) >= 0)
+        rows = (start + np.arange(len(s3))) % tr.n
+        assert np.array_equal(i3, tr.input_tokens[rows]) and np.array_equal(o3, np.maximum(tr.output_tokens[rows], 1))
 
 
 def test_default_service_model_matches_refit_of_public_profile():

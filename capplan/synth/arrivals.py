@@ -161,22 +161,31 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> Trace:
 
 def replay_schedule(trace: Trace, rate_rps: float, duration_s: float,
                     start_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Scale the trace clock by ``trace.mean_rate_rps / rate_rps`` and take its rows from
-    ``start_row`` in order until ``duration_s``; past the trace end it wraps to row 0 (one
-    mean gap after the last row). Returns (scheduled_ns, input_tokens, output_tokens); rows with
-    0 generated tokens are replayed as 1-token requests (none in the public traces)."""
-    if not (rate_rps > 0):
-        raise SpecError(f"offered rate must be > 0, got {rate_rps}", field="rates")
-    scale = trace.mean_rate_rps / rate_rps
-    t = (trace.t_s - trace.t_s[start_row % trace.n]) * scale
-    period = (trace.span_s + 1.0 / trace.mean_rate_rps) * scale  # one mean gap closes the loop
-    t = np.concatenate([t[start_row % trace.n:], t[:start_row % trace.n] + period])
-    rows = np.concatenate([np.arange(start_row % trace.n, trace.n), np.arange(0, start_row % trace.n)])
-    reps = int(math.ceil(duration_s / period)) + 1
+    """Replay the trace's rows in order from ``start_row`` (wrapping to row 0 after the last,
+    one mean gap later), its clock scaled so that the run holds exactly
+    m = round(rate × duration) rows: the scale maps the first row time after row m−1 onto
+    ``duration_s``. Every run thus offers the target rate on average, whatever part of an
+    on/off trace it covers, while keeping the trace's burst shape and each row's joint
+    (input, output) lengths. Returns (scheduled_ns, input_tokens, output_tokens); rows with 0
+    generated tokens are replayed as 1-token requests (none in the public traces)."""
+    if not (rate_rps > 0) or not math.isfinite(rate_rps):
+        raise SpecError(f"offered rate must be a positive number, got {rate_rps}", field="rates")
+    if not (duration_s > 0):
+        raise SpecError(f"duration_s must be > 0, got {duration_s}", field="sweep.duration_s")
+    m = max(1, int(round(rate_rps * duration_s)))
+    s0 = start_row % trace.n
+    period = trace.span_s + 1.0 / trace.mean_rate_rps  # raw seconds; one mean gap closes the loop
+    t = trace.t_s - trace.t_s[s0]
+    t = np.concatenate([t[s0:], t[:s0] + period])
+    rows = np.concatenate([np.arange(s0, trace.n), np.arange(0, s0)])
+    reps = m // trace.n + 2
     tt = np.concatenate([t + i * period for i in range(reps)])
     rr = np.tile(rows, reps)
-    ns = np.round(tt * NS_PER_S).astype(np.int64)
-    keep = ns < int(round(duration_s * NS_PER_S))
-    ns, rr = ns[keep], rr[keep]
+    later = np.flatnonzero(tt > tt[m - 1])
+    t_end = tt[later[0]]  # first row strictly after row m−1 (ties stay inside the window)
+    scale = duration_s / t_end
+    ns = np.round(tt[:m] * scale * NS_PER_S).astype(np.int64)
+    ns = np.minimum(ns, int(round(duration_s * NS_PER_S)) - 1)  # rounding never pushes past the end
+    rr = rr[:m]
     # a completion emits at least one token: rows logged with 0 generated tokens replay as 1
     return ns, trace.input_tokens[rr].copy(), np.maximum(trace.output_tokens[rr], 1)
