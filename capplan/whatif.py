@@ -142,7 +142,7 @@ def model_settings(environ, *, study_path: str = "", spec_path: str = "", slo=No
     parameters). Empty / zero / negative values mean "the spec's"."""
     env = {k: v for k, v in environ.items() if k.startswith("CAPPLAN_") and v != ""}
 
-    def num(key, value, cast, unset):
+    def num(key: str, value, cast, is_set):
         raw = env.get(key)
         if raw is not None:
             try:
@@ -150,15 +150,14 @@ def model_settings(environ, *, study_path: str = "", spec_path: str = "", slo=No
             except ValueError:
                 raise SpecError(f"environment variable {key}={raw!r} is not a number",
                                 field=key) from None
-        return None if value is None or value == unset or (unset == 0 and value <= 0) or (
-            unset == -1 and value < 0) else cast(value)
+        return cast(value) if value is not None and is_set(value) else None
 
     return {"study": env.get("CAPPLAN_STUDY") or study_path or None,
             "spec": env.get("CAPPLAN_SPEC") or spec_path or None,
             "slo": env.get("CAPPLAN_SLO") or (slo or None),
-            "seed": num("CAPPLAN_SEED", seed, int, -1),
-            "reps": num("CAPPLAN_REPS", reps, int, 0),
-            "confidence": num("CAPPLAN_CONFIDENCE", confidence, float, 0)}
+            "seed": num("CAPPLAN_SEED", seed, int, lambda v: v >= 0),
+            "reps": num("CAPPLAN_REPS", reps, int, lambda v: v > 0),
+            "confidence": num("CAPPLAN_CONFIDENCE", confidence, float, lambda v: v > 0)}
 
 
 def _fmt_value(v, unit: str) -> str:

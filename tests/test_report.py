@@ -205,6 +205,17 @@ def test_second_report_gives_the_same_numbers(demo_report, tmp_path, monkeypatch
     assert float(rows["capacity_rps_per_group"]["Value"]) > 0
 
 
+def test_report_plan_is_the_capplan_plan(demo_report, tmp_path, capsys):
+    """One spec, one plan: the report's export equals `capplan plan` with the same inputs."""
+    rc = main(["plan", str(R.demo_study_path()), "--spec", str(R.default_spec_path()),
+               "--out", str(tmp_path / "p"), "--reps", str(REPS), "--seed", "0",
+               "--time", TIME])
+    assert rc == 0, capsys.readouterr().err
+    for name in ("line_items.csv", "capacity.csv", "cost_by_quarter.csv", "checks.csv"):
+        assert (tmp_path / "p" / name).read_bytes() == \
+            (demo_report / "data" / "plan" / name).read_bytes(), name
+
+
 def test_kernel_runs_this_interpreter():
     import sys
 
