@@ -7,8 +7,10 @@ from .engine import ClosedLoop, ReplicaParams, SimResult, simulate
 from .lengths import LengthDist
 from .service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
 from .sweep import generate_study, plan_runs, simulate_level
+from .truth import CapacityTruth, TruthResult, true_attainment, true_capacity
 
 __all__ = ["Trace", "arrival_times_ns", "load_trace", "replay_schedule", "PRESETS", "SynthConfig",
            "load_config", "parse_config", "preset", "ClosedLoop", "ReplicaParams", "SimResult",
            "simulate", "LengthDist", "DEFAULT_SERVICE_MODEL", "ServiceModel", "fit_service_model",
-           "generate_study", "plan_runs", "simulate_level"]
+           "generate_study", "plan_runs", "simulate_level", "CapacityTruth", "TruthResult",
+           "true_attainment", "true_capacity"]
