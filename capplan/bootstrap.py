@@ -61,12 +61,15 @@ class BlockLength:
 
 def autocovariances(x, max_lag: int) -> np.ndarray:
     """γ̂_k = n⁻¹ Σ_{t>k} (x_t − x̄)(x_{t−k} − x̄) for k = 0..max_lag, by FFT (zero-padded)."""
+    from scipy import fft as _fft
+
     x = np.asarray(x, dtype=np.float64)
     n = x.size
     e = x - x.mean()
-    nfft = 1 << int(math.ceil(math.log2(max(2 * n - 1, 2))))
-    f = np.fft.rfft(e, nfft)
-    acov = np.fft.irfft(f * np.conj(f), nfft)[: max_lag + 1] / n
+    # zero-padding to n + max_lag is enough to keep lags ≤ max_lag free of wrap-around
+    nfft = _fft.next_fast_len(n + max_lag + 1, real=True)
+    f = _fft.rfft(e, nfft)
+    acov = _fft.irfft(f.real**2 + f.imag**2, nfft)[: max_lag + 1] / n
     return acov
 
 

@@ -355,16 +355,17 @@ def reduce_study(study, slo, *, warmup="manifest", alpha: float = sketch.DEFAULT
     fixed_sql, fixed_params = _fixed_conditions(slo, y_metric)
     keys = {"kt": f"m.{ttft_col}", "kp": "m.tpot_ms", "ki": f"m.{itl_col}", "ke": "m.e2e_ms",
             "kl": "m.gen_lag_ms"}
-    key_sql = ", ".join(f"CASE WHEN {c} IS NULL THEN NULL ELSE {sketch.key_sql(c)} END AS {k}"
-                        for k, c in keys.items())
+    ktype = "SMALLINT" if alpha >= 1e-3 else "INTEGER"  # |key| ≤ ln(1e12)/ln γ fits
+    key_sql = ", ".join(f"CAST(CASE WHEN {c} IS NULL THEN NULL ELSE {sketch.key_sql(c)} END "
+                        f"AS {ktype}) AS {k}" for k, c in keys.items())
     study.sql("SET preserve_insertion_order = true")
     study.sql(f"""
         CREATE OR REPLACE TEMP TABLE _cp_req AS
-        SELECT r.run_idx, hash(m.request_id) AS h,
+        SELECT CAST(r.run_idx AS SMALLINT) AS run_idx, hash(m.request_id) AS h,
                {good_sql} AS good,
                (m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}) AS base,
                CAST({_STATUS_CODE_SQL} AS TINYINT) AS st,
-               m.t_s, m.{ttft_col} AS ttft, m.e2e_ms / 1e3 AS soj,
+               m.t_s, CAST(m.{ttft_col} AS FLOAT) AS ttft, CAST(m.e2e_ms / 1e3 AS FLOAT) AS soj,
                {key_sql},
                CAST({_grid_code_sql('m.' + ttft_col)} AS SMALLINT) AS jx,
                CAST({_grid_code_sql('m.' + y_col)} AS SMALLINT) AS jy
@@ -452,10 +453,11 @@ def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, g
     study.con.unregister("_cp_tail_df")
 
     # 7. the request-level good series (one byte per request) for Politis–White, in order
-    pw = _np(study, "SELECT rowid AS rid, run_idx, good, h FROM _cp_req")
-    if pw["rid"].size and np.any(np.diff(pw["rid"]) < 0):  # keep the scheduled order
-        o = np.argsort(pw["rid"], kind="stable")
-        pw = {k: v[o] for k, v in pw.items()}
+    #    (a plain scan returns rowid order under preserve_insertion_order; checked below)
+    pw = _np(study, "SELECT run_idx, good, h FROM _cp_req")
+    if pw["run_idx"].size and np.any(np.diff(pw["run_idx"].astype(np.int64)) < 0):
+        raise StudyError("internal: the reduction lost the scheduled order of requests",
+                         fix="report this; set preserve_insertion_order = true in DuckDB")
 
     # ---------------------------------------------------------------- assemble per run
     unit_cols = [c for c in u.columns if c not in ("run_idx", "unit")]
