@@ -303,23 +303,68 @@ def _nav_html(current: str) -> str:
     return " ".join(links)
 
 
+def headline_rows(data_dir: Path) -> list[tuple[str, str, str]]:
+    """(quantity, value, unit) for the front page, read back from the report's own exports
+    (envelope.json and plan/summary.csv), so the index shows exactly the exported numbers."""
+    import csv
+
+    from .viz import format_number
+
+    rows: list[tuple[str, str, str]] = []
+    env_path = data_dir / "envelope.json"
+    if env_path.is_file():
+        c = json.loads(env_path.read_text(encoding="utf-8")).get("cslo", {})
+        unit = c.get("unit") or "req/s"
+        conf = c.get("confidence")
+        for key, label in (("estimate", "C_SLO estimate"), ("ci_low", "C_SLO CI low"),
+                           ("ci_high", "C_SLO CI high"),
+                           ("lower_bound", "C_SLO one-sided lower bound")):
+            if c.get(key) is not None:
+                rows.append((label + (f" ({conf:.0%})" if conf and key != "estimate" else ""),
+                             format_number(float(c[key])), unit))
+        if c.get("status"):
+            rows.append(("C_SLO status", str(c["status"]), ""))
+    summary = data_dir / "plan" / "summary.csv"
+    if summary.is_file():
+        for r in csv.DictReader(summary.read_text(encoding="utf-8-sig").splitlines()):
+            v = r.get("Value", "")
+            try:
+                v = format_number(float(v))
+            except ValueError:
+                pass
+            rows.append((r.get("Quantity", ""), v, r.get("Unit", "")))
+    return rows
+
+
 def index_html(params: ReportParams, study_name: str, study_hash: str,
-               pages: list[tuple[str, str]], exports: list[str]) -> str:
-    """The report's front page: links to the pages and exports, parameters and provenance."""
+               pages: list[tuple[str, str]], exports: list[str],
+               headline: list[tuple[str, str, str]] | None = None) -> str:
+    """The report's front page: headline numbers, links to the pages and exports, parameters
+    and provenance."""
     e = html.escape
     rows = [("study", str(params.study)), ("study name", study_name),
             ("study sha256", study_hash), ("plan spec", str(params.spec)), ("SLO", params.slo),
             ("confidence", f"{params.confidence:g}"), ("bootstrap reps", str(params.reps)),
-            ("seed", str(params.seed)), ("capplan", __version__)]
+            ("seed", str(params.seed)), ("export time", params.time), ("capplan", __version__)]
     page_items = "\n".join(f'<li><a href="{e(p)}">{e(t)}</a></li>' for p, t in pages)
-    export_items = "\n".join(f'<li><a href="{e(x)}">{e(x)}</a></li>' for x in exports) or \
-        "<li>(none)</li>"
-    param_rows = "\n".join(f"<tr><th>{e(k)}</th><td><code>{e(v)}</code></td></tr>" for k, v in rows)
+
+    def links(items):
+        return "\n".join(f'<li><a href="{e(x)}">{e(x)}</a></li>' for x in items) or \
+            "<li>(none)</li>"
+
+    plan_files = [x for x in exports if x.startswith("data/plan/")]
+    other_files = [x for x in exports if not x.startswith("data/plan/")]
+    param_rows = "\n".join(f"<tr><th>{e(k)}</th><td><code>{e(v)}</code></td></tr>"
+                           for k, v in rows)
+    head_rows = "\n".join(
+        f'<tr><th>{e(q)}</th><td class="num">{e(v)}</td><td>{e(u)}</td></tr>'
+        for q, v, u in (headline or []))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>capplan report: {e(study_name)}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; max-width: 900px; margin: 2em auto; color: #222; }}
 th {{ text-align: left; padding-right: 1em; font-weight: 600; }}
+td.num {{ text-align: right; padding-right: .6em; font-variant-numeric: tabular-nums; }}
 td code {{ word-break: break-all; }}
 </style></head>
 <body>
@@ -328,9 +373,17 @@ td code {{ word-break: break-all; }}
 <ul>
 {page_items}
 </ul>
+<h2>Headline</h2>
+<table class="headline">
+{head_rows}
+</table>
 <h2>Plan export (for finance)</h2>
 <ul>
-{export_items}
+{links(plan_files)}
+</ul>
+<h2>Other data</h2>
+<ul>
+{links(other_files)}
 </ul>
 <h2>Parameters and provenance</h2>
 <table>
@@ -490,7 +543,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
             pages.append((page, title))
         exports = sorted(str(p.relative_to(tmp)) for p in (tmp / "data").rglob("*") if p.is_file())
         (tmp / "index.html").write_text(
-            index_html(params, opened.name, study_hash, pages, exports), encoding="utf-8")
+            index_html(params, opened.name, study_hash, pages, exports,
+                       headline_rows(tmp / "data")), encoding="utf-8")
         meta = {"capplan": __version__, "study": str(params.study), "study_name": opened.name,
                 "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,

@@ -148,6 +148,15 @@ def test_demo_report_layout(demo_report):
     for target in ("01-explore.html", "02-envelope.html", "03-plan.html",
                    "data/plan/plan.xlsx", "data/plan/line_items.csv"):
         assert f'href="{target}"' in index
+    # the headline repeats the exported numbers
+    from capplan.viz import format_number
+
+    summary = {r["Quantity"]: r["Value"] for r in csv.DictReader(
+        (demo_report / "data/plan/summary.csv").read_text(encoding="utf-8-sig").splitlines())}
+    gpus = format_number(float(summary["total GPUs"]))
+    assert f'<th>total GPUs</th><td class="num">{gpus}</td>' in index
+    lb = json.loads((demo_report / "data/envelope.json").read_text(encoding="utf-8"))
+    assert format_number(lb["cslo"]["lower_bound"]) in index
     meta = json.loads((demo_report / "report.json").read_text(encoding="utf-8"))
     assert meta["seed"] == 0 and meta["reps"] == REPS and meta["time"] == TIME
     assert meta["study_name"] and len(meta["study_sha256"]) == 64
