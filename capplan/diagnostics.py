@@ -13,8 +13,8 @@ plus ``run_diagnostics`` which combines them into one verdict per run:
   started on an empty server is optimistic near saturation (§7). Flagged beside the capacity.
 - **coordinated omission**: generator lag (sent − scheduled) p99 above a threshold means the
   client, not the server, was the bottleneck; the offered rate was not delivered ⇒ unusable.
-- **Little's law**: time-average in-flight L̄ against λ·W̄ over the window; a large mismatch
-  on a stable run points at lost or duplicated events.
+- **Little's law**: in-window time in flight against λ·W̄ (sojourns spilling past the window);
+  from events alone it cannot see lost events (that needs an independent in-flight count).
 - **offered rate**: measured from scheduled timestamps, against the nominal one.
 """
 
@@ -172,7 +172,8 @@ def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
     if too_short:
         warns.append("too short to reach steady state: TTFT still trending at the end")
     if littles == littles and abs(littles - 1) > LITTLE_TOL and not trend_all.trending:
-        warns.append(f"Little's law mismatch: L/(λW) = {littles:.2f} (lost or duplicated events?)")
+        warns.append(f"Little's law mismatch: L/(λW) = {littles:.2f} (sojourns spill past the "
+                     "window, or clock problems)")
     return RunDiagnostics(
         run_id=run_id, n=int(n), warmup_s=float(warmup_s), warmup_source=warmup_source,
         mser_in_second_half=bool(mser_second_half), measured_rps=float(measured_rps),

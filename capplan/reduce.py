@@ -3,12 +3,15 @@ the envelope that touches raw rows; everything after it works on small numpy arr
 
 Design
 ------
-*Units.* Inside each run's measurement window (after warm-up) requests are numbered in
-scheduled order and cut into ``units`` of ``s = ⌈n / max_units⌉`` consecutive requests (a
-request per unit for runs up to ``max_units`` requests). Units are the lattice sub-blocks of
-the block bootstrap: a bootstrap block is ``L = round(b / s)`` consecutive units, b being the
-Politis–White block length of the run's 0/1 SLO-good series (computed here, by FFT, on the
-request-level series — the only per-request array we ever fetch, one byte per request).
+*Units.* Inside each run's measurement window (after warm-up) requests are sorted in
+scheduled order (ties by a hash of request_id) into one materialised table — a CTAS with
+ORDER BY, whose rowid keeps the order — that also holds every log-bucket key and grid code,
+so each logarithm is taken once. The window is cut into ``U = min(max_units, n)`` units of
+⌊n/U⌋ or ⌈n/U⌉ consecutive requests (a request per unit for runs up to ``max_units``).
+Units are the lattice sub-blocks of the block bootstrap: a bootstrap block is ``L = b·U/n``
+consecutive units, b being the Politis–White block length of the run's 0/1 SLO-good series
+(computed by FFT on the request-level series — the only per-request array fetched, one byte
+per request plus a hash that finds duplicated events).
 
 *Per unit* (all integer counts, so they add exactly and in any order):
 - requests, ok, SLO-good (exact SQL predicate of the reduction SLO), one count per status,
@@ -26,8 +29,9 @@ request-level series — the only per-request array we ever fetch, one byte per 
 - ``tail``: log-bucket histograms (``capplan.sketch``, α = 0.5 %) of TTFT, TPOT, ITL stat and
   E2E per unit, holding the buckets above each run's ``tail_from`` quantile plus a per-unit
   count of values below — enough to bootstrap p99/p99.9 at a fraction of the memory.
-- per run: full log-bucket histograms of the same metrics and of generator lag (percentile
-  point estimates), Little's-law inputs, duplicates, and time-bin TTFT means for MSER-5.
+- per unit, Little's-law sums (time in flight inside the window, sojourns); per run: full
+  log-bucket histograms of the same metrics and of generator lag (percentile point
+  estimates), and — only when a run needs MSER-5 — time-bin TTFT means over the whole run.
 
 Every query binds its values; identifiers come from fixed tables in this module. The SQL is
 plain (window function, CASE, GROUP BY), so it could run on another engine unchanged.

@@ -376,3 +376,38 @@ def test_cli_bad_input_exits_2(sweep, tmp_path, capsys):
     assert main(["envelope", str(sweep), "--slo", "attainment=0.9"]) == 2
     assert main(["envelope", str(sweep), "--slo", "ttft_ms=1000", "--confidence", "3"]) == 2
     assert main(["envelope", str(tmp_path / "nope"), "--slo", "ttft_ms=1000"]) == 2
+
+
+def test_duplicated_events_make_a_run_unusable(tmp_path):
+    ev, runs = sweep_events([1, 2, 3], 400, seed=8)
+    dup = ev[ev["run_id"] == "r1"].iloc[100:103]
+    path = write_study(tmp_path / "dup", manifest_dict("d", runs), pd.concat([ev, dup]))
+    e = fit_envelope(path, "ttft_ms=1000,attainment=0.9", reps=50)
+    d = e.diagnostics.set_index("run_id")
+    assert d.loc["r1", "duplicates"] == 3 and not d.loc["r1", "usable"]
+    assert d.loc["r0", "duplicates"] == 0 and d.loc["r0", "usable"]
+
+
+def test_summary_envelope_refits_target():
+    df = pd.DataFrame({"rate": [1, 2, 3, 4], "n": [1000] * 4, "good": [999, 990, 950, 800]})
+    e = fit_summary_table(df, 0.97, reps=200, seed=4)
+    r = e.refit(attainment=0.9)
+    assert r.target == 0.9 and r.cslo.estimate > e.cslo.estimate
+    assert r.cslo == fit_summary_table(df, 0.9, reps=200, seed=4).cslo
+    with pytest.raises(SpecError):
+        e.refit(slo="ttft_ms=100")
+    with pytest.raises(SpecError):
+        e.surface()
+
+
+def test_stats_from_series_in_memory():
+    from capplan.reduce import stats_from_series
+
+    rng = np.random.default_rng(0)
+    runs = [{"run_id": f"r{i}", "load_level": lv, "good": (rng.random(3000) < p).astype(float)}
+            for i, (lv, p) in enumerate([(1, 0.999), (2, 0.99), (3, 0.9)])]
+    st = stats_from_series(runs, "ttft_ms=1,attainment=0.95", max_units=500)
+    assert [r.n_units for r in st.runs] == [500, 500, 500]
+    assert st.runs[1].n_good == int(runs[1]["good"].sum())
+    e = fit_from_stats(st, st.slo, reps=100)
+    assert e.cslo.status == STATUS_BRACKETED and 2 < e.cslo.estimate < 3
