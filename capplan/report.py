@@ -527,9 +527,11 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
 
     seconds: dict[str, float] = {}
     pages: list[tuple[str, str]] = []
-    n = len(REPORT_NOTEBOOKS)
-    say(f"capplan report: study {opened.name} ({params.study}), SLO {params.slo}, "
-        f"seed {params.seed}, reps {params.reps}")
+    from .slo import SLO
+
+    say(f"capplan report: study {opened.name} ({params.study}); SLO: "
+        f"{SLO.parse(params.slo).describe()}; seed {params.seed}, reps {params.reps}; "
+        f"→ {out_dir}")
     with atomic_dir(out_dir) as tmp:
         (tmp / "notebooks").mkdir()
         (tmp / "data").mkdir()

@@ -8,6 +8,7 @@ Voila listens on 127.0.0.1 only.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import secrets
 import shutil
@@ -61,10 +62,8 @@ def voila_command(notebook: Path, port: int, token: str) -> list[str]:
 def cmd(study, spec, port, slo, reps, seed, token):
     """Serve the what-if panel for STUDY (default: the bundled demo study) on 127.0.0.1
     until Ctrl-C. Prints the URL to open."""
-    try:
-        import voila  # noqa: F401
-    except ModuleNotFoundError:
-        raise SpecError("the what-if app needs Voila", fix='pip install -e ".[app]"') from None
+    if importlib.util.find_spec("voila") is None:
+        raise SpecError("the what-if app needs Voila", fix='pip install -e ".[app]"')
     params, _ = R.resolve_params(study, spec, slo=slo, seed=seed, reps=reps)
     source = R.notebooks_dir() / R.WHATIF_NOTEBOOK
     if not source.is_file():
