@@ -121,7 +121,11 @@ class Envelope:
     scheme: str = "circular"
     block_len: float | None = None
     iid_assumption: bool = False
+    #: replicate C_SLO values (req/s; censored: 0 when a replicate fails at the lowest level,
+    #: the largest tested level when it passes everywhere — see ``crossing_flags``)
     crossing_replicates: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    #: per replicate: −1 "< min tested", 0 bracketed, +1 "≥ max tested"
+    crossing_flags: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=int))
     level_replicates: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0)))
 
     # ------------------------------------------------------------------ views
@@ -661,7 +665,8 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
     return Envelope(slo=slo, target=float(target), cslo=cs, runs=runs, levels=levels,
                     diagnostics=pd.DataFrame(), knee=knee, max_goodput=mg, stats=None,
                     notes=tuple(notes + more), confidence=confidence, iid_assumption=iid,
-                    crossing_replicates=vals, level_replicates=sw["A"])
+                    crossing_replicates=vals, crossing_flags=sw["rep_flag"],
+                    level_replicates=sw["A"])
 
 
 # ============================================================================ public entry

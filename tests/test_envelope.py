@@ -159,6 +159,10 @@ def test_statuses_when_not_bracketed():
     assert math.isnan(below.cslo.estimate)
     assert below.cslo.lower_bound == 0.0 and below.cslo.ci_low == 0.0
     assert below.cslo.suggested_rates == (0.5, 1.0, 1.5)
+    # replicates are censored, and flagged: −1 below the lowest level, +1 above the highest
+    assert np.all(below.crossing_replicates[below.crossing_flags == -1] == 0.0)
+    assert np.mean(below.crossing_flags == -1) > 0.9
+    assert np.all(above.crossing_replicates[above.crossing_flags == 1] == 3.0)
     d = below.to_dict()
     assert d["cslo"]["estimate"] is None and d["cslo.status"] == STATUS_BELOW
     json.dumps(d)  # JSON-ready: no NaN
