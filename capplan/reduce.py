@@ -459,14 +459,16 @@ def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, g
     # 7. the request-level good series (one byte per request) for Politis–White, in order
     #    (a plain scan returns rowid order under preserve_insertion_order; checked below)
     pw = _np(study, "SELECT run_idx, good, h FROM _cp_req")
-    if pw["run_idx"].size and np.any(np.diff(pw["run_idx"].astype(np.int64)) < 0):
+    pr = pw["run_idx"]
+    if pr.size and np.any(pr[1:] < pr[:-1]):
         raise StudyError("internal: the reduction lost the scheduled order of requests",
                          fix="report this; set preserve_insertion_order = true in DuckDB")
+    pw_bounds = np.searchsorted(pr, np.arange(nr + 1), side="left")
 
     # ---------------------------------------------------------------- assemble per run
     unit_cols = [c for c in u.columns if c not in ("run_idx", "unit")]
     u_run = u["run_idx"].to_numpy()
-    g_run, t_run, pw_run = g["run_idx"], t["run_idx"], pw["run_idx"]
+    g_run, t_run = g["run_idx"], t["run_idx"]
     out_runs, diags = [], []
     closed = study.manifest.load_model == "closed"
     for r in runs:
@@ -497,7 +499,7 @@ def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, g
             dense = np.bincount(idx, weights=t["c"][sm], minlength=nu * nb).reshape(nu, nb)
             tails[m] = (int(th), dense, units[f"cnt_{m}"] - dense.sum(axis=1))
         # request-level good series → block length
-        ps = pw_run == i
+        ps = slice(pw_bounds[i], pw_bounds[i + 1])
         series = pw["good"][ps].astype(np.float64)
         hs = pw["h"][ps]  # adjacent equal (scheduled_ns, hash(request_id)): recorded twice
         dups = int(np.sum(hs[1:] == hs[:-1])) if hs.size > 1 else 0
