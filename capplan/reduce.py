@@ -336,11 +336,12 @@ def reduce_study(study, slo, *, warmup="manifest", alpha: float = sketch.DEFAULT
     study.con.execute("CREATE OR REPLACE TEMP TABLE _cp_runs AS SELECT * FROM _cp_runs_df")
     study.con.unregister("_cp_runs_df")
 
-    # 2. grid anchors: the SLO's own limits, else the 90th percentile of the data
+    # 2. grid anchors: the SLO's own limits, else the 90th percentile of the data (exact,
+    #    so the grid is the same on every run)
     def _anchor(col, limit, metric):
         if limit is not None:
             return float(limit)
-        v = study.sql(f"SELECT approx_quantile({col}, 0.9) FROM request_metrics "
+        v = study.sql(f"SELECT quantile_cont({col}, 0.9) FROM request_metrics "
                       "WHERE in_window AND status = 'ok'").fetchone()[0]
         return float(v) if v is not None and v > 0 else _DEFAULT_ANCHOR[metric]
 
