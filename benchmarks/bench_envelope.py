@@ -91,7 +91,7 @@ def _rss_mb() -> float:
 
 
 def child_capplan(path: str, reps: int) -> dict:
-    from capplan.envelope import fit_envelope, fit_from_stats
+    from capplan.envelope import fit_envelope
     from capplan.reduce import reduce_study
     from capplan.slo import SLO
     from capplan.study import open_study

@@ -40,7 +40,6 @@ plain (window function, CASE, GROUP BY), so it could run on another engine uncha
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
