@@ -1676,7 +1676,7 @@ def export_comparison(cmp: Comparison, out_dir, *, time: str | None = None,
     created = _dt.datetime.fromisoformat(time).astimezone(_dt.timezone.utc).replace(tzinfo=None)
     tables = comparison_tables(cmp, time=time, hashes=hashes)
     with atomic_dir(out) as tmp:
-        write_xlsx(tables, tmp / XLSX_NAME, created=created)
+        write_xlsx(tables, tmp / XLSX_NAME, created=created, title="capplan comparison")
         for sheet, df in tables.items():
             write_csv(df, tmp / CSV_NAMES[sheet])
     return out

@@ -115,13 +115,14 @@ def _created(time: str) -> _dt.datetime:
     return t
 
 
-def write_xlsx(tables: dict[str, pd.DataFrame], path: str | os.PathLike, *, created: _dt.datetime) -> None:
+def write_xlsx(tables: dict[str, pd.DataFrame], path: str | os.PathLike, *, created: _dt.datetime,
+               title: str = "capplan plan") -> None:
     """Write the tables with xlsxwriter: formulas and URLs off, text made safe, numbers as numbers."""
     import xlsxwriter
 
     wb = xlsxwriter.Workbook(str(path), {"strings_to_formulas": False, "strings_to_urls": False,
                                          "strings_to_numbers": False, "nan_inf_to_errors": False})
-    wb.set_properties({"title": "capplan plan", "author": "capplan", "created": created})
+    wb.set_properties({"title": title, "author": "capplan", "created": created})
     head = wb.add_format({"bold": True, "text_wrap": True, "valign": "top"})
     wrap = wb.add_format({"text_wrap": True, "valign": "top"})
     num = wb.add_format({"num_format": "#,##0.########", "valign": "top"})
