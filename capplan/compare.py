@@ -506,6 +506,7 @@ class _Side:
     hists: dict[str, pd.DataFrame] = field(default_factory=dict)
     good_series: list[np.ndarray] = field(default_factory=list)
     tok_hist: dict[str, pd.DataFrame] = field(default_factory=dict)
+    warmup_s: dict[str, float] = field(default_factory=dict)  # the aligned steady windows
 
 
 def _gpus(study: Study) -> int:
@@ -838,14 +839,15 @@ def _telemetry(study: Study) -> dict:
     return out
 
 
-def _energy_per_good(study: Study, slo: SLO) -> tuple[float, str]:
-    """Joules per SLO-meeting request from ``capplan.cost.study_facts`` (its notes explain which
-    samples and requests were used); NaN when the study has no power samples."""
+def _energy_per_good(study: Study, slo: SLO, warmup_s: dict[str, float]) -> tuple[float, str]:
+    """Joules per SLO-meeting request from ``capplan.cost.study_facts`` over the same aligned
+    steady windows as the rest of the comparison (its notes explain which samples and requests
+    were used); NaN when the study has no power samples."""
     from .cost import study_facts
 
     if not study.resource_files:
         return float("nan"), "no resources/ power samples"
-    facts = study_facts(study, slo)
+    facts = study_facts(study, slo, warmup_s=warmup_s)
     e = sum(lv.energy_j for lv in facts.levels if lv.energy_j is not None)
     g = sum(lv.good_requests_powered for lv in facts.levels if lv.good_requests_powered)
     if not g:
@@ -1173,8 +1175,10 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
         warm_b[rb], warm_c[rc] = w, w
     create_request_view(sb, warm_b)
     create_request_view(sc, warm_c)
-    b = _Side("baseline", sb, [p[0] for p in pairs], pd.DataFrame(), _gpus(sb), sb.has("itl_ns"))
-    c = _Side("candidate", sc, [p[1] for p in pairs], pd.DataFrame(), _gpus(sc), sc.has("itl_ns"))
+    b = _Side("baseline", sb, [p[0] for p in pairs], pd.DataFrame(), _gpus(sb), sb.has("itl_ns"),
+              warmup_s=warm_b)
+    c = _Side("candidate", sc, [p[1] for p in pairs], pd.DataFrame(), _gpus(sc), sc.has("itl_ns"),
+              warmup_s=warm_c)
     for side in (b, c):
         side.facts = _facts(side, side.runs)
         _token_hist(side)
@@ -1309,8 +1313,8 @@ def _headline(ctx: _Ctx) -> tuple[pd.DataFrame, list[str]]:
         rows.append(_row("peak_gpu_mem_gib", "all", tb["peak_gpu_mem_gib"], tc["peak_gpu_mem_gib"]))
     elif tb or tc:
         notes.append("peak GPU memory not compared: only one study has mem_used_bytes telemetry")
-    eb, nb_e = _energy_per_good(b.study, ctx.slo)
-    ec, nc_e = _energy_per_good(c.study, ctx.slo)
+    eb, nb_e = _energy_per_good(b.study, ctx.slo, b.warmup_s)
+    ec, nc_e = _energy_per_good(c.study, ctx.slo, c.warmup_s)
     if np.isfinite(eb) and np.isfinite(ec):
         # energy fixed, SLO-good count resampled: E/good scales with 1/good
         rows.append(_row("energy_j_per_good_request", "all", eb, ec, eb * gb.sum() / good_rb,

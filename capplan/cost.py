@@ -195,7 +195,7 @@ class StudyFacts:
         return any(lv.energy_j is not None for lv in self.levels)
 
 
-def study_facts(study, slo) -> StudyFacts:
+def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> StudyFacts:
     """Good fraction, good output tokens and energy per load level of an open-loop study.
 
     Counts in-window offered requests (every status; unfinished ones are violations) per run.
@@ -203,12 +203,14 @@ def study_facts(study, slo) -> StudyFacts:
     GPU (trapezoid) over the run's in-window span [warm-up, last event] when the samples fall
     in it (same run clock as the events); when none fall in it (e.g. epoch timestamps) the
     whole run's samples are used with the whole run's good requests, and a note says so.
+    ``warmup_s`` overrides the manifest's warm-up per run (as in ``create_request_view``), so a
+    caller that aligned steady windows (compare) keeps them.
     """
     from .metrics import create_request_view, good_predicate
     from .slo import SLO
 
     slo = SLO.parse(slo)
-    create_request_view(study)
+    create_request_view(study, warmup_s)
     pred, params = good_predicate(slo)
     q = f"""
         SELECT run_id, any_value(offered_rps) AS offered_rps,
@@ -230,7 +232,8 @@ def study_facts(study, slo) -> StudyFacts:
             notes.append(f"run {run_id} has no offered_rps (closed loop): left out of plan facts")
             continue
         spec = study.manifest.run(run_id)
-        warm_ns = int(round((spec.warmup_s or 0.0) * C.NS_PER_S))
+        warm = (warmup_s or {}).get(run_id, spec.warmup_s)
+        warm_ns = int(round((warm or 0.0) * C.NS_PER_S))
         per_run[run_id] = dict(rps=float(rps), offered=int(offered), good=int(good),
                                good_tokens=int(good_tokens), good_all=int(good_all),
                                w0=max(warm_ns, int(w0)) if w0 is not None else None,
