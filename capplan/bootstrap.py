@@ -296,13 +296,26 @@ def resample(n_units: int, block_units: float, reps: int, rng, scheme: str = "ci
 
 def ratio_replicates(counts: np.ndarray, num, den) -> np.ndarray:
     """Replicates of Σnum/Σden (e.g. attainment = good / requests) for each count row.
-    ``num`` may be (units,) or (units × k) for several ratios sharing a denominator."""
+
+    Shapes: ``num`` and ``den`` are each (units,) or (units × k). Both 1-D → (reps,);
+    2-D ``num`` with 1-D ``den`` → (reps × k), k ratios sharing a denominator; 1-D ``num``
+    with 2-D ``den`` → (reps × k), one numerator over k denominators; both 2-D → (reps × k),
+    column by column (k must match)."""
     num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)
+    if num.ndim > 2 or den.ndim > 2:
+        raise ValueError("ratio_replicates: num and den must be (units,) or (units × k)")
+    if num.ndim == 2 and den.ndim == 2 and num.shape[1] != den.shape[1]:
+        raise ValueError(f"ratio_replicates: num has {num.shape[1]} columns, den "
+                         f"{den.shape[1]}; they must match")
     top = _sum(counts, num)
     bot = _sum(counts, den)
+    if top.ndim == 2 and bot.ndim == 1:
+        bot = bot[:, None]
+    elif top.ndim == 1 and bot.ndim == 2:
+        top = top[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return top / (bot[:, None] if top.ndim == 2 else bot)
+        return top / bot
 
 
 def mean_replicates(counts: np.ndarray, x) -> np.ndarray:

@@ -170,3 +170,29 @@ def test_seed_reproducible_and_schemes_checked():
     assert np.array_equal(a, b)
     with pytest.raises(ValueError):
         B.resample(100, 4, 10, 5, "bogus")
+
+
+def test_ratio_replicates_shapes_with_2d_denominator():
+    """A 2-D denominator used to be broadcast as (reps × 1 × k) against the numerator; every
+    num/den shape combination is checked here against explicit column-by-column ratios."""
+    rng = np.random.default_rng(3)
+    units, reps, k = 50, 30, 3
+    num = rng.random((units, k))
+    den = 1.0 + rng.random((units, k))
+    for counts in (B.resample(units, 4, reps, 1, "circular"),
+                   B.resample(units, 4, reps, 1, "circular").counts()):
+        C = counts if isinstance(counts, np.ndarray) else counts.counts()
+        both = B.ratio_replicates(counts, num, den)
+        assert both.shape == (reps, k)
+        assert both == pytest.approx((C @ num) / (C @ den))
+        one_num = B.ratio_replicates(counts, num[:, 0], den)
+        assert one_num.shape == (reps, k)
+        assert one_num == pytest.approx((C @ num[:, 0])[:, None] / (C @ den))
+        one_den = B.ratio_replicates(counts, num, den[:, 0])
+        assert one_den.shape == (reps, k)
+        assert one_den == pytest.approx((C @ num) / (C @ den[:, 0])[:, None])
+        flat = B.ratio_replicates(counts, num[:, 1], den[:, 1])
+        assert flat.shape == (reps,)
+        assert flat == pytest.approx(both[:, 1])
+    with pytest.raises(ValueError):
+        B.ratio_replicates(C, num, den[:, :2])
