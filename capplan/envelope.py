@@ -17,7 +17,8 @@ Recipe (STATISTICS.md §5, measured to cover at the nominal level):
 
 A run with no failures (or no successes) has nothing to resample; its replicates are drawn
 from Beta(N_eff, 1) (or Beta(1, N_eff)), whose quantiles are the Clopper–Pearson bounds at
-N_eff (§7), so a short perfect run cannot make the interval collapse.
+N_eff (§7), so a short perfect run cannot make the interval collapse. Its N_eff uses the
+design effect of the nearest non-degenerate usable run by load level (``_borrowed_deff``).
 
 Closed-loop sweeps (concurrency levels) use the same machinery over concurrency; the capacity
 is the achieved goodput rate (req/s) at the highest passing concurrency, flagged closed-loop.
@@ -478,7 +479,6 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
     """Per-run attainment (+ CI, design effect, N_eff, early stopping) and percentiles."""
     diag = stats.diagnostics.set_index("run_id")
     rows, good_rep, n_rep = [], [], []
-    deffs = []
     per = []
     for r, gu in zip(stats.runs, good_units):
         usable = bool(diag.loc[r.run_id, "usable"]) if r.run_id in diag.index else False
@@ -501,15 +501,16 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
                 nr_ = stats._cache[key] = R.sums(r.units["n"])
         att_rep = gr / nr_
         deff = boot.design_effect(float(np.var(att_rep)), a, n)
-        if deff == deff:
-            deffs.append(deff)
         per.append((r, usable, n, k, gr, nr_, deff))
-    deff_sweep = float(np.median(deffs)) if deffs else 1.0
+    donors = _deff_donors(per)
     rng = np.random.default_rng([int(seed), _SEED_SWEEP + 1])
     for r, usable, n, k, gr, nr_, deff in per:
         a = k / n if n else math.nan
         degenerate = gr is not None and (k == 0 or k == n)
-        d_used = deff if deff == deff else max(deff_sweep, 1.0)
+        if deff == deff:
+            d_used, d_src = deff, "own"
+        else:
+            d_used, d_src = _borrowed_deff(r.load_level, donors)
         neff = boot.n_effective(n, d_used) if n else 0.0
         if gr is not None:
             if degenerate:  # Clopper–Pearson floor at N_eff (STATISTICS.md §7)
@@ -532,7 +533,8 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
             "n": n, "n_good": int(k), "n_ok": int(r.units["n_ok"].sum()) if r.n_units else 0,
             "attainment": a, "att_ci_low": lo, "att_ci_high": hi,
             "ci_floor": "clopper-pearson" if degenerate else "",
-            "design_effect": deff, "n_eff": neff,
+            "design_effect": deff, "design_effect_used": max(d_used, 1.0) if n else math.nan,
+            "design_effect_source": d_src if n else "", "n_eff": neff,
             "early_stop_ok": bool(neff >= need), "early_stop_n_min": need,
             "block_len": r.block_len.for_scheme(scheme if scheme != "iid" else "circular")
             if scheme != "iid" else 1.0,
@@ -552,6 +554,40 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
             n_rep.append(np.full(reps, math.nan))
     return pd.DataFrame(rows), np.column_stack(good_rep) if good_rep else np.zeros((reps, 0)), \
         np.column_stack(n_rep) if n_rep else np.zeros((reps, 0))
+
+
+#: a run lends its design effect to a degenerate run only with at least this many of its
+#: rarer outcome: with one event the block-bootstrap design effect is exactly 1 whatever the
+#: clustering (the event's draw count is ~Poisson(1)), and with a few isolated events ≈ 1.
+MIN_DONOR_EVENTS = 5
+
+
+def _deff_donors(per) -> list[tuple[float, float, str]]:
+    """(load level, design effect, run_id) of the runs whose design effect can be lent to a
+    degenerate run, in order of preference: usable runs with ≥ MIN_DONOR_EVENTS of each
+    outcome; else usable non-degenerate runs; else any non-degenerate run."""
+    def pick(cond):
+        return [(float(r.load_level), float(d), r.run_id) for r, u, n, k, gr, nr_, d in per
+                if d == d and cond(u, n, k)]
+
+    for cond in (lambda u, n, k: u and min(k, n - k) >= MIN_DONOR_EVENTS,
+                 lambda u, n, k: u, lambda u, n, k: True):
+        ok = pick(cond)
+        if ok:
+            return ok
+    return []
+
+
+def _borrowed_deff(level: float, donors) -> tuple[float, str]:
+    """Design effect for a run with no failures (or no successes), whose own bootstrap
+    variance is zero: that of the nearest non-degenerate run by load level, ties to the
+    lower level (the run most like it in load, not a sweep-wide median dominated by
+    near-saturation runs). With no donor at all, 1 (iid), said in the source."""
+    if not donors:
+        return 1.0, "none: iid (no run with both outcomes)"
+    lv = float(level)
+    best = min(donors, key=lambda t: (abs(t[0] - lv), t[0]))
+    return max(best[1], 1.0), f"nearest run {best[2]}"
 
 
 def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confidence):

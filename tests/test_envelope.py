@@ -415,3 +415,54 @@ def test_stats_from_series_in_memory():
     assert st.runs[1].n_good == int(runs[1]["good"].sum())
     e = fit_from_stats(st, st.slo, reps=100)
     assert e.cslo.status == STATUS_BRACKETED and 2 < e.cslo.estimate < 3
+
+
+def _ar1_good(n, p, phi, seed):
+    rng = np.random.default_rng(seed)
+    z = signal.lfilter([1.0], [1.0, -phi], rng.standard_normal(n) * math.sqrt(1 - phi**2))
+    return (z <= special.ndtri(p)).astype(float)
+
+
+def test_degenerate_run_borrows_the_nearest_runs_design_effect():
+    """A zero-failure run's N_eff uses the design effect of the nearest non-degenerate run by
+    load level (ties → the lower level; donors need ≥ 5 of each outcome), not the sweep median
+    that near-saturation runs dominate; its CI is Clopper–Pearson at that N_eff."""
+    from capplan import bootstrap as B
+    from capplan.reduce import stats_from_series
+
+    runs = [
+        {"run_id": "lo", "load_level": 1.0, "good": _ar1_good(4000, 0.97, 0.8, 1)},
+        {"run_id": "perfect", "load_level": 2.0, "good": np.ones(600)},
+        {"run_id": "one_fail", "load_level": 2.5, "good": np.r_[np.ones(1999), 0.0]},
+        {"run_id": "hi", "load_level": 3.0, "good": _ar1_good(4000, 0.9, 0.99, 2)},
+        {"run_id": "sat1", "load_level": 5.0, "good": _ar1_good(4000, 0.6, 0.995, 3)},
+        {"run_id": "sat2", "load_level": 6.0, "good": _ar1_good(4000, 0.4, 0.995, 4)},
+    ]
+    st = stats_from_series(runs, "ttft_ms=1000,attainment=0.99")
+    e = fit_from_stats(st, st.slo, reps=400, seed=0, block_len=60)
+    r = e.runs.set_index("run_id")
+    d_lo, d_hi = r.loc["lo", "design_effect"], r.loc["hi", "design_effect"]
+    assert 1 < d_lo < 5 and d_hi > 20  # the donors really differ
+    median = float(np.median(r["design_effect"].dropna()))
+    assert median > 10  # what the old rule would have used
+    # "perfect" (level 2) is equidistant from "lo" (1) and "hi" (3): the lower one wins;
+    # "one_fail" (2.5) is nearer but has a single failure, so it does not lend its deff
+    p = r.loc["perfect"]
+    assert p["design_effect_used"] == pytest.approx(d_lo)
+    assert p["design_effect_source"] == "nearest run lo"
+    assert p["n_eff"] == pytest.approx(600 / d_lo)
+    lo, hi = B.clopper_pearson(p["n_eff"], p["n_eff"], 0.95)
+    assert p["att_ci_low"] == pytest.approx(lo) and p["att_ci_high"] == 1.0
+    assert p["ci_floor"] == "clopper-pearson"
+    # its replicates: Beta(N_eff, 1) — with N_eff ≈ 600/2 far fewer fall below 0.99 than
+    # with the median-deff N_eff (600/median ≤ 60, where most would)
+    j = list(e.levels["load_level"]).index(2.0)
+    share_below = float(np.mean(e.level_replicates[:, j] < 0.99))
+    assert share_below == pytest.approx(0.99 ** (600 / d_lo), abs=0.06)
+    assert share_below < 0.99 ** (600 / median) - 0.3
+    # a run with no successes at the top borrows from its nearest neighbour too
+    runs2 = runs + [{"run_id": "dead", "load_level": 7.0, "good": np.zeros(800)}]
+    st2 = stats_from_series(runs2, "ttft_ms=1000,attainment=0.99")
+    r2 = fit_from_stats(st2, st2.slo, reps=100, seed=0, block_len=60).runs.set_index("run_id")
+    assert r2.loc["dead", "design_effect_source"] == "nearest run sat2"
+    assert r2.loc["dead", "n_eff"] == pytest.approx(800 / r2.loc["sat2", "design_effect"])
