@@ -3,7 +3,8 @@ block-bootstrap confidence interval and the one-sided lower bound a plan should 
 
 Recipe (STATISTICS.md §5, measured to cover at the nominal level):
 1. per run, a block bootstrap of the per-unit statistics (``capplan.bootstrap``, block length
-   by Politis–White on the run's 0/1 SLO-good series); runs are resampled independently
+   = max of Politis–White on the run's 0/1 SLO-good series and on its log primary latency);
+   runs are resampled independently
    (stratified); a load level with repeats is resampled in two stages (repeats, then blocks);
 2. a **decreasing** isotonic curve of attainment vs load, weighted by inverse variance
    (weighted PAVA; Robertson, Wright & Dykstra 1988), fitted to the estimate and to every
@@ -538,6 +539,12 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
             "early_stop_ok": bool(neff >= need), "early_stop_n_min": need,
             "block_len": r.block_len.for_scheme(scheme if scheme != "iid" else "circular")
             if scheme != "iid" else 1.0,
+            "block_len_good": (r.block_len_good.for_scheme(scheme) if r.block_len_good
+                               is not None and scheme != "iid" else math.nan),
+            "block_len_latency": (r.block_len_latency.for_scheme(scheme) if
+                                  r.block_len_latency is not None and scheme != "iid"
+                                  else math.nan),
+            "block_metric": r.block_metric,
             "unit_size": r.unit_size, "warmup_s": r.warmup_s,
             "usable": usable,
             "reason": str(diag.loc[r.run_id, "reason"]) if r.run_id in diag.index else "no data",

@@ -9,9 +9,11 @@ ORDER BY, whose rowid keeps the order — that also holds every log-bucket key a
 so each logarithm is taken once. The window is cut into ``U = min(max_units, n)`` units of
 ⌊n/U⌋ or ⌈n/U⌉ consecutive requests (a request per unit for runs up to ``max_units``).
 Units are the lattice sub-blocks of the block bootstrap: a bootstrap block is ``L = b·U/n``
-consecutive units, b being the Politis–White block length of the run's 0/1 SLO-good series
-(computed by FFT on the request-level series — the only per-request array fetched, one byte
-per request plus a hash that finds duplicated events).
+consecutive units, b being the larger of the Politis–White block lengths of the run's 0/1
+SLO-good series and of the log of its primary latency series (``conservative_block_length``;
+computed by FFT on the request-level series — the only per-request arrays fetched: one byte
+per request for good, the log-bucket keys of the SLO's latency limits, and a hash that finds
+duplicated events).
 
 *Per unit* (all integer counts, so they add exactly and in any order):
 - requests, ok, SLO-good (exact SQL predicate of the reduction SLO), one count per status,
@@ -112,6 +114,11 @@ class RunStats:
     tail: dict = field(repr=False)       # metric -> (k0, counts (units × bins), below (units,))
     measured_rps: float = math.nan
     span_s: float = math.nan
+    #: the two Politis–White lengths whose maximum is ``block_len``: on the 0/1 SLO-good
+    #: series, and on the log of the run's primary latency series (``block_metric``)
+    block_len_good: boot.BlockLength | None = None
+    block_len_latency: boot.BlockLength | None = None
+    block_metric: str = ""
 
     @property
     def n_units(self) -> int:
@@ -458,7 +465,9 @@ def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, g
 
     # 7. the request-level good series (one byte per request) for Politis–White, in order
     #    (a plain scan returns rowid order under preserve_insertion_order; checked below)
-    pw = _np(study, "SELECT run_idx, good, h FROM _cp_req")
+    lat_cols = _latency_key_cols(slo, gspec.y_metric)
+    sel = "".join(f", coalesce({c}, {_KEY_MISSING}) AS {c}" for _, c, _ in lat_cols)
+    pw = _np(study, f"SELECT run_idx, good, h{sel} FROM _cp_req")
     pr = pw["run_idx"]
     if pr.size and np.any(pr[1:] < pr[:-1]):
         raise StudyError("internal: the reduction lost the scheduled order of requests",
@@ -503,7 +512,10 @@ def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, g
         series = pw["good"][ps].astype(np.float64)
         hs = pw["h"][ps]  # adjacent equal (scheduled_ns, hash(request_id)): recorded twice
         dups = int(np.sum(hs[1:] == hs[:-1])) if hs.size > 1 else 0
-        bl = boot.optimal_block_length(series) if n >= 3 else boot.BlockLength(1.0, 1.0)
+        lat = {m: pw[c][ps] for m, c, _ in lat_cols}
+        bl_good, bl_lat, bl_metric = conservative_block_length(
+            series, lat, {m: lim for m, _, lim in lat_cols}, alpha)
+        bl = _bl_max(bl_good, bl_lat)
         t_first = float(units["t0"].min()) if nu else math.nan
         t_last = float(units["t1"].max()) if nu else math.nan
         span = t_last - t_first if nu else math.nan
@@ -535,11 +547,80 @@ def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, g
             concurrency=None if r.concurrency is None else float(r.concurrency), repeat=r.repeat,
             nominal_rps=r.nominal_rps, warmup_s=warm_s[r.run_id], unit_size=unit_size,
             block_len=bl, units=units, grid=grid, hist=hist[i], tail=tails,
-            measured_rps=measured, span_s=span))
+            measured_rps=measured, span_s=span, block_len_good=bl_good,
+            block_len_latency=bl_lat, block_metric=bl_metric))
     return BlockStats(slo=slo, alpha=alpha, load_model=study.manifest.load_model,
                       name=study.manifest.name, runs=tuple(out_runs), grid_spec=gspec,
                       diagnostics=dg.to_frame(diags), max_units=max_units, tail_from=tail_from,
                       source=str(study.root), warmup=warmup)
+
+
+_KEY_MISSING = 32767  # SMALLINT sentinel for a missing latency (failed request) in the fetch
+_LAT_KEY = {"ttft": "kt", "tpot": "kp", "itl": "ki", "e2e": "ke"}
+
+
+def _latency_key_cols(slo: SLO, y_metric: str) -> list[tuple[str, str, float]]:
+    """(metric, key column, limit) of the SLO's latency limits, TTFT first (the default primary
+    series), then TPOT or ITL (the grid's y metric), then E2E."""
+    out = []
+    if slo.ttft_ms is not None:
+        out.append(("ttft", "kt", float(slo.ttft_ms)))
+    y = getattr(slo, f"{y_metric}_ms")
+    if y is not None:
+        out.append((y_metric, _LAT_KEY[y_metric], float(y)))
+    if slo.e2e_ms is not None:
+        out.append(("e2e", "ke", float(slo.e2e_ms)))
+    return out
+
+
+def _bl_max(a: boot.BlockLength, b: boot.BlockLength | None) -> boot.BlockLength:
+    if b is None:
+        return a
+    return boot.BlockLength(max(a.stationary, b.stationary), max(a.circular, b.circular))
+
+
+def conservative_block_length(good, latency: dict, limits: dict | None = None,
+                              alpha: float = sketch.DEFAULT_ALPHA):
+    """Block length of a run = max(PW on the 0/1 good series, PW on the log of its primary
+    latency series), each capped at min(3√n, n/3) as PW is (STATISTICS.md §3).
+
+    Why: when violations are rare and cluster in bursts, the autocorrelations of the 0/1
+    series are mostly noise and PW comes out far too short (2.8 requests against 41 on log
+    TTFT in a synthetic model) and the interval under-covers; the latency series that drives
+    the violations carries the dependence visibly.
+
+    ``latency``: metric → per-request series in scheduled order (log-bucket keys — the log
+    up to α — or raw values when ``limits`` is None and the series are positive floats);
+    missing values (failed requests; ≥ ``_KEY_MISSING`` or NaN) are set to the run's largest
+    value (a failure is a violation). The primary series is the metric with the most
+    violations of its limit (by bucket key), TTFT on ties and when nothing is violated.
+    Returns (PW on good, PW on the primary latency or None, its metric name or "")."""
+    good = np.asarray(good, dtype=np.float64)
+    n = good.size
+    one = boot.BlockLength(1.0, 1.0)
+    bl_good = boot.optimal_block_length(good) if n >= 3 else one
+    if not latency or n < 3:
+        return bl_good, None, ""
+    best, best_v = None, -1
+    for m, v in latency.items():
+        v = np.asarray(v)
+        if limits is not None:
+            lk = int(sketch.keys(np.array([limits[m]]), alpha)[0])
+            ok = v < _KEY_MISSING
+            nv = int(np.count_nonzero(ok & (v > lk)))
+        else:
+            nv = 0
+        if nv > best_v:
+            best, best_v = m, nv
+    v = np.asarray(latency[best], dtype=np.float64)
+    miss = (v >= _KEY_MISSING) | np.isnan(v) if limits is not None else np.isnan(v)
+    if miss.all():
+        return bl_good, one, best
+    if miss.any():
+        v = np.where(miss, np.max(v[~miss]), v)
+    if limits is None:
+        v = np.log(np.maximum(v, sketch.MIN_VALUE))
+    return bl_good, boot.optimal_block_length(v), best
 
 
 def with_slo_anchor(stats: BlockStats, slo: SLO) -> BlockStats:
@@ -552,8 +633,10 @@ def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_
     """BlockStats built in memory from per-run 0/1 SLO-good series, skipping SQL (for
     simulations, tests and tools that already hold indicators). Each dict needs ``run_id``,
     ``load_level`` and ``good`` (0/1 array in scheduled order); optional ``rate_rps``
-    (measured rate; default the load level), ``repeat``. Only the given SLO (any target) can
-    be re-fitted; there are no latency histograms."""
+    (measured rate; default the load level), ``repeat``, ``latency`` (a positive per-request
+    latency series, e.g. TTFT: the block length is then max(PW on good, PW on its log), as in
+    ``reduce_study``). Only the given SLO (any target) can be re-fitted; there are no latency
+    histograms."""
     slo = SLO.parse(slo)
     out, diags = [], []
     for i, r in enumerate(runs):
@@ -569,6 +652,9 @@ def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_
         grid[:, 0, :] = g_u[:, None]
         grid[:, 1, :] = n_u[:, None]
         rate = float(r.get("rate_rps", r["load_level"]))
+        lat = r.get("latency")
+        bl_good, bl_lat, bl_metric = conservative_block_length(
+            good, {} if lat is None else {"latency": np.asarray(lat, dtype=np.float64)})
         units = {"n": n_u, "n_good": g_u, "n_ok": n_u.copy()}
         for st in STATUSES:
             units[f"st_{st}"] = n_u.copy() if st == "ok" else np.zeros_like(n_u)
@@ -577,8 +663,9 @@ def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_
             offered_rps=None if load_model == "closed" else rate,
             concurrency=float(r["load_level"]) if load_model == "closed" else None,
             repeat=int(r.get("repeat", 0)), nominal_rps=None, warmup_s=0.0, unit_size=s,
-            block_len=boot.optimal_block_length(good), units=units, grid=grid.astype(np.int32),
-            hist={}, tail={}, measured_rps=rate, span_s=n / rate if rate > 0 else math.nan))
+            block_len=_bl_max(bl_good, bl_lat), units=units, grid=grid.astype(np.int32),
+            hist={}, tail={}, measured_rps=rate, span_s=n / rate if rate > 0 else math.nan,
+            block_len_good=bl_good, block_len_latency=bl_lat, block_metric=bl_metric))
         diags.append({"run_id": str(r["run_id"]), "n": n, "usable": n >= dg.MIN_REQUESTS,
                       "reason": "" if n >= dg.MIN_REQUESTS else "too few requests",
                       "warnings": ""})

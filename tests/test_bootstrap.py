@@ -102,10 +102,18 @@ def test_attainment_ci_equals_arch_end_to_end(tmp_path):
     lo, hi = bs.conf_int(np.mean, reps, method="percentile").ravel()
     assert row["att_ci_low"] == pytest.approx(lo, abs=1e-12)
     assert row["att_ci_high"] == pytest.approx(hi, abs=1e-12)
-    # and with Politis–White chosen automatically, b is arch's optimal_block_length
+    # with Politis–White chosen automatically, b = max(arch's optimal_block_length on the 0/1
+    # good series, arch's on the log-TTFT series as log-bucket keys — the log up to α)
     env2 = fit_envelope(path, "ttft_ms=1000,attainment=0.9", reps=50, seed=seed)
-    assert env2.runs.iloc[0]["block_len"] == pytest.approx(
-        optimal_block_length(good)["circular"].iloc[0])
+    r2 = env2.runs.iloc[0]
+    b_good = optimal_block_length(good)["circular"].iloc[0]
+    ttft_stored = np.rint(ttft * 1e6) / 1e6
+    b_lat = optimal_block_length(sketch.keys(ttft_stored).astype(float))["circular"].iloc[0]
+    assert r2["block_len_good"] == pytest.approx(b_good, rel=1e-9)
+    assert r2["block_len_latency"] == pytest.approx(b_lat, rel=1e-9)
+    assert r2["block_metric"] == "ttft"
+    assert r2["block_len"] == pytest.approx(max(b_good, b_lat), rel=1e-9)
+    assert b_lat != pytest.approx(b_good, rel=0.01)  # the two really differ here
 
 
 def test_histogram_p99_ci_close_to_exact():
@@ -196,3 +204,35 @@ def test_ratio_replicates_shapes_with_2d_denominator():
         assert flat == pytest.approx(both[:, 1])
     with pytest.raises(ValueError):
         B.ratio_replicates(C, num, den[:, :2])
+
+
+def test_block_length_is_conservative_max_with_log_latency():
+    """Rare violations in bursts: PW on the 0/1 series is far too short (its autocorrelations
+    are mostly noise), PW on the log latency series sees the dependence; the run's block length
+    is the larger one, and the primary series is the limit that binds (most violations)."""
+    from capplan.reduce import conservative_block_length
+
+    n = 20000
+    z = ar1(n, 0.97, 5)
+    ttft = 500 * np.exp(0.5 * z)
+    lim = float(np.quantile(ttft, 0.995))  # 0.5 % violations, clustered in the AR(1) peaks
+    good = (ttft <= lim).astype(float)
+    bg, bl, m = conservative_block_length(good, {"ttft": ttft})
+    ref_g = optimal_block_length(good)["circular"].iloc[0]
+    ref_l = optimal_block_length(np.log(ttft))["circular"].iloc[0]
+    assert bg.circular == pytest.approx(ref_g, rel=1e-9)
+    assert bl.circular == pytest.approx(ref_l, rel=1e-9)
+    assert bl.circular > 2 * bg.circular  # the 0/1 series underestimates
+    assert bl.circular <= math.ceil(min(3 * math.sqrt(n), n / 3))  # §3 cap
+    # with log-bucket keys and limits: the metric with more violations is the primary one,
+    # and missing values (failed requests) count as the run's largest latency
+    kt = sketch.keys(ttft)
+    tpot = 40 * np.exp(0.3 * ar1(n, 0.5, 6))
+    kp = sketch.keys(tpot)
+    kp[::500] = 32767  # failed: no TPOT
+    _, b2, m2 = conservative_block_length(good, {"ttft": kt, "tpot": kp},
+                                          {"ttft": lim, "tpot": float(np.quantile(tpot, 0.9))})
+    assert m == "ttft" and m2 == "tpot"
+    filled = np.where(kp == 32767, kp[kp != 32767].max(), kp).astype(float)
+    assert b2.circular == pytest.approx(optimal_block_length(filled)["circular"].iloc[0],
+                                        rel=1e-9)

@@ -33,8 +33,9 @@ def true_attainment(lam):
     return special.expit(special.logit(TARGET) - BETA * (lam - LAMBDA_STAR))
 
 
-def simulate_sweeps(n_sweeps: int, seed: int) -> np.ndarray:
-    """(sweeps × rates × n) 0/1 good indicators from AR(1) latents, all at once."""
+def simulate_sweeps(n_sweeps: int, seed: int, latent: bool = False):
+    """(sweeps × rates × n) 0/1 good indicators from AR(1) latents, all at once (and the
+    latents, the log latency that drives them, when ``latent``)."""
     rng = np.random.default_rng(seed)
     e = rng.standard_normal((n_sweeps, RATES.size, N_PER_RUN)) * np.sqrt(1 - PHI**2)
     z = signal.lfilter([1.0], [1.0, -PHI], e, axis=-1)
@@ -43,12 +44,18 @@ def simulate_sweeps(n_sweeps: int, seed: int) -> np.ndarray:
     z0 = rng.standard_normal((n_sweeps, RATES.size, 1))
     z += z0 * PHI ** np.arange(1, N_PER_RUN + 1)
     c = stats.norm.ppf(true_attainment(RATES))[None, :, None]
-    return (z <= c).astype(np.float64)
+    good = (z <= c).astype(np.float64)
+    return (good, z) if latent else good
 
 
-def _fit(good_runs, scheme, seed):
+def _fit(good_runs, scheme, seed, z_runs=None):
+    # with the latent, the block length is max(PW on good, PW on log latency = z), as in
+    # reduce_study
     runs = [{"run_id": f"r{j}", "load_level": lam, "good": g}
             for j, (lam, g) in enumerate(zip(RATES, good_runs))]
+    if z_runs is not None:
+        for r, z in zip(runs, z_runs):
+            r["latency"] = np.exp(z)
     st = stats_from_series(runs, f"ttft_ms=1000,attainment={TARGET}")
     return fit_from_stats(st, st.slo, reps=REPS, seed=seed, scheme=scheme).cslo
 
@@ -62,10 +69,10 @@ def test_true_curve_crosses_at_lambda_star():
 
 
 def test_block_bootstrap_covers_and_iid_undercovers():
-    goods = simulate_sweeps(N_SWEEPS, seed=2024)
+    goods, zs = simulate_sweeps(N_SWEEPS, seed=2024, latent=True)
     hit_block, hit_iid, width_block, width_iid, lb_ok = [], [], [], [], []
     for s in range(N_SWEEPS):
-        cb = _fit(goods[s], "circular", seed=s)
+        cb = _fit(goods[s], "circular", seed=s, z_runs=zs[s])
         ci = _fit(goods[s], "iid", seed=s)
         assert cb.status == "bracketed"
         hit_block.append(cb.ci_low <= LAMBDA_STAR <= cb.ci_high)
