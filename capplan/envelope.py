@@ -21,6 +21,11 @@ from Beta(N_eff, 1) (or Beta(1, N_eff)), whose quantiles are the Clopper–Pears
 N_eff (§7), so a short perfect run cannot make the interval collapse. Its N_eff uses the
 design effect of the nearest non-degenerate usable run by load level (``_borrowed_deff``).
 
+With ``SLO.max_error_rate`` a level must also keep its error rate (share of offered requests
+not ``ok``, as in ``metrics.summarize``) at or below the limit: an increasing isotonic curve of
+the error rate gets the same replicates and crossing machinery, and C_SLO is, per replicate,
+the smaller of the two crossings (``CSLO.binding`` says which one gives the estimate).
+
 Closed-loop sweeps (concurrency levels) use the same machinery over concurrency; the capacity
 is the achieved goodput rate (req/s) at the highest passing concurrency, flagged closed-loop.
 A summary-only table (rate, requests, good requests) fits under an explicit iid assumption.
@@ -47,7 +52,7 @@ from . import sketch
 from .contract import PERCENTILES
 from .earlystop import n_min
 from .errors import SpecError, StudyError
-from .reduce import BlockStats, reduce_study
+from .reduce import BlockStats, _same_limits, reduce_study
 from .slo import SLO
 
 STATUS_BRACKETED = "bracketed"
@@ -72,6 +77,9 @@ class CSLO:
     closed_loop: bool = False
     suggested_rates: tuple[float, ...] = ()
     load_at_capacity: float = math.nan  # closed loop: the concurrency that achieves it
+    #: the constraint whose crossing is C_SLO: "attainment", "error_rate" (SLO.max_error_rate)
+    #: or "" when nothing binds inside the tested range (status "≥ max tested")
+    binding: str = "attainment"
 
     def to_dict(self) -> dict:
         return {k: _clean(v) for k, v in self.__dict__.items()}
@@ -327,15 +335,25 @@ class _Points:
     good_rep: np.ndarray   # (reps × runs)
     n_rep: np.ndarray      # (reps × runs)
     n_eff: np.ndarray
+    #: SLO.max_error_rate: per-run error counts (offered requests not ``ok``) and their
+    #: replicates (reps × runs), None when the SLO has no error-rate limit
+    n_err: np.ndarray | None = None
+    err_rep: np.ndarray | None = None
 
 
-def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_loop: bool):
-    """Stratified (two-stage) bootstrap over levels, isotonic fits, crossings."""
+def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_loop: bool,
+           max_error_rate: float | None = None):
+    """Stratified (two-stage) bootstrap over levels, isotonic fits, crossings. With
+    ``max_error_rate`` (and ``points.err_rep``) the error rate gets the same treatment as an
+    increasing curve, and each replicate's C_SLO is the smaller of the two crossings."""
     rng = np.random.default_rng([int(seed), _SEED_SWEEP])
     levels = np.unique(points.level)
     reps = points.good_rep.shape[0]
     m = levels.size
+    use_err = max_error_rate is not None and points.err_rep is not None
     A = np.empty((reps, m))
+    E = np.empty((reps, m)) if use_err else None
+    err = np.full(m, math.nan)
     att = np.empty(m)
     x = np.empty(m)
     xr = np.empty(m)
@@ -348,16 +366,55 @@ def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_
         xr[j] = np.nanmean(points.x_rate[idx])
         nl[j] = points.n[idx].sum()
         neff[j] = points.n_eff[idx].sum()
+        if use_err:
+            err[j] = points.n_err[idx].sum() / points.n[idx].sum()
         if idx.size == 1:
             A[:, j] = points.good_rep[:, idx[0]] / points.n_rep[:, idx[0]]
+            if use_err:
+                E[:, j] = points.err_rep[:, idx[0]] / points.n_rep[:, idx[0]]
         else:  # two-stage: resample repeats, then each one's own block replicate
             pick = idx[rng.integers(idx.size, size=(reps, idx.size))]
             row = rng.integers(reps, size=(reps, idx.size))
             A[:, j] = (points.good_rep[row, pick].sum(axis=1)
                        / points.n_rep[row, pick].sum(axis=1))
+            if use_err:  # the same repeats and replicates as the attainment
+                E[:, j] = (points.err_rep[row, pick].sum(axis=1)
+                           / points.n_rep[row, pick].sum(axis=1))
     order = np.argsort(x, kind="stable")
-    levels, A, att, x, xr, nl, neff = (levels[order], A[:, order], att[order], x[order],
-                                       xr[order], nl[order], neff[order])
+    levels, A, att, x, xr, nl, neff, err = (levels[order], A[:, order], att[order], x[order],
+                                            xr[order], nl[order], neff[order], err[order])
+    eps = 0.5 / (nl + 1.0)
+    fitted, F, w, est, rep = _fit_curve(att, A, nl, neff, x, target, eps)
+    out = dict(levels=levels, x=x, x_rate=xr, att=att, A=A, fitted=fitted, F=F, n=nl,
+               n_eff=neff, w=w, err=err, err_fitted=np.full(m, math.nan), E=E,
+               binding_est="attainment", err_binds=np.zeros(reps, dtype=bool))
+    if use_err:
+        # an increasing error-rate curve ≡ a decreasing ok-share curve 1 − E with target
+        # 1 − max_error_rate: the first down-crossing of the latter is the first up-crossing
+        # of the former (logit(1 − p) = −logit p, so the interpolation is the same)
+        E = E[:, order]
+        out["E"] = E
+        ofit, OF, _, oest, orep = _fit_curve(1.0 - err, 1.0 - E, nl, neff, x,
+                                             1.0 - max_error_rate, eps)
+        out["err_fitted"] = 1.0 - ofit
+        e_est = est[0] if est[1] >= 0 else -1.0
+        o_est = oest[0] if oest[1] >= 0 else -1.0
+        if o_est < e_est or (oest[1] == -1 and est[1] != -1):
+            est, out["binding_est"] = oest, "error_rate"
+        binds = orep[0] < rep[0]
+        rep = tuple(np.where(binds, b, a) for a, b in zip(rep, orep))
+        out["err_binds"] = binds
+    if est[1] == 1:
+        out["binding_est"] = ""
+    out.update(est=(float(est[0]), int(est[1]), int(est[2])), rep_x=rep[0], rep_flag=rep[1],
+               rep_i=rep[2])
+    return out
+
+
+def _fit_curve(att, A, nl, neff, x, target, eps):
+    """Weighted decreasing isotonic fit of a proportion curve (estimate and replicates) and the
+    first down-crossings of ``target``: (fitted, F, weights, (x, flag, i), (xs, flags, is))."""
+    reps = A.shape[0]
     var = np.nanvar(A, axis=0)
     pt = (att * nl + 0.5) / (nl + 1.0)
     floor = pt * (1 - pt) / np.maximum(neff, 1.0)
@@ -366,12 +423,9 @@ def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_
     F = np.empty_like(A)
     for r in range(reps):
         F[r] = isotonic_regression(A[r], weights=w, increasing=False).x
-    eps = 0.5 / (nl + 1.0)
     est_x, est_flag, est_i = _crossing(fitted[None, :], x, target, eps)
-    rep_x, rep_flag, rep_i = _crossing(F, x, target, eps)
-    return dict(levels=levels, x=x, x_rate=xr, att=att, A=A, fitted=fitted, F=F, n=nl,
-                n_eff=neff, w=w, est=(float(est_x[0]), int(est_flag[0]), int(est_i[0])),
-                rep_x=rep_x, rep_flag=rep_flag, rep_i=rep_i)
+    rep = _crossing(F, x, target, eps)
+    return fitted, F, w, (float(est_x[0]), int(est_flag[0]), int(est_i[0])), rep
 
 
 def _crossing(F: np.ndarray, x: np.ndarray, target: float, eps: np.ndarray):
@@ -448,9 +502,17 @@ def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
     if status != STATUS_BELOW and frac_below > (1 - confidence) / 2:
         notes.append(f"{frac_below:.0%} of replicates fail already at the lowest tested level: "
                      "the lower end of the interval is censored at 0")
+    binding = sw.get("binding_est", "attainment")
+    if sw.get("E") is not None:
+        share = float(np.mean(sw["err_binds"]))
+        which = {"attainment": "the attainment target binds",
+                 "error_rate": "the error-rate limit binds",
+                 "": "neither constraint binds inside the tested range"}[binding]
+        notes.append(f"{which} at the estimate; the error-rate limit binds in {share:.0%} of "
+                     "bootstrap replicates")
     cs = CSLO(estimate=float(est), ci_low=float(lo), ci_high=float(hi), lower_bound=float(lb),
               status=status, confidence=confidence, closed_loop=closed_loop,
-              suggested_rates=suggested, load_at_capacity=load)
+              suggested_rates=suggested, load_at_capacity=load, binding=binding)
     return cs, notes, vals
 
 
@@ -481,6 +543,8 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
     diag = stats.diagnostics.set_index("run_id")
     rows, good_rep, n_rep = [], [], []
     per = []
+    with_err = slo.max_error_rate is not None
+    err_raw, err_rep = {}, []
     for r, gu in zip(stats.runs, good_units):
         usable = bool(diag.loc[r.run_id, "usable"]) if r.run_id in diag.index else False
         n = r.n
@@ -503,8 +567,16 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
         att_rep = gr / nr_
         deff = boot.design_effect(float(np.var(att_rep)), a, n)
         per.append((r, usable, n, k, gr, nr_, deff))
+        if with_err:
+            bad_u = r.units["n"] - r.units["n_ok"]
+            if scheme == "iid":  # own stream: the attainment draws above are unchanged
+                rng_e = np.random.default_rng([int(seed), _SEED_SWEEP + 4, int(r.run_idx)])
+                err_raw[r.run_id] = rng_e.binomial(n, bad_u.sum() / n, size=reps) / n
+            else:  # replicate error *rates*, so they pair with whatever denominators follow
+                err_raw[r.run_id] = R.sums(bad_u) / nr_
     donors = _deff_donors(per)
     rng = np.random.default_rng([int(seed), _SEED_SWEEP + 1])
+    rng_err = np.random.default_rng([int(seed), _SEED_SWEEP + 4])
     for r, usable, n, k, gr, nr_, deff in per:
         a = k / n if n else math.nan
         degenerate = gr is not None and (k == 0 or k == n)
@@ -525,6 +597,17 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
                 lo, hi = boot.percentile_ci(gr / nr_, confidence)
         else:
             lo = hi = math.nan
+        n_err = float(n - r.units["n_ok"].sum()) if r.n_units else 0.0
+        if with_err:
+            er = err_raw.get(r.run_id)
+            if er is not None and gr is not None and (n_err == 0 or n_err == n):
+                # no errors (or only errors): nothing to resample; Beta floor at N_eff (§7),
+                # scaled to the run's own replicate denominators
+                ne = max(neff, 1.0)
+                d = rng_err.beta(1.0, ne, size=reps) if n_err == 0 else rng_err.beta(ne, 1.0,
+                                                                                      size=reps)
+                er = d
+            err_rep.append(er * nr_ if er is not None else np.full(reps, math.nan))
         bad_eff = int(round((n - k) * neff / n)) if n else 0
         need = n_min(slo.attainment, bad_eff, 0.99) if n else 0
         row = {
@@ -533,6 +616,7 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
             "measured_rps": r.measured_rps,
             "n": n, "n_good": int(k), "n_ok": int(r.units["n_ok"].sum()) if r.n_units else 0,
             "attainment": a, "att_ci_low": lo, "att_ci_high": hi,
+            "n_errors": int(n_err), "error_rate": n_err / n if n else math.nan,
             "ci_floor": "clopper-pearson" if degenerate else "",
             "design_effect": deff, "design_effect_used": max(d_used, 1.0) if n else math.nan,
             "design_effect_source": d_src if n else "", "n_eff": neff,
@@ -559,8 +643,9 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
         else:
             good_rep.append(np.full(reps, math.nan))
             n_rep.append(np.full(reps, math.nan))
+    E = (np.column_stack(err_rep) if err_rep else np.zeros((reps, 0))) if with_err else None
     return pd.DataFrame(rows), np.column_stack(good_rep) if good_rep else np.zeros((reps, 0)), \
-        np.column_stack(n_rep) if n_rep else np.zeros((reps, 0))
+        np.column_stack(n_rep) if n_rep else np.zeros((reps, 0)), E
 
 
 #: a run lends its design effect to a degenerate run only with at least this many of its
@@ -643,14 +728,14 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
     if not (0.5 < confidence < 1):
         raise SpecError(f"confidence must be in (0.5, 1), got {confidence}")
     notes = []
-    exact = stats.can_serve(slo) and slo.with_(attainment=0.5) == stats.slo.with_(attainment=0.5)
+    exact = stats.can_serve(slo) and _same_limits(slo, stats.slo)
     if not exact:
         eff = stats.effective_slo(slo)
         if eff != slo:
             notes.append(f"limits snapped to the reduction grid: {eff}")
         slo = eff
     good_units = stats.good_units(slo)
-    runs, good_rep, n_rep = _run_table(stats, slo, good_units, reps=reps, seed=seed,
+    runs, good_rep, n_rep, err_rep = _run_table(stats, slo, good_units, reps=reps, seed=seed,
                                        scheme=scheme, block_len=block_len, confidence=confidence)
     pct = _percentile_table(stats, reps=reps, seed=seed, scheme=scheme, block_len=block_len,
                             confidence=confidence)
@@ -668,7 +753,9 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
     pts = _Points(run_id=runs["run_id"].to_numpy()[use], level=runs["load_level"].to_numpy(float)[use],
                   x_rate=runs["measured_rps"].to_numpy(float)[use], n=runs["n"].to_numpy(float)[use],
                   n_good=runs["n_good"].to_numpy(float)[use], good_rep=good_rep[:, use],
-                  n_rep=n_rep[:, use], n_eff=runs["n_eff"].to_numpy(float)[use])
+                  n_rep=n_rep[:, use], n_eff=runs["n_eff"].to_numpy(float)[use],
+                  n_err=runs["n_errors"].to_numpy(float)[use],
+                  err_rep=None if err_rep is None else err_rep[:, use])
     env = _finish(pts, runs, slo, slo.attainment, confidence, seed, closed, notes)
     return replace(env, stats=stats, reps=reps, seed=seed, scheme=scheme, block_len=block_len,
                    diagnostics=stats.diagnostics.copy())
@@ -679,7 +766,8 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
     if pts.n.size == 0:
         raise StudyError("no usable run to fit an envelope",
                          fix="see the diagnostics: " + "; ".join(notes) if notes else None)
-    sw = _sweep(pts, target, confidence, seed, closed)
+    mer = None if slo is None else slo.max_error_rate
+    sw = _sweep(pts, target, confidence, seed, closed, max_error_rate=mer)
     x_rate = sw["x_rate"]
     goodput = sw["att"] * x_rate
     goodput_rep = sw["A"] * x_rate[None, :]
@@ -700,6 +788,12 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
         "fitted": sw["fitted"], "weight": sw["w"], "goodput_rps": goodput,
         "goodput_ci_low": glo, "goodput_ci_high": ghi, "throughput_rps": thr,
     })
+    if sw["E"] is not None:
+        elo, ehi = np.nanpercentile(sw["E"], [100 * (1 - confidence) / 2,
+                                              100 * (1 + confidence) / 2], axis=0)
+        levels["error_rate"] = sw["err"]
+        levels["error_ci_low"], levels["error_ci_high"] = elo, ehi
+        levels["error_fitted"] = sw["err_fitted"]
     fit_map = dict(zip(sw["levels"], sw["fitted"]))
     runs = runs.copy()
     runs["fitted"] = [fit_map.get(lv, math.nan) if u else math.nan

@@ -178,8 +178,9 @@ class BlockStats:
         """The SLO parts the grid cannot vary (must match the reduction SLO)."""
         g = self.grid_spec
         other = "itl_ms" if g.y_metric == "tpot" else "tpot_ms"
+        # max_error_rate is not here: error counts per unit do not depend on it
         return (slo.e2e_ms, getattr(slo, other), slo.itl_stat if slo.itl_ms is not None
-                or g.y_metric == "itl" else None, slo.ttft_from, slo.max_error_rate)
+                or g.y_metric == "itl" else None, slo.ttft_from)
 
     def can_serve(self, slo: SLO) -> bool:
         return self.fixed_part(slo) == self.fixed_part(self.slo)
@@ -218,7 +219,9 @@ class BlockStats:
 
 
 def _same_limits(a: SLO, b: SLO) -> bool:
-    return a.with_(attainment=0.5) == b.with_(attainment=0.5)
+    """Same latency limits (the target and max_error_rate do not change who is good)."""
+    return (a.with_(attainment=0.5, max_error_rate=None)
+            == b.with_(attainment=0.5, max_error_rate=None))
 
 
 # ============================================================================ SQL (one place)
@@ -633,7 +636,8 @@ def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_
     """BlockStats built in memory from per-run 0/1 SLO-good series, skipping SQL (for
     simulations, tests and tools that already hold indicators). Each dict needs ``run_id``,
     ``load_level`` and ``good`` (0/1 array in scheduled order); optional ``rate_rps``
-    (measured rate; default the load level), ``repeat``, ``latency`` (a positive per-request
+    (measured rate; default the load level), ``repeat``, ``ok`` (0/1 status-ok series,
+    default all ok; the others count as ``error``; a good request must be ok), ``latency`` (a positive per-request
     latency series, e.g. TTFT: the block length is then max(PW on good, PW on its log), as in
     ``reduce_study``). Only the given SLO (any target) can be re-fitted; there are no latency
     histograms."""
@@ -641,6 +645,8 @@ def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_
     out, diags = [], []
     for i, r in enumerate(runs):
         good = np.asarray(r["good"], dtype=np.float64)
+        if r.get("ok") is not None:
+            good = good * np.asarray(r["ok"], dtype=np.float64)
         n = good.size
         nu = min(n, max_units)
         unit = np.arange(n) * nu // n if n else np.zeros(0, dtype=np.int64)  # as in the SQL
@@ -655,9 +661,13 @@ def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_
         lat = r.get("latency")
         bl_good, bl_lat, bl_metric = conservative_block_length(
             good, {} if lat is None else {"latency": np.asarray(lat, dtype=np.float64)})
-        units = {"n": n_u, "n_good": g_u, "n_ok": n_u.copy()}
+        ok = r.get("ok")
+        ok_u = n_u.copy() if ok is None else np.bincount(
+            unit, weights=np.asarray(ok, dtype=np.float64), minlength=nu)
+        units = {"n": n_u, "n_good": g_u, "n_ok": ok_u}
         for st in STATUSES:
-            units[f"st_{st}"] = n_u.copy() if st == "ok" else np.zeros_like(n_u)
+            units[f"st_{st}"] = (ok_u.copy() if st == "ok" else n_u - ok_u if st == "error"
+                                 else np.zeros_like(n_u))
         out.append(RunStats(
             run_id=str(r["run_id"]), run_idx=i, load_level=float(r["load_level"]),
             offered_rps=None if load_model == "closed" else rate,

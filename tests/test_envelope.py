@@ -88,6 +88,13 @@ def test_failures_are_violations_in_the_offered_denominator(make_study):
     assert r["measured_rps"] == pytest.approx(10.0)
     assert r["goodput_rps"] == pytest.approx(10.0 * 28 / 40)
     assert r["throughput_rps"] == pytest.approx(10.0 * 32 / 40)
+    # error rate = offered requests not ok (rejected, timeout, error, cancelled), as summarize
+    from capplan import open_study
+    from capplan.metrics import summarize
+
+    assert r["n_errors"] == 8 and r["error_rate"] == pytest.approx(8 / 40)
+    sm = summarize(open_study(path), "ttft_ms=2000,attainment=0.5").to_frame().set_index("run_id")
+    assert r["error_rate"] == pytest.approx(sm.loc["r1", "error_rate"])
 
 
 def test_grid_is_exact_at_the_reduction_slo_and_grid_points(sweep):
@@ -466,3 +473,59 @@ def test_degenerate_run_borrows_the_nearest_runs_design_effect():
     r2 = fit_from_stats(st2, st2.slo, reps=100, seed=0, block_len=60).runs.set_index("run_id")
     assert r2.loc["dead", "design_effect_source"] == "nearest run sat2"
     assert r2.loc["dead", "n_eff"] == pytest.approx(800 / r2.loc["sat2", "design_effect"])
+
+
+def test_max_error_rate_binds_before_latency():
+    """Hand-built sweep: errors (offered requests not ok) rise faster than latency violations;
+    with max_error_rate = 1 % C_SLO is the error-rate up-crossing (between 3 and 4 req/s,
+    logit-interpolated on the isotonic error curve, here the data), not the attainment
+    crossing (between 4 and 5); each replicate's crossing is the smaller of the two."""
+    from capplan.reduce import stats_from_series
+
+    n = 20000
+    err = [0.0, 0.001, 0.004, 0.02, 0.08]      # error rate per level
+    slow = [0.001, 0.001, 0.001, 0.005, 0.02]  # ok but too slow
+    runs = []
+    for i, (e_, s_) in enumerate(zip(err, slow)):
+        ok = np.ones(n)
+        ok[: int(e_ * n)] = 0.0
+        good = ok.copy()
+        good[int(e_ * n): int(e_ * n) + int(s_ * n)] = 0.0
+        perm = np.random.default_rng(i).permutation(n)  # spread over the run
+        runs.append({"run_id": f"r{i}", "load_level": float(i + 1), "good": good[perm],
+                     "ok": ok[perm]})
+    slo = "ttft_ms=1000,attainment=0.95,max_error_rate=0.01"
+    st = stats_from_series(runs, slo)
+    e = fit_from_stats(st, slo, reps=300, seed=2)
+    e0 = fit_from_stats(st, "ttft_ms=1000,attainment=0.95", reps=300, seed=2)
+    r = e.runs.set_index("run_id")
+    assert r["error_rate"].tolist() == pytest.approx(err)
+    assert r["attainment"].tolist() == pytest.approx([1 - a - b for a, b in zip(err, slow)])
+    # attainment alone: crossing between 4 and 5
+    a4, a5 = 1 - err[3] - slow[3], 1 - err[4] - slow[4]
+    x_att = 4 + (special.logit(a4) - special.logit(0.95)) / (special.logit(a4) - special.logit(a5))
+    assert e0.cslo.estimate == pytest.approx(x_att) and e0.cslo.binding == "attainment"
+    # with the error-rate limit: the first up-crossing of 0.01 between 3 and 4
+    x_err = 3 + (special.logit(0.01) - special.logit(err[2])) / (
+        special.logit(err[3]) - special.logit(err[2]))
+    c = e.cslo
+    assert c.estimate == pytest.approx(x_err) and 3 < c.estimate < 4
+    assert c.binding == "error_rate" and c.status == STATUS_BRACKETED
+    assert c.ci_low <= c.lower_bound <= c.estimate <= c.ci_high < 4.0
+    assert any("error-rate limit binds" in s for s in e.notes)
+    lv = e.levels
+    assert lv["error_rate"].tolist() == pytest.approx(err)
+    assert np.all(np.diff(lv["error_fitted"]) >= 0)
+    assert (lv["error_ci_low"] <= lv["error_rate"] + 1e-12)[1:].all()
+    # no errors at level 1: Beta(1, N_eff) replicates, so its interval does not collapse to 0
+    assert 0 < lv["error_ci_high"].iloc[0] < 3e-3
+    # attainment draws are unchanged by the error constraint; each replicate takes the min
+    assert np.array_equal(e.level_replicates, e0.level_replicates)
+    assert np.all(e.crossing_replicates <= e0.crossing_replicates + 1e-12)
+    assert np.mean(e.crossing_replicates < e0.crossing_replicates) > 0.95
+    # a loose limit does not bind: same C_SLO as without it
+    loose = fit_from_stats(st, "ttft_ms=1000,attainment=0.95,max_error_rate=0.5", reps=300,
+                           seed=2)
+    assert loose.cslo.estimate == pytest.approx(e0.cslo.estimate)
+    assert loose.cslo.binding == "attainment"
+    assert np.array_equal(loose.crossing_replicates, e0.crossing_replicates)
