@@ -1,4 +1,5 @@
-"""The main job: run notebooks 1–3 with papermill and publish an offline HTML report.
+"""The main job: run notebooks 1–3 (and 5, the comparison, when given a baseline) with
+papermill and publish an offline HTML report.
 
 ``render_report`` is the whole pipeline (the CLI is a thin wrapper):
 
@@ -10,7 +11,9 @@
    (``templates/nbconvert/capplan_offline``): no require.js / MathJax / widget loader from a
    CDN, plotly.js inlined once per page, so every chart draws with the network blocked;
 4. write ``index.html`` linking the pages and the plan export (CSV/XLSX, written by notebook 3
-   through ``capplan.export``), and ``report.json`` with the parameters and study hash.
+   through ``capplan.export``; with ``baseline`` also the comparison export written by notebook 5
+   through ``capplan.compare.export_comparison``), and ``report.json`` with the parameters and
+   study hashes.
 
 Everything is written into a temp directory beside ``--out`` and renamed into place at the
 end: a failed run leaves the previous report (or nothing), never a half-written one. A failing
@@ -38,7 +41,10 @@ REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
     ("02-envelope.ipynb", "SLO capacity envelope"),
     ("03-plan.ipynb", "Capacity plan"),
 )
+#: The comparison page, added when the report is given a baseline study.
+COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate")
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
+MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
 DEFAULT_SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"  # when neither --slo nor the spec has one
@@ -198,6 +204,7 @@ def notebook_to_html(nb, title: str, nav_html: str = "") -> str:
     return body
 
 
+
 # --------------------------------------------------------------------------------------------
 # Execution
 # --------------------------------------------------------------------------------------------
@@ -209,10 +216,33 @@ def _first_line(source: str) -> str:
     return ""
 
 
+class NotebookInputError(ReportError):
+    """capplan refused the notebook's input (a StudyError or SpecError raised in the kernel,
+    e.g. a comparison of studies that do not offer the same workload): exit code 2, like the
+    same error from the command line."""
+
+    exit_code = 2
+
+
+#: Exceptions that capplan raises for bad input (exit code 2 on the command line).
+INPUT_ERRORS = frozenset({"StudyError", "SpecError", "TelemetryError"})
+
+
 def execution_error(notebook: str, exc: Exception) -> ReportError:
-    """Turn a papermill/nbclient failure into a message naming the notebook and the cell."""
+    """Turn a papermill/nbclient failure into a message naming the notebook and the cell.
+    A capplan input error raised in the kernel becomes :class:`NotebookInputError` (exit 2)
+    carrying capplan's own message."""
     from papermill.exceptions import PapermillExecutionError
 
+    if isinstance(exc, PapermillExecutionError) and exc.ename in INPUT_ERRORS:
+        where = f"cell {exc.cell_index}"
+        if exc.exec_count is not None:
+            where += f" (In [{exc.exec_count}])"
+        err = NotebookInputError(f"ERROR: {exc.evalue}\n  (raised by {exc.ename} in notebook "
+                                 f"{notebook} at {where}; nothing was written)")
+        err.notebook = notebook
+        err.cell_index = exc.cell_index
+        return err
     if isinstance(exc, PapermillExecutionError):
         where = f"cell {exc.cell_index}"
         if exc.exec_count is not None:
@@ -264,6 +294,8 @@ class ReportParams:
     reps: int = DEFAULT_REPS
     confidence: float = DEFAULT_CONFIDENCE
     time: str = ""  # provenance time of the plan export (ISO, UTC)
+    baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
+    gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -272,6 +304,16 @@ class ReportParams:
                 "slo": SLO.parse(self.slo).to_dict(), "seed": int(self.seed),
                 "reps": int(self.reps), "confidence": float(self.confidence),
                 "artifacts_dir": str(artifacts_dir), "report_time": self.time}
+
+    def compare_parameters(self, artifacts_dir: Path) -> dict:
+        """Notebook 5's parameters: the usual set (the study is the candidate) plus the
+        baseline and gates."""
+        return {**self.notebook_parameters(artifacts_dir), "baseline": str(self.baseline),
+                "gates": str(self.gates) if self.gates else ""}
+
+    def notebooks(self) -> tuple[tuple[str, str], ...]:
+        """(file name, page title) of the report's notebooks, in page order."""
+        return REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
 
 
 @dataclass(frozen=True)
@@ -292,9 +334,9 @@ def _page_name(nb_name: str) -> str:
     return nb_name.removesuffix(".ipynb") + ".html"
 
 
-def _nav_html(current: str) -> str:
+def _nav_html(current: str, notebooks=REPORT_NOTEBOOKS) -> str:
     links = ['<a href="index.html">Index</a>']
-    for name, title in REPORT_NOTEBOOKS:
+    for name, title in notebooks:
         page = _page_name(name)
         if page == current:
             links.append(f"<strong>{html.escape(title)}</strong>")
@@ -305,7 +347,8 @@ def _nav_html(current: str) -> str:
 
 def headline_rows(data_dir: Path) -> list[tuple[str, str, str]]:
     """(quantity, value, unit) for the front page, read back from the report's own exports
-    (envelope.json and plan/summary.csv), so the index shows exactly the exported numbers."""
+    (envelope.json, plan/summary.csv and, with a baseline, compare/verdict.csv), so the index
+    shows exactly the exported numbers."""
     import csv
 
     from .viz import format_number
@@ -333,19 +376,35 @@ def headline_rows(data_dir: Path) -> list[tuple[str, str, str]]:
             except ValueError:
                 pass
             rows.append((r.get("Quantity", ""), v, r.get("Unit", "")))
+    verdict = data_dir / "compare" / "verdict.csv"
+    if verdict.is_file():
+        items = list(csv.DictReader(verdict.read_text(encoding="utf-8-sig").splitlines()))
+        passed = any(r.get("item") == "passed" and r.get("text") == "True" for r in items)
+        failed = [r for r in items if r.get("item") == "gate failed"]
+        flagged = [r for r in items if r.get("item") == "bucket regressed"]
+        rows.append(("comparison vs baseline", "PASS" if passed else "FAIL",
+                     "every gate passes" if passed else
+                     f"{len(failed)} gate(s) failed, {len(flagged)} bucket(s) regressed"))
     return rows
 
 
 def index_html(params: ReportParams, study_name: str, study_hash: str,
                pages: list[tuple[str, str]], exports: list[str],
-               headline: list[tuple[str, str, str]] | None = None) -> str:
+               headline: list[tuple[str, str, str]] | None = None,
+               baseline: tuple[str, str] | None = None) -> str:
     """The report's front page: headline numbers, links to the pages and exports, parameters
-    and provenance."""
+    and provenance. ``baseline``: (name, sha256) of the baseline study, when compared."""
     e = html.escape
     rows = [("study", str(params.study)), ("study name", study_name),
-            ("study sha256", study_hash), ("plan spec", str(params.spec)), ("SLO", params.slo),
-            ("confidence", f"{params.confidence:g}"), ("bootstrap reps", str(params.reps)),
-            ("seed", str(params.seed)), ("export time", params.time), ("capplan", __version__)]
+            ("study sha256", study_hash)]
+    if params.baseline is not None:
+        rows += [("baseline study", str(params.baseline))]
+        if baseline:
+            rows += [("baseline name", baseline[0]), ("baseline sha256", baseline[1])]
+        rows += [("gates", str(params.gates) if params.gates else "defaults")]
+    rows += [("plan spec", str(params.spec)), ("SLO", params.slo),
+             ("confidence", f"{params.confidence:g}"), ("bootstrap reps", str(params.reps)),
+             ("seed", str(params.seed)), ("export time", params.time), ("capplan", __version__)]
     page_items = "\n".join(f'<li><a href="{e(p)}">{e(t)}</a></li>' for p, t in pages)
 
     def links(items):
@@ -353,7 +412,13 @@ def index_html(params: ReportParams, study_name: str, study_hash: str,
             "<li>(none)</li>"
 
     plan_files = [x for x in exports if x.startswith("data/plan/")]
-    other_files = [x for x in exports if not x.startswith("data/plan/")]
+    compare_files = [x for x in exports if x.startswith("data/compare/")]
+    other_files = [x for x in exports if not x.startswith(("data/plan/", "data/compare/"))]
+    compare_section = (f"""<h2>Comparison export (baseline vs this study)</h2>
+<ul>
+{links(compare_files)}
+</ul>
+""" if params.baseline is not None else "")
     param_rows = "\n".join(f"<tr><th>{e(k)}</th><td><code>{e(v)}</code></td></tr>"
                            for k, v in rows)
     head_rows = "\n".join(
@@ -381,7 +446,7 @@ td code {{ word-break: break-all; }}
 <ul>
 {links(plan_files)}
 </ul>
-<h2>Other data</h2>
+{compare_section}<h2>Other data</h2>
 <ul>
 {links(other_files)}
 </ul>
@@ -401,11 +466,29 @@ def _now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+def _open_baseline(baseline) -> Path:
+    """Open the baseline study (so a bad one fails before any kernel starts); its problems are
+    reported as the baseline's."""
+    from dataclasses import replace
+
+    from .errors import StudyError
+    from .study import open_study
+
+    path = Path(baseline).expanduser().resolve()
+    try:
+        open_study(path)
+    except StudyError as exc:
+        raise StudyError(problems=[replace(p, message=f"--baseline: {p.message}")
+                                   for p in exc.problems]) from None
+    return path
+
+
 def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, confidence=None,
-                   time: str | None = None):
+                   time: str | None = None, baseline=None, gates=None):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
     SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
-    ``capplan plan`` and ``capplan report`` with one spec give one plan. Raises StudyError /
+    ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
+    directory) adds the comparison; ``gates`` (YAML) sets its gates. Raises StudyError /
     SpecError (exit 2)."""
     from .plan import load_plan_spec
     from .slo import SLO
@@ -437,26 +520,47 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
         except ValueError:
             raise SpecError(f"time {time!r} is not an ISO timestamp", field="time",
                             fix="e.g. 2026-01-01T00:00:00+00:00") from None
+    baseline_path = gates_path = None
+    if gates and not baseline:
+        raise SpecError("--gates needs --baseline (the gates judge the comparison)",
+                        field="gates", fix="add --baseline BASELINE_STUDY, or drop --gates")
+    if baseline:
+        baseline_path = _open_baseline(baseline)
+        if reps < MIN_COMPARE_REPS:
+            raise SpecError(f"--reps must be ≥ {MIN_COMPARE_REPS} with --baseline (the "
+                            f"comparison's bootstrap), got {reps}", field="reps",
+                            fix=f"e.g. --reps {max(MIN_COMPARE_REPS, 200)}")
+        if gates:
+            from .compare import load_gates
+
+            gates_path = Path(gates).expanduser().resolve()
+            if not gates_path.is_file():
+                raise SpecError("gates file not found", file=str(gates_path), field="gates",
+                                fix="pass --gates PATH to a gates YAML (see templates/gates.yaml)")
+            load_gates(gates_path)  # a bad gates file fails here, not in the kernel
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
-                          reps=reps, confidence=confidence, time=time or _now_utc())
+                          reps=reps, confidence=confidence, time=time or _now_utc(),
+                          baseline=baseline_path, gates=gates_path)
     return params, opened
 
 
-def _execute_all(nb_dir: Path, parameters: dict, *, kernel: str, cwd: Path, jobs: int,
-                 say: Progress, seconds: dict) -> list:
-    """Execute the report notebooks (``jobs`` at a time), printing progress as each starts
-    and ends; returns them in page order or raises the first failure in page order."""
+def _execute_all(nb_dir: Path, runs: list[tuple[str, dict]], *, kernel: str, cwd: Path,
+                 jobs: int, say: Progress, seconds: dict) -> list:
+    """Execute the report notebooks ``runs`` = [(file name, parameters)] in page order,
+    ``jobs`` at a time, printing progress as each starts and ends. Returns the executed
+    notebooks in page order. On failure, notebooks not started yet are skipped, and the first
+    bad-input error (exit 2), else the first failure in page order, is raised."""
     import threading
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    n = len(REPORT_NOTEBOOKS)
+    n = len(runs)
     lock = threading.Lock()
 
     def tell(msg: str) -> None:
         with lock:
             say(msg)
 
-    def run(i: int, name: str):
+    def run(i: int, name: str, parameters: dict):
         tell(f"[{i}/{n}] {name}: running …")
         t0 = perf_counter()
         try:
@@ -469,14 +573,17 @@ def _execute_all(nb_dir: Path, parameters: dict, *, kernel: str, cwd: Path, jobs
         return nb
 
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
-        futures = [pool.submit(run, i, name) for i, (name, _) in enumerate(REPORT_NOTEBOOKS, 1)]
-        done = []
-        for f in futures:
-            done.append(f.exception() or f.result())
-    for r in done:
-        if isinstance(r, BaseException):
-            raise r
-    return done
+        futures = [pool.submit(run, i, name, parameters)
+                   for i, (name, parameters) in enumerate(runs, 1)]
+        for f in as_completed(futures):
+            if f.exception() is not None:
+                for g in futures:
+                    g.cancel()  # those not started yet: the report fails anyway
+                break
+    errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+    if errors:
+        raise next((e for e in errors if getattr(e, "exit_code", 1) == 2), errors[0])
+    return [f.result() for f in futures]
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -502,26 +609,40 @@ def default_out_dir(study_name: str) -> Path:
 def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   seed: int | None = None, reps: int | None = None,
                   confidence: float | None = None, time: str | None = None,
-                  notebooks: Path | None = None, jobs: int = len(REPORT_NOTEBOOKS),
+                  notebooks: Path | None = None, jobs: int | None = None,
+                  baseline=None, gates=None,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
-    spec's; ``time`` (ISO) is the provenance time of the plan export (default: now, UTC);
-    ``notebooks`` overrides the folder the three report notebooks are read from; ``jobs``
-    notebooks run at once (each in its own kernel; they share nothing but the inputs).
-    When several fail, the first in page order is reported."""
+    spec's; ``time`` (ISO) is the provenance time of the plan and comparison exports (default:
+    now, UTC); ``notebooks`` overrides the folder the report notebooks are read from; ``jobs``
+    notebooks run at once (default: all; each in its own kernel; they share nothing but the
+    inputs). ``baseline`` (a study directory) adds the comparison page (05-compare: ``study``
+    is the candidate) and its export under ``data/compare``; ``gates`` is its gates YAML. The
+    comparison's verdict is shown, it does not fail the report; studies that cannot be
+    compared (different offered workload or SLO) raise NotebookInputError (exit 2).
+    When several notebooks fail, a bad-input error (exit 2) is reported first, else the first
+    in page order."""
     from .io import atomic_dir, write_text_atomic
 
     t_start = perf_counter()
     say = progress or (lambda _msg: None)
     params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
-                                    confidence=confidence, time=time)
+                                    confidence=confidence, time=time, baseline=baseline,
+                                    gates=gates)
+    report_nbs = params.notebooks()
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
-    missing = [n for n, _ in REPORT_NOTEBOOKS if not (nb_dir / n).is_file()]
+    missing = [n for n, _ in report_nbs if not (nb_dir / n).is_file()]
     if missing:
         raise SpecError(f"notebook(s) missing: {', '.join(missing)}", file=str(nb_dir))
     out_dir = Path(out).expanduser().resolve() if out else default_out_dir(opened.name)
     check_out_dir(out_dir)
     study_hash = opened.content_hash()
+    base_info = None
+    if params.baseline is not None:
+        from .study import open_study
+
+        base_study = open_study(params.baseline)
+        base_info = (base_study.name, base_study.content_hash())
     kernel = ensure_kernel()
     import nbformat
 
@@ -529,28 +650,37 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     pages: list[tuple[str, str]] = []
     from .slo import SLO
 
-    say(f"capplan report: study {opened.name} ({params.study}); SLO: "
-        f"{SLO.parse(params.slo).describe()}; seed {params.seed}, reps {params.reps}; "
+    say(f"capplan report: study {opened.name} ({params.study}); "
+        + (f"baseline {base_info[0]} ({params.baseline}); " if base_info else "")
+        + f"SLO: {SLO.parse(params.slo).describe()}; seed {params.seed}, reps {params.reps}; "
         f"→ {out_dir}")
     with atomic_dir(out_dir) as tmp:
         (tmp / "notebooks").mkdir()
         (tmp / "data").mkdir()
-        executed = _execute_all(nb_dir, params.notebook_parameters(tmp / "data"), kernel=kernel,
-                                cwd=tmp, jobs=jobs, say=say, seconds=seconds)
-        for (name, title), nb in zip(REPORT_NOTEBOOKS, executed):
+        data = tmp / "data"
+        runs = [(name, params.compare_parameters(data) if (name, title) == COMPARE_NOTEBOOK
+                 else params.notebook_parameters(data)) for name, title in report_nbs]
+        executed = _execute_all(nb_dir, runs, kernel=kernel, cwd=tmp,
+                                jobs=jobs or len(runs), say=say, seconds=seconds)
+        for (name, title), nb in zip(report_nbs, executed):
             nbformat.write(nb, str(tmp / "notebooks" / name))
             page = _page_name(name)
             (tmp / page).write_text(notebook_to_html(nb, f"{title} — {opened.name}",
-                                                     _nav_html(page)), encoding="utf-8")
+                                                     _nav_html(page, report_nbs)),
+                                    encoding="utf-8")
             pages.append((page, title))
-        exports = sorted(str(p.relative_to(tmp)) for p in (tmp / "data").rglob("*") if p.is_file())
+        exports = sorted(str(p.relative_to(tmp)) for p in data.rglob("*") if p.is_file())
         (tmp / "index.html").write_text(
             index_html(params, opened.name, study_hash, pages, exports,
-                       headline_rows(tmp / "data")), encoding="utf-8")
+                       headline_rows(data), baseline=base_info), encoding="utf-8")
         meta = {"capplan": __version__, "study": str(params.study), "study_name": opened.name,
                 "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,
                 "time": params.time, "pages": [p for p, _ in pages], "exports": exports}
+        if base_info:
+            meta.update({"baseline": str(params.baseline), "baseline_name": base_info[0],
+                         "baseline_sha256": base_info[1],
+                         "gates": str(params.gates) if params.gates else None})
         write_text_atomic(tmp / "report.json", json.dumps(meta, indent=2) + "\n")
     total = perf_counter() - t_start
     say(f"report written in {total:.1f} s")

@@ -1,6 +1,7 @@
 """Every notebook executed with papermill on the demo study, and its outputs checked against
 the library's own numbers. Notebooks 1–3 are the ones the demo report executed (shared
-session fixture from test_report, so they run once); notebook 4 is executed here."""
+session fixture from test_report, so they run once); notebook 4 is executed here; notebook 5
+is the one the report with a baseline executed on two small sweeps (shared fixture too)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import nbformat
 import pytest
 
 from capplan import report as R
-from test_report import REPS, demo_report  # noqa: F401  (shared session fixture)
+from test_report import (REPS, compare_report, demo_report,  # noqa: F401  (shared fixtures)
+                         small_sweeps)
 
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -131,6 +133,25 @@ def test_plan_outputs_match_export(demo_report):  # noqa: F811
     assert [float(r["GPUs"]) for r in csv.DictReader(by_q.splitlines())] == gpus
     text = _text(nb)
     assert "replica groups" in text and "holds" in text
+
+
+def test_compare_notebook_shows_the_exported_verdict(compare_report):  # noqa: F811
+    d = compare_report["dir"]
+    nb = _nb(d, "05-compare.ipynb")
+    assert not [o for o in _outputs(nb) if o.get("output_type") == "error"]
+    text = _text(nb)
+    rows = list(csv.DictReader((d / "data/compare/verdict.csv").read_text(
+        encoding="utf-8-sig").splitlines()))
+    failed = [r["text"] for r in rows if r["item"] == "gate failed"]
+    assert failed and "\nFAIL\n" in text
+    for f in failed:
+        assert f"gate failed: {f}" in text
+    assert "independent bootstrap per study" in text  # two seeds: different trace rows
+    figs = _figures(nb)
+    assert len(figs) >= 3, sorted(figs)
+    table = list(csv.DictReader((d / "data/compare/comparison.csv").read_text(
+        encoding="utf-8-sig").splitlines()))
+    assert any(r["metric"] == "error_rate" and r["verdict"] == "FAIL" for r in table)
 
 
 def test_whatif_notebook_executes_and_shows_the_panel(tmp_path):

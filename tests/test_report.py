@@ -1,13 +1,18 @@
 """`capplan report`: bad input exits 2 and writes nothing; a failing notebook names the
 notebook and cell and exits 1 (the previous report stays); the demo report has its pages,
-index, exports and recorded parameters, is reproducible, and draws offline in chromium."""
+index, exports and recorded parameters, is reproducible, and draws offline in chromium. With ``--baseline`` (small synthetic sweeps) the comparison page and
+export are added, the gate verdict is shown without failing the report, and studies that cannot
+be compared exit 2 with nothing written."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -22,8 +27,11 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
+CMP_SLO = "ttft_ms=2000,attainment=0.95"  # one the small sweeps give a usable lower bound for
+CMP_REPS = 100  # the fewest the comparison accepts
+
 # Rendered once per session and shared with tests/test_notebooks.py (which imports
-# demo_report from here), so the three notebooks run once for both files.
+# demo_report and compare_report from here), so each notebook set runs once for both files.
 _CACHE: dict[str, Path] = {}
 
 
@@ -36,6 +44,42 @@ def demo_report(tmp_path_factory) -> Path:
         R.render_report(out=out, reps=REPS, seed=0, time=TIME, progress=None)
         _CACHE["demo"] = out
     return _CACHE["demo"]
+
+
+@pytest.fixture(scope="session")
+def small_sweeps(tmp_path_factory) -> dict[str, Path]:
+    """Three small synthetic sweeps (capplan synth preset ``small``: 4 rates × 60 s, ~1 k
+    requests): ``a`` and ``b`` offer the same workload with different seeds; ``c`` has 3×
+    longer prompts (a different offered workload)."""
+    import copy
+
+    from capplan.synth import generate_study, parse_config
+    from capplan.synth.config import PRESETS
+
+    root = tmp_path_factory.getbasetemp() / "capplan-sweeps"
+    if not root.exists():
+        small = parse_config(PRESETS["small"])
+        generate_study(small.with_(seed=1), root / "a", workers=1)
+        generate_study(small.with_(seed=2), root / "b", workers=1)
+        longer = copy.deepcopy(PRESETS["small"])
+        longer["workload"]["lengths"]["input"]["median"] = 1500
+        generate_study(parse_config(longer).with_(seed=1), root / "c", workers=1)
+    return {k: root / k for k in "abc"}
+
+
+@pytest.fixture(scope="session")
+def compare_report(small_sweeps, tmp_path_factory) -> dict:
+    """`capplan report b --baseline a` through the CLI, once per session: its exit code,
+    stdout, stderr and output folder."""
+    if "compare" not in _CACHE:
+        out = tmp_path_factory.getbasetemp() / "capplan-reports" / "compare"
+        so, se = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+            rc = main(["report", str(small_sweeps["b"]), "--baseline", str(small_sweeps["a"]),
+                       "--out", str(out), "--slo", CMP_SLO, "--reps", str(CMP_REPS),
+                       "--seed", "0", "--time", TIME])
+        _CACHE["compare"] = {"rc": rc, "out": so.getvalue(), "err": se.getvalue(), "dir": out}
+    return _CACHE["compare"]
 
 
 def _tiny_study(make_study) -> Path:
@@ -127,6 +171,21 @@ def test_failing_notebook_names_notebook_and_cell_exit_1(tmp_path, make_study, c
     # the previous report is untouched and no temp dir is left behind
     assert (out / "index.html").read_text(encoding="utf-8") == "previous report"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rep.")]
+
+
+def _quick_notebooks(folder: Path, *, real: tuple[str, ...] = ()) -> Path:
+    """A --notebooks folder: the bundled notebooks named in ``real``, and for the other report
+    notebooks (01–03, 05) just their parameters cell and one trivial cell."""
+    folder.mkdir()
+    for name, _ in R.REPORT_NOTEBOOKS + (R.COMPARE_NOTEBOOK,):
+        if name in real:
+            shutil.copy(R.notebooks_dir() / name, folder / name)
+            continue
+        nb = nbformat.read(str(R.notebooks_dir() / name), as_version=4)
+        params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        nb.cells = [params, nbformat.v4.new_code_cell("x = 1")]
+        nbformat.write(nb, str(folder / name))
+    return folder
 
 
 def test_execution_error_message_for_dead_kernel():
@@ -248,10 +307,110 @@ def test_cli_default_out_is_reports_study_name(tmp_path, monkeypatch, capsys, ma
     assert (tmp_path / "reports").is_dir() and list((tmp_path / "reports").iterdir()) == []
 
 
+# ------------------------------------------------------- with a baseline: the comparison
+
+def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
+    """`capplan report b --baseline a`: the comparison page sits in the nav of every page and
+    on the index, the export beside the plan's; the verdict (a deterministic error-rate gate
+    FAILS for this pair) is shown on the index and does not fail the report."""
+    assert compare_report["rc"] == 0, compare_report["err"]
+    d = compare_report["dir"]
+    assert compare_report["out"].strip() == f"report: {d / 'index.html'}"
+    assert "[4/4] 05-compare.ipynb: done in" in compare_report["err"]
+    assert "baseline small (" in compare_report["err"]
+    for name, _ in R.REPORT_NOTEBOOKS + (R.COMPARE_NOTEBOOK,):
+        page = (d / R._page_name(name)).read_text(encoding="utf-8")
+        assert 'href="index.html"' in page
+        if name != R.COMPARE_NOTEBOOK[0]:
+            assert 'href="05-compare.html"' in page, name
+    text = (d / "05-compare.html").read_text(encoding="utf-8")
+    assert 'class="jp-InputArea-editor' not in text and "export_comparison(" not in text
+    assert not re.search(r"<script[^>]*\bsrc=[\"']https?:", text)
+    assert text.count("plotly.js v") == 1 and "gate failed: error_rate" in text
+    index = (d / "index.html").read_text(encoding="utf-8")
+    for target in ("05-compare.html", "data/compare/compare.xlsx", "data/compare/comparison.csv",
+                   "data/plan/plan.xlsx"):
+        assert f'href="{target}"' in index, target
+    verdict = (d / "data/compare/verdict.csv").read_text(encoding="utf-8-sig")
+    assert "passed,False" in verdict and "gate failed" in verdict
+    assert re.search(r"<th>comparison vs baseline</th><td class=\"num\">FAIL</td><td>1 gate\(s\) "
+                     r"failed", index)
+    meta = json.loads((d / "report.json").read_text(encoding="utf-8"))
+    assert Path(meta["baseline"]) == small_sweeps["a"] and Path(meta["study"]) == small_sweeps["b"]
+    assert len(meta["baseline_sha256"]) == 64 and meta["baseline_sha256"] != meta["study_sha256"]
+    assert "05-compare.html" in meta["pages"] and "data/compare/compare.xlsx" in meta["exports"]
+    nb = nbformat.read(str(d / "notebooks" / "05-compare.ipynb"), as_version=4)
+    p = nb.metadata["papermill"]["parameters"]
+    assert Path(p["baseline"]) == small_sweeps["a"] and Path(p["study_path"]) == small_sweeps["b"]
+    assert p["reps"] == CMP_REPS and p["gates"] == ""
+
+
+def test_compare_export_is_capplan_compare(compare_report, small_sweeps, tmp_path):
+    """The report's comparison export is byte for byte `capplan.compare` + `export_comparison`
+    with the same inputs (so the report and `capplan compare` give one verdict)."""
+    from capplan.compare import compare, export_comparison
+    from capplan.study import open_study
+
+    a, b = small_sweeps["a"], small_sweeps["b"]
+    cmp = compare(a, b, CMP_SLO, confidence=0.95, reps=CMP_REPS, seed=0)
+    assert not cmp.verdict.passed
+    export_comparison(cmp, tmp_path / "c", time=TIME,
+                      hashes=(open_study(a).content_hash(), open_study(b).content_hash()))
+    got = compare_report["dir"] / "data" / "compare"
+    names = sorted(p.name for p in (tmp_path / "c").iterdir())
+    assert names == sorted(p.name for p in got.iterdir()) and "comparison.csv" in names
+    for name in names:
+        assert (tmp_path / "c" / name).read_bytes() == (got / name).read_bytes(), name
+
+
+def test_refused_comparison_exits_2_and_writes_nothing(small_sweeps, tmp_path, capsys):
+    """A baseline that offers another workload: compare's refusal (raised in the kernel of
+    notebook 5) exits 2 with its message; the previous report stays, no temp dir is left."""
+    nbs = _quick_notebooks(tmp_path / "nbs", real=(R.COMPARE_NOTEBOOK[0],))
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "report.json").write_text("{}", encoding="utf-8")
+    rc = main(["report", str(small_sweeps["b"]), "--baseline", str(small_sweeps["c"]),
+               "--out", str(out), "--slo", CMP_SLO, "--reps", str(CMP_REPS),
+               "--notebooks", str(nbs)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "baseline and candidate do not offer the same workload" in err
+    assert "input tokens distribution differs" in err
+    assert "05-compare.ipynb" in err and "nothing was written" in err
+    assert [p.name for p in out.iterdir()] == ["report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nbs", "rep"]
+
+
+def test_bad_baseline_options_exit_2_before_any_kernel(small_sweeps, tmp_path, capsys,
+                                                        monkeypatch):
+    def no_kernel():
+        raise AssertionError("a kernel was started")
+
+    monkeypatch.setattr(R, "ensure_kernel", no_kernel)
+    b, out = str(small_sweeps["b"]), str(tmp_path / "rep")
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("gates: {attainment: {max_regresion_abs: 0.01}}\n", encoding="utf-8")
+    cases = [
+        (["--baseline", str(tmp_path / "nope")], "--baseline: study directory does not exist"),
+        (["--baseline", str(small_sweeps["a"]), "--reps", "50"], "--reps must be ≥ 100"),
+        (["--baseline", str(small_sweeps["a"]), "--gates", str(tmp_path / "no.yaml")],
+         "gates file not found"),
+        (["--baseline", str(small_sweeps["a"]), "--gates", str(gates)], "max_regresion_abs"),
+        (["--gates", str(gates)], "--gates needs --baseline"),
+    ]
+    for args, needle in cases:
+        rc = main(["report", b, "--out", out, "--slo", CMP_SLO, *args])
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err, (args, err)
+    assert list(tmp_path.iterdir()) == [gates]
+
+
 # ------------------------------------------------------------------ offline, in a browser
 
-@pytest.mark.browser
-def test_report_draws_offline_in_chromium(demo_report):
+def _assert_draws_offline(pages: list[Path]) -> None:
+    """Open each page in chromium with every non-file request blocked: each chart draws (an
+    SVG with at least one trace per plot div), nothing reaches the network, no script error."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
@@ -273,8 +432,9 @@ def test_report_draws_offline_in_chromium(demo_report):
             page.route("**/*", block)
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            for name in ("01-explore.html", "02-envelope.html", "03-plan.html"):
-                page.goto((demo_report / name).as_uri())
+            for path in pages:
+                name = path.name
+                page.goto(path.as_uri())
                 plots = page.locator(".js-plotly-plot")
                 page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
                 n = plots.count()
@@ -292,3 +452,14 @@ def test_report_draws_offline_in_chromium(demo_report):
             assert errors == [], errors
         finally:
             browser.close()
+
+
+@pytest.mark.browser
+def test_report_draws_offline_in_chromium(demo_report):
+    _assert_draws_offline([demo_report / name for name in
+                           ("01-explore.html", "02-envelope.html", "03-plan.html")])
+
+
+@pytest.mark.browser
+def test_compare_page_draws_offline_in_chromium(compare_report):
+    _assert_draws_offline([compare_report["dir"] / "05-compare.html"])

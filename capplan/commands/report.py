@@ -25,19 +25,28 @@ from .. import report as R
 @click.option("--time", "time_", default=None,
               help="Provenance time of the plan export, ISO [default: now, UTC]; fix it to get "
                    "byte-identical exports.")
+@click.option("--baseline", type=click.Path(path_type=str), default=None,
+              help="Baseline study: adds the comparison page (05-compare; STUDY is the "
+                   "candidate) and its CSV/XLSX export under data/compare.")
+@click.option("--gates", type=click.Path(path_type=str), default=None,
+              help="Gates YAML of the comparison (with --baseline) "
+                   "[default: the templates/gates.yaml defaults].")
 @click.option("--notebooks", "notebooks", type=click.Path(path_type=str), default=None,
-              help="Folder with your own 01-explore/02-envelope/03-plan notebooks "
-                   "[default: the bundled ones].")
-@click.option("--jobs", type=click.IntRange(1, 8), default=3, show_default=True,
-              help="Notebooks executed at once (one kernel each).")
-def cmd(study, spec, out, slo, seed, reps, confidence, time_, notebooks, jobs):
+              help="Folder with your own 01-explore/02-envelope/03-plan (and 05-compare) "
+                   "notebooks [default: the bundled ones].")
+@click.option("--jobs", type=click.IntRange(1, 8), default=None,
+              help="Notebooks executed at once, one kernel each [default: all of them].")
+def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, notebooks, jobs):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
+    With --baseline, the comparison notebook runs too (baseline vs STUDY); its gate verdict
+    is shown in the report and does not change the exit code.
 
     Progress goes to stderr; the index path is printed on stdout. A failing notebook is
-    reported with the cell that failed (exit 1); a bad study or spec exits 2."""
+    reported with the cell that failed (exit 1); a bad study, baseline or spec, or studies
+    that cannot be compared, exit 2 with nothing written."""
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
                              confidence=confidence, time=time_, notebooks=notebooks,
-                             jobs=jobs)
+                             jobs=jobs, baseline=baseline, gates=gates)
     click.echo(f"report: {result.index}")
     return 0
