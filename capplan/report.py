@@ -13,7 +13,10 @@ papermill and publish an offline HTML report.
 4. write ``index.html`` linking the pages and the plan export (CSV/XLSX, written by notebook 3
    through ``capplan.export``; with ``baseline`` also the comparison export written by notebook 5
    through ``capplan.compare.export_comparison``), and ``report.json`` with the parameters and
-   study hashes.
+   study hashes;
+5. save each executed notebook under ``notebooks/`` *slimmed*: figures kept as plotly JSON
+   (``application/vnd.plotly.v1+json``, drawn natively by JupyterLab), without the ~4.8 MB
+   plotly.js bundle and the per-figure HTML copy that the pages already carry.
 
 Everything is written into a temp directory beside ``--out`` and renamed into place at the
 end: a failed run leaves the previous report (or nothing), never a half-written one. A failing
@@ -203,6 +206,42 @@ def notebook_to_html(nb, title: str, nav_html: str = "") -> str:
     body, _ = _offline_exporter().from_notebook_node(nb, resources={"capplan_nav": nav_html})
     return body
 
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+_PLOTLY_BUNDLE = re.compile(r"\*\s*plotly\.js v\d")  # the bundle's license banner
+
+
+def slim_notebook(nb):
+    """A copy of an executed notebook for saving beside the pages: every plotly figure kept
+    once, as ``application/vnd.plotly.v1+json`` (JupyterLab draws it natively; a ``text/plain``
+    line names it elsewhere), without the plotly.js bundle that the ``notebook`` renderer
+    inlines into the first figure's cell (~4.8 MB) and without each figure's HTML copy (the
+    same data again, inside a script). The HTML pages keep both: they are rendered from the
+    full notebook."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if data is not None:
+                if PLOTLY_MIME in data:
+                    data.pop("text/html", None)
+                    if "text/plain" not in data:
+                        fig = data[PLOTLY_MIME] if isinstance(data[PLOTLY_MIME], dict) else {}
+                        title = ((fig.get("layout") or {}).get("title") or {})
+                        title = title.get("text", "") if isinstance(title, dict) else str(title)
+                        data["text/plain"] = f"<plotly figure{': ' + title if title else ''}>"
+                elif "text/html" in data and _PLOTLY_BUNDLE.search(data["text/html"]):
+                    del data["text/html"]
+                if not data:
+                    continue  # the plotly.js loader output: nothing left to show
+            kept.append(out)
+        cell["outputs"] = kept
+    return nb
 
 
 # --------------------------------------------------------------------------------------------
@@ -455,7 +494,8 @@ td code {{ word-break: break-all; }}
 {param_rows}
 </table>
 <p>Re-render with the same study, spec, SLO, seed and reps to get the same numbers.
-Executed notebooks (with their parameters) are in <code>notebooks/</code>.</p>
+Executed notebooks (with their parameters) are in <code>notebooks/</code>; their figures are kept
+as plotly JSON, which JupyterLab draws (the pages above carry plotly.js).</p>
 </body></html>
 """
 
@@ -663,7 +703,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         executed = _execute_all(nb_dir, runs, kernel=kernel, cwd=tmp,
                                 jobs=jobs or len(runs), say=say, seconds=seconds)
         for (name, title), nb in zip(report_nbs, executed):
-            nbformat.write(nb, str(tmp / "notebooks" / name))
+            # the pages carry plotly.js; the saved notebooks keep each figure once, as JSON
+            nbformat.write(slim_notebook(nb), str(tmp / "notebooks" / name))
             page = _page_name(name)
             (tmp / page).write_text(notebook_to_html(nb, f"{title} — {opened.name}",
                                                      _nav_html(page, report_nbs)),

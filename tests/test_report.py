@@ -1,6 +1,7 @@
 """`capplan report`: bad input exits 2 and writes nothing; a failing notebook names the
 notebook and cell and exits 1 (the previous report stays); the demo report has its pages,
-index, exports and recorded parameters, is reproducible, and draws offline in chromium. With ``--baseline`` (small synthetic sweeps) the comparison page and
+index, exports and recorded parameters, is reproducible, keeps its saved notebooks slim, and
+draws offline in chromium. With ``--baseline`` (small synthetic sweeps) the comparison page and
 export are added, the gate verdict is shown without failing the report, and studies that cannot
 be compared exit 2 with nothing written."""
 
@@ -27,6 +28,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
+PLOTLY = "application/vnd.plotly.v1+json"
 CMP_SLO = "ttft_ms=2000,attainment=0.95"  # one the small sweeps give a usable lower bound for
 CMP_REPS = 100  # the fewest the comparison accepts
 
@@ -307,6 +309,55 @@ def test_cli_default_out_is_reports_study_name(tmp_path, monkeypatch, capsys, ma
     assert (tmp_path / "reports").is_dir() and list((tmp_path / "reports").iterdir()) == []
 
 
+# ------------------------------------------------------------ saved notebooks stay slim
+
+def _slim_checks(report_dir: Path, names) -> int:
+    """Every saved notebook keeps each figure once, as plotly JSON (with a text/plain line),
+    without plotly.js or the figure's HTML copy, and has as many figures as its page draws.
+    Returns the notebooks' total size in bytes."""
+    total = 0
+    for name in names:
+        path = report_dir / "notebooks" / name
+        total += path.stat().st_size
+        raw = path.read_text(encoding="utf-8")
+        assert "plotly.js v" not in raw and "Plotly.newPlot" not in raw, name
+        nb = nbformat.read(str(path), as_version=4)
+        figs = [o["data"] for c in nb.cells for o in c.get("outputs", [])
+                if PLOTLY in o.get("data", {})]
+        assert figs, name
+        assert all("text/html" not in d and d["text/plain"].startswith("<plotly figure")
+                   for d in figs), name
+        page = (report_dir / R._page_name(name)).read_text(encoding="utf-8")
+        assert page.count('class="plotly-graph-div"') == len(figs), name
+        assert page.count("plotly.js v") == 1, name
+    return total
+
+
+def test_saved_notebooks_are_slim(demo_report):
+    total = _slim_checks(demo_report, [n for n, _ in R.REPORT_NOTEBOOKS])
+    # plotly.js alone is ~4.8 MB: the three notebooks with it inlined were ~16 MB
+    assert total < 3_000_000, total
+
+
+def test_slim_notebook_drops_only_plotly_copies():
+    nb = nbformat.v4.new_notebook()
+    fig = {"data": [{"type": "bar", "y": [1]}], "layout": {"title": {"text": "T"}}}
+    outs = [nbformat.v4.new_output("display_data", {"text/html": "<script>/**\n* plotly.js v4.1.1"
+                                                                "\n*/ window.Plotly = 1;</script>"}),
+            nbformat.v4.new_output("display_data", {PLOTLY: fig, "text/html": "<div>copy</div>"}),
+            nbformat.v4.new_output("display_data", {"text/html": "<table>kept</table>",
+                                                    "text/plain": "df"}),
+            nbformat.v4.new_output("stream", name="stdout", text="hello")]
+    nb.cells = [nbformat.v4.new_code_cell("x", outputs=outs), nbformat.v4.new_markdown_cell("m")]
+    slim = R.slim_notebook(nb)
+    kept = slim.cells[0].outputs
+    assert [sorted(o.get("data", {})) for o in kept] == \
+        [[PLOTLY, "text/plain"], ["text/html", "text/plain"], []]
+    assert kept[0]["data"]["text/plain"] == "<plotly figure: T>"
+    assert kept[0]["data"][PLOTLY] == fig and kept[2]["text"] == "hello"
+    assert len(nb.cells[0].outputs) == 4  # the executed notebook itself is untouched
+
+
 # ------------------------------------------------------- with a baseline: the comparison
 
 def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
@@ -343,6 +394,7 @@ def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
     p = nb.metadata["papermill"]["parameters"]
     assert Path(p["baseline"]) == small_sweeps["a"] and Path(p["study_path"]) == small_sweeps["b"]
     assert p["reps"] == CMP_REPS and p["gates"] == ""
+    _slim_checks(d, [n for n, _ in R.REPORT_NOTEBOOKS + (R.COMPARE_NOTEBOOK,)])
 
 
 def test_compare_export_is_capplan_compare(compare_report, small_sweeps, tmp_path):
