@@ -250,14 +250,21 @@ def _csvs(root: Path) -> dict[str, str]:
 
 
 def test_second_report_gives_the_same_numbers(demo_report, tmp_path, monkeypatch, capsys):
-    """The CLI with no STUDY, from an unrelated directory, renders the bundled demo again;
-    every exported number and the envelope match the first render byte for byte."""
+    """The CLI with no STUDY and no --out, from an unrelated directory, renders the bundled
+    demo again into reports/<study-name> there (the path README.md and docs/report.md give)
+    and prints it; every exported number and the envelope match the first render byte for
+    byte."""
     monkeypatch.chdir(tmp_path)
-    rc = main(["report", "--out", "again", "--reps", str(REPS), "--seed", "0", "--time", TIME])
+    rc = main(["report", "--reps", str(REPS), "--seed", "0", "--time", TIME])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    again = tmp_path / "again"
+    again = tmp_path / "reports" / "demo-llama2-70b-h100-tp4"
     assert captured.out.strip() == f"report: {again / 'index.html'}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reports"]
+    repo = Path(R.__file__).resolve().parents[1]
+    rel = again.relative_to(tmp_path)
+    assert f"`{rel / 'index.html'}`" in (repo / "README.md").read_text(encoding="utf-8")
+    assert f"`{rel}`" in (repo / "docs" / "report.md").read_text(encoding="utf-8")
     for i, (name, _) in enumerate(R.REPORT_NOTEBOOKS, 1):
         assert f"[{i}/3] {name}: running" in captured.err
         assert f"[{i}/3] {name}: done in" in captured.err
