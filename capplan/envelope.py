@@ -359,8 +359,10 @@ def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_
     xr = np.empty(m)
     nl = np.empty(m)
     neff = np.empty(m)
+    nruns = np.empty(m, dtype=np.int64)
     for j, lv in enumerate(levels):
         idx = np.nonzero(points.level == lv)[0]
+        nruns[j] = idx.size
         att[j] = points.n_good[idx].sum() / points.n[idx].sum()
         x[j] = lv if closed_loop else np.nanmean(points.x_rate[idx])
         xr[j] = np.nanmean(points.x_rate[idx])
@@ -381,12 +383,13 @@ def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_
                 E[:, j] = (points.err_rep[row, pick].sum(axis=1)
                            / points.n_rep[row, pick].sum(axis=1))
     order = np.argsort(x, kind="stable")
-    levels, A, att, x, xr, nl, neff, err = (levels[order], A[:, order], att[order], x[order],
-                                            xr[order], nl[order], neff[order], err[order])
+    levels, A, att, x, xr, nl, neff, err, nruns = (
+        levels[order], A[:, order], att[order], x[order], xr[order], nl[order], neff[order],
+        err[order], nruns[order])
     eps = 0.5 / (nl + 1.0)
     fitted, F, w, est, rep = _fit_curve(att, A, nl, neff, x, target, eps)
     out = dict(levels=levels, x=x, x_rate=xr, att=att, A=A, fitted=fitted, F=F, n=nl,
-               n_eff=neff, w=w, err=err, err_fitted=np.full(m, math.nan), E=E,
+               n_eff=neff, n_runs=nruns, w=w, err=err, err_fitted=np.full(m, math.nan), E=E,
                binding_est="attainment", err_binds=np.zeros(reps, dtype=bool))
     if use_err:
         # an increasing error-rate curve ≡ a decreasing ok-share curve 1 − E with target
@@ -498,6 +501,16 @@ def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
                 notes.append(f"the bracket [{x[i - 1]:.3g}, {x[i]:.3g}] is wide: interpolation "
                              "error between tested rates is not in the CI; add rates "
                              + ", ".join(f"{v:g}" for v in suggested))
+    if status == STATUS_BRACKETED and not closed_loop and "n_runs" in sw:
+        i = est_i + 1
+        single = [x[j] for j in (i - 1, i) if sw["n_runs"][j] < 2]
+        if single:
+            notes.append(
+                "the rates bracketing C_SLO (" + ", ".join(f"{v:.3g}" for v in single)
+                + ") have a single run each: near saturation runs differ far more than a "
+                "within-run bootstrap can see, and a single run is usually optimistic (rare "
+                "congestion episodes), so the interval and lower bound can be too high; "
+                "repeat those rates (≥ 3 runs each) — see docs/envelope.md, 'Coverage'")
     frac_below = float(np.mean(rep_flag == -1))
     if status != STATUS_BELOW and frac_below > (1 - confidence) / 2:
         notes.append(f"{frac_below:.0%} of replicates fail already at the lowest tested level: "
@@ -783,7 +796,8 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
     alo, ahi = np.nanpercentile(sw["A"], [100 * (1 - confidence) / 2,
                                           100 * (1 + confidence) / 2], axis=0)
     levels = pd.DataFrame({
-        "load_level": sw["levels"], "x": sw["x"], "offered_rps": x_rate, "n": sw["n"],
+        "load_level": sw["levels"], "x": sw["x"], "offered_rps": x_rate, "n_runs": sw["n_runs"],
+        "n": sw["n"],
         "n_eff": sw["n_eff"], "attainment": sw["att"], "ci_low": alo, "ci_high": ahi,
         "fitted": sw["fitted"], "weight": sw["w"], "goodput_rps": goodput,
         "goodput_ci_low": glo, "goodput_ci_high": ghi, "throughput_rps": thr,

@@ -334,6 +334,15 @@ def test_repeats_are_pooled_per_level(tmp_path):
     assert (e.levels["n"] == 1200).all()
     pooled = e.runs.groupby("load_level")["n_good"].sum() / 1200
     assert e.levels["attainment"].tolist() == pytest.approx(pooled.tolist())
+    assert (e.levels["n_runs"] == 2).all()
+    assert not any("single run" in n for n in e.notes)
+
+
+def test_single_run_bracket_is_flagged(env):
+    """Single runs at the rates bracketing C_SLO are usually optimistic near saturation
+    (benchmarks/coverage_synth.py): the envelope says so and asks for repeats."""
+    assert env.cslo.status == STATUS_BRACKETED and (env.levels["n_runs"] == 1).all()
+    assert any("single run each" in n and "≥ 3 runs" in n for n in env.notes)
 
 
 def test_unusable_run_is_excluded_with_reason(tmp_path):
