@@ -9,7 +9,8 @@ are time-correlated), lognormal TPOT, ~0.2 % failures. Then, each in a fresh chi
             which also gives per-run p99 CIs of TTFT/TPOT/ITL/E2E and the diagnostics;
             then re-fits for a changed target and a changed TTFT limit (env.refit), best of 3
   baseline  pandas.read_parquet → per run: SLO-good 0/1 series in scheduled order,
-            arch.bootstrap.optimal_block_length, CircularBlockBootstrap(b).apply(mean, reps);
+            arch.bootstrap.optimal_block_length, CircularBlockBootstrap(b).apply(mean, reps)
+            (b = PW on the good series only; capplan uses max(that, PW on log latency));
             then the same isotonic fit and logit crossing on the replicates (numpy/scipy).
             The baseline computes attainment only (no percentile CIs, no diagnostics).
 
@@ -116,7 +117,9 @@ def child_capplan(path: str, reps: int) -> dict:
             "refit_target_s": min(rf_target), "refit_ttft_s": min(rf_ttft),
             "rss_mb": _rss_mb(), "cslo": env.cslo.to_dict(),
             "n_good": env.runs["n_good"].tolist(), "n": env.runs["n"].tolist(),
-            "block_len": env.runs["block_len"].tolist()}
+            "block_len": env.runs["block_len"].tolist(),
+            "block_len_good": env.runs["block_len_good"].tolist(),
+            "block_metric": env.runs["block_metric"].tolist()}
 
 
 def child_baseline(path: str, reps: int, runs: int, p99: bool = True) -> dict:
@@ -253,7 +256,11 @@ def main() -> None:
           f"({c['status']})")
     if bl["runs"] == a.runs:
         print(f"C_SLO baseline: {bl['estimate']} CI {bl['ci']}")
-    print(f"block lengths (PW, requests): {[round(b, 1) for b in cp['block_len']]}")
+    print("block lengths used (requests; max of PW on the good series and PW on the log "
+          f"primary latency): {[round(b, 1) for b in cp['block_len']]}")
+    print(f"  PW on the good series alone (the baseline's): "
+          f"{[round(b, 1) for b in cp['block_len_good']]}; primary latency: "
+          f"{sorted(set(cp['block_metric']))}")
 
 
 if __name__ == "__main__":
