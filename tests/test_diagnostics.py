@@ -147,3 +147,21 @@ def test_diagnostics_in_a_study(tmp_path):
 def test_to_frame_has_one_row_per_run():
     f = dg.to_frame([_verdict(), _verdict(run_id="x")])
     assert list(f["run_id"]) == ["r", "x"] and "usable" in f.columns
+
+
+def test_mser_ignores_the_unstable_last_batches():
+    """A stationary series whose last two batch means happen to coincide: MSER's statistic
+    there is ~0 (two batches, no spread), which used to put d* at m − 2 — "no steady state"
+    for a stable run. At least MSER_MIN_TAIL batches must remain after d*."""
+    rng = np.random.default_rng(4)
+    x = 10 + rng.standard_normal(500)
+    x[-10:] = x[:-10].mean()  # the last two batches of five: identical means
+    r = dg.mser5(x)
+    assert not r.in_second_half and r.index < 250
+    # the unguarded search would have picked the last-but-one batch
+    z = x.reshape(100, 5).mean(axis=1)
+    stat = [np.sum((z[d:] - z[d:].mean()) ** 2) / (100 - d) ** 2 for d in range(99)]
+    assert int(np.argmin(stat)) == 98
+    # a series that never settles is still flagged, and a real warm-up still found
+    assert dg.mser5(np.linspace(0, 10, 1000) ** 2).in_second_half
+    assert dg.mser5(np.r_[np.full(100, 20.0), x[:400]]).index == 100
