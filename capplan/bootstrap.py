@@ -154,18 +154,24 @@ def stationary_counts(n_units: int, mean_block_units: float, reps: int, rng, *,
     """(reps × n_units) draw counts of the stationary bootstrap with mean block length L,
     with arch's StationaryBootstrap draws (start indices, then uniforms, per replicate)."""
     rng = as_rng(rng)
-    p = 1.0 / max(float(mean_block_units), 1.0)
     n = n_units
     out_idx = np.empty((reps, n), dtype=np.int64)
     pos = np.arange(n)
-    for r in range(reps):
-        start_draw = rng.integers(n, size=n, dtype=np.int64)
-        u = rng.random(n)
-        new = u <= p
-        new[0] = True
+    for r, (start_draw, new) in enumerate(_stationary_draws(n, mean_block_units, reps, rng)):
         last = np.maximum.accumulate(np.where(new, pos, 0))
         out_idx[r] = (start_draw[last] + (pos - last)) % n
     return _counts_from_indices(out_idx, n, dtype)
+
+
+def _stationary_draws(n: int, mean_block_units: float, reps: int, rng):
+    """Per replicate, arch's StationaryBootstrap draws: n start indices, then n uniforms; a
+    block starts where the uniform is ≤ 1/L (and at position 0). Yields (start_draw, new)."""
+    p = 1.0 / max(float(mean_block_units), 1.0)
+    for _ in range(reps):
+        start_draw = rng.integers(n, size=n, dtype=np.int64)
+        new = rng.random(n) <= p
+        new[0] = True
+        yield start_draw, new
 
 
 def _counts_from_indices(idx: np.ndarray, n_units: int, dtype) -> np.ndarray:
@@ -276,14 +282,9 @@ def resample(n_units: int, block_units: float, reps: int, rng, scheme: str = "ci
         length[:, -1] = n - (nb - 1) * L
         rep = np.repeat(np.arange(reps, dtype=np.int64), nb)
         return Resample(n, reps, rep, starts.ravel(), length.ravel(), scheme)
-    p = 1.0 / max(float(L), 1.0)
     reps_l, starts_l, len_l = [], [], []
     pos = np.arange(n)
-    for r in range(reps):
-        start_draw = rng.integers(n, size=n, dtype=np.int64)
-        u = rng.random(n)
-        new = u <= p
-        new[0] = True
+    for r, (start_draw, new) in enumerate(_stationary_draws(n, L, reps, rng)):
         at = pos[new]
         starts_l.append(start_draw[at])
         len_l.append(np.diff(np.append(at, n)))
