@@ -17,7 +17,8 @@ from .engine import ReplicaParams
 from .lengths import LengthDist
 from .service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
 
-TOP_KEYS = ("name", "description", "seed", "system", "replica", "client", "workload", "power", "output", "sweep")
+TOP_KEYS = ("name", "description", "seed", "system", "replica", "client", "workload", "power", "output", "sweep",
+            "faults")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,18 @@ class Tenant:
 class PowerSpec:
     idle_w: float = 100.0
     busy_w: float = 650.0
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Requests the server fails whatever the load (drawn independently per request)."""
+
+    error_share: float = 0.0  # answered at once with an error
+    stall_share: float = 0.0  # never served: the client gives up at its timeout
+
+    @property
+    def any(self) -> bool:
+        return self.error_share > 0 or self.stall_share > 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,7 @@ class SynthConfig:
     requests_per_run: int | None = None
     warmup_s: float = 0.0
     repeats: int = 1
+    faults: FaultSpec | None = None
     raw: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -146,7 +160,7 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
 
     rp = _mapping(d.get("replica"), "replica", ("max_batch", "token_budget", "kv_blocks", "block_size",
                                                  "kv_watermark", "max_model_len", "queue_limit",
-                                                 "service_model"))
+                                                 "service_model", "prefill", "prefill_lanes"))
     dflt = ReplicaParams()
     replica = ReplicaParams(
         max_batch=_num(rp, "max_batch", "replica", dflt.max_batch, int, lo=1),
@@ -157,6 +171,8 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         max_model_len=_num(rp, "max_model_len", "replica", dflt.max_model_len, int, lo=2),
         queue_limit=_num(rp, "queue_limit", "replica", dflt.queue_limit, int, lo=0, allow_none=True),
         service=_service(rp.get("service_model"), base),
+        prefill=str(rp.get("prefill", dflt.prefill)),
+        prefill_lanes=_num(rp, "prefill_lanes", "replica", None, int, lo=1, allow_none=True),
     )
 
     cl = _mapping(d.get("client"), "client", ("timeout_s", "drain_s", "think_s", "backoff_s", "ramp_s"))
@@ -209,6 +225,13 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         power = PowerSpec(_num(pw, "idle_w", "power", 100.0, lo=0.0), _num(pw, "busy_w", "power", 650.0, lo=0.0))
         if power.busy_w < power.idle_w:
             raise SpecError("power.busy_w must be ≥ power.idle_w", field="power.busy_w")
+    faults = None
+    fl = d.get("faults")
+    if fl not in (None, False):
+        fl = _mapping(fl, "faults", ("error_share", "stall_share"))
+        faults = FaultSpec(_num(fl, "error_share", "faults", 0.0, lo=0.0), _num(fl, "stall_share", "faults", 0.0, lo=0.0))
+        if faults.error_share + faults.stall_share >= 1.0:
+            raise SpecError("faults.error_share + faults.stall_share must be below 1", field="faults")
     out = _mapping(d.get("output"), "output", ("itl",))
     itl = bool(out.get("itl", True))
 
@@ -254,7 +277,7 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         ramp_s=_num(cl, "ramp_s", "client", 0.0, lo=0.0), arrival=arrival, lengths=lengths,
         tenants=tuple(tenants), power=power, itl=itl, load_model=load_model, rates=rates, concurrency=conc,
         duration_s=duration_s, requests_per_run=rpr, warmup_s=warmup_s,
-        repeats=_num(sw, "repeats", "sweep", 1, int, lo=1), raw=dict(raw),
+        repeats=_num(sw, "repeats", "sweep", 1, int, lo=1), faults=faults, raw=dict(raw),
     )
     longest = max([cfg.lengths.max_total] + [t.lengths.max_total for t in cfg.tenants if t.lengths])
     if arrival.process != "replay" and longest > replica.max_model_len:

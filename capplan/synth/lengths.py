@@ -3,6 +3,9 @@
 ``lognormal``: log-lengths are bivariate normal with correlation ``rho`` (so long prompts tend
 to come with long answers when rho > 0), each marginal given by its median and log-sd ``sigma``,
 rounded and clipped to [min, max]. ``fixed``: every request has the same lengths (benchmarks).
+``empirical``: a Gaussian copula over measured quantiles — each marginal is a quantile table
+(``levels`` → tokens, linear between levels) and ``rho`` is the correlation of the normal scores,
+so a twin can replay a measured length mix without assuming a parametric shape.
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ class Marginal:
 
 @dataclass(frozen=True)
 class LengthDist:
-    kind: str = "lognormal"  # "lognormal" | "fixed"
+    kind: str = "lognormal"  # "lognormal" | "fixed" | "empirical"
     input: Marginal = Marginal(800, 0.8, 16, 8192)
     output: Marginal = Marginal(160, 0.7, 1, 1024)
     rho: float = 0.3
+    levels: tuple[float, ...] = ()  # empirical: quantile levels, 0 … 1 increasing
+    input_q: tuple[float, ...] = ()  # empirical: input tokens at each level
+    output_q: tuple[float, ...] = ()  # empirical: output tokens at each level
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Draw ``n`` (input_tokens, output_tokens) pairs as int64 arrays."""
@@ -35,6 +41,13 @@ class LengthDist:
             return (np.full(n, int(self.input.median), np.int64), np.full(n, int(self.output.median), np.int64))
         z1 = rng.standard_normal(n)
         z2 = self.rho * z1 + np.sqrt(1.0 - self.rho ** 2) * rng.standard_normal(n)
+        if self.kind == "empirical":
+            from scipy.special import ndtr
+
+            lv = np.asarray(self.levels, float)
+            inp = np.rint(np.interp(ndtr(z1), lv, np.asarray(self.input_q, float))).astype(np.int64)
+            out = np.rint(np.interp(ndtr(z2), lv, np.asarray(self.output_q, float))).astype(np.int64)
+            return np.maximum(inp, 1), np.maximum(out, 1)
         li = np.exp(np.log(self.input.median) + self.input.sigma * z1)
         lo = np.exp(np.log(self.output.median) + self.output.sigma * z2)
         inp = np.clip(np.rint(li), self.input.min, self.input.max).astype(np.int64)
@@ -46,9 +59,34 @@ class LengthDist:
         return int(self.input.max if self.kind != "fixed" else self.input.median) + int(
             self.output.max if self.kind != "fixed" else self.output.median)
 
+    @classmethod
+    def empirical(cls, levels, input_q, output_q, rho: float, field: str = "workload.lengths") -> "LengthDist":
+        """A quantile-table (Gaussian copula) distribution; checks the tables."""
+        lv = tuple(float(x) for x in levels)
+        iq = tuple(float(x) for x in input_q)
+        oq = tuple(float(x) for x in output_q)
+        if len(lv) < 2 or len(iq) != len(lv) or len(oq) != len(lv):
+            raise SpecError("empirical lengths need levels, input and output lists of the same length (≥ 2)",
+                            field=field, fix="e.g. {kind: empirical, levels: [0, 0.5, 1], input: [16, 700, 6000], "
+                                             "output: [4, 150, 1024], rho: 0.3}")
+        if lv[0] != 0.0 or lv[-1] != 1.0 or any(b <= a for a, b in zip(lv, lv[1:])):
+            raise SpecError("empirical length levels must increase from 0 to 1", field=f"{field}.levels")
+        for name, q in (("input", iq), ("output", oq)):
+            if q[0] < 1 or any(b < a for a, b in zip(q, q[1:])):
+                raise SpecError(f"empirical {name} quantiles must be ≥ 1 and non-decreasing", field=f"{field}.{name}")
+        if not (-1.0 < rho < 1.0):
+            raise SpecError(f"rho must lie in (-1, 1), got {rho}", field=f"{field}.rho")
+        med = lambda q: float(np.interp(0.5, lv, q))  # noqa: E731
+        return cls("empirical", Marginal(med(iq), 0.0, int(round(iq[0])), int(round(iq[-1]))),
+                   Marginal(med(oq), 0.0, int(round(oq[0])), int(round(oq[-1]))), float(rho), lv, iq, oq)
+
     def to_dict(self) -> dict:
         if self.kind == "fixed":
             return {"kind": "fixed", "input": int(self.input.median), "output": int(self.output.median)}
+        if self.kind == "empirical":
+            return {"kind": "empirical", "levels": [round(x, 6) for x in self.levels],
+                    "input": [round(x, 3) for x in self.input_q], "output": [round(x, 3) for x in self.output_q],
+                    "rho": round(float(self.rho), 6)}
         m = lambda x: {"median": x.median, "sigma": x.sigma, "min": x.min, "max": x.max}  # noqa: E731
         return {"kind": "lognormal", "input": m(self.input), "output": m(self.output), "rho": self.rho}
 
@@ -69,8 +107,20 @@ class LengthDist:
             if i < 1 or o < 1:
                 raise SpecError("fixed lengths must be ≥ 1", field=field)
             return cls("fixed", Marginal(i, 0.0, i, i), Marginal(o, 0.0, o, o), 0.0)
+        if kind == "empirical":
+            unknown = sorted(set(d) - {"kind", "levels", "input", "output", "rho"})
+            if unknown:
+                raise SpecError(f"unknown key(s) {', '.join(unknown)}", field=field,
+                                fix="empirical lengths take levels, input, output (lists) and rho")
+            try:
+                return cls.empirical(d.get("levels") or (), d.get("input") or (), d.get("output") or (),
+                                     float(d.get("rho", 0.0)), field)
+            except (TypeError, ValueError):
+                raise SpecError("empirical lengths: levels, input and output must be lists of numbers",
+                                field=field) from None
         if kind != "lognormal":
-            raise SpecError(f"unknown lengths kind {kind!r}", field=f"{field}.kind", fix="lognormal or fixed")
+            raise SpecError(f"unknown lengths kind {kind!r}", field=f"{field}.kind",
+                            fix="lognormal, fixed or empirical")
         unknown = sorted(set(d) - {"kind", "input", "output", "rho"})
         if unknown:
             raise SpecError(f"unknown key(s) {', '.join(unknown)}", field=field,
