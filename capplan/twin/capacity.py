@@ -29,11 +29,11 @@ from ..slo import SLO
 from ..synth.config import ArrivalSpec
 from ..synth.events import token_times
 from ..synth.sweep import simulate_level
-from .model import Twin
 from .replay import Outcome, run_metrics
 
-STEADY_DURATION_S = 1800.0
-STEADY_WARMUP_S = 300.0
+STEADY_DURATION_S = 1800.0  # at least this long …
+STEADY_REQUESTS = 20_000  # … and long enough for this many requests at the first guess
+STEADY_WARMUP_SHARE = 1 / 6  # of the run, left out
 REL_TOL = 0.005
 SEED_OFFSET = 2_000_003
 
@@ -57,7 +57,7 @@ class SteadyCSLO:
                 "notes": list(self.notes)}
 
 
-def attainment(twin: Twin, rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
+def attainment(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
                seed_key: tuple[int, ...], seed: int = 0) -> float:
     cfg = twin.synth_config(rates=(rate,), duration_s=duration_s, warmup_s=warmup_s, seed=seed,
                             itl=slo.itl_ms is not None)
@@ -74,7 +74,7 @@ def attainment(twin: Twin, rate: float, slo: SLO, *, duration_s: float, warmup_s
     return run_metrics(o, slo, int(warmup_s * 1e9))["attainment"]
 
 
-def crossing(twin: Twin, slo: SLO, *, start: float, duration_s: float, warmup_s: float,
+def crossing(twin: "Twin", slo: SLO, *, start: float, duration_s: float, warmup_s: float,
              seed_key: tuple[int, ...], bracket: tuple[float, float] | None = None,
              rel_tol: float = REL_TOL) -> tuple[float, int, str]:
     """(rate, evaluations, note) where the attainment crosses the target."""
@@ -162,16 +162,22 @@ def _map(jobs, workers):
         return list(ex.map(_job, jobs))
 
 
-def steady_cslo(twin: Twin, slo: SLO | str, *, start: float | None = None, runs: int = 4, draws: int = 10,
-                seed: int = 0, duration_s: float = STEADY_DURATION_S, warmup_s: float = STEADY_WARMUP_S,
+def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, runs: int = 4, draws: int = 10,
+                seed: int = 0, duration_s: float | None = None, warmup_s: float | None = None,
                 workers: int | None = None) -> SteadyCSLO:
     """Steady-state C_SLO of ``twin`` with a 95 % interval (see the module docstring).
     ``start``: a first guess of the rate (e.g. the measured envelope's estimate); default the
-    median measured rate. ``workers`` processes (default up to 2); results do not depend on it."""
+    median measured rate. Runs last ``duration_s`` (default: the longer of 1800 s and 20,000
+    requests at ``start``), the first ``warmup_s`` (default a sixth) left out. ``workers``
+    processes (default up to 2); results do not depend on it."""
     s = SLO.parse(slo)
     if start is None:
         rates = [float(r["offered_rps"]) for r in twin.workload.per_run if r.get("offered_rps")]
         start = float(np.median(rates)) if rates else 1.0
+    if duration_s is None:
+        duration_s = max(STEADY_DURATION_S, STEADY_REQUESTS / max(start, 1e-3))
+    if warmup_s is None:
+        warmup_s = duration_s * STEADY_WARMUP_SHARE
     first = _map([("mc", twin, s, m, seed, start, duration_s, warmup_s) for m in range(max(1, runs))], workers)
     cs = np.array([c for c, _, _ in first], float)
     notes = sorted({note for _, _, note in first if note})

@@ -27,8 +27,7 @@ from ..errors import StudyError
 from ..slo import SLO
 from .capacity import steady_cslo
 from .data import StudyData, load_study
-from .limits_fit import timeout_bounds
-from .model import Twin
+from .limits_fit import stall_masks, timeout_bounds
 from .replay import (METRIC_LABELS, METRICS, carried, measured_outcome, replay_run, run_end_ns, run_metrics)
 
 #: metric → (absolute margin, relative margin): a run agrees when the measured value lies
@@ -176,11 +175,12 @@ def _num(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def replay_study(twin: Twin, data: StudyData, slo: SLO, *, replays: int = 20, seed: int = 0):
+def replay_study(twin: "Twin", data: StudyData, slo: SLO, *, replays: int = 20, seed: int = 0):
     """Replay every open-loop run ``replays`` times. Returns (rows, values, notes) where rows
     has the measured metrics per run and values[(run_id, metric)] the replays' values, plus
     per-replay (n, n_good) for the C_SLO of the replays."""
     wait_s = float(timeout_bounds(data, None).lo or 0.0)
+    stalls = stall_masks(data, wait_s)
     rows, values, notes = [], {}, []
     counts = []
     for ri, run in enumerate(data.runs):
@@ -191,8 +191,8 @@ def replay_study(twin: Twin, data: StudyData, slo: SLO, *, replays: int = 20, se
         if run.n < 2:
             notes.append(f"run {run.run_id}: fewer than 2 requests — not replayed")
             continue
-        keep = carried(run, wait_s)
-        end = run_end_ns(run, twin.timeout_s, keep)
+        keep = carried(run, stalls[run.run_id])
+        end = run_end_ns(run, twin.timeout_s, stalls[run.run_id])
         need_itl = slo.itl_ms is not None
         meas = run_metrics(measured_outcome(run, need_itl), slo, run.warmup_ns)
         rep = {m: [] for m in METRICS}
@@ -238,12 +238,13 @@ def _replay_cslo(counts, target: float, seed: int) -> dict:
             "kind": "the envelope's crossing on each replay of the measured runs"}
 
 
-def check_twin(twin: Twin, study, slo: SLO | str, *, replays: int = 20, seed: int = 0, envelope=None,
+def check_twin(twin: "Twin", study, slo: SLO | str, *, replays: int = 20, seed: int = 0, envelope=None,
                reps: int = 200, steady: bool = True, steady_draws: int = 10, workers: int | None = None,
-               data: StudyData | None = None) -> TwinCheck:
+               data: StudyData | None = None, steady_options: dict | None = None) -> TwinCheck:
     """Check ``twin`` against ``study`` (see the module docstring). ``envelope``: the measured
     envelope if already fitted (else fitted here with ``reps`` replicates); ``steady=False``
-    skips the steady-state C_SLO."""
+    skips the steady-state C_SLO; ``steady_options`` are passed to ``steady_cslo`` (runs,
+    duration_s, warmup_s)."""
     s = SLO.parse(slo)
     if replays < 2:
         raise StudyError("--replays must be at least 2", fix="e.g. --replays 20")
@@ -313,7 +314,8 @@ def check_twin(twin: Twin, study, slo: SLO | str, *, replays: int = 20, seed: in
                          f"{rp['estimate']:.3f} [{rp['ci_low']:.3f}, {rp['ci_high']:.3f}] req/s (beyond 5 %)")
     if steady:
         start = me if me is not None and me > 0 else None
-        st = steady_cslo(twin, s, start=start, draws=steady_draws, seed=seed, workers=workers)
+        st = steady_cslo(twin, s, start=start, draws=steady_draws, seed=seed, workers=workers,
+                         **(steady_options or {}))
         cslo["twin"] = st.to_dict()
         if me is not None and st.estimate > 0 and math.isfinite(st.estimate):
             cslo["twin"]["vs_measured"] = _f(st.estimate / me - 1.0)
@@ -325,45 +327,3 @@ def check_twin(twin: Twin, study, slo: SLO | str, *, replays: int = 20, seed: in
     return TwinCheck(twin=twin.name, study=data.name, slo=str(s), replays=replays, seed=seed, verdict=verdict,
                      where=tuple(where), runs=runs, metrics=metrics, cslo=cslo, notes=tuple(notes),
                      replay_values={k: v.tolist() for k, v in values.items()})
-
-
-def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20, seed: int = 0, reps: int = 200,
-                  steady_draws: int = 10, workers: int | None = None, fit_reps: int = 200) -> tuple[Twin, TwinCheck]:
-    """Fit on the runs offered below ``below_rps`` and predict the runs at or above it (what a
-    planner does when asked about more load than was tested); reports how far off it was."""
-    from .fit import fit_twin
-
-    s = SLO.parse(slo)
-    twin = fit_twin(study, below_rps=below_rps, reps=fit_reps, seed=seed)
-    data = load_study(study)
-    above = tuple(r.run_id for r in data.runs if r.offered_rps is not None and r.offered_rps >= below_rps)
-    if not above:
-        raise StudyError(f"no run at or above {below_rps:g} req/s to predict", file=data.root,
-                         fix="choose a --holdout rate below the highest tested rate")
-    chk = check_twin(twin, study, s, replays=replays, seed=seed, reps=reps, steady_draws=steady_draws,
-                     workers=workers, data=data)
-    held = chk.runs[chk.runs.run_id.isin(above)]
-    errs = {}
-    for m in METRICS:
-        meas = held[f"{m}_measured"].astype(float)
-        tw = held[f"{m}_twin"].astype(float)
-        ok = np.isfinite(meas) & np.isfinite(tw)
-        if not ok.any():
-            continue
-        if m in ("attainment", "share_rejected", "share_timed_out"):
-            errs[m] = {"mean_abs_error": _f(float(np.mean(np.abs(tw[ok] - meas[ok])))), "kind": "absolute"}
-        else:
-            errs[m] = {"mean_abs_error": _f(float(np.mean(np.abs(tw[ok] / meas[ok] - 1.0)))), "kind": "relative"}
-        errs[m]["outside"] = int((~held.loc[ok, f"{m}_inside"]).sum())
-    c = chk.cslo
-    summary = ", ".join(f"{METRIC_LABELS[m]} off by {v['mean_abs_error']:.3g}"
-                        + (" (relative)" if v["kind"] == "relative" else "") for m, v in errs.items()
-                        if v["mean_abs_error"] is not None)
-    hold = {"below_rps": float(below_rps), "fitted_runs": list(twin.source.get("runs", [])),
-            "predicted_runs": list(above), "errors": errs, "summary": summary}
-    if (c.get("twin") or {}).get("estimate") and (c.get("measured") or {}).get("estimate"):
-        hold["cslo_twin_vs_measured"] = _f(c["twin"]["estimate"] / c["measured"]["estimate"] - 1.0)
-    held_where = [w for w in chk.where]
-    from dataclasses import replace
-
-    return twin, replace(chk, holdout=hold, where=tuple(held_where))

@@ -21,13 +21,15 @@ import numpy as np
 from ..errors import StudyError
 from .data import StudyData, load_study
 from .limits_fit import admission_limits, faults, queue_limit, timeout_bounds
-from .model import BOUND, DEFAULT, ESTIMATED, MANIFEST, PARAM_KEYS, DecodePoint, Param, Twin
+from .model import Twin
+from .params import BOUND, DEFAULT, ESTIMATED, MANIFEST, PARAM_KEYS, DecodePoint, Param
 from .service_fit import client_service, server_budget, server_decode, server_prefill_mixed, server_prefill_separate
 from .timeline import DECODE, PREFILL, build_timeline
 from .workload_fit import fit_workload
 
 MIN_COHERENCE = 0.9  # share of token gaps on the iteration grid needed for the server path
 MIN_DECODE_ITERATIONS = 50
+MIN_SHARED_TOKENS = 100  # tokens sent while other requests decoded, needed to see batching
 DEFAULT_TOKEN_BUDGET = 2048
 DEFAULT_MAX_BATCH = 256
 DEFAULT_TIMEOUT_S = 60.0
@@ -94,12 +96,19 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
                     and not (c == "admitted_ns" and data.has("prefill_start_ns"))
                     and not (c == "replica_group" and replicas == 1)]
     # ------------------------------------------------------------------ path
-    tl = build_timeline(data) if data.has("itl_ns") else None
-    server = tl is not None and tl.coherence >= MIN_COHERENCE and int((tl.kind == DECODE).sum()) >= MIN_DECODE_ITERATIONS
-    if tl is not None and not server:
-        notes.append(f"token stamps do not fall on a common iteration grid (only {tl.coherence:.0%} of token gaps "
-                     "span one iteration of the replica; a batching server with exact stamps gives ≈ 100 %): "
-                     "service times come from per-request client timings instead")
+    per_token = _gaps_per_token(data)
+    tl = build_timeline(data) if data.has("itl_ns") and per_token >= 0.99 else None
+    server = (tl is not None and tl.coherence >= MIN_COHERENCE and tl.n_sharing >= MIN_SHARED_TOKENS
+              and tl.sharing >= MIN_COHERENCE and int((tl.kind == DECODE).sum()) >= MIN_DECODE_ITERATIONS)
+    if data.has("itl_ns") and per_token < 0.99:
+        notes.append(f"the gap lists (itl_ns) hold fewer gaps than tokens for {1 - per_token:.0%} of completed "
+                     "requests (the client saw chunks, not tokens): service times come from per-request client "
+                     "timings")
+    elif tl is not None and not server:
+        notes.append(f"the token stamps show no common iteration grid (of {tl.n_sharing:,} tokens sent while other "
+                     f"requests were decoding, {0 if tl.sharing != tl.sharing else tl.sharing:.0%} share a stamp "
+                     "with another request's token; a batching server with exact stamps gives ≈ 100 %): service "
+                     "times come from per-request client timings")
     mode_how = ""
     if server:
         mode = "mixed" if not (tl.first_on_grid < 0.5) else "separate"
@@ -251,6 +260,18 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
         source["grid_coherence"] = round(tl.coherence, 4)
     return Twin(name=name or f"twin of {data.name}", params=tuple(params), decode=decode, decode_how=dec.how,
                 workload=wl, source=source, notes=tuple(notes), measured_decode=dec.measured)
+
+
+def _gaps_per_token(data: StudyData) -> float:
+    """Share of completed multi-token requests whose gap list has output_tokens − 1 gaps."""
+    num = den = 0
+    for r in data.runs:
+        if r.itl_has is None:
+            continue
+        m = (r.status == 0) & (r.out >= 2) & r.itl_has
+        den += int(m.sum())
+        num += int((np.diff(r.itl_off)[m] == r.out[m] - 1).sum())
+    return num / den if den else 0.0
 
 
 def data_manifest_client(data: StudyData) -> dict | None:

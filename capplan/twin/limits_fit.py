@@ -77,32 +77,44 @@ def timeout_bounds(data: StudyData, tl: Timeline | None) -> Bound:
                  n_to > 0, n=n_timeouts)
 
 
-def stalled(run: RunData, wait_s: float) -> np.ndarray:
-    """Requests that got no token although a request scheduled after them (on the same
-    replica when known) got its first token while they were still waiting — ``wait_s`` after
-    their schedule (a lower bound of the client timeout), or until the end of the run for a
-    cancelled one."""
+def quick_ttft_ns(data: StudyData) -> int:
+    """What 'served at once' means in this study: 3 × the 10th percentile of the time from
+    arrival to first token of completed requests."""
+    v = np.concatenate([(r.first - r.arrive)[(r.status == OK) & (r.first >= 0)] for r in data.runs] or [np.zeros(0)])
+    return int(3 * np.percentile(v, 10)) if len(v) else 0
+
+
+def stalled(run: RunData, wait_s: float, quick_ns: int = 0, single_queue: bool = True) -> np.ndarray:
+    """Requests left without a token by the server, not by a queue. Each replica serves its
+    queue in order, so while a request waits no later request on its replica can be served —
+    and one arriving then cannot be served at once. A request that got no token is *stalled*
+    when a request scheduled after it on the same replica got its first token, or arrived and
+    was served within ``quick_ns``, while it was certainly still waiting: ``wait_s`` after its
+    schedule (a lower bound of the client timeout) or, cancelled at the end, until the end of
+    the run. Without replica names and with several replicas nothing can be said (all False)."""
     cand = ((run.status == TIMEOUT) | (run.status == CANCELLED)) & (run.first < 0)
     out = np.zeros(run.n, bool)
-    if not cand.any():
+    if not cand.any() or not single_queue:
         return out
     end = max(int(run.last.max(initial=0)), int(run.first.max(initial=0)), int(run.sched.max(initial=0)))
     groups = np.unique(run.replica[run.replica >= 0]) if (run.replica >= 0).any() else [None]
+    big = np.iinfo(np.int64).max
     for g in groups:
         on = np.ones(run.n, bool) if g is None else (run.replica == g)
         served = on & (run.first >= 0)
         if not served.any():
             continue
-        s_sched = run.sched[served]
-        s_first = run.first[served]
-        # for each candidate: earliest first token among requests scheduled after it
-        order = np.argsort(s_sched, kind="stable")
-        ss, sf = s_sched[order], s_first[order]
-        suffix_min = np.minimum.accumulate(sf[::-1])[::-1]
-        ci = np.flatnonzero(cand & (on if g is not None else True))
+        order = np.flatnonzero(served)[np.argsort(run.sched[served], kind="stable")]
+        ss = run.sched[order]
+        # earliest moment a later request proved the queue empty: its first token, or its
+        # arrival when it was served at once
+        proof = run.first[order].copy()
+        quick = (run.first[order] - run.arrive[order]) <= quick_ns
+        proof[quick] = np.minimum(proof[quick], run.arrive[order][quick])
+        suffix_min = np.minimum.accumulate(proof[::-1])[::-1]
+        ci = np.flatnonzero(cand & on)
         k = np.searchsorted(ss, run.sched[ci], side="right")
-        has = k < len(ss)
-        earliest = np.where(has, suffix_min[np.minimum(k, len(ss) - 1)], np.iinfo(np.int64).max)
+        earliest = np.where(k < len(ss), suffix_min[np.minimum(k, len(ss) - 1)], big)
         until = np.where(run.status[ci] == CANCELLED, end, run.sched[ci] + int(wait_s * 1e9))
         out[ci] = earliest < until
     return out
@@ -117,10 +129,22 @@ class Faults:
     n: int
 
 
+def single_queue(data: StudyData) -> bool:
+    """Whether each request's queue is known (replica names, or one replica)."""
+    return bool(data.replica_names) or data.replicas == 1
+
+
+def stall_masks(data: StudyData, wait_s: float) -> dict[str, np.ndarray]:
+    """:func:`stalled` for every run of the study."""
+    q = quick_ttft_ns(data)
+    sq = single_queue(data)
+    return {r.run_id: stalled(r, wait_s, q, sq) for r in data.runs}
+
+
 def faults(data: StudyData, wait_s: float) -> Faults:
     n = sum(r.n for r in data.runs)
     ne = sum(int((r.status == ERROR).sum()) for r in data.runs)
-    ns = sum(int(stalled(r, wait_s).sum()) for r in data.runs)
+    ns = sum(int(m.sum()) for m in stall_masks(data, wait_s).values())
     return Faults(ne / n if n else 0.0, ns / n if n else 0.0, ne, ns, n)
 
 

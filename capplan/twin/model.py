@@ -12,53 +12,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..synth.config import ArrivalSpec, FaultSpec, SynthConfig, Tenant
+from ..synth.config import ArrivalSpec, FaultSpec, SynthConfig
 from ..synth.engine import ReplicaParams
-from ..synth.lengths import LengthDist
 from ..synth.service import ServiceModel
-
-ESTIMATED, DEFAULT, MANIFEST, BOUND, EDITED = "estimated", "default", "manifest", "lower bound", "edited"
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of the twin as twin.yaml shows it."""
-
-    key: str
-    value: object
-    unit: str = ""
-    source: str = ESTIMATED  # estimated | default | manifest | lower bound | edited
-    how: str = ""
-    ci95: tuple[float, float] | None = None
-    fitted: object = None  # the value the fit gave (differs from value after an edit)
-
-    @property
-    def sd(self) -> float:
-        """Standard deviation implied by the 95 % interval (normal approximation), 0 without."""
-        if self.ci95 is None:
-            return 0.0
-        lo, hi = self.ci95
-        return max(0.0, (float(hi) - float(lo)) / (2 * 1.959964))
-
-
-@dataclass(frozen=True)
-class DecodePoint:
-    batch: int
-    ms: float
-    ci95: tuple[float, float] | None = None
-    fitted: float | None = None
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the clients sent: arrival process, tenants and their joint length distributions."""
-
-    arrival: ArrivalSpec = ArrivalSpec()
-    lengths: LengthDist = LengthDist()
-    tenants: tuple[Tenant, ...] = ()
-    per_run: tuple[dict, ...] = ()  # per measured run: rate, CV of gaps, dispersion of counts
-    how: str = ""
-
+from ..synth.sweep import generate_study
+from .check import TwinCheck, check_twin
+from .params import EDITED, ESTIMATED, DecodePoint, Param, Workload
+from .protocol import SimRun, simulate_protocol
 
 @dataclass(frozen=True)
 class Twin:
@@ -208,6 +168,30 @@ class Twin:
             ps.append(p)
         return replace(self, decode=tuple(dec), params=tuple(ps))
 
+    def simulate(self, *, rates, duration_s: float, warmup_s: float = 0.0, repeats: int = 1, seed: int = 0,
+                 arrival="poisson", itl: bool = False, out=None, workers: int | None = None):
+        """Run a load-test protocol on the twin. Without ``out``: the runs in memory
+        (:func:`capplan.twin.protocol.simulate_protocol`, a tuple of SimRun). With ``out``: an
+        ordinary study written there (returns its path), whose manifest records this twin."""
+        if out is None:
+            return simulate_protocol(self, rates=rates, duration_s=duration_s, warmup_s=warmup_s, repeats=repeats,
+                                     seed=seed, arrival=arrival, itl=itl, workers=workers)
+        cfg = self.synth_config(rates=rates, duration_s=duration_s, warmup_s=warmup_s, repeats=repeats, seed=seed,
+                                itl=True)
+        if arrival == "poisson":
+            cfg = replace(cfg, arrival=ArrivalSpec("poisson"))
+        elif isinstance(arrival, ArrivalSpec):
+            cfg = replace(cfg, arrival=arrival)
+        rec = {"name": self.name, "fitted_from": {k: self.source.get(k) for k in ("study", "sha256")},
+               "last_check": self.last_check, "edited": list(self.edited)}
+        path, _ = generate_study(cfg, out, workers=workers, manifest_extra={"twin": rec},
+                                 readme_extra=("\n" + self.warning) if self.warning else "")
+        return path
+
+    def check(self, study, slo, **kw) -> TwinCheck:
+        """Replay ``study``'s runs through this twin and compare (capplan.twin.check)."""
+        return check_twin(self, study, slo, **kw)
+
     # ---------------------------------------------------------------- presentation
     def to_frame(self):
         import pandas as pd
@@ -278,26 +262,3 @@ class Twin:
         fig.update_layout(title=f"Decode step vs running batch — {self.name}", xaxis_title="sequences decoding",
                           yaxis_title="ms per decode step", template="plotly_white")
         return fig
-
-
-#: Scalar parameters of a twin, in twin.yaml order: key → (unit, meaning).
-PARAM_KEYS: dict[str, tuple[str, str]] = {
-    "replicas": ("replicas", "identical replicas behind the router"),
-    "router": ("", "how a request picks its replica"),
-    "prefill_mode": ("", "mixed: prompt chunks run inside the batch iteration and slow the decodes; "
-                         "separate: prompts run on their own lanes"),
-    "prefill_lanes": ("prompts", "separate prefill: prompts computed at once (none: any number)"),
-    "prefill_ms_per_token": ("ms/token", "prefill time per prompt token"),
-    "prefill_overhead_ms": ("ms", "fixed time added to an iteration that computes prompt tokens "
-                                  "(separate: to each prompt)"),
-    "token_budget": ("tokens", "tokens per iteration (decodes + prompt chunk)"),
-    "max_batch": ("sequences", "sequences running at once per replica"),
-    "kv_capacity_tokens": ("tokens", "KV cache per replica available to admission"),
-    "kv_block_size": ("tokens", "tokens per KV block"),
-    "kv_watermark": ("share", "share of KV blocks kept free at admission"),
-    "max_model_len": ("tokens", "input + output above this is refused"),
-    "queue_limit": ("requests", "waiting requests per replica (none: unbounded)"),
-    "client_timeout_s": ("s", "the client gives up this long after the scheduled send"),
-    "error_share": ("share", "requests the server fails at once, whatever the load"),
-    "stall_share": ("share", "requests the server never serves, whatever the load"),
-}

@@ -24,8 +24,6 @@ from ..slo import SLO
 from ..synth.engine import simulate
 from ..synth.events import token_times
 from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunData
-from .limits_fit import stalled
-from .model import Twin
 
 METRICS = ("attainment", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "achieved_rps",
            "share_rejected", "share_timed_out")
@@ -112,9 +110,9 @@ def run_metrics(o: Outcome, slo: SLO, warmup_ns: int) -> dict:
     return out
 
 
-def carried(run: RunData, wait_s: float) -> np.ndarray:
+def carried(run: RunData, stall: np.ndarray) -> np.ndarray:
     """Requests whose measured outcome a replay keeps: errors and stalls."""
-    return (run.status == ERROR) | stalled(run, wait_s)
+    return (run.status == ERROR) | stall
 
 
 def run_end_ns(run: RunData, timeout_s: float, stall: np.ndarray | None = None) -> int:
@@ -130,7 +128,7 @@ def run_end_ns(run: RunData, timeout_s: float, stall: np.ndarray | None = None) 
     return window + int(round(timeout_s * 1e9))
 
 
-def draw_targets(run: RunData, twin: Twin, rng: np.random.Generator, tenant_names: tuple[str, ...] = ()) -> np.ndarray:
+def draw_targets(run: RunData, twin: "Twin", rng: np.random.Generator, tenant_names: tuple[str, ...] = ()) -> np.ndarray:
     """Answer lengths for the replay: completed requests keep theirs; the others draw from the
     twin's output distribution (their tenant's, else the pooled one) above what they got."""
     target = run.out.copy()
@@ -167,7 +165,7 @@ def _conditional_output(dist, got: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.maximum(np.rint(np.interp(uu, lv, q)), got + 1).astype(np.int64)
 
 
-def replay_run(run: RunData, twin: Twin, slo: SLO, *, keep: np.ndarray, rng: np.random.Generator,
+def replay_run(run: RunData, twin: "Twin", slo: SLO, *, keep: np.ndarray, rng: np.random.Generator,
                end_ns: int, tenant_names: tuple[str, ...] = ()) -> Outcome:
     """One replay of ``run`` through ``twin`` (already drawn)."""
     need_itl = slo.itl_ms is not None

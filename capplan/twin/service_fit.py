@@ -59,9 +59,10 @@ class PrefillFit:
     notes: tuple[str, ...] = ()
 
 
-def knots_for(n_values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def knots_for(n_values: np.ndarray, counts: np.ndarray, min_segment: int = MIN_PER_BATCH) -> np.ndarray:
     """1 (or the smallest batch seen), the powers of two in between, and the largest batch
-    seen with enough data."""
+    seen — dropping interior knots until every segment between knots holds at least
+    ``min_segment`` observations (so that each knot is pinned by data)."""
     obs = n_values[counts >= MIN_PER_BATCH]
     if len(obs) == 0:
         obs = n_values
@@ -72,7 +73,25 @@ def knots_for(n_values: np.ndarray, counts: np.ndarray) -> np.ndarray:
         if p > lo:
             k.add(p)
         p *= 2
-    return np.array(sorted(k), np.int64)
+    knots = sorted(k)
+
+    def support(a, b):
+        m = (n_values >= a) & (n_values <= b)
+        return float(counts[m].sum())
+
+    changed = True
+    while changed and len(knots) > 2:
+        changed = False
+        seg = [support(a, b) for a, b in zip(knots, knots[1:])]
+        i = int(np.argmin(seg))
+        if seg[i] < min_segment:
+            # drop the interior knot of the thinnest segment (the one nearer the middle)
+            j = i + 1 if i + 1 < len(knots) - 1 else i
+            if j == 0:
+                j = 1
+            knots.pop(j)
+            changed = True
+    return np.array(knots, np.int64)
 
 
 def hat_basis(x: np.ndarray, knots: np.ndarray) -> np.ndarray:
@@ -107,10 +126,13 @@ def _curve_from_sums(S: np.ndarray, C: np.ndarray, nvals: np.ndarray, knots: np.
         ok = c > 0
         return _wls(hat_basis(nvals[ok], knots), s[ok] / c[ok], c[ok])
     Sr, Cr = W @ S, W @ C
-    out = np.empty((W.shape[0], len(knots)))
+    out = np.full((W.shape[0], len(knots)), np.nan)
     for r in range(W.shape[0]):
         ok = Cr[r] > 0
-        out[r] = _wls(hat_basis(nvals[ok], knots), Sr[r, ok] / Cr[r, ok], Cr[r, ok])
+        B = hat_basis(nvals[ok], knots)
+        seen = B.sum(axis=0) > 0
+        if seen.all():  # a replicate without data near a knot says nothing about it
+            out[r] = _wls(B, Sr[r, ok] / Cr[r, ok], Cr[r, ok])
     return out
 
 
@@ -141,11 +163,11 @@ def fit_decode(n: np.ndarray, d_ms: np.ndarray, block: np.ndarray, *, reps: int,
     np.add.at(S, (bi, ni), d_ms)
     np.add.at(C, (bi, ni), 1.0)
     counts = C.sum(axis=0)
-    knots = knots_for(nvals, counts)
+    knots = knots_for(nvals, counts, min_segment=20)
     ms = _curve_from_sums(S, C, nvals, knots, None)
     W = _block_weights(len(bvals), reps, rng)
     rep = _curve_from_sums(S, C, nvals, knots, W)
-    lo, hi = np.percentile(rep, [2.5, 97.5], axis=0)
+    lo, hi = np.nanpercentile(rep, [2.5, 97.5], axis=0)
     means = S.sum(axis=0) / np.maximum(counts, 1)
     fitted = hat_basis(n, knots) @ ms
     cv = float(np.std(d_ms - fitted) / np.mean(fitted)) if len(d_ms) > 1 else float("nan")
@@ -350,7 +372,7 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
     steps = R[:, 2]
     nround = np.maximum(1, np.rint(n_bar)).astype(int)
     nvals, ni = np.unique(nround, return_inverse=True)
-    knots = knots_for(nvals, np.bincount(ni))
+    knots = knots_for(nvals, np.bincount(ni), min_segment=20)
     B = hat_basis(n_bar, knots) * steps[:, None]
     X = np.c_[B, R[:, 4]]
     y = R[:, 1]
@@ -360,14 +382,15 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
     blocks = (R[:, 0] * 100_000 + np.arange(len(R)) // 25).astype(np.int64)
     bvals, bi = np.unique(blocks, return_inverse=True)
     Wt = _block_weights(len(bvals), reps, rng)
-    rep = np.empty((reps, X.shape[1]))
+    rep = np.full((reps, X.shape[1]), np.nan)
     for r in range(reps):
         ww = Wt[r][bi] * w
-        s = np.sqrt(ww)
-        rep[r], _ = nnls(X * s[:, None], y * s)
+        if np.all((B * (ww > 0)[:, None]).sum(axis=0) > 0):  # every knot still pinned by data
+            s = np.sqrt(ww)
+            rep[r], _ = nnls(X * s[:, None], y * s)
     ms = np.maximum(coef[:-1], 1e-3)
-    lo, hi = np.percentile(rep[:, :-1], [2.5, 97.5], axis=0)
-    stall, stall_ci = float(coef[-1]), boot.percentile_ci(rep[:, -1])
+    lo, hi = np.nanpercentile(rep[:, :-1], [2.5, 97.5], axis=0)
+    stall, stall_ci = float(coef[-1]), boot.percentile_ci(rep[:, -1])  # percentile_ci drops NaN
     tp = y / steps
     measured = tuple((int(v), float(np.average(tp[ni == k], weights=steps[ni == k])), int((ni == k).sum()))
                      for k, v in enumerate(nvals))

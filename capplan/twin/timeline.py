@@ -50,6 +50,8 @@ class Timeline:
     coherence: float  # share of token gaps spanning exactly one grid step
     first_on_grid: float  # share of first tokens sent together with decode tokens (NaN: none)
     n_gaps: int
+    sharing: float = float("nan")  # share of decode tokens sent while others decoded that share a stamp
+    n_sharing: int = 0  # decode tokens sent while other requests were decoding
 
     @property
     def dur_ns(self) -> np.ndarray:
@@ -116,6 +118,11 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
     # first tokens sent while others were decoding: on the grid iff a decode token shares the stamp
     active = _active_decoders(run, idx, t[is_first])
     first_on_grid = float(np.mean(with_dec[active])) if active.any() else float("nan")
+    # batching shows as decode tokens of concurrent streams sharing a stamp
+    dec_tok = ~is_first
+    busy = _active_count(run, idx, t[dec_tok]) >= 2
+    sharing = float(np.mean(ntok_all[cid[dec_tok]][busy] >= 2)) if busy.any() else float("nan")
+    n_sharing = int(busy.sum())
     if separate:  # the grid is made of decode tokens only
         keep = ~is_first
         rid, t, is_first = rid[keep], t[keep], is_first[keep]
@@ -189,19 +196,23 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
         kind[chunk] = CHUNK
     start = np.where((kind == OTHER) & (start < 0), T, start)
     return dict(start=start, end=T, kind=kind, ndec=ndec, nfirst=nfirst, npf=npf, ptok=ptok,
-                coherence=coherence, first_on_grid=first_on_grid, n_gaps=n_gaps)
+                coherence=coherence, first_on_grid=first_on_grid, n_gaps=n_gaps, sharing=sharing,
+                n_sharing=n_sharing)
+
+
+def _active_count(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Requests of ``idx`` with first token < t ≤ last token, at each time t."""
+    f = run.first[idx]
+    l_ = run.last[idx]
+    ok = (f >= 0) & (l_ > f)
+    n_started = np.searchsorted(np.sort(f[ok]), times, side="left")
+    n_ended = np.searchsorted(np.sort(l_[ok]), times, side="left")
+    return n_started - n_ended
 
 
 def _active_decoders(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Whether some request of ``idx`` was between its first and last token at each time."""
-    f = run.first[idx]
-    l_ = run.last[idx]
-    ok = (f >= 0) & (l_ > f)
-    fs = np.sort(f[ok])
-    ls = np.sort(l_[ok])
-    n_started = np.searchsorted(fs, times, side="left")
-    n_ended = np.searchsorted(ls, times, side="right")
-    return (n_started - n_ended) > 0
+    return _active_count(run, idx, times + 1) > 0
 
 
 def build_timeline(data: StudyData, *, tol_ns: int = 200_000, separate: bool = False,
@@ -212,6 +223,7 @@ def build_timeline(data: StudyData, *, tol_ns: int = 200_000, separate: bool = F
     parts = []
     coh_num = coh_den = 0.0
     fog_num = fog_den = 0.0
+    sh_num = sh_den = 0.0
     block0 = 0
     for ri, run in enumerate(data.runs):
         if runs is not None and ri not in runs:
@@ -235,6 +247,9 @@ def build_timeline(data: StudyData, *, tol_ns: int = 200_000, separate: bool = F
             if not np.isnan(r["coherence"]):
                 coh_num += r["coherence"] * r["n_gaps"]
                 coh_den += r["n_gaps"]
+            if not np.isnan(r["sharing"]):
+                sh_num += r["sharing"] * r["n_sharing"]
+                sh_den += r["n_sharing"]
             if not np.isnan(r["first_on_grid"]):
                 fog_num += r["first_on_grid"] * m
                 fog_den += m
@@ -248,4 +263,5 @@ def build_timeline(data: StudyData, *, tol_ns: int = 200_000, separate: bool = F
         start_ns=cat("start"), end_ns=cat("end"), kind=cat("kind"), n_dec=cat("ndec"),
         n_first=cat("nfirst"), n_prefill=cat("npf"), prefill_tokens=cat("ptok"),
         coherence=coh_num / coh_den if coh_den else float("nan"),
-        first_on_grid=fog_num / fog_den if fog_den else float("nan"), n_gaps=int(coh_den))
+        first_on_grid=fog_num / fog_den if fog_den else float("nan"), n_gaps=int(coh_den),
+        sharing=sh_num / sh_den if sh_den else float("nan"), n_sharing=int(sh_den))

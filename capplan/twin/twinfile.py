@@ -20,7 +20,8 @@ from ..errors import SpecError
 from ..io import write_text_atomic
 from ..synth.config import ArrivalSpec, Tenant
 from ..synth.lengths import LengthDist
-from .model import EDITED, PARAM_KEYS, DecodePoint, Param, Twin, Workload
+from .model import Twin
+from .params import EDITED, PARAM_KEYS, DecodePoint, Param, Workload
 from .yamlkit import choice, in_file, load_yaml, mapping, number
 
 FORMAT = "capplan-twin/1"

@@ -18,8 +18,8 @@ from scipy.stats import rankdata
 from ..synth.config import ArrivalSpec, Tenant
 from ..synth.lengths import LengthDist
 from .data import OK, REJECTED, TIMEOUT, CANCELLED, StudyData
-from .limits_fit import stalled
-from .model import Workload
+from .limits_fit import stall_masks
+from .params import Workload
 
 LEVELS = tuple(sorted({0.0, 0.001, 0.005, 0.995, 0.999, 1.0} | {round(i / 50, 4) for i in range(51)}))
 MIN_TENANT_REQUESTS = 100
@@ -59,9 +59,10 @@ def fit_workload(data: StudyData, wait_s: float) -> tuple[Workload, list[str]]:
     per_run = []
     cvs, weights = [], []
     clean_runs = []
+    stalls = stall_masks(data, wait_s)
     for run in data.runs:
         st = arrival_stats(run.sched[run.in_window])
-        stall = stalled(run, wait_s)
+        stall = stalls[run.run_id]
         load_fail = ((run.status == TIMEOUT) | (run.status == REJECTED) | (run.status == CANCELLED)) & ~stall
         per_run.append({"run_id": run.run_id, "offered_rps": run.offered_rps, "concurrency": run.concurrency,
                         "measured_rps": round(run.measured_rate_rps(), 6) if run.n >= 2 else None,

@@ -1,0 +1,53 @@
+"""Held-out validation: fit the twin on the runs below a rate, predict the runs above it — what a
+planner does when asked about more load than was tested — and say how far off it was."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..errors import StudyError
+from ..slo import SLO
+from .check import TwinCheck, _f, check_twin
+from .data import load_study
+from .fit import fit_twin
+from .model import Twin
+from .replay import METRIC_LABELS, METRICS
+
+
+def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20, seed: int = 0, reps: int = 200,
+                  steady_draws: int = 10, workers: int | None = None, fit_reps: int = 200) -> tuple[Twin, TwinCheck]:
+    """Fit on the runs offered below ``below_rps`` and predict the runs at or above it (what a
+    planner does when asked about more load than was tested); reports how far off it was."""
+    s = SLO.parse(slo)
+    twin = fit_twin(study, below_rps=below_rps, reps=fit_reps, seed=seed)
+    data = load_study(study)
+    above = tuple(r.run_id for r in data.runs if r.offered_rps is not None and r.offered_rps >= below_rps)
+    if not above:
+        raise StudyError(f"no run at or above {below_rps:g} req/s to predict", file=data.root,
+                         fix="choose a --holdout rate below the highest tested rate")
+    chk = check_twin(twin, study, s, replays=replays, seed=seed, reps=reps, steady_draws=steady_draws,
+                     workers=workers, data=data)
+    held = chk.runs[chk.runs.run_id.isin(above)]
+    errs = {}
+    for m in METRICS:
+        meas = held[f"{m}_measured"].astype(float)
+        tw = held[f"{m}_twin"].astype(float)
+        ok = np.isfinite(meas) & np.isfinite(tw)
+        if not ok.any():
+            continue
+        if m in ("attainment", "share_rejected", "share_timed_out"):
+            errs[m] = {"mean_abs_error": _f(float(np.mean(np.abs(tw[ok] - meas[ok])))), "kind": "absolute"}
+        else:
+            errs[m] = {"mean_abs_error": _f(float(np.mean(np.abs(tw[ok] / meas[ok] - 1.0)))), "kind": "relative"}
+        errs[m]["outside"] = int((~held.loc[ok, f"{m}_inside"]).sum())
+    c = chk.cslo
+    summary = ", ".join(f"{METRIC_LABELS[m]} off by {v['mean_abs_error']:.3g}"
+                        + (" (relative)" if v["kind"] == "relative" else "") for m, v in errs.items()
+                        if v["mean_abs_error"] is not None)
+    hold = {"below_rps": float(below_rps), "fitted_runs": list(twin.source.get("runs", [])),
+            "predicted_runs": list(above), "errors": errs, "summary": summary}
+    if (c.get("twin") or {}).get("estimate") and (c.get("measured") or {}).get("estimate"):
+        hold["cslo_twin_vs_measured"] = _f(c["twin"]["estimate"] / c["measured"]["estimate"] - 1.0)
+    return twin, replace(chk, holdout=hold)
