@@ -88,7 +88,7 @@ def check_cmd(study, twin_path, slo, replays, out, holdout, seed, reps, steady_d
         if twin_path:
             raise SpecError("--holdout fits its own twin from the runs below the rate; drop --twin",
                             field="--holdout/--twin")
-        tw, chk = check_holdout(study, s, holdout, replays=replays, seed=seed, reps=reps,
+        tw, chk = check_holdout(study, s, holdout, replays=replays, seed=seed, reps=reps, steady=not no_steady,
                                 steady_draws=steady_draws, workers=workers)
     else:
         if not twin_path:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import StudyError
 from .data import StudyData, load_study
-from .limits_fit import admission_limits, faults, queue_limit, timeout_bounds
+from .limits_fit import admission_limits, faults, nice_in, queue_limit, stall_masks, timeout_bounds
 from .model import Twin
 from .params import BOUND, DEFAULT, ESTIMATED, MANIFEST, PARAM_KEYS, DecodePoint, Param
 from .service_fit import client_service, server_budget, server_decode, server_prefill_mixed, server_prefill_separate
@@ -158,6 +158,8 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
     params.append(_p("prefill_overhead_ms", float(pf.overhead_ms), ESTIMATED, pf.how, pf.ci_overhead))
     # ------------------------------------------------------------------ limits
     tb = timeout_bounds(data, tl if server else None)
+    stalls0 = stall_masks(data, float(tb.lo or 0.0))
+    load_timeouts = sum(int(((r.status == 2) & ~stalls0[r.run_id]).sum()) for r in data.runs)
     manifest_timeout = ((data_manifest_client(data) or {}).get("timeout_s"))
     if tb.value is not None:
         timeout = _p("client_timeout_s", float(tb.value), ESTIMATED,
@@ -167,6 +169,12 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
     elif manifest_timeout:
         timeout = _p("client_timeout_s", float(manifest_timeout), MANIFEST,
                      "study.yaml workload.client.timeout_s (the events do not bracket it)")
+    elif tb.n and load_timeouts and (tb.lo or 0) >= 1.0:
+        val = nice_in(tb.lo, tb.lo * 1.02)
+        timeout = _p("client_timeout_s", float(val), ESTIMATED,
+                     f"{tb.n:,} requests timed out under load and the longest successful one took {tb.lo:.3f} s: the "
+                     f"timeout is taken as the roundest value within 2 % above it ({val:g} s) — client timings cannot "
+                     "see the deadline itself")
     else:
         val = max(DEFAULT_TIMEOUT_S, math.ceil(tb.lo or 0.0))
         timeout = _p("client_timeout_s", float(val), DEFAULT if tb.n == 0 else BOUND,

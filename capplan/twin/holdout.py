@@ -17,7 +17,8 @@ from .replay import METRIC_LABELS, METRICS
 
 
 def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20, seed: int = 0, reps: int = 200,
-                  steady_draws: int = 10, workers: int | None = None, fit_reps: int = 200) -> tuple[Twin, TwinCheck]:
+                  steady: bool = True, steady_draws: int = 10, workers: int | None = None, fit_reps: int = 200,
+                  steady_options: dict | None = None) -> tuple[Twin, TwinCheck]:
     """Fit on the runs offered below ``below_rps`` and predict the runs at or above it (what a
     planner does when asked about more load than was tested); reports how far off it was."""
     s = SLO.parse(slo)
@@ -27,8 +28,8 @@ def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20,
     if not above:
         raise StudyError(f"no run at or above {below_rps:g} req/s to predict", file=data.root,
                          fix="choose a --holdout rate below the highest tested rate")
-    chk = check_twin(twin, study, s, replays=replays, seed=seed, reps=reps, steady_draws=steady_draws,
-                     workers=workers, data=data)
+    chk = check_twin(twin, study, s, replays=replays, seed=seed, reps=reps, steady=steady,
+                     steady_draws=steady_draws, workers=workers, data=data, steady_options=steady_options)
     held = chk.runs[chk.runs.run_id.isin(above)]
     errs = {}
     for m in METRICS:

@@ -30,6 +30,7 @@ from .data import StudyData
 from .timeline import CHUNK, DECODE, PREFILL, Timeline
 
 MIN_PER_BATCH = 3  # iterations (or requests) needed for a batch size to set a knot
+MIXED_STALL_SHARE = 0.25  # client path: prompts share the batch when each stalls decodes by ≥ this share of its prefill
 
 
 @dataclass(frozen=True)
@@ -403,7 +404,9 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
                     "95 % interval: bootstrap over blocks of 25 consecutive requests", cv)
     # prefill from TTFT of requests that found (nearly) nobody in flight
     infl = TT[:, 3]
-    calm = infl <= max(np.percentile(infl, 25), 1.0)
+    calm = infl < 0.5  # arrived to an idle server
+    if calm.sum() < 20:
+        calm = infl <= max(np.percentile(infl, 25), 1.0)
     T = TT[calm]
     boundary = 0.5 * dec.step_ms(np.maximum(T[:, 4], 1)) * (T[:, 4] > 0)
     mixed_extra = dec.step_ms(T[:, 4] + 1)
@@ -411,19 +414,21 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
     blk = (T[:, 0] * 100_000 + np.arange(len(T)) // 25).astype(np.int64)
     pf_sep = fit_prefill_rows(T[:, 2].astype(float), y_sep, blk, reps=reps, rng=rng, how="")
     prefill_ms = pf_sep.overhead_ms + pf_sep.ms_per_token * float(np.mean(T[:, 2]))
-    if stall >= 0.5 * prefill_ms:
+    if stall >= MIXED_STALL_SHARE * prefill_ms:
         mode = "mixed"
         pf = fit_prefill_rows(T[:, 2].astype(float), T[:, 1] - boundary - mixed_extra, blk, reps=reps, rng=rng, how="")
     else:
         mode = "separate"
         pf = pf_sep
     how_pf = (f"least squares of TTFT on prompt tokens over {int(calm.sum()):,} requests that arrived with at most "
-              f"{max(np.percentile(infl, 25), 1.0):.0f} request(s) in flight per replica, less the expected wait for "
+              f"{float(np.max(infl[calm])):.0f} request(s) in flight per replica, less the expected wait for "
               "the next iteration boundary" + (" and one decode step" if mode == "mixed" else "")
               + "; client timings only; 95 % interval: bootstrap over blocks of 25 requests")
     pf = PrefillFit(pf.ms_per_token, pf.overhead_ms, pf.ci_per_token, pf.ci_overhead, pf.n, how_pf, pf.notes)
     how_mode = (f"a prompt finishing during a request's decode adds {stall:.3g} ms to it "
                 f"(95 % interval {stall_ci[0]:.3g}–{stall_ci[1]:.3g}) against a prefill time of {prefill_ms:.3g} ms: "
-                + ("prompts share the batch with the decodes (mixed)" if mode == "mixed" else
-                   "prompts do not slow the running decodes, so prefill runs on its own resource (separate)"))
+                + (f"prompts share the batch with the decodes (mixed: the stall is ≥ {MIXED_STALL_SHARE:.0%} of a prefill)"
+                   if mode == "mixed" else
+                   f"prompts hardly slow the running decodes (< {MIXED_STALL_SHARE:.0%} of a prefill), so prefill runs on "
+                   "its own resource (separate)"))
     return ClientService(dec, pf, stall, stall_ci, float(np.max(infl)) if len(infl) else 0.0, mode, how_mode)

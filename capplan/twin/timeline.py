@@ -116,7 +116,7 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
     nfirst_ctx = nfirst_all[cid[is_first]]
     with_dec = (ntok_all[cid[is_first]] - nfirst_ctx) > 0
     # first tokens sent while others were decoding: on the grid iff a decode token shares the stamp
-    active = _active_decoders(run, idx, t[is_first])
+    active = _active_count(run, idx, t[is_first]) > 0  # others between their first and last token
     first_on_grid = float(np.mean(with_dec[active])) if active.any() else float("nan")
     # batching shows as decode tokens of concurrent streams sharing a stamp
     dec_tok = ~is_first
@@ -209,10 +209,6 @@ def _active_count(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarra
     n_ended = np.searchsorted(np.sort(l_[ok]), times, side="left")
     return n_started - n_ended
 
-
-def _active_decoders(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Whether some request of ``idx`` was between its first and last token at each time."""
-    return _active_count(run, idx, times + 1) > 0
 
 
 def build_timeline(data: StudyData, *, tol_ns: int = 200_000, separate: bool = False,
