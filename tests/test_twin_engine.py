@@ -117,3 +117,41 @@ def test_faults_fail_requests_whatever_the_load():
     d = events_arrow(r, "r").to_pandas()
     assert list(d.status) == ["ok", "error", "timeout", "ok", "cancelled", "ok"]
     assert d.loc[[1, 2, 4], "replica_group"].isna().all() and d.loc[[1, 2, 4], "output_tokens"].eq(0).all()
+
+
+def test_config_reads_the_twin_extensions_and_keeps_old_bytes(tmp_path):
+    """replica.prefill / prefill_lanes, faults and empirical lengths parse, run and are
+    checked; a config without them draws exactly what it drew before (no extra stream)."""
+    import pytest
+
+    from capplan.errors import SpecError
+    from capplan.synth.config import PRESETS, parse_config
+    from capplan.synth.lengths import LengthDist
+    from capplan.synth.sweep import simulate_level
+
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS["small"].items()}
+    base = parse_config(raw)
+    a = simulate_level(base, 3.0, seed_key=(0,))
+    raw2 = dict(raw, replica={**raw["replica"], "prefill": "separate", "prefill_lanes": 2},
+                faults={"error_share": 0.1, "stall_share": 0.05},
+                workload={**raw["workload"], "lengths": {"kind": "empirical", "levels": [0, 0.5, 1],
+                                                         "input": [100, 400, 900], "output": [10, 50, 200],
+                                                         "rho": 0.5}})
+    cfg = parse_config(raw2)
+    assert cfg.replica.prefill == "separate" and cfg.replica.prefill_lanes == 2
+    r = simulate_level(cfg, 3.0, seed_key=(0,))
+    np.testing.assert_array_equal(r.sched_ns, a.sched_ns)  # the arrival stream is untouched
+    st = np.bincount(r.status, minlength=6) / len(r.status)
+    assert 0.05 < st[3] < 0.16 and 0.01 < st[2] + st[4] < 0.12
+    d = LengthDist.from_dict(raw2["workload"]["lengths"])
+    i, o = d.sample(20000, np.random.default_rng(1))
+    assert abs(np.median(i) - 400) < 15 and abs(np.median(o) - 50) < 3 and i.min() >= 100 and o.max() <= 200
+    assert np.corrcoef(np.argsort(np.argsort(i)), np.argsort(np.argsort(o)))[0, 1] > 0.3
+    for patch, field in (({"replica": {**raw["replica"], "prefill": "split"}}, "replica.prefill"),
+                         ({"faults": {"error_share": 0.7, "stall_share": 0.4}}, "faults"),
+                         ({"faults": {"oops": 1}}, "faults")):
+        with pytest.raises(SpecError) as e:
+            parse_config(dict(raw, **patch))
+        assert e.value.field == field
+    with pytest.raises(SpecError, match="increase from 0 to 1"):
+        LengthDist.from_dict({"kind": "empirical", "levels": [0, 0.7, 0.5], "input": [1, 2, 3], "output": [1, 2, 3]})
