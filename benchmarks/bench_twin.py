@@ -8,8 +8,8 @@
             capplan synth, fit a twin to it, and compare the fitted prefill ms/token and decode
             step at batch 1 and 32 with the generating values (target within 10 %), and the
             twin's steady-state C_SLO with ``true_capacity`` of the generating configuration
-            under the same steady protocol (Poisson runs of max(1800 s, 20,000 requests), the
-            first sixth left out; target within 5 %).
+            under the same steady protocol (4 pooled Poisson runs of max(1800 s, 12,000 requests),
+            the first sixth left out; target within 5 %).
   fidelity  the real-client fixtures (GuideLLM, AIPerf, inference-perf against the mock server):
             fit, check, and the same check of a twin whose decode is 30 % slower.
 
@@ -160,7 +160,7 @@ def recovery(args) -> None:
             t1 = time.perf_counter()
             tw = fit_twin(study, seed=0)
             t_fit = time.perf_counter() - t1
-        dur = max(1800.0, 20_000 / c0)  # the twin's steady protocol at this rate (capplan.twin.capacity)
+        dur = max(1800.0, 12_000 / c0)  # the twin's steady protocol at this rate (capplan.twin.capacity)
         st = steady_cslo(tw, SLO, start=c0, seed=0, workers=2, duration_s=dur, warmup_s=dur / 6)
         truth = _truth(cfg, c0, args.replications, dur, dur / 6)
         gen = {"prefill_ms_per_token": sm.prefill_ms_per_token, "prefill_overhead_ms": sm.prefill_overhead_ms,

@@ -1,17 +1,19 @@
 """The twin's steady-state C_SLO: the largest Poisson rate (at the measured mix) whose long-run
 attainment meets the SLO, with a 95 % interval.
 
-Each evaluation simulates one long run (``duration_s``, the first ``warmup_s`` left out) and
-counts SLO-good requests with :func:`capplan.twin.replay.run_metrics` (the pipeline's
-definitions). A crossing is found by bracketing and bisection at a fixed seed (common random
-numbers: arrival gaps scale with the rate, so the curve being bisected is the same at every
-step).
+Each evaluation simulates ``runs`` independent long runs (``duration_s``, the first
+``warmup_s`` left out) and pools their SLO-good requests, counted with
+:func:`capplan.twin.replay.run_metrics` (the pipeline's definitions) — the same pooled
+attainment :func:`capplan.synth.truth.true_attainment` bisects, so the twin's C_SLO and the
+``true_capacity`` of a generating configuration are the same quantity. (Pooling matters near
+saturation: a few runs with congestion episodes pull the pooled attainment below a typical
+run's.) The crossing is found by bracketing and bisection with common random numbers (the same
+workloads at every rate: arrival gaps scale with the rate).
 
-- **estimate**: the mean crossing over ``runs`` independent workloads at the fitted
-  parameters (its Monte-Carlo standard error from their spread);
+- **Monte-Carlo error**: each run's own crossing, from a logit-linear fit through its
+  attainment at the evaluated rates near the estimate; SE = their SD / √runs;
 - **parameter effect**: for each of ``draws`` parameter draws (:meth:`Twin.draw`), the shift of
-  the crossing on the *same* workload, read from the attainment at three rates around the
-  estimate (logit-linear interpolation, as the envelope's crossing);
+  the crossing of run 0's workload, read from its attainment at three rates around the estimate;
 - **interval**: estimate ± 1.96 · sqrt(Monte-Carlo SE² + variance of the parameter effects).
 """
 
@@ -29,10 +31,11 @@ from ..slo import SLO
 from ..synth.config import ArrivalSpec
 from ..synth.events import token_times
 from ..synth.sweep import simulate_level
-from .replay import Outcome, run_metrics
+from .replay import Outcome, _itl_stats, run_metrics
 
 STEADY_DURATION_S = 1800.0  # at least this long …
-STEADY_REQUESTS = 20_000  # … and long enough for this many requests at the first guess
+STEADY_REQUESTS = 12_000  # … and long enough for this many requests per run at the first guess
+NEGLIGIBLE_REL_SD = 1e-3  # service parameters known this well need no draws
 STEADY_WARMUP_SHARE = 1 / 6  # of the run, left out
 REL_TOL = 0.005
 SEED_OFFSET = 2_000_003
@@ -43,123 +46,145 @@ class SteadyCSLO:
     estimate: float
     ci_low: float
     ci_high: float
-    draws: tuple[float, ...]
+    per_run: tuple[float, ...]  # each run's own crossing (Monte-Carlo spread)
     duration_s: float
     warmup_s: float
-    evaluations: int
+    evaluations: int  # simulated runs
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         f = lambda x: None if x is None or not math.isfinite(x) else round(float(x), 6)  # noqa: E731
         return {"estimate": f(self.estimate), "ci_low": f(self.ci_low), "ci_high": f(self.ci_high),
-                "kind": "steady state: Poisson arrivals at the measured mix, long runs",
-                "duration_s": self.duration_s, "warmup_s": self.warmup_s, "draws": len(self.draws),
-                "notes": list(self.notes)}
+                "kind": "steady state: Poisson arrivals at the measured mix, long runs pooled",
+                "duration_s": round(self.duration_s, 3), "warmup_s": round(self.warmup_s, 3),
+                "runs": len(self.per_run), "simulated_runs": self.evaluations, "notes": list(self.notes)}
 
 
-def attainment(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
-               seed_key: tuple[int, ...], seed: int = 0) -> float:
-    cfg = twin.synth_config(rates=(rate,), duration_s=duration_s, warmup_s=warmup_s, seed=seed,
-                            itl=slo.itl_ms is not None)
+def run_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
+               seed_key: tuple[int, ...]) -> tuple[int, int]:
+    """(in-window requests, SLO-good ones) of one long Poisson run of ``twin`` at ``rate``."""
+    cfg = twin.synth_config(rates=(rate,), duration_s=duration_s, warmup_s=warmup_s, itl=slo.itl_ms is not None)
     cfg = replace(cfg, arrival=ArrivalSpec("poisson"))
     res = simulate_level(cfg, rate, duration_s=duration_s, seed_key=seed_key)
     need_itl = slo.itl_ms is not None
     n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
     p99 = mx = None
     if need_itl:
-        from .replay import _itl_stats
-
         p99, mx = _itl_stats(off, val, n_recv > 1)
     o = Outcome(res.sched_ns, first, last, n_recv, res.status.astype(np.int8), p99, mx)
-    return run_metrics(o, slo, int(warmup_s * 1e9))["attainment"]
-
-
-def crossing(twin: "Twin", slo: SLO, *, start: float, duration_s: float, warmup_s: float,
-             seed_key: tuple[int, ...], bracket: tuple[float, float] | None = None,
-             rel_tol: float = REL_TOL) -> tuple[float, int, str]:
-    """(rate, evaluations, note) where the attainment crosses the target."""
-    target = slo.attainment
-    ok = lambda r: attainment(twin, r, slo, duration_s=duration_s, warmup_s=warmup_s,  # noqa: E731
-                              seed_key=seed_key) >= target
-    n = 0
-    if bracket is not None:
-        lo, hi = bracket
-        n += 2
-        lo_ok, hi_ok = ok(lo), ok(hi)
-        if not lo_ok or hi_ok:
-            bracket = None
-    if bracket is None:
-        r = max(start, 1e-3)
-        n += 1
-        if ok(r):
-            lo, hi = r, None
-            while hi is None:
-                r *= 1.5
-                n += 1
-                if r > 1000 * start:
-                    return math.inf, n, f"meets the SLO even at {r:g} req/s"
-                if ok(r):
-                    lo = r
-                else:
-                    hi = r
-        else:
-            lo, hi = None, r
-            while lo is None:
-                r /= 1.5
-                n += 1
-                if r < start / 1000:
-                    return 0.0, n, f"misses the SLO even at {r:.3g} req/s (e.g. failures alone exceed 1 − target)"
-                if ok(r):
-                    lo = r
-                else:
-                    hi = r
-    while (hi - lo) / hi > rel_tol:
-        mid = 0.5 * (lo + hi)
-        n += 1
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi), n, ""
-
-
-def _logit(p):
-    p = np.clip(p, 1e-4, 1 - 1e-4)
-    return np.log(p) - np.log1p(-p)
-
-
-def _interp_crossing(rates, att, target) -> float:
-    """Crossing of ``target`` on a logit-linear fit through the attainments at ``rates``."""
-    y = _logit(np.asarray(att, float))
-    x = np.asarray(rates, float)
-    if np.ptp(y) == 0:
-        return float("nan")
-    b, a = np.polyfit(x, y, 1)
-    if b >= 0:
-        return float("nan")
-    return float((_logit(np.array([target]))[0] - a) / b)
+    m = run_metrics(o, slo, int(warmup_s * 1e9))
+    return m["n"], m["n_good"]
 
 
 def _job(args):
-    kind, twin, slo, k, seed, c0, dur, warm = args
-    if kind == "mc":  # a crossing at the fitted parameters, workload k
-        c, n, note = crossing(twin, slo, start=c0, duration_s=dur, warmup_s=warm, seed_key=(SEED_OFFSET, int(seed), k),
-                              bracket=(c0 / 1.2, c0 * 1.2))
-        return c, n, note
-    # "draw": attainments at three rates around c0 on workload 0 (common random numbers)
-    tw = twin if k < 0 else twin.draw(np.random.default_rng([int(seed), SEED_OFFSET, k]))
-    rates = [c0 * (1 + d) for d in (-0.04, 0.0, 0.04)]
-    att = [attainment(tw, r, slo, duration_s=dur, warmup_s=warm, seed_key=(SEED_OFFSET, int(seed), 0))
-           for r in rates]
-    return _interp_crossing(rates, att, slo.attainment), 3, ""
+    twin, slo, rate, dur, warm, key = args
+    return run_counts(twin, rate, slo, duration_s=dur, warmup_s=warm, seed_key=key)
 
 
-def _map(jobs, workers):
-    workers = max(1, min(int(workers or min(2, os.cpu_count() or 1)), len(jobs)))
-    if workers == 1:
-        return [_job(j) for j in jobs]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-        return list(ex.map(_job, jobs))
+class _Sim:
+    """Runs batches of simulations inline or on a process pool (results never depend on it)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.pool = None
+        self.count = 0
+
+    def __enter__(self):
+        if self.workers > 1:
+            self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.shutdown()
+
+    def map(self, jobs):
+        self.count += len(jobs)
+        if self.pool is None:
+            return [_job(j) for j in jobs]
+        return list(self.pool.map(_job, jobs))
+
+
+def _logit(p):
+    p = np.clip(np.asarray(p, float), 1e-4, 1 - 1e-4)
+    return np.log(p) - np.log1p(-p)
+
+
+def pooled_crossing(sim: _Sim, twin, slo: SLO, *, start: float, runs: int, duration_s: float, warmup_s: float,
+                    seed: int, rel_tol: float = REL_TOL):
+    """(rate, per-run crossings, note): bisection on the attainment pooled over ``runs``."""
+    target = slo.attainment
+    keys = [(SEED_OFFSET, int(seed), m) for m in range(runs)]
+    cache: dict[float, np.ndarray] = {}
+
+    def att(r):
+        if r not in cache:
+            cache[r] = np.array(sim.map([(twin, slo, r, duration_s, warmup_s, k) for k in keys]), float)
+        c = cache[r]
+        return c[:, 1].sum() / max(c[:, 0].sum(), 1.0), c[:, 1] / np.maximum(c[:, 0], 1.0)
+
+    lo, hi = start / 1.2, start * 1.2
+    if att(lo)[0] < target:
+        hi = lo
+        lo = None
+        while lo is None:
+            r = hi / 1.5
+            if r < start / 1000:
+                return 0.0, (), f"misses the SLO even at {r:.3g} req/s (e.g. failures alone exceed 1 − target)"
+            if att(r)[0] >= target:
+                lo = r
+            else:
+                hi = r
+    elif att(hi)[0] >= target:
+        lo = hi
+        hi = None
+        while hi is None:
+            r = lo * 1.5
+            if r > 1000 * start:
+                return math.inf, (), f"meets the SLO even at {r:g} req/s"
+            if att(r)[0] >= target:
+                lo = r
+            else:
+                hi = r
+    while (hi - lo) / hi > rel_tol:
+        mid = 0.5 * (lo + hi)
+        if att(mid)[0] >= target:
+            lo = mid
+        else:
+            hi = mid
+    est = 0.5 * (lo + hi)
+    return est, _per_run_crossings(cache, est, target), ""
+
+
+def _per_run_crossings(cache: dict, est: float, target: float) -> tuple[float, ...]:
+    """Each run's own crossing: a logit-linear fit through its attainment at the rates the
+    bisection evaluated within ±10 % of the estimate (at least three of them)."""
+    rates = np.array(sorted(cache))
+    near = rates[np.argsort(np.abs(rates - est))][:max(3, int(np.sum(np.abs(rates / est - 1) <= 0.1)))]
+    near = np.sort(near)
+    out = []
+    for m in range(len(cache[rates[0]])):
+        a = np.array([cache[r][m, 1] / max(cache[r][m, 0], 1.0) for r in near])
+        y = _logit(a)
+        if np.ptp(y) == 0:
+            out.append(est)
+            continue
+        b1, b0 = np.polyfit(near, y, 1)
+        c = (_logit(target) - b0) / b1 if b1 < 0 else est
+        out.append(float(np.clip(c, est / 2, est * 2)))
+    return tuple(out)
+
+
+def _service_rel_sd(twin) -> float:
+    """Largest relative SD (from the 95 % intervals) of the decode points and prefill cost."""
+    rel = [((d.ci95[1] - d.ci95[0]) / 3.92) / d.ms for d in twin.decode if d.ci95 and d.ms > 0]
+    kp = twin.param("prefill_ms_per_token")
+    if kp.ci95 and float(kp.value) > 0:
+        rel.append(kp.sd / float(kp.value))
+    ov = twin.param("prefill_overhead_ms")
+    if ov.ci95:
+        rel.append(ov.sd / max(float(ov.value), float(twin.service.step_ms(1))))
+    return float(max(rel, default=np.inf)) if all(d.ci95 for d in twin.decode) else float("inf")
 
 
 def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, runs: int = 4, draws: int = 10,
@@ -167,7 +192,7 @@ def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, run
                 workers: int | None = None) -> SteadyCSLO:
     """Steady-state C_SLO of ``twin`` with a 95 % interval (see the module docstring).
     ``start``: a first guess of the rate (e.g. the measured envelope's estimate); default the
-    median measured rate. Runs last ``duration_s`` (default: the longer of 1800 s and 20,000
+    median measured rate. Runs last ``duration_s`` (default: the longer of 1800 s and 12,000
     requests at ``start``), the first ``warmup_s`` (default a sixth) left out. ``workers``
     processes (default up to 2); results do not depend on it."""
     s = SLO.parse(slo)
@@ -178,28 +203,40 @@ def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, run
         duration_s = max(STEADY_DURATION_S, STEADY_REQUESTS / max(start, 1e-3))
     if warmup_s is None:
         warmup_s = duration_s * STEADY_WARMUP_SHARE
-    first = _map([("mc", twin, s, m, seed, start, duration_s, warmup_s) for m in range(max(1, runs))], workers)
-    cs = np.array([c for c, _, _ in first], float)
-    notes = sorted({note for _, _, note in first if note})
-    n_tot = sum(n for _, n, _ in first)
-    if not np.all(np.isfinite(cs)) or np.any(cs <= 0):
-        est = float(np.median(cs))
-        return SteadyCSLO(est, est, est, tuple(cs), duration_s, warmup_s, n_tot, tuple(notes))
-    est = float(cs.mean())
-    se_mc = float(cs.std(ddof=1) / np.sqrt(len(cs))) if len(cs) > 1 else 0.0
-    effects: list[float] = []
-    if draws > 0:
-        out = _map([("draw", twin, s, k, seed, est, duration_s, warmup_s) for k in [-1] + list(range(draws))],
-                   workers)
-        ref = out[0][0]
-        effects = [c - ref for c, _, _ in out[1:] if np.isfinite(c) and np.isfinite(ref)]
-        n_tot += 3 * len(out)
+    runs = max(1, int(runs))
+    workers = max(1, min(int(workers or min(2, os.cpu_count() or 1)), runs))
+    notes = []
+    with _Sim(workers) as sim:
+        est, per_run, note = pooled_crossing(sim, twin, s, start=start, runs=runs, duration_s=duration_s,
+                                             warmup_s=warmup_s, seed=seed)
+        if note:
+            return SteadyCSLO(est, est, est, per_run, duration_s, warmup_s, sim.count, (note,))
+        se_mc = float(np.std(per_run, ddof=1) / np.sqrt(len(per_run))) if len(per_run) > 1 else 0.0
+        effects: list[float] = []
+        rel = _service_rel_sd(twin)
+        if draws > 0 and rel < NEGLIGIBLE_REL_SD:
+            notes.append(f"every service parameter is known within {rel:.2%} (1 SD): no parameter draws simulated")
+            draws = 0
+        if draws > 0:
+            rates = [est * (1 + d) for d in (-0.04, 0.0, 0.04)]
+            key = (SEED_OFFSET, int(seed), 0)
+            twins = [twin] + [twin.draw(np.random.default_rng([int(seed), SEED_OFFSET, k])) for k in range(draws)]
+            out = sim.map([(tw, s, r, duration_s, warmup_s, key) for tw in twins for r in rates])
+            att = np.array([g / max(n, 1) for n, g in out]).reshape(len(twins), 3)
+            cross = []
+            for a in att:
+                y = _logit(a)
+                b1, b0 = np.polyfit(rates, y, 1) if np.ptp(y) > 0 else (0.0, 0.0)
+                cross.append((_logit(s.attainment) - b0) / b1 if b1 < 0 else np.nan)
+            effects = [c - cross[0] for c in cross[1:] if np.isfinite(c) and np.isfinite(cross[0])]
+        count = sim.count
     sd_par = float(np.std(effects, ddof=1)) if len(effects) > 1 else 0.0
     h = 1.959964 * float(np.hypot(se_mc, sd_par))
     if twin.workload.arrival.process != "poisson":
         notes.append(f"the measured arrivals look {twin.workload.arrival.process}"
                      + (f" (CV {twin.workload.arrival.cv:.2f})" if twin.workload.arrival.process == "gamma" else "")
                      + "; the steady-state C_SLO uses Poisson arrivals (the usual planning assumption)")
-    notes.append(f"estimate = mean of {len(cs)} crossings on independent {duration_s:g}-s workloads (Monte-Carlo SE "
-                 f"{se_mc:.3g} req/s); parameter uncertainty from {len(effects)} draws (SD {sd_par:.3g} req/s)")
-    return SteadyCSLO(est, max(0.0, est - h), est + h, tuple(cs), duration_s, warmup_s, n_tot, tuple(notes))
+    notes.append(f"pooled attainment of {runs} independent {duration_s:.0f}-s runs (first {warmup_s:.0f} s left out); "
+                 f"Monte-Carlo SE {se_mc:.3g} req/s; parameter uncertainty from {len(effects)} draws "
+                 f"(SD {sd_par:.3g} req/s)")
+    return SteadyCSLO(est, max(0.0, est - h), est + h, per_run, duration_s, warmup_s, count, tuple(notes))
