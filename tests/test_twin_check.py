@@ -14,11 +14,10 @@ from capplan import open_study
 from capplan.cli import main
 from capplan.importers import import_paths, write_import
 from capplan.metrics import summarize
-from capplan.synth.sweep import generate_study
 from capplan.twin import check_holdout, check_twin, fit_twin, load_twin, write_twin
 from capplan.twin.data import load_study
 from capplan.twin.replay import measured_outcome, run_metrics
-from tests.test_twin_fit import small_cfg
+from tests.test_twin_fit import small_study, small_twin  # noqa: F401  (shared fixtures)
 
 FIX = Path(__file__).parent / "fixtures"
 SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
@@ -26,14 +25,13 @@ QUICK = {"runs": 2, "duration_s": 600.0, "warmup_s": 100.0}
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    path, _ = generate_study(small_cfg(), tmp_path_factory.mktemp("chk") / "s", workers=1)
-    return path
+def study(small_study):  # noqa: F811
+    return small_study
 
 
 @pytest.fixture(scope="module")
-def twin(study):
-    return fit_twin(study, reps=50)
+def twin(small_twin):  # noqa: F811
+    return small_twin
 
 
 def test_run_metrics_equal_capplan_summarize(study):

@@ -135,6 +135,10 @@ def test_protocol_simulation_matches_a_written_study(twin, tmp_path):
     ser = runs[1].series(SLO)
     from capplan.reduce import stats_from_series
 
+    from capplan.envelope import fit_from_stats
+
     stats = stats_from_series([r.series(SLO) for r in runs], SLO)
     assert len(stats.runs) == 4 and len(ser["good"]) == int(runs[1].in_window.sum())
+    env = fit_from_stats(stats, SLO, reps=50, seed=0)  # one draw of a parametric bootstrap
+    assert len(env.runs) == 4
     assert yaml.safe_load((Path(path) / "study.yaml").read_text())["twin"]["name"] == twin.name

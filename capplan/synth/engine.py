@@ -413,7 +413,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         R.nwait += 1
         R.preemptions += 1
 
-    def plan(R, now):
+    def make_room(R, now):
+        """Drop expired queued requests and preempt until the next decode step's KV blocks fit;
+        returns the blocks that step needs."""
         purge(R, now)
         it = R.it
         H = R.H
@@ -421,6 +423,90 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         while R.ndec and R.used + need1 > kv_total:
             preempt_one(R)
             need1 = H[(-it) % bs] if R.ndec else 0
+        return need1
+
+    def go_idle(R):
+        if R.nwait:
+            raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
+                               "(max_model_len larger than the KV cache?)")
+        R.kind = 0
+        R.k = 0
+        R.wake = INF
+
+    def admit_head(R, now, need1):
+        """Admit the head of the queue (FIFO) when the KV cache can hold its prompt; returns
+        its index, or −1 when the queue is empty or the head must wait."""
+        w = R.waiting
+        while R.nwait:
+            h = w[0]
+            if state[h] != WAITING:
+                w.popleft()
+                continue
+            if dl[h] <= now:
+                w.popleft()
+                expire_waiting(R, h, now)
+                continue
+            L = inp[h] + gen[h]
+            need = -(-L // bs)
+            if R.used + need + need1 > admit_cap:
+                return -1
+            w.popleft()
+            R.nwait -= 1
+            state[h] = PREFILL
+            plen[h] = L
+            rem[h] = L
+            R.used += need
+            R.running[h] = 1
+            R.prefilling.append(h)
+            if adm[h] < 0:
+                adm[h] = now
+            heapq.heappush(R.dl_heap, (dl[h], h))
+            return h
+        return -1
+
+    def decode_span(R, now, until):
+        """Commit k decode-only iterations: up to the next finish, client deadline, end of
+        run, KV block shortage or ``until`` (a prefill lane finishing), whichever comes first."""
+        it = R.it
+        n_dec = R.ndec
+        step = table[n_dec]
+        fh = R.fin_heap
+        while True:
+            f, rid = fh[0]
+            if state[rid] == DECODE and fin[rid] == f:
+                break
+            heapq.heappop(fh)
+        k = f - it + 1
+        dh = R.dl_heap
+        while dh and state[dh[0][1]] not in (PREFILL, DECODE):
+            heapq.heappop(dh)
+        if dh:
+            kd = -(-(dh[0][0] - now) // step)
+            if kd < k:
+                k = kd
+        if until < INF:
+            kr = -(-(until - now) // step)
+            if kr < k:
+                k = kr
+        ke = -(-(end_ns - now) // step)
+        if ke < k:
+            k = ke
+        free = kv_total - R.used
+        if bs * (free // n_dec) < k:
+            kk = _max_k(R.H, it, free, bs, n_dec)
+            if kk < k:
+                k = kk
+        if k < 1:
+            k = 1
+        R.kind = 1
+        R.k = k
+        R.t0 = now
+        R.step = step
+        R.tok = n_dec
+        R.wake = now + k * step
+
+    def plan(R, now):
+        need1 = make_room(R, now)
         n_dec = R.ndec
         budget = budget_tok - n_dec
         P = 0
@@ -435,32 +521,12 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             chunks.append((rid, c))
             P += c
             nseq += 1
-        w = R.waiting
         running = R.running
         while R.nwait and len(running) < max_batch and P < budget:
-            h = w[0]
-            if state[h] != WAITING:
-                w.popleft()
-                continue
-            if dl[h] <= now:
-                w.popleft()
-                expire_waiting(R, h, now)
-                continue
-            L = inp[h] + gen[h]
-            need = -(-L // bs)
-            if R.used + need + need1 > admit_cap:
+            h = admit_head(R, now, need1)
+            if h < 0:
                 break
-            w.popleft()
-            R.nwait -= 1
-            state[h] = PREFILL
-            plen[h] = L
-            rem[h] = L
-            R.used += need
-            running[h] = 1
-            R.prefilling.append(h)
-            if adm[h] < 0:
-                adm[h] = now
-            heapq.heappush(R.dl_heap, (dl[h], h))
+            L = plen[h]
             c = L if L < budget - P else budget - P
             chunks.append((h, c))
             P += c
@@ -484,82 +550,21 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.tok = n_dec + P
             R.wake = now + step
         elif n_dec:
-            step = table[n_dec]
-            fh = R.fin_heap
-            while True:
-                f, rid = fh[0]
-                if state[rid] == DECODE and fin[rid] == f:
-                    break
-                heapq.heappop(fh)
-            k = f - it + 1
-            dh = R.dl_heap
-            while dh and state[dh[0][1]] not in (PREFILL, DECODE):
-                heapq.heappop(dh)
-            if dh:
-                kd = -(-(dh[0][0] - now) // step)
-                if kd < k:
-                    k = kd
-            ke = -(-(end_ns - now) // step)
-            if ke < k:
-                k = ke
-            free = kv_total - R.used
-            if bs * (free // n_dec) < k:
-                kk = _max_k(H, it, free, bs, n_dec)
-                if kk < k:
-                    k = kk
-            if k < 1:
-                k = 1
-            R.kind = 1
-            R.k = k
-            R.t0 = now
-            R.step = step
-            R.tok = n_dec
-            R.wake = now + k * step
+            decode_span(R, now, INF)
         else:
-            if R.nwait:
-                raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
-                                   "(max_model_len larger than the KV cache?)")
-            R.kind = 0
-            R.k = 0
-            R.wake = INF
+            go_idle(R)
 
     def plan_sep(R, now):
         """plan() for separate prefill: admit onto free prefill lanes, then run decode-only
         iterations, cut at the next lane completion so that a finished prompt joins the batch
         at the following boundary; with no decoding sequence, wait for a lane (kind 3)."""
-        purge(R, now)
-        it = R.it
-        H = R.H
-        need1 = H[(-it) % bs] if R.ndec else 0
-        while R.ndec and R.used + need1 > kv_total:
-            preempt_one(R)
-            need1 = H[(-it) % bs] if R.ndec else 0
-        w = R.waiting
+        need1 = make_room(R, now)
         running = R.running
         while R.nwait and len(running) < max_batch and R.lanes_busy < lanes:
-            h = w[0]
-            if state[h] != WAITING:
-                w.popleft()
-                continue
-            if dl[h] <= now:
-                w.popleft()
-                expire_waiting(R, h, now)
-                continue
-            L = inp[h] + gen[h]
-            need = -(-L // bs)
-            if R.used + need + need1 > admit_cap:
+            h = admit_head(R, now, need1)
+            if h < 0:
                 break
-            w.popleft()
-            R.nwait -= 1
-            state[h] = PREFILL
-            plen[h] = L
-            rem[h] = L
-            R.used += need
-            running[h] = 1
-            R.prefilling.append(h)
-            if adm[h] < 0:
-                adm[h] = now
-            heapq.heappush(R.dl_heap, (dl[h], h))
+            L = plen[h]
             r = now + max(1000, int(round((kp_ns * L + over_ns) / 1000.0)) * 1000)
             ready_t[h] = r
             heapq.heappush(R.pf_heap, (r, h))
@@ -567,43 +572,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         ph = R.pf_heap
         while ph and (state[ph[0][1]] != PREFILL or ready_t[ph[0][1]] != ph[0][0]):
             heapq.heappop(ph)
-        n_dec = R.ndec
-        if n_dec:
-            step = table[n_dec]
-            fh = R.fin_heap
-            while True:
-                f, rid = fh[0]
-                if state[rid] == DECODE and fin[rid] == f:
-                    break
-                heapq.heappop(fh)
-            k = f - it + 1
-            dh = R.dl_heap
-            while dh and state[dh[0][1]] not in (PREFILL, DECODE):
-                heapq.heappop(dh)
-            if dh:
-                kd = -(-(dh[0][0] - now) // step)
-                if kd < k:
-                    k = kd
-            if ph:
-                kr = -(-(ph[0][0] - now) // step)
-                if kr < k:
-                    k = kr
-            ke = -(-(end_ns - now) // step)
-            if ke < k:
-                k = ke
-            free = kv_total - R.used
-            if bs * (free // n_dec) < k:
-                kk = _max_k(H, it, free, bs, n_dec)
-                if kk < k:
-                    k = kk
-            if k < 1:
-                k = 1
-            R.kind = 1
-            R.k = k
-            R.t0 = now
-            R.step = step
-            R.tok = n_dec
-            R.wake = now + k * step
+        if R.ndec:
+            decode_span(R, now, ph[0][0] if ph else INF)
         elif ph:
             t = ph[0][0]
             dh = R.dl_heap
@@ -620,18 +590,12 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.tok = 0
             R.wake = t
         else:
-            if R.nwait:
-                raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
-                                   "(max_model_len larger than the KV cache?)")
-            R.kind = 0
-            R.k = 0
-            R.wake = INF
+            go_idle(R)
 
     def lanes_done(R, now):
         """Separate prefill: prompts whose lane finished by ``now`` send their (first) token at
         the lane's finish time and join the decode batch from iteration ``R.it`` on."""
         ph = R.pf_heap
-        it = R.it
         while ph and ph[0][0] <= now:
             r, rid = heapq.heappop(ph)
             if state[rid] != PREFILL or ready_t[rid] != r:
@@ -646,25 +610,32 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             xt_rid.append(rid)
             xt_ns.append(r)
             lane_tok[rid] = True
-            p = it - 1  # KV and token books as if a prefill iteration had just ended
-            pst[rid] = p
-            left = out[rid] - gen[rid]
-            if left <= 1:
-                stint(rid, R.idx, p, 1)
-                R.used -= -(-plen[rid] // bs)
-                del R.running[rid]
-                state[rid] = DONE
-                status[rid] = OK
-                resolved(rid, now)
-            else:
-                state[rid] = DECODE
-                e = (plen[rid] - it) % bs
-                ekey[rid] = e
-                R.H[e] += 1
-                R.ndec += 1
-                f = p + left - 1
-                fin[rid] = f
-                heapq.heappush(R.fin_heap, (f, rid))
+            prompt_done(R, rid, now, True)  # books as if a prefill iteration had just ended
+
+    def prompt_done(R, rid, now, on_time):
+        """rid's prompt is computed by iteration R.it − 1 (its token counts when ``on_time``):
+        it is done when it wanted one token, else it decodes from iteration R.it on."""
+        it = R.it
+        p = it - 1
+        pst[rid] = p
+        left = out[rid] - gen[rid]
+        if left <= 1:
+            cnt = 1 if on_time else 0
+            stint(rid, R.idx, p, cnt)
+            R.used -= -(-plen[rid] // bs)
+            del R.running[rid]
+            state[rid] = DONE
+            status[rid] = OK if cnt else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
+            resolved(rid, now)
+        else:
+            state[rid] = DECODE
+            e = (plen[rid] - it) % bs
+            ekey[rid] = e
+            R.H[e] += 1
+            R.ndec += 1
+            f = p + left - 1
+            fin[rid] = f
+            heapq.heappush(R.fin_heap, (f, rid))
 
     def record(R, t0, step, k, tok):
         if k <= 0:
@@ -693,27 +664,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         it = R.it
         if kind == 2 and R.pf_done:
             for rid in R.pf_done:
-                p = it - 1
-                pst[rid] = p
-                left = out[rid] - gen[rid]
-                if left <= 1:
-                    cutoff = dl[rid] if dl[rid] < end_ns else end_ns
-                    cnt = 1 if now <= cutoff else 0
-                    stint(rid, R.idx, p, cnt)
-                    R.used -= -(-plen[rid] // bs)
-                    del R.running[rid]
-                    state[rid] = DONE
-                    status[rid] = OK if cnt else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
-                    resolved(rid, now)
-                else:
-                    state[rid] = DECODE
-                    e = (plen[rid] - it) % bs
-                    ekey[rid] = e
-                    R.H[e] += 1
-                    R.ndec += 1
-                    f = p + left - 1
-                    fin[rid] = f
-                    heapq.heappush(R.fin_heap, (f, rid))
+                prompt_done(R, rid, now, now <= (dl[rid] if dl[rid] < end_ns else end_ns))
             R.pf_done = []
         if sep and R.pf_heap:
             lanes_done(R, now)

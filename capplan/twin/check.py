@@ -28,6 +28,7 @@ from ..slo import SLO
 from .capacity import steady_cslo
 from .data import StudyData, load_study
 from .limits_fit import stall_masks, timeout_bounds
+from .params import notes_text
 from .replay import (METRIC_LABELS, METRICS, carried, measured_outcome, replay_run, run_end_ns, run_metrics)
 
 #: metric → (absolute margin, relative margin): a run agrees when the measured value lies
@@ -136,10 +137,7 @@ class TwinCheck:
             lines.append("")
             lines.append(f"Held out: fitted on runs below {h['below_rps']:g} req/s, predicted "
                          f"{len(h.get('predicted_runs', []))} run(s) at or above it: " + h.get("summary", ""))
-        if self.notes:
-            lines.append("")
-            lines.append("Notes:")
-            lines += [f"  - {n}" for n in self.notes]
+        lines += notes_text(self.notes)
         return "\n".join(lines)
 
     def __str__(self) -> str:

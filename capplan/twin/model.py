@@ -17,7 +17,7 @@ from ..synth.engine import ReplicaParams
 from ..synth.service import ServiceModel
 from ..synth.sweep import generate_study
 from .check import TwinCheck, check_twin
-from .params import EDITED, ESTIMATED, DecodePoint, Param, Workload
+from .params import EDITED, ESTIMATED, DecodePoint, Param, Workload, notes_text
 from .protocol import SimRun, simulate_protocol
 
 @dataclass(frozen=True)
@@ -232,10 +232,7 @@ class Twin:
                      + f"; input tokens median {wl.lengths.input.median:.0f}, output median {wl.lengths.output.median:.0f}")
         if self.edited:
             lines.append("edited by hand: " + ", ".join(self.edited))
-        if self.notes:
-            lines.append("")
-            lines.append("Notes:")
-            lines += [f"  - {n}" for n in self.notes]
+        lines += notes_text(self.notes)
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -73,3 +73,8 @@ PARAM_KEYS: dict[str, tuple[str, str]] = {
     "error_share": ("share", "requests the server fails at once, whatever the load"),
     "stall_share": ("share", "requests the server never serves, whatever the load"),
 }
+
+
+def notes_text(notes) -> list[str]:
+    """The 'Notes:' block of a printed result (empty without notes)."""
+    return ["", "Notes:"] + [f"  - {n}" for n in notes] if notes else []

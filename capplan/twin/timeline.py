@@ -92,6 +92,16 @@ def token_stream(run: RunData, idx: np.ndarray):
     return rid, t, pos == 0
 
 
+def _grid(t: np.ndarray, tol_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """Group stamps no more than ``tol_ns`` apart: (grid times, grid index of each stamp)."""
+    order = np.argsort(t, kind="stable")
+    tsort = t[order]
+    new = np.r_[True, np.diff(tsort) > tol_ns]
+    cid = np.empty(len(t), np.int64)
+    cid[order] = np.cumsum(new) - 1
+    return tsort[new], cid
+
+
 def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout_ns: int):
     ts = token_stream(run, idx)
     if ts is None:
@@ -101,17 +111,11 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
         return None
     n_gaps = int((~is_first).sum())
     # coherence on the full stream (first tokens included)
-    order = np.argsort(t, kind="stable")
-    tsort = t[order]
-    new = np.r_[True, np.diff(tsort) > tol_ns]
-    cid_sorted = np.cumsum(new) - 1
-    cid = np.empty_like(cid_sorted)
-    cid[order] = cid_sorted
+    T_all, cid = _grid(t, tol_ns)
     same = rid[1:] == rid[:-1]
     step = cid[1:] - cid[:-1]
     coherence = float(np.mean(step[same] == 1)) if same.any() else float("nan")
-    T_all = tsort[new]
-    ntok_all = np.bincount(cid_sorted)
+    ntok_all = np.bincount(cid, minlength=len(T_all))
     nfirst_all = np.bincount(cid[is_first], minlength=len(T_all))
     nfirst_ctx = nfirst_all[cid[is_first]]
     with_dec = (ntok_all[cid[is_first]] - nfirst_ctx) > 0
@@ -128,14 +132,9 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
         rid, t, is_first = rid[keep], t[keep], is_first[keep]
         if len(t) < 2:
             return None
-        order = np.argsort(t, kind="stable")
-        tsort = t[order]
-        new = np.r_[True, np.diff(tsort) > tol_ns]
-        cid_sorted = np.cumsum(new) - 1
-        cid = np.empty_like(cid_sorted)
-        cid[order] = cid_sorted
+        T_all, cid = _grid(t, tol_ns)
         same = rid[1:] == rid[:-1]
-    T = tsort[new]
+    T = T_all
     m = len(T)
     ntok = np.bincount(cid, minlength=m)
     nfirst = np.bincount(cid[is_first], minlength=m)
