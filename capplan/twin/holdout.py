@@ -1,5 +1,8 @@
 """Held-out validation: fit the twin on the runs below a rate, predict the runs above it — what a
-planner does when asked about more load than was tested — and say how far off it was."""
+planner does when asked about more load than was tested — and say how far off it was.
+
+The check runs on every run; the verdict also turns to *disagrees* when any held-out run falls
+outside the twin's band for any metric (each is a prediction, not a sample of many)."""
 
 from __future__ import annotations
 
@@ -51,4 +54,19 @@ def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20,
             "predicted_runs": list(above), "errors": errs, "summary": summary}
     if (c.get("twin") or {}).get("estimate") and (c.get("measured") or {}).get("estimate"):
         hold["cslo_twin_vs_measured"] = _f(c["twin"]["estimate"] / c["measured"]["estimate"] - 1.0)
-    return twin, replace(chk, holdout=hold)
+    # the prediction is the point: any held-out run outside the twin's band is a miss
+    missed = []
+    for r in held.to_dict("records"):
+        for m in METRICS:
+            if not r[f"{m}_inside"]:
+                missed.append(f"held-out run {r['run_id']} at {r['offered_rps']:g} req/s: {METRIC_LABELS[m]} measured "
+                              f"{r[f'{m}_measured']:.4g}, the twin predicted {r[f'{m}_twin']:.4g} "
+                              f"[{r[f'{m}_pi_low']:.4g}, {r[f'{m}_pi_high']:.4g}]")
+    hold["missed"] = missed
+    verdict = "disagrees" if missed or chk.verdict == "disagrees" else "agrees"
+    notes = chk.notes
+    if missed and any(p.source in ("lower bound", "default") for p in twin.params
+                      if p.key in ("max_batch", "kv_capacity_tokens", "token_budget", "queue_limit")):
+        notes = notes + ("limits the runs below the hold-out rate never reached are lower bounds or defaults in the "
+                         "held-out twin (see its notes); predictions above the tested load rest on them",)
+    return twin, replace(chk, holdout=hold, verdict=verdict, where=tuple(chk.where) + tuple(missed), notes=notes)
