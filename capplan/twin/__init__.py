@@ -12,13 +12,13 @@ from .capacity import SteadyCSLO, steady_cslo
 from .check import TwinCheck, check_twin
 from .fit import fit_twin
 from .holdout import check_holdout
-from .model import Twin
+from .model import Twin, TwinWarning
 from .params import DecodePoint, Param, Workload
 from .protocol import SimRun, simulate_protocol
 from .scenario import PARTS, Part, Scenario, ScenarioContext, load_scenario, parse_scenario, register_part, run_scenario
 from .twinfile import load_twin, record_check, twin_from_dict, twin_to_dict, twin_to_yaml, write_twin
 
 __all__ = ["SteadyCSLO", "steady_cslo", "TwinCheck", "check_twin", "fit_twin", "check_holdout", "Twin",
-           "DecodePoint", "Param", "Workload", "SimRun", "simulate_protocol", "PARTS", "Part", "Scenario",
+           "TwinWarning", "DecodePoint", "Param", "Workload", "SimRun", "simulate_protocol", "PARTS", "Part", "Scenario",
            "ScenarioContext", "load_scenario", "parse_scenario", "register_part", "run_scenario", "load_twin",
            "record_check", "twin_from_dict", "twin_to_dict", "twin_to_yaml", "write_twin"]

@@ -8,6 +8,7 @@ parameter draws of ``twin check`` (docs/twin.md).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -18,7 +19,11 @@ from ..synth.service import ServiceModel
 from ..synth.sweep import generate_study
 from .check import TwinCheck, check_twin
 from .params import EDITED, ESTIMATED, DecodePoint, Param, Workload, notes_text
-from .protocol import SimRun, simulate_protocol
+from .protocol import simulate_protocol
+
+class TwinWarning(UserWarning):
+    """A twin whose last check disagreed with its measured study is being used."""
+
 
 @dataclass(frozen=True)
 class Twin:
@@ -126,7 +131,10 @@ class Twin:
                      repeats: int = 1, seed: int = 0, itl: bool = True, name: str | None = None) -> SynthConfig:
         """This twin as a capplan.synth configuration (so ``generate_study``, ``simulate_level``
         and ``true_attainment`` run it). Rates, duration and warm-up default to the measured
-        study's runs (median duration and warm-up)."""
+        study's runs (median duration and warm-up). A twin whose last check disagreed warns
+        (TwinWarning) here, where every simulation of it starts."""
+        if self.warning:
+            warnings.warn(self.warning, TwinWarning, stacklevel=2)
         per = self.workload.per_run
         if rates is None:
             rates = tuple(float(r["offered_rps"]) for r in per if r.get("offered_rps")) or (1.0,)

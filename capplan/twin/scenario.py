@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from ..errors import SpecError
 from ..synth.arrivals import PROCESSES
-from ..synth.config import ArrivalSpec, SynthConfig, Tenant
+from ..synth.config import ArrivalSpec, SynthConfig
 from ..synth.lengths import LengthDist
 from .yamlkit import choice, in_file, load_yaml, mapping, number
 
