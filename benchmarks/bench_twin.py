@@ -161,7 +161,10 @@ def recovery(args) -> None:
             tw = fit_twin(study, seed=0)
             t_fit = time.perf_counter() - t1
         dur = max(1800.0, 12_000 / c0)  # the twin's steady protocol at this rate (capplan.twin.capacity)
-        st = steady_cslo(tw, SLO, start=c0, seed=0, workers=2, duration_s=dur, warmup_s=dur / 6)
+        # the twin's runs use the streams true_capacity uses at the generating seed (common random
+        # numbers: the same arrivals and length draws; only the fitted model differs)
+        st = steady_cslo(tw, SLO, start=c0, seed=cfg.seed, runs=args.replications, workers=2, duration_s=dur,
+                         warmup_s=dur / 6)
         truth = _truth(cfg, c0, args.replications, dur, dur / 6)
         gen = {"prefill_ms_per_token": sm.prefill_ms_per_token, "prefill_overhead_ms": sm.prefill_overhead_ms,
                "decode_1": float(sm.step_ms(1)), "decode_32": float(sm.step_ms(32)),

@@ -31,6 +31,7 @@ from ..slo import SLO
 from ..synth.config import ArrivalSpec
 from ..synth.events import token_times
 from ..synth.sweep import simulate_level
+from ..synth.truth import TRUTH_SEED_OFFSET
 from .replay import Outcome, _itl_stats, run_metrics
 
 STEADY_DURATION_S = 1800.0  # at least this long …
@@ -38,7 +39,7 @@ STEADY_REQUESTS = 12_000  # … and long enough for this many requests per run a
 NEGLIGIBLE_REL_SD = 1e-3  # service parameters known this well need no draws
 STEADY_WARMUP_SHARE = 1 / 6  # of the run, left out
 REL_TOL = 0.005
-SEED_OFFSET = 2_000_003
+SEED_OFFSET = 2_000_003  # parameter draws
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,16 @@ class SteadyCSLO:
 
 
 def run_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
-               seed_key: tuple[int, ...]) -> tuple[int, int]:
-    """(in-window requests, SLO-good ones) of one long Poisson run of ``twin`` at ``rate``."""
-    cfg = twin.synth_config(rates=(rate,), duration_s=duration_s, warmup_s=warmup_s, itl=slo.itl_ms is not None)
+               seed: int, run: int) -> tuple[int, int]:
+    """(in-window requests, SLO-good ones) of one long Poisson run of ``twin`` at ``rate``.
+    Run ``run`` draws from SeedSequence([seed, TRUTH_SEED_OFFSET + run]), the streams
+    ``capplan.synth.truth.true_attainment`` gives its replication ``run`` of a config with that
+    seed: the twin and a generating configuration then see the same arrivals and the same
+    normal draws behind their lengths (common random numbers)."""
+    cfg = twin.synth_config(rates=(rate,), duration_s=duration_s, warmup_s=warmup_s, seed=seed,
+                            itl=slo.itl_ms is not None)
     cfg = replace(cfg, arrival=ArrivalSpec("poisson"))
-    res = simulate_level(cfg, rate, duration_s=duration_s, seed_key=seed_key)
+    res = simulate_level(cfg, rate, duration_s=duration_s, seed_key=(TRUTH_SEED_OFFSET + int(run),))
     need_itl = slo.itl_ms is not None
     n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
     p99 = mx = None
@@ -77,8 +83,8 @@ def run_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup
 
 
 def _job(args):
-    twin, slo, rate, dur, warm, key = args
-    return run_counts(twin, rate, slo, duration_s=dur, warmup_s=warm, seed_key=key)
+    twin, slo, rate, dur, warm, seed, run = args
+    return run_counts(twin, rate, slo, duration_s=dur, warmup_s=warm, seed=seed, run=run)
 
 
 class _Sim:
@@ -114,12 +120,12 @@ def pooled_crossing(sim: _Sim, twin, slo: SLO, *, start: float, runs: int, durat
                     seed: int, rel_tol: float = REL_TOL):
     """(rate, per-run crossings, note): bisection on the attainment pooled over ``runs``."""
     target = slo.attainment
-    keys = [(SEED_OFFSET, int(seed), m) for m in range(runs)]
     cache: dict[float, np.ndarray] = {}
 
     def att(r):
         if r not in cache:
-            cache[r] = np.array(sim.map([(twin, slo, r, duration_s, warmup_s, k) for k in keys]), float)
+            cache[r] = np.array(sim.map([(twin, slo, r, duration_s, warmup_s, int(seed), m) for m in range(runs)]),
+                                float)
         c = cache[r]
         return c[:, 1].sum() / max(c[:, 0].sum(), 1.0), c[:, 1] / np.maximum(c[:, 0], 1.0)
 
@@ -193,8 +199,9 @@ def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, run
     """Steady-state C_SLO of ``twin`` with a 95 % interval (see the module docstring).
     ``start``: a first guess of the rate (e.g. the measured envelope's estimate); default the
     median measured rate. Runs last ``duration_s`` (default: the longer of 1800 s and 12,000
-    requests at ``start``), the first ``warmup_s`` (default a sixth) left out. ``workers``
-    processes (default up to 2); results do not depend on it."""
+    requests at ``start``), the first ``warmup_s`` (default a sixth) left out; ``seed`` is the
+    workload seed (run m uses the streams of ``true_attainment``'s replication m at that
+    seed). ``workers`` processes (default up to 2); results do not depend on it."""
     s = SLO.parse(slo)
     if start is None:
         rates = [float(r["offered_rps"]) for r in twin.workload.per_run if r.get("offered_rps")]
@@ -219,9 +226,8 @@ def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, run
             draws = 0
         if draws > 0:
             rates = [est * (1 + d) for d in (-0.04, 0.0, 0.04)]
-            key = (SEED_OFFSET, int(seed), 0)
             twins = [twin] + [twin.draw(np.random.default_rng([int(seed), SEED_OFFSET, k])) for k in range(draws)]
-            out = sim.map([(tw, s, r, duration_s, warmup_s, key) for tw in twins for r in rates])
+            out = sim.map([(tw, s, r, duration_s, warmup_s, int(seed), 0) for tw in twins for r in rates])
             att = np.array([g / max(n, 1) for n, g in out]).reshape(len(twins), 3)
             cross = []
             for a in att:
