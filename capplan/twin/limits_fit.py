@@ -150,6 +150,11 @@ def faults(data: StudyData, wait_s: float) -> Faults:
 
 # ------------------------------------------------------------------------------ queue, batch, KV
 
+MAX_BATCH_SHARE = 0.5  # of the iterations with waiting requests, at the largest batch: a batch limit
+MIN_BLOCKED = 20  # head-of-queue waits with room in the batch needed to call the KV cache binding
+BLOCKED_QUANTILE = 0.1
+
+
 def _intervals_max(starts: np.ndarray, ends: np.ndarray) -> int:
     if len(starts) == 0:
         return 0
@@ -205,6 +210,7 @@ def admission_limits(data: StudyData, tl: Timeline, timeout_s: float, *, block_s
     """Max running sequences and KV capacity from the timeline (server path)."""
     max_run = int(tl.n_running.max()) if len(tl) else 0
     waited_full = 0
+    waited_any = 0
     held_after_admit = 0.0
     blocked: list[float] = []
     for ri, run in enumerate(data.runs):
@@ -225,7 +231,9 @@ def admission_limits(data: StudyData, tl: Timeline, timeout_s: float, *, block_s
             n_arr = np.searchsorted(ws, starts, side="left")
             n_gone = np.searchsorted(np.sort(we), starts, side="right")
             waiting = n_arr - n_gone
-            waited_full += int(np.sum((nrun >= max_run) & (waiting > 0)))
+            # only decode-only steps: in a step that computes prompts the token budget may hold requests back
+            waited_full += int(np.sum((nrun >= max_run) & (waiting > 0) & (kinds == DECODE)))
+            waited_any += int(np.sum((waiting > 0) & (kinds == DECODE)))
             # KV tokens held at time t: prompts admitted before t, plus tokens sent by t,
             # minus what finished requests held
             idx = np.flatnonzero(on & (run.admitted >= 0))
@@ -274,16 +282,27 @@ def admission_limits(data: StudyData, tl: Timeline, timeout_s: float, *, block_s
                     h = req_of[heads[ok]]
                     blocked.extend((held(t_c[ok], True) + slack * nrun[cand][ok] + run.inp[h]
                                     + ndec[cand][ok]).tolist())
-    mb = Bound(float(max_run), float(max_run), None, waited_full > 0,
-               (f"{waited_full:,} iterations ran with {max_run} sequences while requests waited: the batch was full"
-                if waited_full else f"at most {max_run} sequences ran at once and no request waited then"))
-    if blocked:
-        hi = float(np.min(blocked))
+    # a batch limit caps the batch at the same size whenever requests wait; a full KV cache
+    # stops admission at varying batch sizes
+    full_share = waited_full / waited_any if waited_any else 0.0
+    binds = waited_any > 0 and full_share >= MAX_BATCH_SHARE
+    mb = Bound(float(max_run), float(max_run), None, binds,
+               (f"requests waited in {waited_any:,} decode-only iterations, {full_share:.0%} of them with {max_run} "
+                "sequences running: the batch was full" if binds else
+                f"at most {max_run} sequences ran at once" + (
+                    f"; requests waited in {waited_any:,} decode-only iterations but only {full_share:.0%} of them at "
+                    "that size "
+                    "(another limit held them back)" if waited_any else " and no request waited")))
+    if len(blocked) >= MIN_BLOCKED:
+        # a head of the queue misread (a preempted sequence waits in front, with a longer prompt)
+        # gives a value below the capacity: a low quantile, not the minimum
+        hi = float(np.quantile(blocked, BLOCKED_QUANTILE))
         lo = held_after_admit
-        val = hi if lo > hi else 0.5 * (lo + hi)
-        kv = Bound(val, lo, hi, True, f"{len(blocked):,} iteration starts where the head of the queue waited with room "
-                   f"in the batch and no prompt running: the cache was full (capacity between {lo:,.0f} and {hi:,.0f} "
-                   "tokens)", len(blocked))
+        val = lo if lo > hi else 0.5 * (lo + hi)
+        kv = Bound(val, lo, max(lo, hi), True, f"{len(blocked):,} iteration starts where the head of the queue waited "
+                   f"with room in the batch and no prompt running: the cache was full; the most held after an "
+                   f"admission was {lo:,.0f} tokens, the {BLOCKED_QUANTILE:.0%} quantile of held + the waiting prompt "
+                   f"{hi:,.0f}", len(blocked))
     else:
         kv = Bound(None, held_after_admit, None, False,
                    f"the KV cache never held back a request; at most {held_after_admit:,.0f} tokens were held at once "
