@@ -40,9 +40,10 @@ def _books(res, timeout_s, end_s):
     timeout_s=st.floats(0.5, 60.0),
     drain_s=st.floats(0.0, 30.0),
     closed=st.booleans(),
+    jitter=st.booleans(),
 )
 def test_separate_prefill_keeps_the_books(seed, n, rate, replicas, max_batch, kv_blocks, block_size, lanes,
-                                          queue_limit, timeout_s, drain_s, closed):
+                                          queue_limit, timeout_s, drain_s, closed, jitter):
     rng = np.random.default_rng(seed)
     max_len = min(1024, int(kv_blocks * 0.99) * block_size)
     sm = ServiceModel((1, 8, 32), (20.0, 24.0, 40.0), 0.05, 3.0)
@@ -63,8 +64,9 @@ def test_separate_prefill_keeps_the_books(seed, n, rate, replicas, max_batch, kv
     else:
         sched = np.round(np.sort(rng.uniform(0, dur, n)) * 1e9).astype(np.int64)
         i, o = lengths(n)
+        scale = rng.lognormal(0.0, 0.5, n) if jitter else None
         res = simulate(sched_ns=sched, input_tokens=i, output_tokens=o, n_replicas=replicas, params=p,
-                       timeout_s=timeout_s, end_s=dur + drain_s)
+                       timeout_s=timeout_s, end_s=dur + drain_s, prefill_scale=scale)
     _books(res, timeout_s, dur + drain_s)
 
 
@@ -99,6 +101,10 @@ def test_one_prefill_lane_queues_prompts():
                  params=p, timeout_s=10, end_s=10)
     d = events_arrow(r, "r").to_pandas()
     assert list((d.first_token_ns // 1_000_000).sort_values()) == [100, 200, 300]
+    r2 = simulate(sched_ns=sched, input_tokens=np.full(3, 10), output_tokens=np.full(3, 1), n_replicas=1,
+                  params=p, timeout_s=10, end_s=10, prefill_scale=np.array([2.0, 0.5, 1.0]))
+    d2 = events_arrow(r2, "r").to_pandas()
+    assert list(d2.first_token_ns // 1_000_000) == [200, 250, 350]  # lane times × the factors, one lane
 
 
 def test_faults_fail_requests_whatever_the_load():

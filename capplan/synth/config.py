@@ -160,7 +160,7 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
 
     rp = _mapping(d.get("replica"), "replica", ("max_batch", "token_budget", "kv_blocks", "block_size",
                                                  "kv_watermark", "max_model_len", "queue_limit",
-                                                 "service_model", "prefill", "prefill_lanes"))
+                                                 "service_model", "prefill", "prefill_lanes", "prefill_jitter_cv"))
     dflt = ReplicaParams()
     replica = ReplicaParams(
         max_batch=_num(rp, "max_batch", "replica", dflt.max_batch, int, lo=1),
@@ -173,6 +173,7 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         service=_service(rp.get("service_model"), base),
         prefill=str(rp.get("prefill", dflt.prefill)),
         prefill_lanes=_num(rp, "prefill_lanes", "replica", None, int, lo=1, allow_none=True),
+        prefill_jitter_cv=_num(rp, "prefill_jitter_cv", "replica", 0.0, lo=0.0),
     )
 
     cl = _mapping(d.get("client"), "client", ("timeout_s", "drain_s", "think_s", "backoff_s", "ramp_s"))

@@ -16,7 +16,8 @@ Model (vLLM-like, one FIFO queue per replica):
 - ``prefill="separate"`` (the twin's choice when the data show that a prompt does not slow the
   running decodes) moves prefill off the batch: an admitted sequence computes its prompt on a
   prefill lane (``prefill_overhead_ms + prefill_ms_per_token × prompt``; ``prefill_lanes`` at
-  once, unbounded by default), emits its first token when the lane finishes and joins the
+  once, unbounded by default; each lane time × a per-request factor ``prefill_scale`` when
+  given, e.g. lognormal jitter), emits its first token when the lane finishes and joins the
   decode batch at the next iteration boundary; decode iterations then take
   ``decode_step_ms(decoding sequences)`` only and the token budget does not apply;
 - ``fault`` (open loop) marks requests the server fails whatever the load: 1 = an immediate
@@ -65,6 +66,7 @@ class ReplicaParams:
     service: ServiceModel = DEFAULT_SERVICE_MODEL
     prefill: str = "mixed"  # "mixed": chunks inside the batch iteration | "separate": own lanes
     prefill_lanes: int | None = None  # separate prefill: prompts computed at once (None: any)
+    prefill_jitter_cv: float = 0.0  # separate prefill: CV of a lognormal factor (mean 1) on each lane time
 
     def __post_init__(self):
         checks = [
@@ -77,6 +79,7 @@ class ReplicaParams:
             ("queue_limit", self.queue_limit is None or self.queue_limit >= 0),
             ("prefill", self.prefill in ("mixed", "separate")),
             ("prefill_lanes", self.prefill_lanes is None or self.prefill_lanes >= 1),
+            ("prefill_jitter_cv", 0.0 <= self.prefill_jitter_cv <= 5.0),
         ]
         for name, ok in checks:
             if not ok:
@@ -210,9 +213,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
              sched_ns: np.ndarray | None = None, input_tokens: np.ndarray | None = None,
              output_tokens: np.ndarray | None = None, tenant: np.ndarray | None = None,
              closed: ClosedLoop | None = None, draw=None, progress=None,
-             fault: np.ndarray | None = None) -> SimResult:
+             fault: np.ndarray | None = None, prefill_scale: np.ndarray | None = None) -> SimResult:
     """Simulate one run. Open loop: pass sorted ``sched_ns`` with the lengths (and tenant
-    indices, and optionally ``fault`` codes: 1 error, 2 stall). Closed loop: pass ``closed``
+    indices, and optionally ``fault`` codes: 1 error, 2 stall, and ``prefill_scale``: a factor
+    on each request's prefill-lane time, separate prefill only). Closed loop: pass ``closed``
     and ``draw(n) -> (input, output, tenant)`` arrays.
 
     Requests unresolved at ``end_s`` (the hard stop, normally duration + drain) get status
@@ -265,6 +269,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     rep_of = [-1] * n0
     st_rid, st_rep, st_p, st_cnt = [], [], [], []
     flt = fault.tolist() if fault is not None else None
+    if prefill_scale is not None and (closed is not None or not sep):
+        raise SpecError("prefill_scale works only for open-loop runs with separate prefill", field="prefill_scale")
+    pfs = prefill_scale.tolist() if prefill_scale is not None else None
     ready_t = [0] * n0  # separate prefill: when the prompt on its lane is done
     lane_tok = [False] * n0  # separate prefill: the current stint's first token came off-grid
     xt_rid: list = []
@@ -565,7 +572,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             if h < 0:
                 break
             L = plen[h]
-            r = now + max(1000, int(round((kp_ns * L + over_ns) / 1000.0)) * 1000)
+            lane_ns = kp_ns * L + over_ns
+            if pfs is not None:
+                lane_ns *= pfs[h]
+            r = now + max(1000, int(round(lane_ns / 1000.0)) * 1000)
             ready_t[h] = r
             heapq.heappush(R.pf_heap, (r, h))
             R.lanes_busy += 1

@@ -109,7 +109,17 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
         u = np.random.default_rng(ss.spawn(1)[0]).random(len(sched))
         fault = np.where(u < cfg.faults.error_share, 1,
                          np.where(u < cfg.faults.error_share + cfg.faults.stall_share, 2, 0)).astype(np.int64)
-    return simulate(sched_ns=sched, input_tokens=inp, output_tokens=out, tenant=ten, fault=fault, **common)
+    scale = None
+    if cfg.replica.prefill == "separate" and cfg.replica.prefill_jitter_cv > 0:
+        scale = lognormal_factors(np.random.default_rng(ss.spawn(1)[0]), len(sched), cfg.replica.prefill_jitter_cv)
+    return simulate(sched_ns=sched, input_tokens=inp, output_tokens=out, tenant=ten, fault=fault,
+                    prefill_scale=scale, **common)
+
+
+def lognormal_factors(rng: np.random.Generator, n: int, cv: float) -> np.ndarray:
+    """n lognormal factors with mean 1 and coefficient of variation ``cv``."""
+    s2 = np.log1p(cv * cv)
+    return np.exp(rng.normal(-0.5 * s2, np.sqrt(s2), n))
 
 
 def run_tables(cfg: SynthConfig, plan: RunPlan, progress=None) -> tuple[pa.Table, pa.Table | None, dict]:
@@ -167,7 +177,8 @@ def manifest_for(cfg: SynthConfig, plans: tuple[RunPlan, ...], extra: dict | Non
                     "kv_watermark": cfg.replica.kv_watermark, "max_model_len": cfg.replica.max_model_len,
                     "queue_limit": cfg.replica.queue_limit, "router": "least outstanding work (tokens)",
                     "preemption": "recompute",
-                    **({"prefill": cfg.replica.prefill, "prefill_lanes": cfg.replica.prefill_lanes}
+                    **({"prefill": cfg.replica.prefill, "prefill_lanes": cfg.replica.prefill_lanes,
+                        "prefill_jitter_cv": cfg.replica.prefill_jitter_cv}
                        if cfg.replica.prefill != "mixed" else {})},
         "service_model": sm.to_dict(),
         "client": {"timeout_s": cfg.timeout_s, "drain_s": cfg.drain, "think_s": cfg.think_s,

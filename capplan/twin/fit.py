@@ -110,6 +110,7 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
                      "with another request's token; a batching server with exact stamps gives ≈ 100 %): service "
                      "times come from per-request client timings")
     mode_how = ""
+    boundary_var = 0.0
     if server:
         mode = "mixed" if not (tl.first_on_grid < 0.5) else "separate"
         mode_how = (f"{tl.first_on_grid:.0%} of first tokens sent while other requests were decoding came out "
@@ -131,6 +132,7 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
         else:
             cs = client_service(data, replicas=replicas, reps=reps, rng=rng)
             pf = cs.prefill if cs is not None else None
+            boundary_var = cs.boundary_var if cs is not None else 0.0
             notes.append("no admission stamps (admitted_ns / prefill_start_ns): prefill cost comes from the TTFT of "
                          "requests that found the server nearly idle (client path)")
         method = "server path: iterations rebuilt from per-token stamps" + (
@@ -142,6 +144,7 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
                              "decode", file=data.root, column="output_tokens",
                              fix="give a study whose completed requests stream several tokens")
         dec, pf, mode, mode_how, budget = cs.decode, cs.prefill, cs.mode, cs.how_mode, None
+        boundary_var = cs.boundary_var
         method = "client path: per-request TTFT and TPOT (no usable per-token server stamps)"
         if missing_cols:
             notes.append("missing " + ", ".join(missing_cols) + ": max batch, token budget, KV capacity and the queue "
@@ -156,6 +159,16 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
                      "once (default)" if mode == "separate" else "not used with mixed prefill"))
     params.append(_p("prefill_ms_per_token", float(pf.ms_per_token), ESTIMATED, pf.how, pf.ci_per_token))
     params.append(_p("prefill_overhead_ms", float(pf.overhead_ms), ESTIMATED, pf.how, pf.ci_overhead))
+    if mode == "separate":
+        jit = pf.jitter_cv(boundary_var)
+        params.append(_p("prefill_jitter_cv", round(jit, 4), ESTIMATED,
+                         f"standard deviation of single prefill times around the fitted line"
+                         + (" (less the wait for the next iteration boundary, which the simulator draws itself)"
+                            if boundary_var else "") + f" / their mean {pf.mean_ms:.3g} ms; each prompt's lane time "
+                         "is multiplied by a lognormal factor with mean 1 and this CV"))
+    else:
+        params.append(_p("prefill_jitter_cv", 0.0, DEFAULT, "not used with mixed prefill: the simulator's iteration "
+                         "times have no noise"))
     # ------------------------------------------------------------------ limits
     tb = timeout_bounds(data, tl if server else None)
     stalls0 = stall_masks(data, float(tb.lo or 0.0))

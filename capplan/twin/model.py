@@ -113,7 +113,9 @@ class Twin:
                              queue_limit=None if ql is None else int(ql), service=self.service,
                              prefill=str(self.value("prefill_mode")),
                              prefill_lanes=None if self.value("prefill_lanes") is None
-                             else int(self.value("prefill_lanes")))
+                             else int(self.value("prefill_lanes")),
+                             prefill_jitter_cv=float(self.value("prefill_jitter_cv"))
+                             if self.value("prefill_mode") == "separate" else 0.0)
 
     @property
     def replicas(self) -> int:

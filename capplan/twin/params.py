@@ -62,6 +62,8 @@ PARAM_KEYS: dict[str, tuple[str, str]] = {
     "prefill_ms_per_token": ("ms/token", "prefill time per prompt token"),
     "prefill_overhead_ms": ("ms", "fixed time added to an iteration that computes prompt tokens "
                                   "(separate: to each prompt)"),
+    "prefill_jitter_cv": ("CV", "separate prefill: spread of each prompt's time around the line (lognormal, "
+                                "mean 1)"),
     "token_budget": ("tokens", "tokens per iteration (decodes + prompt chunk)"),
     "max_batch": ("sequences", "sequences running at once per replica"),
     "kv_capacity_tokens": ("tokens", "KV cache per replica available to admission"),

@@ -23,6 +23,7 @@ import numpy as np
 from ..slo import SLO
 from ..synth.engine import simulate
 from ..synth.events import token_times
+from ..synth.sweep import lognormal_factors
 from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunData
 
 METRICS = ("attainment", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "achieved_rps",
@@ -174,10 +175,13 @@ def replay_run(run: RunData, twin: "Twin", slo: SLO, *, keep: np.ndarray, rng: n
     order = idx[np.argsort(run.arrive[idx], kind="stable")]
     target = draw_targets(run, twin, rng, tenant_names)
     arrive = np.maximum(run.arrive[order], 0)
-    res = simulate(n_replicas=twin.replicas, params=twin.replica_params(), timeout_s=twin.timeout_s,
+    params = twin.replica_params()
+    scale = (lognormal_factors(rng, len(order), params.prefill_jitter_cv)
+             if params.prefill == "separate" and params.prefill_jitter_cv > 0 else None)
+    res = simulate(n_replicas=twin.replicas, params=params, timeout_s=twin.timeout_s,
                    end_s=end_ns / 1e9, sched_ns=arrive, input_tokens=np.maximum(run.inp[order], 1),
                    output_tokens=np.maximum(target[order], 1),
-                   tenant=np.zeros(len(order), np.int64))
+                   tenant=np.zeros(len(order), np.int64), prefill_scale=scale)
     n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
     # the engine's clock is the arrival; the client's clock starts at the schedule
     F = run.first.copy()

@@ -58,6 +58,15 @@ class PrefillFit:
     n: int
     how: str
     notes: tuple[str, ...] = ()
+    resid_var: float = 0.0  # variance (ms²) of single prefill times around the line
+    mean_ms: float = 0.0  # mean prefill time of the fitted rows
+
+    def jitter_cv(self, explained_var: float = 0.0) -> float:
+        """CV of the prefill time around the line, less a known random part (e.g. the wait for
+        an iteration boundary, which the simulator already draws)."""
+        if not (self.mean_ms > 0):
+            return 0.0
+        return float(np.sqrt(max(0.0, self.resid_var - explained_var)) / self.mean_ms)
 
 
 def knots_for(n_values: np.ndarray, counts: np.ndarray, min_segment: int = MIN_PER_BATCH) -> np.ndarray:
@@ -209,7 +218,8 @@ def fit_prefill_rows(P: np.ndarray, y_ms: np.ndarray, block: np.ndarray, *, reps
         np.add.at(cnt, bi, 1.0)
         W = _block_weights(len(bvals), reps, rng)
         rep = (W @ sums) / np.maximum(W @ cnt, 1)
-        return PrefillFit(0.0, max(0.0, ov), (0.0, 0.0), boot.percentile_ci(rep), int(len(P)), how, tuple(notes))
+        return PrefillFit(0.0, max(0.0, ov), (0.0, 0.0), boot.percentile_ci(rep), int(len(P)), how, tuple(notes),
+                          float(np.var(y_ms)), float(np.mean(y_ms)))
     a, b = _ols2(P, y_ms)
     # per-block sufficient statistics of the 2×2 normal equations
     X = np.c_[np.ones_like(P), P, P * P, y_ms, P * y_ms]
@@ -232,7 +242,8 @@ def fit_prefill_rows(P: np.ndarray, y_ms: np.ndarray, block: np.ndarray, *, reps
                 ra[r], rb[r] = 0.0, max(0.0, spy / spp if spp else 0.0)
             else:
                 ra[r], rb[r] = max(0.0, sy / n_ if n_ else 0.0), 0.0
-    return PrefillFit(b, a, boot.percentile_ci(rb), boot.percentile_ci(ra), int(len(P)), how, tuple(notes))
+    return PrefillFit(b, a, boot.percentile_ci(rb), boot.percentile_ci(ra), int(len(P)), how, tuple(notes),
+                      float(np.var(y_ms - (a + b * P))), float(np.mean(y_ms)))
 
 
 def server_decode(tl: Timeline, *, reps: int, rng) -> DecodeFit:
@@ -332,6 +343,7 @@ def _concurrency_integral(starts: np.ndarray, ends: np.ndarray):
 class ClientService:
     decode: DecodeFit
     prefill: PrefillFit
+    boundary_var: float  # ms²: variance of the wait for the next iteration boundary in the prefill rows
     stall_per_prompt_ms: float  # decode stall per prompt finishing during a decode (mixed ⇒ ≈ prefill time)
     stall_ci: tuple[float, float]
     max_concurrency: float  # requests in flight per replica, largest seen
@@ -420,15 +432,17 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
     else:
         mode = "separate"
         pf = pf_sep
+    boundary_var = float(np.mean((dec.step_ms(np.maximum(T[:, 4], 1)) ** 2 / 12.0) * (T[:, 4] > 0)))
     how_pf = (f"least squares of TTFT on prompt tokens over {int(calm.sum()):,} requests that arrived with at most "
               f"{float(np.max(infl[calm])):.0f} request(s) in flight per replica, less the expected wait for "
               "the next iteration boundary" + (" and one decode step" if mode == "mixed" else "")
               + "; client timings only; 95 % interval: bootstrap over blocks of 25 requests")
-    pf = PrefillFit(pf.ms_per_token, pf.overhead_ms, pf.ci_per_token, pf.ci_overhead, pf.n, how_pf, pf.notes)
+    pf = PrefillFit(pf.ms_per_token, pf.overhead_ms, pf.ci_per_token, pf.ci_overhead, pf.n, how_pf, pf.notes,
+                    pf.resid_var, pf.mean_ms)
     how_mode = (f"a prompt finishing during a request's decode adds {stall:.3g} ms to it "
                 f"(95 % interval {stall_ci[0]:.3g}–{stall_ci[1]:.3g}) against a prefill time of {prefill_ms:.3g} ms: "
                 + (f"prompts share the batch with the decodes (mixed: the stall is ≥ {MIXED_STALL_SHARE:.0%} of a prefill)"
                    if mode == "mixed" else
                    f"prompts hardly slow the running decodes (< {MIXED_STALL_SHARE:.0%} of a prefill), so prefill runs on "
                    "its own resource (separate)"))
-    return ClientService(dec, pf, stall, stall_ci, float(np.max(infl)) if len(infl) else 0.0, mode, how_mode)
+    return ClientService(dec, pf, boundary_var, stall, stall_ci, float(np.max(infl)) if len(infl) else 0.0, mode, how_mode)

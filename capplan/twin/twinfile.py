@@ -116,6 +116,8 @@ def _param(key: str, raw, fld: str) -> Param:
         v = number(v, f"{fld}.value", integer=True, lo=1)
     elif key in ("error_share", "stall_share"):
         v = number(v, f"{fld}.value", lo=0.0, hi=0.99)
+    elif key == "prefill_jitter_cv":
+        v = number(v, f"{fld}.value", lo=0.0, hi=5.0)
     elif key == "kv_watermark":
         v = number(v, f"{fld}.value", lo=0.0, hi=0.49)
     elif key == "client_timeout_s":
