@@ -88,20 +88,22 @@ def _job(args):
 
 
 class _Sim:
-    """Runs batches of simulations inline or on a process pool (results never depend on it)."""
+    """Runs batches of simulations inline or on a process pool (results never depend on it):
+    the caller's ``executor``, else one of its own with ``workers`` processes."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, executor=None):
         self.workers = workers
-        self.pool = None
+        self.pool = executor
+        self.own = executor is None
         self.count = 0
 
     def __enter__(self):
-        if self.workers > 1:
+        if self.own and self.workers > 1:
             self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
         return self
 
     def __exit__(self, *exc):
-        if self.pool is not None:
+        if self.own and self.pool is not None:
             self.pool.shutdown()
 
     def map(self, jobs):
@@ -195,13 +197,14 @@ def _service_rel_sd(twin) -> float:
 
 def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, runs: int = 4, draws: int = 10,
                 seed: int = 0, duration_s: float | None = None, warmup_s: float | None = None,
-                workers: int | None = None) -> SteadyCSLO:
+                workers: int | None = None, executor=None) -> SteadyCSLO:
     """Steady-state C_SLO of ``twin`` with a 95 % interval (see the module docstring).
     ``start``: a first guess of the rate (e.g. the measured envelope's estimate); default the
     median measured rate. Runs last ``duration_s`` (default: the longer of 1800 s and 12,000
     requests at ``start``), the first ``warmup_s`` (default a sixth) left out; ``seed`` is the
     workload seed (run m uses the streams of ``true_attainment``'s replication m at that
-    seed). ``workers`` processes (default up to 2); results do not depend on it."""
+    seed). ``workers`` processes (default up to 2), or the caller's ``executor``; results do not
+    depend on either."""
     s = SLO.parse(slo)
     if start is None:
         rates = [float(r["offered_rps"]) for r in twin.workload.per_run if r.get("offered_rps")]
@@ -213,7 +216,7 @@ def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, run
     runs = max(1, int(runs))
     workers = max(1, min(int(workers or min(2, os.cpu_count() or 1)), runs))
     notes = []
-    with _Sim(workers) as sim:
+    with _Sim(workers, executor) as sim:
         est, per_run, note = pooled_crossing(sim, twin, s, start=start, runs=runs, duration_s=duration_s,
                                              warmup_s=warmup_s, seed=seed)
         if note:

@@ -16,8 +16,12 @@ envelope's (``capplan.fit_envelope``). docs/twin.md "Checking a twin" has the de
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass, field
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -41,6 +45,7 @@ MARGINS: dict[str, tuple[float, float]] = {
 RUN_MISS_RATE = 0.05
 TEST_LEVEL = 0.01
 CSLO_MARGIN = 0.05
+POOL_MIN_REQUESTS = 300_000  # replayed requests from which check_twin uses 2 processes by default
 
 
 def _disagree(k: int, n: int) -> tuple[bool, float]:
@@ -173,14 +178,26 @@ def _num(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def replay_study(twin: "Twin", data: StudyData, slo: SLO, *, replays: int = 20, seed: int = 0):
-    """Replay every open-loop run ``replays`` times. Returns (rows, values, notes) where rows
-    has the measured metrics per run and values[(run_id, metric)] the replays' values, plus
+def _replays_of_run(args) -> list[dict]:
+    """All replays of one run (a process-pool job): metrics per replay."""
+    run, twin, slo, keep, end, tenants, seed, ri, replays = args
+    out = []
+    for k in range(replays):
+        rng = np.random.default_rng([int(seed), ri, k])
+        o = replay_run(run, twin.draw(rng), slo, keep=keep, rng=rng, end_ns=end, tenant_names=tenants)
+        out.append(run_metrics(o, slo, run.warmup_ns))
+    return out
+
+
+def replay_study(twin: "Twin", data: StudyData, slo: SLO, *, replays: int = 20, seed: int = 0, executor=None):
+    """Replay every open-loop run ``replays`` times (runs spread over ``executor``'s processes
+    when given; the numbers do not depend on it). Returns (rows, values, counts, notes): rows
+    has the measured metrics per run, values[(run_id, metric)] the replays' values, counts the
     per-replay (n, n_good) for the C_SLO of the replays."""
     wait_s = float(timeout_bounds(data, None).lo or 0.0)
     stalls = stall_masks(data, wait_s)
-    rows, values, notes = [], {}, []
-    counts = []
+    notes, jobs, meta = [], [], []
+    need_itl = slo.itl_ms is not None
     for ri, run in enumerate(data.runs):
         if run.offered_rps is None:
             notes.append(f"run {run.run_id}: closed loop (fixed concurrency) — not replayed (the twin replays "
@@ -191,23 +208,20 @@ def replay_study(twin: "Twin", data: StudyData, slo: SLO, *, replays: int = 20, 
             continue
         keep = carried(run, stalls[run.run_id])
         end = run_end_ns(run, twin.timeout_s, stalls[run.run_id])
-        need_itl = slo.itl_ms is not None
         meas = run_metrics(measured_outcome(run, need_itl), slo, run.warmup_ns)
-        rep = {m: [] for m in METRICS}
-        ng = []
-        for k in range(replays):
-            rng = np.random.default_rng([int(seed), ri, k])
-            tw = twin.draw(rng)
-            o = replay_run(run, tw, slo, keep=keep, rng=rng, end_ns=end, tenant_names=data.tenants)
-            m = run_metrics(o, slo, run.warmup_ns)
-            for key in METRICS:
-                rep[key].append(m[key])
-            ng.append((m["n"], m["n_good"]))
-        counts.append((run.run_id, run.measured_rate_rps(), ng, meas["n"], meas["n_good"]))
+        light = run if need_itl else replace(run, itl_off=None, itl_has=None, itl_val=None)  # less to ship
+        jobs.append((light, twin, slo, keep, end, data.tenants, seed, ri, replays))
+        meta.append((run, keep, meas))
+    results = list(executor.map(_replays_of_run, jobs)) if executor is not None else \
+        [_replays_of_run(j) for j in jobs]
+    rows, values, counts = [], {}, []
+    for (run, keep, meas), reps in zip(meta, results):
+        counts.append((run.run_id, run.measured_rate_rps(), [(m["n"], m["n_good"]) for m in reps], meas["n"],
+                       meas["n_good"]))
         rows.append({"run_id": run.run_id, "offered_rps": run.offered_rps, "requests": meas["n"],
                      "carried_over": int(keep[run.in_window].sum()), **{f"{k}": meas[k] for k in METRICS}})
         for key in METRICS:
-            values[(run.run_id, key)] = np.asarray(rep[key], float)
+            values[(run.run_id, key)] = np.asarray([m[key] for m in reps], float)
     return rows, values, counts, notes
 
 
@@ -241,13 +255,25 @@ def check_twin(twin: "Twin", study, slo: SLO | str, *, replays: int = 20, seed: 
                data: StudyData | None = None, steady_options: dict | None = None) -> TwinCheck:
     """Check ``twin`` against ``study`` (see the module docstring). ``envelope``: the measured
     envelope if already fitted (else fitted here with ``reps`` replicates); ``steady=False``
-    skips the steady-state C_SLO; ``steady_options`` are passed to ``steady_cslo`` (runs,
-    duration_s, warmup_s)."""
+    skips the steady-state C_SLO; ``workers`` processes (default: 2 for checks of ≥ 300 k
+    replayed requests, else 1; the numbers do not depend on it); ``steady_options`` are passed
+    to ``steady_cslo`` (runs, duration_s, warmup_s)."""
     s = SLO.parse(slo)
     if replays < 2:
         raise StudyError("--replays must be at least 2", fix="e.g. --replays 20")
     data = data or load_study(study)
-    rows, values, counts, notes = replay_study(twin, data, s, replays=replays, seed=seed)
+    if workers is None:  # a pool pays off only for big checks (starting one costs seconds)
+        big = replays * sum(r.n for r in data.runs) >= POOL_MIN_REQUESTS
+        workers = min(2, os.cpu_count() or 1) if big else 1
+    workers = max(1, min(int(workers), len(data.runs)))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) if workers > 1 \
+            else contextlib.nullcontext() as ex:
+        return _check(twin, data, s, replays=replays, seed=seed, envelope=envelope, reps=reps, steady=steady,
+                      steady_draws=steady_draws, executor=ex, steady_options=steady_options)
+
+
+def _check(twin, data, s, *, replays, seed, envelope, reps, steady, steady_draws, executor, steady_options):
+    rows, values, counts, notes = replay_study(twin, data, s, replays=replays, seed=seed, executor=executor)
     if not rows:
         raise StudyError("no open-loop run to replay", file=data.root,
                          fix="the twin check replays open-loop runs (offered_rps in study.yaml)")
@@ -312,8 +338,8 @@ def check_twin(twin: "Twin", study, slo: SLO | str, *, replays: int = 20, seed: 
                          f"{rp['estimate']:.3f} [{rp['ci_low']:.3f}, {rp['ci_high']:.3f}] req/s (beyond 5 %)")
     if steady:
         start = me if me is not None and me > 0 else None
-        st = steady_cslo(twin, s, start=start, draws=steady_draws, seed=seed, workers=workers,
-                         **(steady_options or {}))
+        st = steady_cslo(twin, s, start=start, draws=steady_draws, seed=seed, executor=executor,
+                         workers=1 if executor is None else None, **(steady_options or {}))
         cslo["twin"] = st.to_dict()
         if me is not None and st.estimate > 0 and math.isfinite(st.estimate):
             cslo["twin"]["vs_measured"] = _f(st.estimate / me - 1.0)
