@@ -52,7 +52,7 @@ from . import sketch
 from .contract import PERCENTILES
 from .earlystop import n_min
 from .errors import SpecError, StudyError
-from .reduce import BlockStats, _same_limits, reduce_study
+from .reduce import BlockStats, reduce_study
 from .slo import SLO
 
 STATUS_BRACKETED = "bracketed"
@@ -741,7 +741,7 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
     if not (0.5 < confidence < 1):
         raise SpecError(f"confidence must be in (0.5, 1), got {confidence}")
     notes = []
-    exact = stats.can_serve(slo) and _same_limits(slo, stats.slo)
+    exact = stats.can_serve(slo) and slo.same_limits(stats.slo)
     if not exact:
         eff = stats.effective_slo(slo)
         if eff != slo:

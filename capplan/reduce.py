@@ -206,7 +206,7 @@ class BlockStats:
     def good_units(self, slo: SLO) -> list[np.ndarray]:
         """Per-run, per-unit good counts under ``slo`` (exact for the reduction SLO and for
         grid limits; other limits snap — see ``effective_slo``)."""
-        if _same_limits(slo, self.slo):
+        if slo.same_limits(self.slo):
             return [r.units["n_good"] for r in self.runs]
         if not self.can_serve(slo):
             raise SpecError("this SLO changes a limit the reduced statistics cannot vary "
@@ -216,12 +216,6 @@ class BlockStats:
         ix = g.index("x", slo.ttft_ms)
         iy = g.index("y", getattr(slo, f"{g.y_metric}_ms"))
         return [r.grid[:, ix, iy].astype(np.float64) for r in self.runs]
-
-
-def _same_limits(a: SLO, b: SLO) -> bool:
-    """Same latency limits (the target and max_error_rate do not change who is good)."""
-    return (a.with_(attainment=0.5, max_error_rate=None)
-            == b.with_(attainment=0.5, max_error_rate=None))
 
 
 # ============================================================================ SQL (one place)

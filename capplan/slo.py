@@ -85,6 +85,12 @@ class SLO:
     def with_(self, **kw) -> "SLO":
         return replace(self, **kw)
 
+    def same_limits(self, other: "SLO") -> bool:
+        """Whether both SLOs call the same requests good: same latency limits and ways of
+        measuring them (the attainment target and max_error_rate do not change who is good)."""
+        return (self.with_(attainment=0.5, max_error_rate=None)
+                == other.with_(attainment=0.5, max_error_rate=None))
+
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
 

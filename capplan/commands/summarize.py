@@ -47,13 +47,13 @@ def cmd(study: str, slo_text: str | None, out: str | None, warmup_s: float | Non
     from ..metrics import summarize
     from ..slo import SLO
     from ..study import connect, open_study
+    from ..validate import open_checked
 
     if out is not None and Path(out).suffix.lower() not in OUT_FORMATS:
         write_table(None, out)  # raises the SpecError before any work
     slo = SLO.parse(slo_text) if slo_text else None
-    con = connect()
-    con.execute("SET enable_progress_bar = false")  # keep stderr for messages
-    st = open_study(study, check=check, con=con)
+    con = connect()  # DuckDB's progress bar is off: stderr is for messages
+    st = (open_checked if check else open_study)(study, con=con)
     try:
         result = summarize(st, slo, warmup_s=warmup_s)
     except duckdb.Error as exc:
