@@ -49,7 +49,7 @@ from scipy.optimize import isotonic_regression
 
 from . import bootstrap as boot
 from . import sketch
-from .contract import PERCENTILES
+from .contract import PERCENTILES, ci_cols, pct_col
 from .earlystop import n_min
 from .errors import SpecError, StudyError
 from .reduce import BlockStats, reduce_study
@@ -707,7 +707,7 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confi
              if r.n_units and r.tail else None)
         for m in ("ttft", "tpot", "itl", "e2e"):
             for p in PERCENTILES:
-                row[f"{m}_p{_pname(p)}_ms"] = r.percentile(m, p, stats.alpha)
+                row[pct_col(m, p)] = r.percentile(m, p, stats.alpha)
             lo = hi = math.nan
             tail = r.tail.get(m)
             if tail is not None and r.n_units:
@@ -715,8 +715,8 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confi
                 q = boot.quantile_replicates(C, h, k0, P_CI, stats.alpha,
                                              below=below)
                 lo, hi = boot.percentile_ci(q, confidence)
-            row[f"{m}_p99_ci_low"] = lo
-            row[f"{m}_p99_ci_high"] = hi
+            ci_lo, ci_hi = ci_cols(pct_col(m, P_CI, unit=""))
+            row[ci_lo], row[ci_hi] = lo, hi
         lag = r.hist.get("gen_lag_ms")
         row["gen_lag_p99_ms"] = (float(sketch.quantile_from_counts(lag[1], lag[0], 0.99, stats.alpha))
                                  if lag else math.nan)
@@ -724,11 +724,6 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confi
     df = pd.DataFrame(rows)
     stats._cache[key] = df
     return df
-
-
-def _pname(p: float) -> str:
-    s = f"{p * 100:g}"
-    return s.replace(".", "")
 
 
 def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.95,
