@@ -139,6 +139,43 @@ class Envelope:
     level_replicates: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0)))
 
     # ------------------------------------------------------------------ views
+    #: columns of the run and diagnostics tables in ``to_text`` (those present are shown)
+    TEXT_RUN_COLUMNS = ("run_id", "x", "n", "attainment", "att_ci_low", "att_ci_high", "fitted",
+                        "design_effect", "n_eff", "usable")
+    TEXT_DIAGNOSTIC_COLUMNS = ("run_id", "warmup_s", "warmup_source", "measured_rps",
+                               "gen_lag_p99_ms", "littles_ratio", "overloaded", "too_short",
+                               "usable")
+
+    def to_text(self, *, tables: bool = True) -> str:
+        """The envelope as `capplan envelope` prints it: the SLO, C_SLO with its interval, lower
+        bound and status, then (with ``tables``) the per-run table and diagnostics, then the
+        notes. A notebook ``print(env.to_text())`` shows the same text."""
+        c = self.cslo
+        unit = c.unit
+        kind = ("closed loop (capacity = goodput at the highest passing concurrency)"
+                if c.closed_loop else "open loop")
+        lines = [f"SLO: {self.slo.describe()}" if self.slo is not None
+                 else f"attainment target: {self.target:g} (good requests as the input table "
+                 "counts them)",
+                 f"sweep: {len(self.runs)} runs, {kind}"
+                 + ("; iid assumption" if self.iid_assumption else ""),
+                 f"C_SLO estimate:   {_fmt(c.estimate)} {unit}   status: {c.status}",
+                 f"{c.confidence:.0%} CI:           [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}] {unit}",
+                 f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}"]
+        if c.closed_loop:
+            lines.append(f"at concurrency:   {_fmt(c.load_at_capacity)}")
+        if c.suggested_rates:
+            lines.append("suggested rates to add: " + ", ".join(f"{v:g}" for v in c.suggested_rates))
+        if tables:
+            cols = [k for k in self.TEXT_RUN_COLUMNS if k in self.runs.columns]
+            lines += ["", self.runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+            if len(self.diagnostics):
+                dcols = [k for k in self.TEXT_DIAGNOSTIC_COLUMNS if k in self.diagnostics.columns]
+                lines += ["", "diagnostics:", self.diagnostics[dcols].to_string(
+                    index=False, float_format=lambda v: f"{v:.4g}")]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
     def to_frame(self) -> pd.DataFrame:
         """The per-run table (one row per run, unusable runs included with their reason)."""
         return self.runs.copy()
@@ -273,6 +310,11 @@ class Envelope:
 
 
 # ============================================================================ helpers
+
+def _fmt(v, nd: int = 4) -> str:
+    """A number for people: 4 significant digits, "—" when missing."""
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}g}"
+
 
 def _clean(v):
     if isinstance(v, (np.floating, float)):
