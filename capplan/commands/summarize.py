@@ -23,7 +23,7 @@ def write_table(df, dest: str) -> Path:
                         fix="use a name ending in .csv or .parquet")
     with atomic_path(path) as tmp:
         if ext == ".csv":
-            # CRLF rows keep a field with a bare \r quoted and intact (see TOOLING.md).
+            # CRLF rows: pandas then quotes a field holding a bare \r, so the row stays intact.
             df.to_csv(tmp, index=False, lineterminator="\r\n", encoding="utf-8")
         else:
             df.to_parquet(tmp, index=False)
