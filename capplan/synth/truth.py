@@ -55,7 +55,7 @@ def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replic
 
     The 95 % interval treats runs as iid replicates of a ratio estimator (t interval on
     per-run good − attainment·n residuals), which is honest because runs are independent."""
-    from .. import open_study
+    from ..study import open_study
     from ..metrics import Window, good_predicate, request_view
     from .sweep import RunPlan, generate_study
 
