@@ -149,7 +149,7 @@ def test_config_reads_the_twin_extensions_and_keeps_old_bytes(tmp_path):
     assert np.corrcoef(np.argsort(np.argsort(i)), np.argsort(np.argsort(o)))[0, 1] > 0.3
     for patch, field in (({"replica": {**raw["replica"], "prefill": "split"}}, "replica.prefill"),
                          ({"faults": {"error_share": 0.7, "stall_share": 0.4}}, "faults"),
-                         ({"faults": {"oops": 1}}, "faults")):
+                         ({"faults": {"oops": 1}}, "faults.oops")):
         with pytest.raises(SpecError) as e:
             parse_config(dict(raw, **patch))
         assert e.value.field == field

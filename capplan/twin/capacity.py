@@ -32,7 +32,7 @@ from ..synth.config import ArrivalSpec
 from ..synth.events import token_times
 from ..synth.sweep import simulate_level
 from ..synth.truth import TRUTH_SEED_OFFSET
-from .replay import Outcome, _itl_stats, run_metrics
+from .replay import Outcome, itl_stats, run_metrics
 
 STEADY_DURATION_S = 1800.0  # at least this long …
 STEADY_REQUESTS = 12_000  # … and long enough for this many requests per run at the first guess
@@ -76,7 +76,7 @@ def run_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup
     n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
     p99 = mx = None
     if need_itl:
-        p99, mx = _itl_stats(off, val, n_recv > 1)
+        p99, mx = itl_stats(off, val, n_recv > 1)
     o = Outcome(res.sched_ns, first, last, n_recv, res.status.astype(np.int8), p99, mx)
     m = run_metrics(o, slo, int(warmup_s * 1e9))
     return m["n"], m["n_good"]

@@ -55,7 +55,7 @@ def _disagree(k: int, n: int) -> tuple[bool, float]:
     return p < TEST_LEVEL, p
 
 
-def _f(x):
+def json_number(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else (
         round(float(x), 6) if isinstance(x, (float, np.floating)) else x)
 
@@ -94,9 +94,9 @@ class TwinCheck:
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict:
-        runs = [{k: _f(v) if not isinstance(v, (bool, np.bool_)) else bool(v) for k, v in r.items()}
+        runs = [{k: json_number(v) if not isinstance(v, (bool, np.bool_)) else bool(v) for k, v in r.items()}
                 for r in self.runs.to_dict("records")]
-        mets = [{k: _f(v) if not isinstance(v, (bool, np.bool_)) else bool(v) for k, v in r.items()}
+        mets = [{k: json_number(v) if not isinstance(v, (bool, np.bool_)) else bool(v) for k, v in r.items()}
                 for r in self.metrics.to_dict("records")]
         return {"verdict": self.verdict, "where": list(self.where), "twin": self.twin, "study": self.study,
                 "slo": self.slo, "replays": self.replays, "seed": self.seed, "cslo": self.cslo,
@@ -245,8 +245,8 @@ def _replay_cslo(counts, target: float, seed: int) -> dict:
     if len(ok) == 0:
         return {"estimate": None, "ci_low": None, "ci_high": None,
                 "status": "the replays do not cross the target inside the tested rates"}
-    return {"estimate": _f(float(np.median(ok))), "ci_low": _f(float(np.percentile(ok, 2.5))),
-            "ci_high": _f(float(np.percentile(ok, 97.5))), "replays_bracketed": int(len(ok)),
+    return {"estimate": json_number(float(np.median(ok))), "ci_low": json_number(float(np.percentile(ok, 2.5))),
+            "ci_high": json_number(float(np.percentile(ok, 97.5))), "replays_bracketed": int(len(ok)),
             "kind": "the envelope's crossing on each replay of the measured runs"}
 
 
@@ -326,8 +326,8 @@ def _check(twin, data, s, *, replays, seed, envelope, reps, steady, steady_draws
             envelope = None
     if envelope is not None:
         c = envelope.cslo
-        cslo["measured"] = {"estimate": _f(c.estimate), "ci_low": _f(c.ci_low), "ci_high": _f(c.ci_high),
-                            "lower_bound": _f(c.lower_bound), "status": c.status}
+        cslo["measured"] = {"estimate": json_number(c.estimate), "ci_low": json_number(c.ci_low), "ci_high": json_number(c.ci_high),
+                            "lower_bound": json_number(c.lower_bound), "status": c.status}
     cslo["replay"] = _replay_cslo(counts, s.attainment, seed)
     me = (cslo.get("measured") or {}).get("estimate")
     rp = cslo.get("replay") or {}
@@ -342,7 +342,7 @@ def _check(twin, data, s, *, replays, seed, envelope, reps, steady, steady_draws
                          workers=1 if executor is None else None, **(steady_options or {}))
         cslo["twin"] = st.to_dict()
         if me is not None and st.estimate > 0 and math.isfinite(st.estimate):
-            cslo["twin"]["vs_measured"] = _f(st.estimate / me - 1.0)
+            cslo["twin"]["vs_measured"] = json_number(st.estimate / me - 1.0)
     verdict = "disagrees" if where else "agrees"
     if twin.edited:
         notes.append("the twin was edited by hand: " + ", ".join(twin.edited))

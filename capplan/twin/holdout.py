@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import StudyError
 from ..slo import SLO
-from .check import TwinCheck, _f, check_twin
+from .check import TwinCheck, check_twin, json_number
 from .data import load_study
 from .fit import fit_twin
 from .model import Twin
@@ -42,9 +42,9 @@ def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20,
         if not ok.any():
             continue
         if m in ("attainment", "share_rejected", "share_timed_out"):
-            errs[m] = {"mean_abs_error": _f(float(np.mean(np.abs(tw[ok] - meas[ok])))), "kind": "absolute"}
+            errs[m] = {"mean_abs_error": json_number(float(np.mean(np.abs(tw[ok] - meas[ok])))), "kind": "absolute"}
         else:
-            errs[m] = {"mean_abs_error": _f(float(np.mean(np.abs(tw[ok] / meas[ok] - 1.0)))), "kind": "relative"}
+            errs[m] = {"mean_abs_error": json_number(float(np.mean(np.abs(tw[ok] / meas[ok] - 1.0)))), "kind": "relative"}
         errs[m]["outside"] = int((~held.loc[ok, f"{m}_inside"]).sum())
     c = chk.cslo
     summary = ", ".join(f"{METRIC_LABELS[m]} off by {v['mean_abs_error']:.3g}"
@@ -53,7 +53,7 @@ def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20,
     hold = {"below_rps": float(below_rps), "fitted_runs": list(twin.source.get("runs", [])),
             "predicted_runs": list(above), "errors": errs, "summary": summary}
     if (c.get("twin") or {}).get("estimate") and (c.get("measured") or {}).get("estimate"):
-        hold["cslo_twin_vs_measured"] = _f(c["twin"]["estimate"] / c["measured"]["estimate"] - 1.0)
+        hold["cslo_twin_vs_measured"] = json_number(c["twin"]["estimate"] / c["measured"]["estimate"] - 1.0)
     # the prediction is the point: any held-out run outside the twin's band is a miss
     missed = []
     for r in held.to_dict("records"):

@@ -20,7 +20,7 @@ from ..slo import SLO
 from ..synth.config import ArrivalSpec
 from ..synth.events import token_times
 from ..synth.sweep import plan_runs, simulate_level
-from .replay import Outcome, _itl_stats, good_mask, run_metrics
+from .replay import Outcome, itl_stats, good_mask, run_metrics
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,7 +79,7 @@ def _one(args):
     n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
     p99 = mx = None
     if need_itl:
-        p99, mx = _itl_stats(off, val, n_recv > 1)
+        p99, mx = itl_stats(off, val, n_recv > 1)
     return SimRun(plan.run_id, float(plan.level), int(plan.repeat), float(plan.duration_s), float(cfg.warmup_s),
                   res.sched_ns, first, last, n_recv, res.input_tokens, res.status.astype(np.int8), res.tenant,
                   p99, mx)

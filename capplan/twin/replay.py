@@ -51,11 +51,11 @@ class Outcome:
 def measured_outcome(run: RunData, need_itl: bool = False) -> Outcome:
     p99 = mx = None
     if need_itl and run.itl_has is not None:
-        p99, mx = _itl_stats(run.itl_off, run.itl_val, run.itl_has)
+        p99, mx = itl_stats(run.itl_off, run.itl_val, run.itl_has)
     return Outcome(run.sched, run.first, run.last, run.out, run.status, p99, mx)
 
 
-def _itl_stats(off: np.ndarray, val: np.ndarray, has: np.ndarray):
+def itl_stats(off: np.ndarray, val: np.ndarray, has: np.ndarray):
     n = len(off) - 1
     p99 = np.full(n, np.nan)
     mx = np.full(n, np.nan)
@@ -197,6 +197,6 @@ def replay_run(run: RunData, twin: "Twin", slo: SLO, *, keep: np.ndarray, rng: n
         p99 = np.full(run.n, np.nan)
         mx = np.full(run.n, np.nan)
         has = n_recv > 1
-        sp, sm = _itl_stats(off, val, has)
+        sp, sm = itl_stats(off, val, has)
         p99[order], mx[order] = sp, sm
     return Outcome(run.sched, F, L, O, S, p99, mx)

@@ -15,7 +15,7 @@ Two paths (docs/twin.md "Estimators"):
   arrived to a nearly idle server.
 
 Uncertainty: a bootstrap over blocks of consecutive iterations (server) or of consecutive
-requests (client), through :func:`capplan.bootstrap.block_counts`.
+requests (client), drawn by :class:`capplan.bootstrap.IID` over the blocks.
 """
 
 from __future__ import annotations
@@ -125,7 +125,9 @@ def _wls(B: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _block_weights(n_blocks: int, reps: int, rng) -> np.ndarray:
-    return boot.block_counts(n_blocks, 1, reps, rng, "iid")
+    """(reps × blocks) draw counts: the blocks resampled with replacement (the project's
+    resampler, scheme IID over blocks that are themselves runs of consecutive observations)."""
+    return boot.IID().resample(n_blocks, 1, reps, rng).counts()
 
 
 def _curve_from_sums(S: np.ndarray, C: np.ndarray, nvals: np.ndarray, knots: np.ndarray,
