@@ -66,16 +66,18 @@ class LengthDist:
         iq = tuple(float(x) for x in input_q)
         oq = tuple(float(x) for x in output_q)
         if len(lv) < 2 or len(iq) != len(lv) or len(oq) != len(lv):
-            raise SpecError("empirical lengths need levels, input and output lists of the same length (≥ 2)",
-                            field=field, fix="e.g. {kind: empirical, levels: [0, 0.5, 1], input: [16, 700, 6000], "
-                                             "output: [4, 150, 1024], rho: 0.3}")
+            S.fail(field, "empirical lengths need levels, input and output lists of the same length (≥ 2)",
+                   "e.g. {kind: empirical, levels: [0, 0.5, 1], input: [16, 700, 6000], output: [4, 150, 1024], "
+                   "rho: 0.3}")
         if lv[0] != 0.0 or lv[-1] != 1.0 or any(b <= a for a, b in zip(lv, lv[1:])):
-            raise SpecError("empirical length levels must increase from 0 to 1", field=f"{field}.levels")
+            S.fail(S.join(field, "levels"), "empirical length levels must increase from 0 to 1",
+                   "e.g. levels: [0, 0.5, 1]")
         for name, q in (("input", iq), ("output", oq)):
             if q[0] < 1 or any(b < a for a, b in zip(q, q[1:])):
-                raise SpecError(f"empirical {name} quantiles must be ≥ 1 and non-decreasing", field=f"{field}.{name}")
+                S.fail(S.join(field, name), f"empirical {name} quantiles must be ≥ 1 and non-decreasing",
+                       "list the tokens at each level, smallest first")
         if not (-1.0 < rho < 1.0):
-            raise SpecError(f"rho must lie in (-1, 1), got {rho}", field=f"{field}.rho")
+            S.fail(S.join(field, "rho"), f"rho must lie in (-1, 1), got {rho}", "e.g. rho: 0.3")
         med = lambda q: float(np.interp(0.5, lv, q))  # noqa: E731
         return cls("empirical", Marginal(med(iq), 0.0, int(round(iq[0])), int(round(iq[-1]))),
                    Marginal(med(oq), 0.0, int(round(oq[0])), int(round(oq[-1]))), float(rho), lv, iq, oq)
