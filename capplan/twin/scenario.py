@@ -29,7 +29,7 @@ from ..errors import SpecError
 from ..synth.arrivals import PROCESSES
 from ..synth.config import ArrivalSpec, SynthConfig
 from ..synth.lengths import LengthDist
-from .yamlkit import choice, in_file, load_yaml, mapping, number
+from .. import spec as S
 
 FORMAT = "capplan-scenario/1"
 TOP = ("format", "name", "description")
@@ -98,20 +98,19 @@ class SystemPart(Part):
 
     @classmethod
     def parse(cls, raw, fld):
-        d = mapping(raw, fld, ("replicas", "speed", "max_batch", "kv_capacity_tokens", "token_budget",
+        d = S.mapping(raw, fld, known=("replicas", "speed", "max_batch", "kv_capacity_tokens", "token_budget",
                                "queue_limit", "prefill_mode", "prefill_lanes"))
-        opt = lambda k, **kw: number(d[k], f"{fld}.{k}", **kw) if k in d else None  # noqa: E731
+        opt = lambda k, **kw: S.number(d[k], f"{fld}.{k}", **kw) if k in d else None  # noqa: E731
         return cls(
-            replicas=opt("replicas", integer=True, lo=1), speed=number(d.get("speed", 1.0), f"{fld}.speed", lo=0.0,
-                                                                      lo_open=True),
-            max_batch=opt("max_batch", integer=True, lo=1),
-            kv_capacity_tokens=opt("kv_capacity_tokens", integer=True, lo=1),
-            token_budget=opt("token_budget", integer=True, lo=1),
-            queue_limit=number(d["queue_limit"], f"{fld}.queue_limit", integer=True, lo=0, allow_none=True)
+            replicas=opt("replicas", integer=True, minimum=1), speed=S.number(d.get("speed", 1.0), f"{fld}.speed", above=0.0),
+            max_batch=opt("max_batch", integer=True, minimum=1),
+            kv_capacity_tokens=opt("kv_capacity_tokens", integer=True, minimum=1),
+            token_budget=opt("token_budget", integer=True, minimum=1),
+            queue_limit=S.number(d["queue_limit"], f"{fld}.queue_limit", integer=True, minimum=0, optional=True)
             if "queue_limit" in d else "keep",
-            prefill_mode=choice(d["prefill_mode"], f"{fld}.prefill_mode", ("mixed", "separate"))
+            prefill_mode=S.choice(d["prefill_mode"], f"{fld}.prefill_mode", ("mixed", "separate"))
             if "prefill_mode" in d else None,
-            prefill_lanes=number(d["prefill_lanes"], f"{fld}.prefill_lanes", integer=True, lo=1, allow_none=True)
+            prefill_lanes=S.number(d["prefill_lanes"], f"{fld}.prefill_lanes", integer=True, minimum=1, optional=True)
             if "prefill_lanes" in d else "keep")
 
     def apply(self, ctx):
@@ -155,29 +154,29 @@ class WorkloadPart(Part):
 
     @classmethod
     def parse(cls, raw, fld, base_dir: Path | None = None):
-        d = mapping(raw, fld, ("rate_rps", "rates", "mix", "arrival", "input_scale", "output_scale"))
+        d = S.mapping(raw, fld, known=("rate_rps", "rates", "mix", "arrival", "input_scale", "output_scale"))
         if "rate_rps" in d and "rates" in d:
             raise SpecError(f"give {fld}.rate_rps or {fld}.rates, not both", field=fld)
         rates = None
         if "rate_rps" in d:
-            rates = (number(d["rate_rps"], f"{fld}.rate_rps", lo=0.0, lo_open=True),)
+            rates = (S.number(d["rate_rps"], f"{fld}.rate_rps", above=0.0),)
         elif "rates" in d:
             rr = d["rates"]
             if not isinstance(rr, list) or not rr:
                 raise SpecError(f"{fld}.rates must be a non-empty list", field=f"{fld}.rates", fix="e.g. rates: [2, 4, 6]")
-            rates = tuple(number(r, f"{fld}.rates[{i}]", lo=0.0, lo_open=True) for i, r in enumerate(rr))
+            rates = tuple(S.number(r, f"{fld}.rates[{i}]", above=0.0) for i, r in enumerate(rr))
         mix = None
         if "mix" in d:
-            m = mapping(d["mix"], f"{fld}.mix")
+            m = S.mapping(d["mix"], f"{fld}.mix")
             if not m:
                 raise SpecError(f"{fld}.mix is empty", field=f"{fld}.mix", fix="e.g. mix: {acme: 0.5, globex: 0.5}")
-            mix = tuple((str(k), number(v, f"{fld}.mix.{k}", lo=0.0)) for k, v in m.items())
+            mix = tuple((str(k), S.number(v, f"{fld}.mix.{k}", minimum=0.0)) for k, v in m.items())
             if sum(v for _, v in mix) <= 0:
                 raise SpecError(f"{fld}.mix shares must not all be 0", field=f"{fld}.mix")
         arrival = None
         if "arrival" in d:
-            a = mapping(d["arrival"], f"{fld}.arrival", ("process", "cv", "path", "format", "start_row"))
-            proc = choice(a.get("process", "poisson"), f"{fld}.arrival.process", ("measured",) + PROCESSES)
+            a = S.mapping(d["arrival"], f"{fld}.arrival", known=("process", "cv", "path", "format", "start_row"))
+            proc = S.choice(a.get("process", "poisson"), f"{fld}.arrival.process", ("measured",) + PROCESSES)
             if proc == "measured":
                 arrival = ArrivalSpec("measured")
             elif proc == "replay":
@@ -189,13 +188,13 @@ class WorkloadPart(Part):
                     p = base_dir / p
                 if not p.is_file():
                     raise SpecError("trace file not found", field=f"{fld}.arrival.path", file=str(p))
-                arrival = ArrivalSpec("replay", 1.0, str(p), choice(a.get("format", "auto"), f"{fld}.arrival.format",
+                arrival = ArrivalSpec("replay", 1.0, str(p), S.choice(a.get("format", "auto"), f"{fld}.arrival.format",
                                                                   ("auto", "azure", "mooncake")),
-                                      number(a.get("start_row", 0), f"{fld}.arrival.start_row", integer=True, lo=0))
+                                      S.number(a.get("start_row", 0), f"{fld}.arrival.start_row", integer=True, minimum=0))
             else:
-                arrival = ArrivalSpec(proc, number(a.get("cv", 1.0), f"{fld}.arrival.cv", lo=0.0, lo_open=True))
-        return cls(rates, mix, arrival, number(d.get("input_scale", 1.0), f"{fld}.input_scale", lo=0.0, lo_open=True),
-                   number(d.get("output_scale", 1.0), f"{fld}.output_scale", lo=0.0, lo_open=True))
+                arrival = ArrivalSpec(proc, S.number(a.get("cv", 1.0), f"{fld}.arrival.cv", above=0.0))
+        return cls(rates, mix, arrival, S.number(d.get("input_scale", 1.0), f"{fld}.input_scale", above=0.0),
+                   S.number(d.get("output_scale", 1.0), f"{fld}.output_scale", above=0.0))
 
     def apply(self, ctx):
         cfg = ctx.config
@@ -265,10 +264,10 @@ class RunPart(Part):
 
     @classmethod
     def parse(cls, raw, fld):
-        d = mapping(raw, fld, ("duration_s", "warmup_s", "repeats", "seed"))
-        opt = lambda k, **kw: number(d[k], f"{fld}.{k}", **kw) if k in d else None  # noqa: E731
-        return cls(opt("duration_s", lo=0.0, lo_open=True), opt("warmup_s", lo=0.0),
-                   opt("repeats", integer=True, lo=1), opt("seed", integer=True, lo=0))
+        d = S.mapping(raw, fld, known=("duration_s", "warmup_s", "repeats", "seed"))
+        opt = lambda k, **kw: S.number(d[k], f"{fld}.{k}", **kw) if k in d else None  # noqa: E731
+        return cls(opt("duration_s", above=0.0), opt("warmup_s", minimum=0.0),
+                   opt("repeats", integer=True, minimum=1), opt("seed", integer=True, minimum=0))
 
     def apply(self, ctx):
         cfg = ctx.config
@@ -301,6 +300,7 @@ class Scenario:
     raw: dict = field(default_factory=dict, compare=False)
     path: str | None = None
     sha256: str = ""
+    marks: S.Document | None = field(default=None, compare=False, repr=False)  # line marks of the file
 
     def apply(self, twin: "Twin") -> ScenarioContext:
         ctx = ScenarioContext(twin, twin.synth_config(name=self.name), (), Path(self.path).parent if self.path else None)
@@ -315,7 +315,7 @@ class Scenario:
 
 
 def parse_scenario(raw: dict, *, base_dir: Path | None = None) -> Scenario:
-    d = mapping(raw, "scenario")
+    d = S.mapping(raw, "", what="scenario file", optional=False)
     unknown = sorted(set(d) - set(TOP) - set(PARTS))
     if unknown:
         raise SpecError(f"unknown scenario part(s): {', '.join(unknown)}", field="scenario",
@@ -334,12 +334,12 @@ def parse_scenario(raw: dict, *, base_dir: Path | None = None) -> Scenario:
 
 
 def load_scenario(path: str | os.PathLike) -> Scenario:
-    raw = load_yaml(path, "scenario file")
-    try:
-        sc = parse_scenario(raw, base_dir=Path(path).expanduser().parent)
-    except SpecError as exc:
-        raise in_file(exc, path) from None
-    return replace(sc, path=str(path), sha256=hashlib.sha256(Path(path).read_bytes()).hexdigest())
+    """Read scenario.yaml (SpecError with the file, line and field on any problem)."""
+    doc = S.document(Path(path).expanduser(), what="scenario file", fix="see docs/twin.md \"Scenarios\"")
+    with doc.located():
+        sc = parse_scenario(doc.data, base_dir=Path(path).expanduser().parent)
+    return replace(sc, path=str(path), sha256=hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+                   marks=doc)
 
 
 def run_scenario(twin: "Twin", scenario: Scenario, out: str | os.PathLike, *, twin_path: str | None = None,
@@ -352,7 +352,7 @@ def run_scenario(twin: "Twin", scenario: Scenario, out: str | os.PathLike, *, tw
     try:
         ctx = scenario.apply(twin)
     except SpecError as exc:
-        raise in_file(exc, scenario.path) if scenario.path else exc from None
+        raise (scenario.marks.locate(exc) if scenario.marks is not None else exc) from None
     tw = ctx.twin
     twin_rec = {"name": tw.name, "file": twin_path, "fitted_from": {k: tw.source.get(k) for k in ("study", "sha256")},
                 "last_check": tw.last_check, "edited": list(tw.edited)}

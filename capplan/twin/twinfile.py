@@ -22,12 +22,14 @@ from ..synth.config import ArrivalSpec, Tenant
 from ..synth.lengths import LengthDist
 from .model import Twin
 from .params import EDITED, PARAM_KEYS, DecodePoint, Param, Workload
-from .yamlkit import choice, in_file, load_yaml, mapping, number
+from .. import spec as S
 
 FORMAT = "capplan-twin/1"
 TOP = ("format", "name", "fitted_from", "warning", "notes", "parameters", "decode_step_ms", "workload",
        "last_check")
 PARAM_FIELDS = ("value", "unit", "source", "how", "ci95", "fitted")
+#: parameters added after capplan-twin/1 was first written: older files get these defaults
+OPTIONAL_PARAMS = {"prefill_jitter_cv": 0.0}
 
 
 def _clean(v):
@@ -102,44 +104,46 @@ def _param(key: str, raw, fld: str) -> Param:
     unit, _ = PARAM_KEYS[key]
     if not isinstance(raw, dict):
         raw = {"value": raw, "source": EDITED}
-    raw = mapping(raw, fld, PARAM_FIELDS)
+    raw = S.mapping(raw, fld, known=PARAM_FIELDS)
     if "value" not in raw:
         raise SpecError(f"{fld} needs a value", field=f"{fld}.value")
     v = raw["value"]
     if key == "router":
-        v = choice(v, f"{fld}.value", ("least-outstanding-work",))
+        v = S.choice(v, f"{fld}.value", ("least-outstanding-work",))
     elif key == "prefill_mode":
-        v = choice(v, f"{fld}.value", ("mixed", "separate"))
+        v = S.choice(v, f"{fld}.value", ("mixed", "separate"))
     elif key in ("prefill_lanes", "queue_limit"):
-        v = number(v, f"{fld}.value", integer=True, lo=0 if key == "queue_limit" else 1, allow_none=True)
+        v = S.number(v, f"{fld}.value", integer=True, minimum=0 if key == "queue_limit" else 1, optional=True)
     elif key in ("replicas", "token_budget", "max_batch", "kv_capacity_tokens", "kv_block_size", "max_model_len"):
-        v = number(v, f"{fld}.value", integer=True, lo=1)
+        v = S.number(v, f"{fld}.value", integer=True, minimum=1)
     elif key in ("error_share", "stall_share"):
-        v = number(v, f"{fld}.value", lo=0.0, hi=0.99)
+        v = S.number(v, f"{fld}.value", minimum=0.0, maximum=0.99)
     elif key == "prefill_jitter_cv":
-        v = number(v, f"{fld}.value", lo=0.0, hi=5.0)
+        v = S.number(v, f"{fld}.value", minimum=0.0, maximum=5.0)
     elif key == "kv_watermark":
-        v = number(v, f"{fld}.value", lo=0.0, hi=0.49)
+        v = S.number(v, f"{fld}.value", minimum=0.0, maximum=0.49)
     elif key == "client_timeout_s":
-        v = number(v, f"{fld}.value", lo=0.0, lo_open=True)
+        v = S.number(v, f"{fld}.value", above=0.0)
     else:
-        v = number(v, f"{fld}.value", lo=0.0)
+        v = S.number(v, f"{fld}.value", minimum=0.0)
     ci = raw.get("ci95")
     if ci is not None:
         if not (isinstance(ci, list) and len(ci) == 2):
             raise SpecError(f"{fld}.ci95 must be [low, high]", field=f"{fld}.ci95")
-        ci = (number(ci[0], f"{fld}.ci95"), number(ci[1], f"{fld}.ci95"))
+        ci = (S.number(ci[0], f"{fld}.ci95"), S.number(ci[1], f"{fld}.ci95"))
     fitted = raw.get("fitted", v)
     return Param(key, v, str(raw.get("unit", unit) or unit), str(raw.get("source", "")), str(raw.get("how", "") or ""),
                  ci, fitted)
 
 
 def twin_from_dict(raw: dict) -> Twin:
-    d = mapping(raw, "twin", TOP)
+    d = S.mapping(raw, "", known=TOP, what="twin file", optional=False)
     fmt = d.get("format", FORMAT)
     if fmt != FORMAT:
         raise SpecError(f"unknown twin format {fmt!r}", field="format", fix=f"this capplan reads {FORMAT}")
-    pr = mapping(d.get("parameters"), "parameters")
+    pr = S.mapping(d.get("parameters"), "parameters")
+    pr = {**{k: {"value": v, "source": "default", "how": "not in this twin file: default"}
+             for k, v in OPTIONAL_PARAMS.items() if k not in pr}, **pr}
     missing = [k for k in PARAM_KEYS if k not in pr]
     if missing:
         raise SpecError(f"parameters lack {', '.join(missing)}", field="parameters",
@@ -149,40 +153,40 @@ def twin_from_dict(raw: dict) -> Twin:
         raise SpecError(f"unknown parameter(s): {', '.join(unknown)}", field="parameters",
                         fix="known: " + ", ".join(PARAM_KEYS))
     params = tuple(_param(k, pr[k], f"parameters.{k}") for k in PARAM_KEYS)
-    ds = mapping(d.get("decode_step_ms"), "decode_step_ms", ("unit", "how", "points", "measured"))
-    pts_raw = mapping(ds.get("points"), "decode_step_ms.points")
+    ds = S.mapping(d.get("decode_step_ms"), "decode_step_ms", known=("unit", "how", "points", "measured"))
+    pts_raw = S.mapping(ds.get("points"), "decode_step_ms.points")
     if not pts_raw:
         raise SpecError("decode_step_ms.points is empty", field="decode_step_ms.points",
                         fix="e.g. points: {1: {value: 29.4}, 64: {value: 52.0}}")
     points = []
     for b, e in pts_raw.items():
         fld = f"decode_step_ms.points.{b}"
-        batch = number(b, fld, integer=True, lo=1)
+        batch = S.number(b, fld, integer=True, minimum=1)
         if not isinstance(e, dict):
             e = {"value": e}
-        e = mapping(e, fld, ("value", "ci95", "fitted"))
-        ms = number(e.get("value"), f"{fld}.value", lo=0.0, lo_open=True)
+        e = S.mapping(e, fld, known=("value", "ci95", "fitted"))
+        ms = S.number(e.get("value"), f"{fld}.value", above=0.0)
         ci = e.get("ci95")
-        ci = (number(ci[0], f"{fld}.ci95"), number(ci[1], f"{fld}.ci95")) if isinstance(ci, list) and len(ci) == 2 else None
-        points.append(DecodePoint(batch, ms, ci, number(e.get("fitted", ms), f"{fld}.fitted")))
+        ci = (S.number(ci[0], f"{fld}.ci95"), S.number(ci[1], f"{fld}.ci95")) if isinstance(ci, list) and len(ci) == 2 else None
+        points.append(DecodePoint(batch, ms, ci, S.number(e.get("fitted", ms), f"{fld}.fitted")))
     points.sort(key=lambda p: p.batch)
     if len({p.batch for p in points}) != len(points):
         raise SpecError("decode_step_ms.points has a batch size twice", field="decode_step_ms.points")
     measured = tuple((int(x[0]), float(x[1]), int(x[2])) for x in (ds.get("measured") or [])
                      if isinstance(x, list) and len(x) == 3)
-    w = mapping(d.get("workload"), "workload", ("how", "arrival", "lengths", "tenants", "runs"))
-    ar = mapping(w.get("arrival") or {"process": "poisson"}, "workload.arrival", ("process", "cv", "path", "format"))
-    proc = choice(ar.get("process", "poisson"), "workload.arrival.process", ("constant", "poisson", "gamma", "replay"))
-    arrival = ArrivalSpec(proc, number(ar.get("cv", 1.0), "workload.arrival.cv", lo=0.0, lo_open=True),
+    w = S.mapping(d.get("workload"), "workload", known=("how", "arrival", "lengths", "tenants", "runs"))
+    ar = S.mapping(w.get("arrival") or {"process": "poisson"}, "workload.arrival",
+                   known=("process", "cv", "path", "format"))
+    proc = S.choice(ar.get("process", "poisson"), "workload.arrival.process", ("constant", "poisson", "gamma", "replay"))
+    arrival = ArrivalSpec(proc, S.number(ar.get("cv", 1.0), "workload.arrival.cv", above=0.0),
                           ar.get("path"), str(ar.get("format", "auto")))
     lengths = LengthDist.from_dict(w.get("lengths") or {}, "workload.lengths")
     tenants = []
     for i, t in enumerate(w.get("tenants") or []):
-        t = mapping(t, f"workload.tenants[{i}]", ("name", "share", "slo_class", "lengths"))
+        t = S.mapping(t, f"workload.tenants[{i}]", known=("name", "share", "slo_class", "lengths"))
         if not t.get("name"):
             raise SpecError(f"workload.tenants[{i}] needs a name", field=f"workload.tenants[{i}].name")
-        tenants.append(Tenant(str(t["name"]), number(t.get("share", 1.0), f"workload.tenants[{i}].share", lo=0.0,
-                                                     lo_open=True),
+        tenants.append(Tenant(str(t["name"]), S.number(t.get("share", 1.0), f"workload.tenants[{i}].share", above=0.0),
                               None if t.get("slo_class") is None else str(t["slo_class"]),
                               LengthDist.from_dict(t["lengths"], f"workload.tenants[{i}].lengths")
                               if t.get("lengths") else None))
@@ -199,12 +203,11 @@ def twin_from_dict(raw: dict) -> Twin:
 
 
 def load_twin(path: str | os.PathLike) -> Twin:
-    """Read twin.yaml (SpecError with file and field on any problem)."""
-    raw = load_yaml(path, "twin file")
-    try:
-        return twin_from_dict(raw)
-    except SpecError as exc:
-        raise in_file(exc, path) from None
+    """Read twin.yaml (SpecError with the file, line and field on any problem)."""
+    doc = S.document(Path(path).expanduser(), what="twin file",
+                     fix="write one with `capplan twin fit STUDY --out twin.yaml` (docs/twin.md)")
+    with doc.located():
+        return twin_from_dict(doc.data)
 
 
 def record_check(path: str | os.PathLike, check: dict) -> Twin:
