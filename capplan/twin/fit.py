@@ -88,9 +88,7 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
     replicas = int(data.replicas)
     params: list[Param] = [
         _p("replicas", replicas, MANIFEST, "study.yaml system.replicas"),
-        _p("router", ROUTER, DEFAULT,
-           "assumed: each request goes to the replica with the least outstanding work (prompt tokens to compute "
-           "+ decode steps to run); the events do not show the router's rule"),
+        _router(data, notes),
     ]
     missing_cols = [c for c in ("itl_ns", "admitted_ns", "replica_group") if not data.has(c)
                     and not (c == "admitted_ns" and data.has("prefill_start_ns"))
@@ -281,6 +279,19 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
         source["grid_coherence"] = round(tl.coherence, 4)
     return Twin(name=name or f"twin of {data.name}", params=tuple(params), decode=decode, decode_how=dec.how,
                 workload=wl, source=source, notes=tuple(notes), measured_decode=dec.measured)
+
+
+def _router(data: StudyData, notes: list[str]) -> Param:
+    """The router from study.yaml (a capplan-synth manifest records it), else assumed."""
+    said = ((data.workload or {}).get("replica") or {}).get("router") or (data.system or {}).get("router")
+    if said and "least outstanding work" in str(said).replace("-", " "):
+        return _p("router", ROUTER, MANIFEST, f"study.yaml says {said!r}")
+    how = ("assumed: each request goes to the replica with the least outstanding work (prompt tokens to compute "
+           "+ decode steps to run); the events do not show the router's rule")
+    if said:
+        notes.append(f"router: study.yaml says {said!r}, which the twin does not model; it uses least outstanding work")
+        how = f"study.yaml says {said!r}, not modelled; " + how
+    return _p("router", ROUTER, DEFAULT, how)
 
 
 def _gaps_per_token(data: StudyData) -> float:
