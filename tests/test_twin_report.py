@@ -34,6 +34,7 @@ def test_twin_notebook_shows_parameters_check_and_exports(twin_page):
     nb, tmp = twin_page
     text = json.dumps(nbformat.v4.new_notebook(cells=nb.cells))
     assert "decode step at batch 1" in text and "VERDICT: the twin AGREES" in text
+    assert "95 % low" in text and "ci95_low" not in text  # headers for people
     titles = []
     for c in nb.cells:
         for o in c.get("outputs", []):

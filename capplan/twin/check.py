@@ -93,6 +93,14 @@ class TwinCheck:
                              "inside": r[f"{m}_inside"]})
         return pd.DataFrame(rows)
 
+    def display_frame(self):
+        """long_frame() for people: readable headers, yes/NO for inside the band."""
+        lf = self.long_frame()
+        return pd.DataFrame({"Run": lf["run_id"], "Offered (req/s)": lf["offered_rps"], "Metric": lf["label"],
+                             "Measured": lf["measured"], "Twin (median of replays)": lf["twin"],
+                             "Twin 95 % low": lf["pi_low"], "Twin 95 % high": lf["pi_high"],
+                             "Inside": np.where(lf["inside"], "yes", "NO")})
+
     def to_dict(self) -> dict:
         runs = [{k: json_number(v) if not isinstance(v, (bool, np.bool_)) else bool(v) for k, v in r.items()}
                 for r in self.runs.to_dict("records")]

@@ -218,6 +218,14 @@ class Twin:
                          "source": p.source, "how": p.how})
         return pd.DataFrame(rows)
 
+    def display_frame(self):
+        """to_frame() for people: readable headers, blanks for missing intervals."""
+        df = self.to_frame().rename(columns={"parameter": "Parameter", "value": "Value", "unit": "Unit",
+                                             "ci95_low": "95 % low", "ci95_high": "95 % high",
+                                             "source": "Source", "how": "How it was estimated"})
+        df["Value"] = df["Value"].map(lambda v: "none" if v is None else v).astype(object)
+        return df.astype(object).where(df.notna(), "")
+
     def to_text(self) -> str:
         src = self.source
         lines = [f"Twin {self.name!r}" + (f" fitted from {src.get('study')} ({src.get('requests', '?')} requests, "
