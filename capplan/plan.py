@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cost as K
+from . import plan_bounds
 from .errors import SpecError
 from .plan_spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
     BILLING, CAPACITY_USES, POLICIES, READY_PARTS, AutoscalingSpec, CapacitySpec, DemandSpec,
@@ -437,11 +438,12 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
 
 
 def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=None, facts=None,
-              forecast=None, gpus_per_group: int | None = None) -> Plan:
+              forecast=None, gpus_per_group: int | None = None, system: dict | None = None) -> Plan:
     """Build the plan. ``capacity``: req/s per replica group (number or CapacityInfo);
     otherwise from ``envelope`` or a fit on ``study``. ``facts`` (``cost.study_facts``) and
     ``forecast`` (``forecast.forecast_peaks``) may be passed precomputed so repeated calls
-    (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history."""
+    (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history.
+    ``system``: the study's ``system`` mapping (model, gpu) when ``study`` is not passed."""
     spec = load_plan_spec(spec)
     slo = SLO.parse(slo) if slo is not None else spec.slo
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
@@ -484,18 +486,24 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
         mean_to_peak_default = forecast.mean_to_peak
     else:
         q_labels = [f"Q{i + 1}" for i in range(d.horizon_quarters)]
-        q_peaks = [d.total_peak_rps * (1.0 + d.growth_per_quarter) ** i for i in range(d.horizon_quarters)]
-        q_means = [None] * d.horizon_quarters
-        q_lows = [None] * d.horizon_quarters
-        if len(d.peak_rps) > 1:
+        base_peak = d.total_peak_rps
+        if d.tokens_per_day:  # work units: a daily token volume → requests (docs/mix.md)
+            base_peak, peak_formula, peak_inputs, tok_notes = plan_bounds.peak_from_tokens(d, facts)
+            notes.extend(tok_notes)
+        elif len(d.peak_rps) > 1:
             peak_formula = "Σ class peaks (" + " + ".join(f"{c} {r:g}" for c, r in d.peak_rps) + ")"
             peak_inputs = {f"peak_rps.{c}": r for c, r in d.peak_rps}
         else:
             peak_formula = "peak offered rate from the spec"
             peak_inputs = {"peak_rps": d.total_peak_rps}
+        q_peaks = [base_peak * (1.0 + d.growth_per_quarter) ** i for i in range(d.horizon_quarters)]
+        q_means = [None] * d.horizon_quarters
+        q_lows = [None] * d.horizon_quarters
         mean_to_peak_default = None
 
-    ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts)
+    if system is None and study is not None:
+        system = dict(study.manifest.system or {})
+    ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts, system=system)
     items, checks = _items_for(ctx, q_peaks[0], peak_formula, peak_inputs, notes,
                                      mean_to_peak_default)
     quarters = []
@@ -532,7 +540,9 @@ def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, sl
                                       rate_column=d.history_rate_column, horizon_quarters=d.horizon_quarters,
                                       interval=d.interval)
     gpus = _gpus_per_group(spec, study)
-    return {"capacity": cap, "facts": facts, "forecast": fc, "slo": slo, "gpus_per_group": gpus}
+    system = dict(study.manifest.system or {}) if study is not None else None
+    return {"capacity": cap, "facts": facts, "forecast": fc, "slo": slo, "gpus_per_group": gpus,
+            "system": system}
 
 
 @dataclass(frozen=True)
@@ -542,6 +552,7 @@ class _Ctx:
     g: int
     slo: SLO | None
     facts: Any
+    system: dict | None = None  # the study's system (model, gpu) for the KV and power bounds
 
 
 def _gpus_per_group(spec: PlanSpec, study) -> int:
@@ -745,6 +756,14 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
 
     # checks
     checks = _checks(ctx, s, peak, D, C, c)
+    # work units, KV memory and power (capplan.plan_bounds; docs/mix.md)
+    extra = plan_bounds.bounds(spec, g=g, capacity_rps=C, groups=s.total, nodes=s.nodes, facts=ctx.facts,
+                               facts_at_peak=c["facts_at"], study_replicas=cap.study_replicas,
+                               peak_rps=peak, system=ctx.system)
+    for row in extra["items"]:
+        add(*row)
+    checks += [Check(*row) for row in extra["checks"]]
+    notes.extend(extra["notes"])
     return items, checks
 
 
