@@ -138,3 +138,89 @@ def true_capacity(cfg: SynthConfig, slo: SLO | str, lo_rps: float, hi_rps: float
         else:
             hi = mid
     return CapacityTruth(str(s), 0.5 * (lo + hi), (lo, hi), tuple(evals))
+
+
+# ----------------------------------------------------------------------------- per cell (mix)
+
+
+@dataclass(frozen=True)
+class CellTruth:
+    """Per input-length bucket attainment at one rate (pooled over independent runs)."""
+
+    offered_rps: float
+    slo: str
+    input_edges: tuple[float, ...]
+    n: tuple[int, ...]      # in-window requests per bucket (index = edges ≤ input tokens)
+    good: tuple[int, ...]
+
+    def attainment(self, weights=None) -> float:
+        """Pooled attainment (``weights`` None) or Σ_b w_b · good_b / n_b at a target mix."""
+        n, g = np.asarray(self.n, float), np.asarray(self.good, float)
+        if weights is None:
+            return float(g.sum() / n.sum())
+        w = np.asarray(weights, float)
+        w = w / w.sum()
+        a = w > 0
+        return float(np.sum(w[a] * g[a] / n[a]))
+
+
+def true_cell_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, input_edges, *,
+                         replications: int = 8, duration_s: float | None = None,
+                         warmup_s: float | None = None, seed: int | None = None) -> CellTruth:
+    """Per input-bucket attainment of ``slo`` at ``rate_rps`` over independent runs, counted with
+    the pipeline's own definitions (as ``true_attainment``); common random numbers across rates."""
+    from .. import open_study
+    from ..metrics import create_request_view, good_predicate
+    from .sweep import RunPlan, generate_study
+
+    s = SLO.parse(slo)
+    edges = tuple(float(e) for e in input_edges)
+    dur = float(duration_s if duration_s is not None else cfg.run_duration_s(rate_rps))
+    warm = float(cfg.warmup_s if warmup_s is None else warmup_s)
+    base = cfg.with_(seed=int(cfg.seed if seed is None else seed), rates=(float(rate_rps),), repeats=replications,
+                     duration_s=dur, requests_per_run=None, warmup_s=warm, power=None,
+                     itl=bool(s.itl_ms is not None))
+    plans = tuple(RunPlan(TRUTH_SEED_OFFSET + i, f"t{i:03d}", float(rate_rps), i, dur) for i in range(replications))
+    bucket = " + ".join("CAST(input_tokens >= ? AS INTEGER)" for _ in edges) or "0"
+    with tempfile.TemporaryDirectory(prefix="capplan-truth-") as tmp:
+        path, _ = generate_study(base, f"{tmp}/study", workers=1, plans=plans)
+        st = open_study(path)
+        create_request_view(st)
+        pred, params = good_predicate(s)
+        rows = st.sql(f"SELECT {bucket} AS b, count(*), count(*) FILTER (WHERE {pred}) FROM request_metrics "
+                      "WHERE in_window GROUP BY b ORDER BY b", list(edges) + params).fetchall()
+        st.con.close()
+    n = np.zeros(len(edges) + 1, dtype=np.int64)
+    g = np.zeros(len(edges) + 1, dtype=np.int64)
+    for b, cnt, good in rows:
+        n[int(b)], g[int(b)] = cnt, good
+    return CellTruth(float(rate_rps), str(s), edges, tuple(int(x) for x in n), tuple(int(x) for x in g))
+
+
+def true_mix_capacity(cfg: SynthConfig, slo: SLO | str, lo_rps: float, hi_rps: float, input_edges, weights, *,
+                      tol_rps: float = 0.05, **kw) -> tuple[float, list[CellTruth]]:
+    """Largest rate whose per-bucket attainment at the *tested* mix, reweighted to ``weights``
+    (Σ_b w_b · A_b(λ)), meets ``slo.attainment``: the quantity mix reweighting estimates
+    (docs/mix.md). Bisection with common random numbers; returns (capacity, evaluations)."""
+    s = SLO.parse(slo)
+    evals = []
+
+    def att(x):
+        t = true_cell_attainment(cfg, x, s, input_edges, **kw)
+        evals.append(t)
+        return t.attainment(weights)
+
+    if att(lo_rps) < s.attainment:
+        raise SpecError(f"the low end {lo_rps:g} req/s already misses the SLO at this mix", field="lo_rps",
+                        fix="start the bracket at a lower rate")
+    if att(hi_rps) >= s.attainment:
+        raise SpecError(f"the high end {hi_rps:g} req/s still meets the SLO at this mix", field="hi_rps",
+                        fix="end the bracket at a higher rate")
+    lo, hi = lo_rps, hi_rps
+    while hi - lo > tol_rps:
+        mid = 0.5 * (lo + hi)
+        if att(mid) >= s.attainment:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi), evals
