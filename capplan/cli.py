@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "whatif": "whatif",
     "compare": "compare",
     "kv": "kv",
+    "mix": "mix",
 }
 
 

@@ -217,6 +217,7 @@ class StudyFacts:
 
 def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> StudyFacts:
     """Good fraction, good output tokens and energy per load level of an open-loop study.
+    ``slo``: an SLO, or ``SLOClasses`` (each request judged by its own class's SLO).
 
     Counts in-window offered requests (every status; unfinished ones are violations) per run.
     Energy: power samples of ``resources/`` that carry the run's ``run_id`` are integrated per
@@ -226,12 +227,13 @@ def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> Stud
     ``warmup_s`` overrides the manifest's warm-up per run (as in ``create_request_view``), so a
     caller that aligned steady windows (compare) keeps them.
     """
-    from .metrics import create_request_view, good_predicate
-    from .slo import SLO
+    from .metrics import class_good_predicate, create_request_view, good_predicate
+    from .slo import SLO, SLOClasses
 
-    slo = SLO.parse(slo)
+    classes = slo if isinstance(slo, SLOClasses) else None
+    slo = classes if classes is not None else SLO.parse(slo)
     create_request_view(study, warmup_s)
-    pred, params = good_predicate(slo)
+    pred, params = class_good_predicate(classes) if classes is not None else good_predicate(slo)
     q = f"""
         SELECT run_id, any_value(offered_rps) AS offered_rps,
                count(*) FILTER (WHERE in_window) AS offered,

@@ -99,6 +99,8 @@ class CapacityInfo:
     study_name: str | None = None
     study_hash: str | None = None
     notes: tuple[str, ...] = ()
+    #: extra tables for the export, (sheet name, frame): SLO classes, production mix (docs/mix.md)
+    tables: tuple = field(default=(), compare=False, hash=False)
 
     def to_frame(self):
         import pandas as pd
@@ -424,6 +426,14 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
         raise SpecError("capacity.source is study but no study was given", field="capacity.source",
                         fix="pass a study directory (capplan plan STUDY ...), or a number with "
                             "--capacity-rps / capacity.rps_per_group")
+    if spec.slo_classes is not None and slo is None:
+        if spec.mix.target is not None and spec.mix.plan_on == "target":
+            raise SpecError("planning at a target mix with SLO classes is not supported yet",
+                            field="mix.plan_on", fix="plan the classes at the tested mix (mix.plan_on: tested), "
+                                                     "or one SLO at the target mix")
+        return capacity_for_classes(spec, study)
+    if spec.mix.target is not None and spec.mix.plan_on == "target" and slo is not None:
+        return capacity_at_mix(spec, study, slo)
     if slo is None:
         raise SpecError("a capacity from a study needs an SLO", field="slo",
                         fix="add slo: 'ttft_ms=2000,attainment=0.99' to the spec or pass --slo")
@@ -432,6 +442,48 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
     env = fit_envelope(study, slo, confidence=spec.capacity.confidence, reps=spec.capacity.reps,
                        seed=spec.capacity.seed)
     return capacity_from_envelope(env, spec, replicas=replicas, study_name=name)
+
+
+def capacity_for_classes(spec: PlanSpec, study, fit=None) -> CapacityInfo:
+    """Per-group capacity where every SLO class meets its own target (docs/mix.md, "SLO
+    classes"): the joint C_SLO of ``capplan.mix.classes.fit_classes``, binding class named."""
+    if fit is None:
+        from .mix.classes import fit_classes
+
+        c = spec.capacity
+        fit = fit_classes(study, spec.slo_classes, confidence=c.confidence, reps=c.reps, seed=c.seed)
+    cap = capacity_from_envelope(fit, spec, replicas=study.manifest.replicas, study_name=study.name)
+    binding = f"; binding class {fit.binding_class}" if fit.binding_class else ""
+    return dataclasses.replace(cap, source=cap.source + f" (every SLO class meets its target{binding})",
+                               tables=(("SLO classes", fit.to_frame()),))
+
+
+def capacity_at_mix(spec: PlanSpec, study, slo: SLO, fit=None) -> CapacityInfo:
+    """Per-group capacity at production's mix (``mix:`` in the spec): the study's per-cell
+    attainment reweighted to the target (docs/mix.md, "Reweighting")."""
+    m = spec.mix
+    if fit is None:
+        from .mix import Buckets, load_target
+        from .mix.reweight import fit_mix
+
+        b = Buckets(input_edges=m.input_edges, output_edges=m.output_edges, tenant="tenant" in m.by,
+                    slo_class="slo_class" in m.by)
+        target = load_target(m.target, b, period=m.period)
+        c = spec.capacity
+        fit = fit_mix(study, slo, target, confidence=c.confidence, reps=c.reps, seed=c.seed,
+                      drop_untested=m.drop_untested)
+    cap = capacity_from_envelope(fit.envelope, spec, replicas=study.manifest.replicas, study_name=study.name)
+    t = fit.base.cslo
+    r = study.manifest.replicas or 1
+    notes = tuple(cap.notes) + tuple(fit.notes) + (
+        f"C_SLO at the tested mix: {t.estimate:.4g} req/s (lower bound {t.lower_bound:.4g}) for the study system; "
+        f"at the target mix ({fit.target.period}): {fit.cslo.estimate:.4g} (lower bound {fit.cslo.lower_bound:.4g}); "
+        f"effective sample size {fit.ess:,.0f} requests ({fit.ess_share:.0%} of those tested)",)
+    mix_table = fit.cells.drop(columns=["cell"]).copy()
+    mix_table["tested_mix_cslo_per_group"] = t.lower_bound / r if spec.capacity.use == "lower_bound" else t.estimate / r
+    return dataclasses.replace(cap, source=cap.source + f" at the target mix ({fit.target.period} of "
+                                                        f"{fit.target.source})", notes=notes,
+                               tables=(("Production mix", mix_table),))
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -462,8 +514,8 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     if g <= n_node and n_node % g:
         notes.append(f"{n_node // g} groups of {g} GPUs fit a node of {n_node}; {n_node % g} GPUs per node stay idle")
 
-    if facts is None and study is not None and slo is not None:
-        facts = K.study_facts(study, slo)
+    if facts is None and study is not None and (slo is not None or spec.slo_classes is not None):
+        facts = K.study_facts(study, slo if slo is not None else spec.slo_classes)
     if facts is not None:
         notes.extend(facts.notes)
 
@@ -530,7 +582,8 @@ def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, sl
     spec = load_plan_spec(spec)
     slo = SLO.parse(slo) if slo is not None else spec.slo
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
-    facts = K.study_facts(study, slo) if study is not None and slo is not None else None
+    judge = slo if slo is not None else spec.slo_classes
+    facts = K.study_facts(study, judge) if study is not None and judge is not None else None
     fc = None
     d = spec.demand
     if d.history:
@@ -843,7 +896,11 @@ def _assumptions(ctx: _Ctx, mean_to_peak_default, notes) -> list[tuple[str, Any,
          "from the spec" if spec.demand.mean_to_peak else
          ("mean / peak of the demand history" if mean_to_peak_default else
           "not given: the fleet is assumed busy at peak all month (optimistic cost per request)")),
-        ("SLO classes", "one pool", "all SLO classes share one pool sized at the spec's SLO; λ_peak = Σ class peaks"),
+        (("SLO classes", "one pool", "all SLO classes share one pool sized at the spec's SLO; λ_peak = Σ class peaks")
+         if spec.slo_classes is None else
+         ("SLO classes", spec.slo_classes.describe(),
+          "one pool sized so that every class meets its own SLO at the study's tested class mix; λ_peak = Σ class "
+          "peaks")),
         ("operating point", "λ_peak / N per group",
          "good fraction, tokens and energy are read from the study at the peak spread over all groups"),
     ]

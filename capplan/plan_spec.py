@@ -365,14 +365,44 @@ class PowerSpec:
                    "add nodes_per_rack: 4 (nodes planned into one rack)")
 
 
+@dataclass(frozen=True)
+class MixSpec:
+    """Plan at production's mix: the study reweighted to a target (docs/mix.md, "Reweighting")."""
+
+    SECTION: ClassVar[str] = "mix"
+    target: str | None = None  # production trace or bucket table (relative to the spec file)
+    period: str = "peak_hour"  # day | peak_hour (of a timestamped trace)
+    input_edges: tuple[float, ...] = (1024.0, 4096.0)
+    output_edges: tuple[float, ...] = ()
+    by: tuple[str, ...] = ()  # tenant, slo_class
+    plan_on: str = "target"  # target: plan with the reweighted C_SLO; tested: report it only
+    drop_untested: bool = False
+
+    def __post_init__(self):
+        s = self.SECTION
+        S.text(self.target, f"{s}.target", example="prod.parquet")
+        S.choice(self.period, f"{s}.period", ("day", "peak_hour"))
+        S.choice(self.plan_on, f"{s}.plan_on", ("target", "tested"))
+        S.flag(self.drop_untested, f"{s}.drop_untested")
+        for name in ("input_edges", "output_edges", "by"):
+            v = getattr(self, name)
+            if not isinstance(v, tuple):
+                v = tuple(S.sequence(v, f"{s}.{name}", example="[1024, 4096]"))
+                object.__setattr__(self, name, v)
+        for i, e in enumerate(self.input_edges + self.output_edges):
+            S.number(e, f"{s}.edges[{i}]", above=0.0, example="1024")
+        for i, d in enumerate(self.by):
+            S.choice(d, S.index(f"{s}.by", i), ("tenant", "slo_class"))
+
+
 _SECTIONS: dict[str, type] = {
     "demand": DemandSpec, "capacity": CapacitySpec, "replica_group": GroupSpec,
     "failure": FailureSpec, "rollout": RolloutSpec, "autoscaling": AutoscalingSpec,
-    "prices": PriceSpec, "model": ModelSpec, "power": PowerSpec,
+    "prices": PriceSpec, "model": ModelSpec, "power": PowerSpec, "mix": MixSpec,
 }
 _ATTR = {"demand": "demand", "capacity": "capacity", "replica_group": "group", "failure": "failure",
          "rollout": "rollout", "autoscaling": "autoscaling", "prices": "prices", "model": "model",
-         "power": "power"}
+         "power": "power", "mix": "mix"}
 
 
 @dataclass(frozen=True)
@@ -392,6 +422,7 @@ class PlanSpec:
     source: str | None = None  # file the spec was read from
     model: ModelSpec = field(default_factory=ModelSpec)
     power: PowerSpec = field(default_factory=PowerSpec)
+    mix: MixSpec = field(default_factory=MixSpec)
     #: one SLO per slo_class (``slo_file:`` or ``slo_classes:`` in the YAML); docs/mix.md
     slo_classes: SLOClasses | None = None
 
@@ -541,6 +572,9 @@ def _build(raw, base_dir) -> PlanSpec:
                 values["history"] = str(Path(base_dir) / h)
         if key == "demand" and "peak_rps" in values:
             values["peak_rps"] = _classes(values["peak_rps"], "demand.peak_rps")
+        if key == "mix" and isinstance(values.get("target"), str) and base_dir is not None \
+                and not os.path.isabs(values["target"]):
+            values["target"] = str(Path(base_dir) / values["target"])
         if key == "model" and isinstance(values.get("catalogue"), str) and base_dir is not None \
                 and not os.path.isabs(values["catalogue"]):
             values["catalogue"] = str(Path(base_dir) / values["catalogue"])
