@@ -19,6 +19,7 @@ given directly, work the same way. Only grouped-query / multi-head attention is 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -143,8 +144,19 @@ _GPU_KEYS = ("memory_gib", "peak_power_w", "source")
 
 
 def load_catalogue(path: str | os.PathLike | None = None) -> Catalogue:
-    """Read and check a catalogue (default ``templates/catalogue.yaml``)."""
+    """Read and check a catalogue (default ``templates/catalogue.yaml``); cached by file and
+    modification time, so plans re-made on every what-if slider move do not re-read it."""
     p = default_catalogue_path() if path is None else Path(path)
+    try:
+        stamp = p.stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    return _load_catalogue(str(p), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_catalogue(path: str, _stamp) -> Catalogue:
+    p = Path(path)
     doc = S.document(p, what="model/GPU catalogue", fix=f"start from {CATALOGUE_NAME}")
     with doc.located():
         raw = S.mapping(doc.data, "", known=("models", "gpus", "kv_dtypes"), what="catalogue",

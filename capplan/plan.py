@@ -497,7 +497,7 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history.
     ``system``: the study's ``system`` mapping (model, gpu) when ``study`` is not passed."""
     spec = load_plan_spec(spec)
-    slo = SLO.parse(slo) if slo is not None else spec.slo
+    slo = _plan_slo(spec, slo, envelope)
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
     C = cap.rps_per_group
     notes: list[str] = [f"C_SLO: {n}" for n in cap.notes]
@@ -580,7 +580,7 @@ def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, sl
 
     ``capacity`` stays fixed across calls (pass ``capacity=`` explicitly to move it)."""
     spec = load_plan_spec(spec)
-    slo = SLO.parse(slo) if slo is not None else spec.slo
+    slo = _plan_slo(spec, slo, envelope)
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
     judge = slo if slo is not None else spec.slo_classes
     facts = K.study_facts(study, judge) if study is not None and judge is not None else None
@@ -596,6 +596,16 @@ def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, sl
     system = dict(study.manifest.system or {}) if study is not None else None
     return {"capacity": cap, "facts": facts, "forecast": fc, "slo": slo, "gpus_per_group": gpus,
             "system": system}
+
+
+def _plan_slo(spec: PlanSpec, slo, envelope) -> SLO | None:
+    """The single SLO a plan uses: the one passed, else — unless the spec has SLO classes and no
+    envelope was given (then every class is judged by its own SLO) — the spec's."""
+    if slo is not None:
+        return SLO.parse(slo)
+    if spec.slo_classes is not None and envelope is None:
+        return None
+    return spec.slo
 
 
 @dataclass(frozen=True)
@@ -828,7 +838,8 @@ def _failure_desc(fail: FailureSpec) -> str:
 def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
     spec = ctx.spec
     fail, roll, auto = spec.failure, spec.rollout, spec.autoscaling
-    at = _slo_text(ctx.slo)
+    at = _slo_text(ctx.slo) if ctx.slo is not None or spec.slo_classes is None else \
+        " with every SLO class meeting its own SLO"
     N = s.total
     L = s.loss_failure
     r = s.loss_rollout

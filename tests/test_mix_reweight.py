@@ -109,3 +109,26 @@ def test_mix_command(make_study, tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "no or too few tested requests: input ≥16000" in err and "no tested request" in err
+
+
+def test_mix_panel_state_and_widgets(make_study):
+    from capplan.mix.panel import MixModel, MixPanel, mix_state
+
+    path = _study(make_study)
+    spec = {"demand": {"peak_rps": 6.0}, "replica_group": {"gpus_per_node": 8},
+            "failure": {"policy": "none"}, "prices": {"usd_per_gpu_hour": 2.0},
+            "capacity": {"reps": 100}}
+    model = MixModel.build(path, spec, SLO, target=_target(0.5))
+    p = model.defaults()
+    assert p.plan_on == "target" and dict(p.shares) == {"input <1024": 0.5, "input ≥1024": 0.5}
+    s = mix_state(model, p)
+    t = s.table.set_index("key")["value"]
+    assert t["target_cslo"] == pytest.approx(model.mixfit.cslo.estimate)
+    assert s.plan.capacity.rps_per_group == pytest.approx(model.mixfit.cslo.lower_bound)
+    # moving the long share back to the tested 25 % gives the tested C_SLO
+    s2 = mix_state(model, p.with_(shares=(("input <1024", 0.75), ("input ≥1024", 0.25))))
+    assert s2.mix.cslo.estimate == pytest.approx(model.mixfit.base.cslo.estimate, rel=1e-9)
+    panel = MixPanel(model)
+    panel.plan_on.value = "tested"
+    assert panel.state.plan.capacity.rps_per_group == pytest.approx(model.mixfit.base.cslo.lower_bound)
+    assert "data-key=\"target_cslo\"" in panel.table.value
