@@ -172,7 +172,7 @@ def load_slo_file(source) -> SLOClasses:
         return source
     from . import spec as S
 
-    doc = S.document(source, what="SLO file", fix="see docs/mix.md (SLO classes) for an example")
+    doc = S.document(source, what="SLO classes", fix="start from templates/slo.yaml (docs/mix.md, SLO classes)")
     with doc.located():
         raw = S.mapping(doc.data, "", known=(DEFAULT_CLASS, "classes"), what="SLO file", optional=False,
                         example="classes: {interactive: {ttft_ms: 1000, attainment: 0.99}}")

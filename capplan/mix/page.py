@@ -1,5 +1,5 @@
 """The report page on the production mix, SLO classes, KV memory and power
-(``notebooks/06-mix.ipynb``): everything it shows and exports, computed here so the notebook
+(``notebooks/07-mix.ipynb``): everything it shows and exports, computed here so the notebook
 stays a list of displays (docs/mix.md)."""
 
 from __future__ import annotations
