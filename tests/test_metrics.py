@@ -10,7 +10,7 @@ import pytest
 
 from capplan.errors import StudyError
 from capplan.metrics import (
-    breakdown, create_request_view, ecdf, insufficient_text, measured_rate_rps, request_frame,
+    Window, breakdown, ecdf, insufficient_text, measured_rate_rps, request_frame, request_view,
     summarize,
 )
 from capplan.study import open_study
@@ -228,7 +228,7 @@ def test_ecdf_and_rate_helper():
 
 
 def test_request_view_keeps_its_contract(hand_study):
-    name = create_request_view(hand_study)
+    name = request_view(hand_study, Window.of(hand_study))
     cols = [d[0] for d in hand_study.sql(f"SELECT * FROM {name} LIMIT 0").description]
     for c in ("ttft_ms", "ttft_sent_ms", "tpot_ms", "itl_p99_ms", "itl_max_ms", "e2e_ms",
               "gen_lag_ms", "queue_ms", "t_s", "in_window", "load_level", "offered_rps"):
