@@ -94,7 +94,8 @@ class MixPage:
                        f"({c.status}" + (f"; binding class **{self.classes.binding_class}**" if
                                          self.classes.binding_class else "") + ")")
         for m in self.mixes.values():
-            out.append(f"**{m.target.period}**: C_SLO {m.cslo.estimate:.4g} req/s, lower bound "
+            what = "bucket table" if m.target.period == "table" else m.target.period
+            out.append(f"**Target mix ({what})**: C_SLO {m.cslo.estimate:.4g} req/s, lower bound "
                        f"{m.cslo.lower_bound:.4g} (tested mix {m.base.cslo.estimate:.4g}, lower bound "
                        f"{m.base.cslo.lower_bound:.4g}); effective sample size {m.ess_share:.0%} of the tested requests")
         return "  \n".join(out)
