@@ -26,7 +26,6 @@ notes), so all curves keep the same runs and the same picks of repeats.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 
@@ -39,7 +38,7 @@ from ..errors import SpecError, StudyError
 from ..reduce import Cells, reduce_study
 from ..slo import DEFAULT_CLASS, SLO, SLOClasses, load_slo_file
 from ..study import Study, open_study
-from .core import JointCrossing, joint_crossing
+from .core import JointCrossing, fmt, joint_crossing, json_text, records
 
 _FLAG = {STATUS_BRACKETED: 0, STATUS_ABOVE: 1, STATUS_BELOW: -1}
 _CELL_SUMS = ("n", "n_good", "n_ok")
@@ -115,35 +114,27 @@ class ClassFit:
         return pd.concat(parts, ignore_index=True)
 
     def to_dict(self) -> dict:
-        from ..envelope import _clean  # the envelope's JSON cleaning (NaN → null)
-
         return {"slo_classes": self.classes.to_dict(), "cslo": self.cslo.to_dict(),
                 "binding_class": self.binding_class,
-                "classes": [{k: _clean(v) for k, v in row.items()} for row in self.to_frame().to_dict("records")],
-                "per_run": [{k: _clean(v) for k, v in row.items()} for row in self.per_run().to_dict("records")],
+                "classes": records(self.to_frame()), "per_run": records(self.per_run()),
                 "notes": list(self.notes),
                 "settings": {"confidence": self.confidence, "reps": self.reps, "seed": self.seed}}
 
     def to_json(self, path=None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=str)
-        if path is not None:
-            from ..io import write_text_atomic
-
-            write_text_atomic(path, text)
-        return text
+        return json_text(self.to_dict(), path)
 
     def to_text(self) -> str:
         c = self.cslo
         out = [f"SLO classes: {self.classes.describe()}",
-               f"C_SLO (every class meets its target): {_f(c.estimate)} req/s   status: {c.status}"
+               f"C_SLO (every class meets its target): {fmt(c.estimate)} req/s   status: {c.status}"
                + (f"   binding class: {self.binding_class}" if self.binding_class else ""),
-               f"{c.confidence:.0%} CI: [{_f(c.ci_low)}, {_f(c.ci_high)}] req/s   one-sided lower bound: "
-               f"{_f(c.lower_bound)} req/s (one joint bootstrap over the classes)", ""]
+               f"{c.confidence:.0%} CI: [{fmt(c.ci_low)}, {fmt(c.ci_high)}] req/s   one-sided lower bound: "
+               f"{fmt(c.lower_bound)} req/s (one joint bootstrap over the classes)", ""]
         df = self.to_frame()
         w = max(len(n) for n in df["slo_class"])
         for _, r in df.iterrows():
-            out.append(f"  {r['slo_class']:<{w}}  C_SLO {_f(r['cslo_estimate']):>7} [{_f(r['ci_low'])}, "
-                       f"{_f(r['ci_high'])}]  {r['status']:<13} binds in {r['binds_in_share_of_replicates']:.0%} "
+            out.append(f"  {r['slo_class']:<{w}}  C_SLO {fmt(r['cslo_estimate']):>7} [{fmt(r['ci_low'])}, "
+                       f"{fmt(r['ci_high'])}]  {r['status']:<13} binds in {r['binds_in_share_of_replicates']:.0%} "
                        f"of replicates  ({r['slo']}; {r['requests']:,} requests)")
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
@@ -178,9 +169,6 @@ class ClassFit:
                           yaxis_title="attainment", template="plotly_white")
         return fig
 
-
-def _f(v) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
 
 
 def _curves(classes: SLOClasses, values: list[str]) -> tuple[dict, dict, list[str]]:

@@ -19,7 +19,6 @@ does not model that load effect — the twin does (docs/mix.md, "The twin at the
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 
@@ -32,7 +31,7 @@ from ..errors import SpecError
 from ..reduce import Cells, reduce_study
 from ..slo import SLO
 from ..study import Study, open_study
-from .core import reweight_run
+from .core import fmt, json_text, records, reweight_run
 from .target import Buckets, TargetMix
 
 MIN_CELL_REQUESTS = 50   # a target cell needs this many tested requests over the usable runs …
@@ -84,11 +83,7 @@ class MixFit:
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict:
-        from ..envelope import _clean
-
-        def rec(df):
-            return [{k: _clean(v) for k, v in r.items()} for r in df.to_dict("records")]
-
+        rec = records
         return {"target": {"source": self.target.source, "period": self.target.period,
                            "buckets": self.target.buckets.describe(), "cells": rec(self.target.frame)},
                 "tested": self.base.cslo.to_dict(), "reweighted": self.envelope.cslo.to_dict(),
@@ -96,12 +91,7 @@ class MixFit:
                 "notes": list(self.notes)}
 
     def to_json(self, path=None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=str)
-        if path is not None:
-            from ..io import write_text_atomic
-
-            write_text_atomic(path, text)
-        return text
+        return json_text(self.to_dict(), path)
 
     def to_text(self) -> str:
         b, w = self.base.cslo, self.envelope.cslo
@@ -109,10 +99,10 @@ class MixFit:
                "target mix: " + (f"bucket table {self.target.source}" if self.target.period == "table" else
                                  f"{self.target.period} of {self.target.source}")
                + f" ({self.target.buckets.describe()})",
-               f"C_SLO at the tested mix:  {_f(b.estimate)} req/s  {b.confidence:.0%} CI [{_f(b.ci_low)}, "
-               f"{_f(b.ci_high)}]  lower bound {_f(b.lower_bound)}  ({b.status})",
-               f"C_SLO at the target mix:  {_f(w.estimate)} req/s  {w.confidence:.0%} CI [{_f(w.ci_low)}, "
-               f"{_f(w.ci_high)}]  lower bound {_f(w.lower_bound)}  ({w.status})",
+               f"C_SLO at the tested mix:  {fmt(b.estimate)} req/s  {b.confidence:.0%} CI [{fmt(b.ci_low)}, "
+               f"{fmt(b.ci_high)}]  lower bound {fmt(b.lower_bound)}  ({b.status})",
+               f"C_SLO at the target mix:  {fmt(w.estimate)} req/s  {w.confidence:.0%} CI [{fmt(w.ci_low)}, "
+               f"{fmt(w.ci_high)}]  lower bound {fmt(w.lower_bound)}  ({w.status})",
                f"effective sample size of the reweighting: {self.ess:,.0f} requests "
                f"({self.ess_share:.0%} of the {int(self.runs.loc[self.runs['usable'], 'n'].sum()):,} tested)", "",
                "cells (tested share → target share, attainment over the study):"]
@@ -142,9 +132,6 @@ class MixFit:
                           xaxis_title="offered rate (req/s)", yaxis_title="attainment", template="plotly_white")
         return fig
 
-
-def _f(v) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
 
 
 def _weights(stats, target: TargetMix, *, usable: list, min_cell: int, min_run: int,

@@ -48,20 +48,15 @@ class TruthResult:
                                               "n_requests", "n_good", "replications")}
 
 
-def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replications: int = 8,
-                    duration_s: float | None = None, warmup_s: float | None = None,
-                    seed: int | None = None) -> TruthResult:
-    """Pooled attainment of ``slo`` over independent runs at ``rate_rps`` (open loop).
-
-    The 95 % interval treats runs as iid replicates of a ratio estimator (t interval on
-    per-run good − attainment·n residuals), which is honest because runs are independent."""
+def _count_runs(cfg: SynthConfig, rate_rps: float, s: SLO, group_sql: str, group_params: list, *,
+                replications: int, duration_s, warmup_s, seed) -> list[tuple]:
+    """Simulate ``replications`` independent runs at ``rate_rps``, write them as a temporary
+    study and count in-window requests and SLO-good ones per ``group_sql`` with the pipeline's
+    own definitions: rows (group, n, good) in group order."""
     from .. import open_study
     from ..metrics import Window, good_predicate, request_view
     from .sweep import RunPlan, generate_study
 
-    if cfg.load_model != "open":
-        raise SpecError("true_attainment needs an open-loop config", field="sweep.load_model")
-    s = SLO.parse(slo)
     if replications < 1:
         raise SpecError("replications must be ≥ 1", field="replications")
     dur = float(duration_s if duration_s is not None else cfg.run_duration_s(rate_rps))
@@ -78,9 +73,24 @@ def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replic
         st = open_study(path)
         view = request_view(st, Window.of(st))
         pred, params = good_predicate(s)
-        rows = st.sql(f"SELECT run_id, count(*) AS n, count(*) FILTER (WHERE {pred}) AS good "
-                      f"FROM {view} WHERE in_window GROUP BY run_id ORDER BY run_id", params).fetchall()
+        rows = st.sql(f"SELECT {group_sql} AS grp, count(*) AS n, count(*) FILTER (WHERE {pred}) AS good "
+                      f"FROM {view} WHERE in_window GROUP BY grp ORDER BY grp", group_params + params).fetchall()
         st.con.close()
+    return rows
+
+
+def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replications: int = 8,
+                    duration_s: float | None = None, warmup_s: float | None = None,
+                    seed: int | None = None) -> TruthResult:
+    """Pooled attainment of ``slo`` over independent runs at ``rate_rps`` (open loop).
+
+    The 95 % interval treats runs as iid replicates of a ratio estimator (t interval on
+    per-run good − attainment·n residuals), which is honest because runs are independent."""
+    if cfg.load_model != "open":
+        raise SpecError("true_attainment needs an open-loop config", field="sweep.load_model")
+    s = SLO.parse(slo)
+    rows = _count_runs(cfg, rate_rps, s, "run_id", [], replications=replications, duration_s=duration_s,
+                       warmup_s=warmup_s, seed=seed)
     n = np.array([r[1] for r in rows], float)
     g = np.array([r[2] for r in rows], float)
     att = float(g.sum() / n.sum()) if n.sum() else float("nan")
@@ -169,27 +179,11 @@ def true_cell_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, inpu
                          warmup_s: float | None = None, seed: int | None = None) -> CellTruth:
     """Per input-bucket attainment of ``slo`` at ``rate_rps`` over independent runs, counted with
     the pipeline's own definitions (as ``true_attainment``); common random numbers across rates."""
-    from .. import open_study
-    from ..metrics import Window, good_predicate, request_view
-    from .sweep import RunPlan, generate_study
-
     s = SLO.parse(slo)
     edges = tuple(float(e) for e in input_edges)
-    dur = float(duration_s if duration_s is not None else cfg.run_duration_s(rate_rps))
-    warm = float(cfg.warmup_s if warmup_s is None else warmup_s)
-    base = cfg.with_(seed=int(cfg.seed if seed is None else seed), rates=(float(rate_rps),), repeats=replications,
-                     duration_s=dur, requests_per_run=None, warmup_s=warm, power=None,
-                     itl=bool(s.itl_ms is not None))
-    plans = tuple(RunPlan(TRUTH_SEED_OFFSET + i, f"t{i:03d}", float(rate_rps), i, dur) for i in range(replications))
     bucket = " + ".join("CAST(input_tokens >= ? AS INTEGER)" for _ in edges) or "0"
-    with tempfile.TemporaryDirectory(prefix="capplan-truth-") as tmp:
-        path, _ = generate_study(base, f"{tmp}/study", workers=1, plans=plans)
-        st = open_study(path)
-        view = request_view(st, Window.of(st))
-        pred, params = good_predicate(s)
-        rows = st.sql(f"SELECT {bucket} AS b, count(*), count(*) FILTER (WHERE {pred}) FROM {view} "
-                      "WHERE in_window GROUP BY b ORDER BY b", list(edges) + params).fetchall()
-        st.con.close()
+    rows = _count_runs(cfg, rate_rps, s, bucket, list(edges), replications=replications, duration_s=duration_s,
+                       warmup_s=warmup_s, seed=seed)
     n = np.zeros(len(edges) + 1, dtype=np.int64)
     g = np.zeros(len(edges) + 1, dtype=np.int64)
     for b, cnt, good in rows:
