@@ -1636,7 +1636,7 @@ def comparison_tables(cmp: Comparison, *, time: str, hashes: tuple[str, str] | N
         [("passed", str(v.passed))] + [("gate failed", f) for f in v.failed]
         + [("bucket regressed", f) for f in v.flagged_buckets] + [("note", n) for n in v.notes],
         columns=["item", "text"])
-    from . import __version__
+    from .version import __version__
 
     prov = [("capplan version", __version__), ("baseline", cmp.baseline_name),
             ("candidate", cmp.candidate_name), ("SLO", str(cmp.slo)),
@@ -1669,11 +1669,10 @@ def check_out_dir(out_dir) -> Path:
 def export_comparison(cmp: Comparison, out_dir, *, time: str | None = None,
                       hashes: tuple[str, str] | None = None) -> Path:
     """Write compare.xlsx and one CSV per sheet, built in a temp directory and renamed (never
-    half-written). Text cells are formula-injection safe (capplan.export writers)."""
+    half-written). Text cells are formula-injection safe (capplan.io writers)."""
     import datetime as _dt
 
-    from .export import write_csv, write_xlsx
-    from .io import atomic_dir
+    from .io import atomic_dir, write_csv, write_xlsx
 
     out = check_out_dir(out_dir)
     time = time or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()

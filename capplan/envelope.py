@@ -51,10 +51,10 @@ from scipy.optimize import isotonic_regression
 
 from . import bootstrap as boot
 from . import sketch
-from .contract import PERCENTILES
+from .contract import PERCENTILES, ci_cols, pct_col
 from .earlystop import n_min
 from .errors import SpecError, StudyError
-from .reduce import BlockStats, reduce_study, same_limits
+from .reduce import BlockStats, reduce_study
 from .slo import SLO
 
 STATUS_BRACKETED = "bracketed"
@@ -146,6 +146,43 @@ class Envelope:
         return self.scheme.block_len
 
     # ------------------------------------------------------------------ views
+    #: columns of the run and diagnostics tables in ``to_text`` (those present are shown)
+    TEXT_RUN_COLUMNS = ("run_id", "x", "n", "attainment", "att_ci_low", "att_ci_high", "fitted",
+                        "design_effect", "n_eff", "usable")
+    TEXT_DIAGNOSTIC_COLUMNS = ("run_id", "warmup_s", "warmup_source", "measured_rps",
+                               "gen_lag_p99_ms", "littles_ratio", "overloaded", "too_short",
+                               "usable")
+
+    def to_text(self, *, tables: bool = True) -> str:
+        """The envelope as `capplan envelope` prints it: the SLO, C_SLO with its interval, lower
+        bound and status, then (with ``tables``) the per-run table and diagnostics, then the
+        notes. A notebook ``print(env.to_text())`` shows the same text."""
+        c = self.cslo
+        unit = c.unit
+        kind = ("closed loop (capacity = goodput at the highest passing concurrency)"
+                if c.closed_loop else "open loop")
+        lines = [f"SLO: {self.slo.describe()}" if self.slo is not None
+                 else f"attainment target: {self.target:g} (good requests as the input table "
+                 "counts them)",
+                 f"sweep: {len(self.runs)} runs, {kind}"
+                 + ("; iid assumption" if self.iid_assumption else ""),
+                 f"C_SLO estimate:   {_fmt(c.estimate)} {unit}   status: {c.status}",
+                 f"{c.confidence:.0%} CI:           [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}] {unit}",
+                 f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}"]
+        if c.closed_loop:
+            lines.append(f"at concurrency:   {_fmt(c.load_at_capacity)}")
+        if c.suggested_rates:
+            lines.append("suggested rates to add: " + ", ".join(f"{v:g}" for v in c.suggested_rates))
+        if tables:
+            cols = [k for k in self.TEXT_RUN_COLUMNS if k in self.runs.columns]
+            lines += ["", self.runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+            if len(self.diagnostics):
+                dcols = [k for k in self.TEXT_DIAGNOSTIC_COLUMNS if k in self.diagnostics.columns]
+                lines += ["", "diagnostics:", self.diagnostics[dcols].to_string(
+                    index=False, float_format=lambda v: f"{v:.4g}")]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
     def to_frame(self) -> pd.DataFrame:
         """The per-run table (one row per run, unusable runs included with their reason)."""
         return self.runs.copy()
@@ -280,6 +317,11 @@ class Envelope:
 
 
 # ============================================================================ helpers
+
+def _fmt(v, nd: int = 4) -> str:
+    """A number for people: 4 significant digits, "—" when missing."""
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}g}"
+
 
 def _clean(v):
     if isinstance(v, (np.floating, float)):
@@ -700,7 +742,7 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, con
              if r.n_units and r.tail else None)
         for m in ("ttft", "tpot", "itl", "e2e"):
             for p in PERCENTILES:
-                row[f"{m}_p{_pname(p)}_ms"] = r.percentile(m, p, stats.alpha)
+                row[pct_col(m, p)] = r.percentile(m, p, stats.alpha)
             lo = hi = math.nan
             tail = r.tail.get(m)
             if tail is not None and r.n_units:
@@ -708,8 +750,8 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, con
                 q = boot.quantile_replicates(C, h, k0, P_CI, stats.alpha,
                                              below=below)
                 lo, hi = boot.percentile_ci(q, confidence)
-            row[f"{m}_p99_ci_low"] = lo
-            row[f"{m}_p99_ci_high"] = hi
+            ci_lo, ci_hi = ci_cols(pct_col(m, P_CI, unit=""))
+            row[ci_lo], row[ci_hi] = lo, hi
         lag = r.hist.get("gen_lag_ms")
         row["gen_lag_p99_ms"] = (float(sketch.quantile_from_counts(lag[1], lag[0], 0.99, stats.alpha))
                                  if lag else math.nan)
@@ -717,11 +759,6 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, con
     df = pd.DataFrame(rows)
     stats._cache[key] = df
     return df
-
-
-def _pname(p: float) -> str:
-    s = f"{p * 100:g}"
-    return s.replace(".", "")
 
 
 def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.95,
@@ -734,7 +771,7 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
     if not (0.5 < confidence < 1):
         raise SpecError(f"confidence must be in (0.5, 1), got {confidence}")
     notes = []
-    exact = stats.can_serve(slo) and same_limits(slo, stats.slo)
+    exact = stats.can_serve(slo) and slo.same_limits(stats.slo)
     if not exact:
         eff = stats.effective_slo(slo)
         if eff != slo:

@@ -200,15 +200,6 @@ EARLY_STOP_CONFIDENCE = 0.99
 FUNNEL_COLUMNS = ("n_offered", "n_admitted", "n_started", "n_first_token", "n_completed")
 
 
-def pct_label(p: float) -> str:
-    """0.99 -> 'p99', 0.999 -> 'p99_9' (safe in a column name)."""
-    return "p" + f"{p * 100:.10g}".replace(".", "_")
-
-
-def percentile_column(metric: str, p: float) -> str:
-    return f"{metric}_{pct_label(p)}_ms"
-
-
 def insufficient_text(n: int, p: float, confidence: float = EARLY_STOP_CONFIDENCE) -> str:
     """Shown instead of a percentile the sample cannot support
     (docs/statistics.md#sample-size-rules, t = 1)."""
@@ -257,7 +248,7 @@ class RunSummary:
             return "n/a (not recorded)"
         if n < n_min(p, 1, self.confidence):
             return insufficient_text(n, p, self.confidence)
-        v = row[percentile_column(metric, p)]
+        v = row[C.pct_col(metric, p)]
         return "n/a" if pd.isna(v) else f"{v:,.1f}"
 
     def _key(self) -> pd.DataFrame:
@@ -297,7 +288,7 @@ class RunSummary:
         if section in ("latency", "all"):
             for metric, _ in SUMMARY_METRICS:
                 for p in self.percentiles:
-                    out[percentile_column(metric, p)] = [self.cell_text(r, metric, p)
+                    out[C.pct_col(metric, p)] = [self.cell_text(r, metric, p)
                                                          for _, r in t.iterrows()]
         if section in ("slo", "all") and self.slo is not None:
             out["good"] = ints(t["n_good"])
@@ -320,7 +311,7 @@ class RunSummary:
         lat = self.display_frame("latency")
         key = list(self._key().columns)
         for metric, _ in SUMMARY_METRICS:
-            cols = {percentile_column(metric, p): pct_label(p) for p in self.percentiles}
+            cols = {C.pct_col(metric, p): C.pct_label(p) for p in self.percentiles}
             block = lat[key + list(cols)].rename(columns=cols)
             parts.append(f"{metric.upper()} ms, completed requests "
                          f"({self.percentile_definition})\n" + block.to_string(index=False))
@@ -455,11 +446,11 @@ def _assemble(study: Study, window: Window, agg: pd.DataFrame, itl: pd.DataFrame
             short = []
             for i, p in enumerate(C.PERCENTILES):
                 ok = not pd.isna(cnt) and cnt >= n_min(p, 1, confidence) and qs is not None
-                row[percentile_column(name, p)] = float(qs[i]) if ok else float("nan")
+                row[C.pct_col(name, p)] = float(qs[i]) if ok else float("nan")
                 if not pd.isna(cnt) and cnt < n_min(p, 1, confidence):
                     short.append(p)
             if short and cnt > 0:
-                notes.append(f"{name} {', '.join(pct_label(p) for p in short)}: "
+                notes.append(f"{name} {', '.join(C.pct_label(p) for p in short)}: "
                              f"insufficient samples (N = {cnt:,}, need "
                              + ", ".join(f"{n_min(p, 1, confidence):,}" for p in short) + ")")
         if slo is not None:

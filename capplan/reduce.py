@@ -425,7 +425,7 @@ class BlockStats:
     def good_units(self, slo: SLO) -> list[np.ndarray]:
         """Per-run, per-unit good counts under ``slo`` (exact for the reduction SLO and for
         grid limits; other limits snap — see ``effective_slo``)."""
-        if same_limits(slo, self.slo):
+        if slo.same_limits(self.slo):
             return [r.units["n_good"] for r in self.runs]
         if not self.can_serve(slo):
             raise SpecError("this SLO changes a limit the reduced statistics cannot vary "
@@ -439,12 +439,6 @@ class BlockStats:
     def with_slo(self, slo: SLO) -> "BlockStats":
         """The same statistics labelled with another SLO the grid serves (used by refits)."""
         return replace(self, slo=slo)
-
-
-def same_limits(a: SLO, b: SLO) -> bool:
-    """Same latency limits (the target and max_error_rate do not change who is good)."""
-    return (a.with_(attainment=0.5, max_error_rate=None)
-            == b.with_(attainment=0.5, max_error_rate=None))
 
 
 # ============================================================================ block length

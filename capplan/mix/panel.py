@@ -60,7 +60,7 @@ class MixModel:
     @classmethod
     def build(cls, study, spec, slo=None, *, target=None, classes=None, reps: int | None = None,
               seed: int | None = None, confidence: float | None = None) -> "MixModel":
-        from .. import open_study
+        from ..study import open_study
         from ..plan import load_plan_spec
         from ..reduce import reduce_study
         from .classes import fit_classes

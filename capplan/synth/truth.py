@@ -53,7 +53,7 @@ def _count_runs(cfg: SynthConfig, rate_rps: float, s: SLO, group_sql: str, group
     """Simulate ``replications`` independent runs at ``rate_rps``, write them as a temporary
     study and count in-window requests and SLO-good ones per ``group_sql`` with the pipeline's
     own definitions: rows (group, n, good) in group order."""
-    from .. import open_study
+    from ..study import open_study
     from ..metrics import Window, good_predicate, request_view
     from .sweep import RunPlan, generate_study
 
