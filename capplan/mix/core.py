@@ -140,9 +140,9 @@ def joint_crossing(names, estimates, est_flags, replicates, rep_flags, *, x_max:
 
 def records(df) -> list[dict]:
     """A frame as JSON-ready records (NaN → null, numpy scalars → Python), as the envelope's."""
-    from ..envelope import _clean
+    from ..envelope import json_value
 
-    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
+    return [{k: json_value(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
 def json_text(d: dict, path=None) -> str:

@@ -10,7 +10,7 @@ shares, inside the bootstrap (docs/mix.md, "Reweighting").
    same block draws as the unweighted fit (``capplan.mix.core.reweight_run``); Kish's effective
    sample size of the reweighting, divided by the run's design effect, is the run's N_eff.
 5. The isotonic curve, crossing, interval and lower bound are the envelope's
-   (``capplan.envelope._finish``), fed the reweighted replicates.
+   (``capplan.envelope.envelope_from_points``), fed the reweighted replicates.
 
 What this cannot see: per-cell attainment is taken from the tested load. A mix with more long
 prompts also slows everybody else (more prefill work at the same request rate); reweighting
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .. import bootstrap as boot
-from ..envelope import Envelope, _finish, _Points, fit_from_stats
+from ..envelope import Envelope, RunPoints, envelope_from_points, fit_from_stats
 from ..errors import SpecError
 from ..reduce import Cells, reduce_study
 from ..slo import SLO
@@ -252,7 +252,7 @@ def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: in
     for r in stats.runs:
         if r.run_id not in set(runs["run_id"]):
             notes.append(f"run {r.run_id} excluded: {diag.loc[r.run_id, 'reason'] if r.run_id in diag.index else 'no data'}")
-    pts = _Points(run_id=runs["run_id"].to_numpy(), level=runs["load_level"].to_numpy(float),
+    pts = RunPoints(run_id=runs["run_id"].to_numpy(), level=runs["load_level"].to_numpy(float),
                   x_rate=runs["measured_rps"].to_numpy(float), n=runs["n"].to_numpy(float),
                   n_good=runs["n_good"].to_numpy(float), good_rep=np.column_stack(good_rep),
                   n_rep=np.column_stack(n_rep), n_eff=runs["n_eff"].to_numpy(float))
@@ -269,8 +269,8 @@ def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: in
     if ess_share < 0.25:
         notes.append(f"the reweighting keeps {ess_share:.0%} of the tested requests' worth of information "
                      "(effective sample size): the target leans on cells the study tested little")
-    env = _finish(pts, runs, slo.with_(max_error_rate=None), slo.attainment, confidence, seed,
-                  stats.closed_loop, [])
+    env = envelope_from_points(pts, runs, slo.with_(max_error_rate=None), slo.attainment, confidence=confidence,
+                               seed=seed, closed=stats.closed_loop)
     env = replace(env, reps=reps, seed=seed, scheme=scheme_obj, diagnostics=stats.diagnostics.copy())
     notes.append("per-cell attainment comes from the tested load: a mix with more long prompts also slows "
                  "the other requests, which reweighting does not see (run the target mix on a twin)")
