@@ -150,3 +150,16 @@ def test_retarget_refits_from_the_cached_draws(make_study):
     assert tight.cslo.lower_bound == pytest.approx(fresh.cslo.lower_bound)
     with pytest.raises(SpecError, match="unknown SLO class"):
         fit.retarget({"gold": 0.9})
+
+
+def test_summarize_with_an_slo_file(make_study, tmp_path, capsys):
+    path = _study(make_study)
+    f = tmp_path / "slo.yaml"
+    f.write_text("classes:\n  interactive: {ttft_ms: 500, attainment: 0.9}\n"
+                 "  batch: {e2e_ms: 5000, attainment: 0.8}\n")
+    assert main(["summarize", str(path), "--slo-file", str(f), "--no-check"]) == 0
+    out = capsys.readouterr().out
+    assert "attainment per SLO class" in out
+    lines = [ln.split() for ln in out.splitlines() if ln.strip().startswith("r3")]
+    rows = {ln[2]: ln for ln in lines if len(ln) > 5 and ln[2] in ("interactive", "batch")}
+    assert rows["interactive"][4] == "80" and rows["batch"][4] == "90"  # good requests in r3
