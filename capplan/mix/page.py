@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..errors import SpecError
 from ..slo import SLO, load_slo_file
 
 #: plan line items and checks this page shows (capplan.plan_bounds)
@@ -22,6 +23,30 @@ BOUND_KEYS = ("prefill_tokens_per_s_per_group", "decode_tokens_per_s_per_group",
 BOUND_CHECKS = ("weights_fit", "kv_bound", "rack_power", "row_power")
 
 
+def _mixes(study, slo, spec, path, kw) -> dict:
+    """The target's day and peak-hour mixes (a table: one), each reweighted."""
+    from .reweight import fit_mix
+    from .target import Buckets, load_target
+
+    m = spec.mix
+    b = Buckets(input_edges=m.input_edges, output_edges=m.output_edges, tenant="tenant" in m.by,
+                slo_class="slo_class" in m.by)
+    stats, mixes = None, {}
+    for period in ("day", "peak_hour"):
+        try:
+            tg = load_target(path, b, period=period)
+        except SpecError as exc:  # no timestamps: the day's mix only
+            if period == "peak_hour" and exc.field == "time_column":
+                break
+            raise
+        mf = fit_mix(study, slo, tg, stats=stats, drop_untested=m.drop_untested, **kw)
+        stats = mf.base.stats
+        mixes[period] = mf
+        if tg.period == "table":
+            break
+    return mixes
+
+
 @dataclass(frozen=True)
 class MixPage:
     study: object = field(repr=False)
@@ -32,6 +57,8 @@ class MixPage:
     plan: object = field(repr=False, default=None)
     target_source: str | None = None
     facts: object = field(repr=False, default=None)
+    #: why the classes or the mix could not be fitted on this study (a refusal, said on the page)
+    problems: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, study, spec, slo, *, slo_file=None, target=None, reps: int = 1000, seed: int = 0,
@@ -40,40 +67,31 @@ class MixPage:
         from ..envelope import fit_envelope
         from ..plan import load_plan_spec, make_plan
         from .classes import fit_classes
-        from .reweight import fit_mix
-        from .target import Buckets, load_target
 
         spec = load_plan_spec(spec)
         slo = SLO.parse(slo)
         spec = replace(spec, capacity=replace(spec.capacity, reps=reps, seed=seed, confidence=confidence))
         classes = load_slo_file(slo_file) if slo_file else spec.slo_classes
         kw = dict(reps=reps, seed=seed, confidence=confidence)
-        cfit = fit_classes(study, classes, **kw) if classes is not None else None
+        problems = []
+        cfit = None
+        if classes is not None:
+            try:
+                cfit = fit_classes(study, classes, **kw)
+            except SpecError as exc:  # a report page states the refusal instead of failing the report
+                problems.append(f"SLO classes: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         path = target or spec.mix.target
         mixes = {}
-        if path:
-            m = spec.mix
-            b = Buckets(input_edges=m.input_edges, output_edges=m.output_edges, tenant="tenant" in m.by,
-                        slo_class="slo_class" in m.by)
-            stats = None
-            for period in ("day", "peak_hour"):
-                try:
-                    tg = load_target(path, b, period=period)
-                except Exception as exc:  # noqa: BLE001 — no timestamps: the day's mix only
-                    if period == "peak_hour" and getattr(exc, "field", None) == "time_column":
-                        break
-                    raise
-                mf = fit_mix(study, slo, tg, stats=stats, drop_untested=m.drop_untested, **kw)
-                stats = mf.base.stats
-                mixes[period] = mf
-                if tg.period == "table":
-                    break
+        try:
+            mixes = _mixes(study, slo, spec, path, kw) if path else {}
+        except SpecError as exc:
+            problems.append(f"target mix {path}: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         base = next(iter(mixes.values())).base if mixes else fit_envelope(study, slo, **kw)
         facts = study_facts(study, slo)
-        plan = make_plan(replace(spec, slo=slo, slo_classes=None), study=study, envelope=base, slo=slo,
-                         facts=facts)
+        plan = make_plan(replace(spec, slo=slo, slo_classes=None, mix=replace(spec.mix, target=None)),
+                         study=study, envelope=base, slo=slo, facts=facts)
         return cls(study=study, spec=spec, slo=slo, classes=cfit, mixes=mixes, plan=plan,
-                   target_source=str(path) if path else None, facts=facts)
+                   target_source=str(path) if path else None, facts=facts, problems=tuple(problems))
 
     @property
     def kv(self):
@@ -88,6 +106,7 @@ class MixPage:
 
     def headline(self) -> str:
         out = [f"**Study** `{self.study.name}` · **SLO** {self.slo.describe()}"]
+        out += [f"**Not fitted** — {p}" for p in self.problems]
         if self.classes is not None:
             c = self.classes.cslo
             out.append(f"**Every SLO class**: C_SLO {c.estimate:.4g} req/s, lower bound {c.lower_bound:.4g} "
@@ -100,13 +119,17 @@ class MixPage:
                        f"{m.base.cslo.lower_bound:.4g}); effective sample size {m.ess_share:.0%} of the tested requests")
         return "  \n".join(out)
 
-    @staticmethod
-    def no_classes_text() -> str:
+    def no_classes_text(self) -> str:
+        failed = [p for p in self.problems if p.startswith("SLO classes")]
+        if failed:
+            return "The SLO classes were not fitted: " + failed[0]
         return ("No SLO classes: the plan spec has no `slo_file` / `slo_classes` (see templates/slo.yaml and "
                 "docs/mix.md, \"SLO classes\").")
 
-    @staticmethod
-    def no_mix_text() -> str:
+    def no_mix_text(self) -> str:
+        failed = [p for p in self.problems if p.startswith("target mix")]
+        if failed:
+            return "The target mix was not fitted: " + failed[0]
         return ("No target mix: the plan spec has no `mix.target` (a production trace or a bucket table; "
                 "docs/mix.md, \"Target mix\").")
 
