@@ -374,7 +374,8 @@ def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
     assert compare_report["rc"] == 0, compare_report["err"]
     d = compare_report["dir"]
     assert compare_report["out"].strip() == f"report: {d / 'index.html'}"
-    assert "[4/4] 05-compare.ipynb: done in" in compare_report["err"]
+    n = len(R.REPORT_NOTEBOOKS) + 1
+    assert f"[{n}/{n}] 05-compare.ipynb: done in" in compare_report["err"]
     assert "baseline small (" in compare_report["err"]
     for name, _ in R.REPORT_NOTEBOOKS + (R.COMPARE_NOTEBOOK,):
         page = (d / R._page_name(name)).read_text(encoding="utf-8")
