@@ -273,6 +273,6 @@ def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: in
                                seed=seed, closed=stats.closed_loop)
     env = replace(env, reps=reps, seed=seed, scheme=scheme_obj, diagnostics=stats.diagnostics.copy())
     notes.append("per-cell attainment comes from the tested load: a mix with more long prompts also slows "
-                 "the other requests, which reweighting does not see (run the target mix on a twin)")
+                 "the other requests, which reweighting does not see (docs/mix.md, \"The twin at the target mix\")")
     return MixFit(target=target, base=base, envelope=env, cells=cells, runs=runs,
                   cell_runs=pd.DataFrame(cell_rows), notes=tuple(dict.fromkeys(notes)))
