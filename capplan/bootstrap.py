@@ -149,24 +149,39 @@ def optimal_block_length(x) -> BlockLength:
 
 @dataclass(frozen=True)
 class Resample:
-    """A set of block-bootstrap replicates kept as blocks (replicate, start, length) rather
+    """A set of block-bootstrap replicates kept as blocks (start, length[, replicate]) rather
     than as a count matrix: sums over a replicate are then block sums from prefix sums,
     gathered and added — exact, O(blocks × stats), and free of BLAS threading (which on a
     shared, oversubscribed machine can make a small matrix product 100× slower).
-    ``counts()`` gives the equivalent (reps × units) count matrix. ``regular``: every
-    replicate has the same number of blocks, all of one length but the last (circular
-    schemes), which ``sums`` gathers without a loop over blocks."""
+    ``counts()`` gives the equivalent (reps × units) count matrix.
+
+    Two layouts: *regular* (circular schemes: every replicate has the same blocks per
+    position, ``rep`` is None and ``length`` holds the nb per-position lengths, all equal but
+    the last), gathered without a loop over blocks; and general (stationary: ``rep`` and
+    ``length`` give every block's replicate and length)."""
 
     n_units: int
     reps: int
-    rep: np.ndarray      # (blocks,) replicate of each block, non-decreasing
-    start: np.ndarray    # (blocks,) first unit
-    length: np.ndarray   # (blocks,) units in the block (wrapping circularly)
-    regular: bool = False
+    start: np.ndarray         # (blocks,) first unit of each block, replicate after replicate
+    length: np.ndarray        # (blocks,) units per block; regular: (blocks per replicate,)
+    rep: np.ndarray | None = None  # (blocks,) replicate of each block, non-decreasing
+
+    @property
+    def regular(self) -> bool:
+        return self.rep is None
 
     def counts(self, dtype=np.float64) -> np.ndarray:
         """(reps × n_units) draw counts (float64 by default: float32 is exact only < 2^24)."""
         n = self.n_units
+        if self.regular:  # replicate position q lies in block b(q), at offset q − start of b
+            nb = self.length.size
+            first = np.cumsum(self.length) - self.length
+            block_of = np.repeat(np.arange(nb), self.length)
+            offset = np.arange(block_of.size) - first[block_of]
+            st = self.start.reshape(self.reps, nb)
+            idx = (st[:, block_of] + offset) % n + (np.arange(self.reps) * n)[:, None]
+            return np.bincount(idx.ravel(), minlength=self.reps * n).reshape(
+                self.reps, n).astype(dtype)
         out = np.zeros(self.reps * n, dtype=np.int64)
         full, part = np.divmod(self.length, n)
         if full.any():  # blocks longer than the series (possible in the stationary scheme)
@@ -190,9 +205,8 @@ class Resample:
         pref = np.zeros((2 * n + 1, k))
         np.cumsum(np.concatenate([v2, v2]), axis=0, out=pref[1:])
         total = pref[n]
-        if self.regular and self.reps and self.start.size % self.reps == 0:
-            # nb blocks of L units per replicate, the last one cut short
-            nb = self.start.size // self.reps
+        if self.regular:  # nb blocks of L units per replicate, the last one cut short
+            nb = self.length.size
             st = self.start.reshape(self.reps, nb)
             L, last = int(self.length[0]), int(self.length[nb - 1])
             j = np.arange(n)
@@ -264,10 +278,9 @@ class Circular:
         L_ = min(max(1, int(round(L))), n)
         nb = -(-n // L_)
         starts = rng.integers(n, size=(reps, nb), dtype=np.int64)
-        length = np.full((reps, nb), L_, dtype=np.int64)
-        length[:, -1] = n - (nb - 1) * L_
-        rep = np.repeat(np.arange(reps, dtype=np.int64), nb)
-        return Resample(n, reps, rep, starts.ravel(), length.ravel(), regular=True)
+        length = np.full(nb, L_, dtype=np.int64)
+        length[-1] = n - (nb - 1) * L_
+        return Resample(n, reps, starts.ravel(), length)
 
 
 @dataclass(frozen=True)
@@ -291,8 +304,8 @@ class Stationary(Circular):
             starts_l.append(start_draw[at])
             len_l.append(np.diff(np.append(at, n)))
             reps_l.append(np.full(at.size, r, dtype=np.int64))
-        return Resample(n, reps, np.concatenate(reps_l), np.concatenate(starts_l),
-                        np.concatenate(len_l).astype(np.int64))
+        return Resample(n, reps, np.concatenate(starts_l), np.concatenate(len_l).astype(np.int64),
+                        np.concatenate(reps_l))
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,6 @@ def _np(study: Study, q: str, params=None) -> dict:
     return out
 
 
-def _dense(idx: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
-    """Sums of ``values`` by index into ``size`` slots (empty units and cells read 0)."""
-    w = np.nan_to_num(values.astype(np.float64))
-    return np.bincount(idx.astype(np.int64), weights=w, minlength=size)
-
-
 def resolve_window(study: Study, warmup, ttft_col: str = "ttft_ms"
                    ) -> tuple[Window, dict, dict]:
     """The steady window of a reduction: a ``Window`` is taken as given; a number or
@@ -178,25 +172,23 @@ def reduce_study(study, slo, *, warmup="manifest", units: CountUnits | TimeUnits
                  cell_sql=cell_code, cell_params=cell_params, cell_values=values)
     grid_x = (float(slo.ttft_ms), grid_step) if plan.x_limited else None
     grid_y = (float(getattr(slo, f"{y_metric}_ms")), grid_step) if plan.y_limited else None
-    try:
-        _build_table(study, plan, grid_x, grid_y, grid_half, tie_break=False)
-        pw = _fetch_series(study, plan, tie_break=False)
-        if _has_ties(pw):  # ties in scheduled time: re-sort with a request_id tie-break
-            _build_table(study, plan, grid_x, grid_y, grid_half, tie_break=True)
-            pw = _fetch_series(study, plan, tie_break=True)
-        _unit_table(study, plan, units)
-        return _reduce_from_table(study, plan, units, pw, warm_src, warm_late, grid_step,
-                                  grid_half, tail_from, lag_limit_ms)
-    finally:
-        study.sql("DROP VIEW IF EXISTS _cp_u")
-        study.sql("DROP TABLE IF EXISTS _cp_meta")
-        study.sql("DROP TABLE IF EXISTS _cp_req")
+    rq = _requests(study, plan, grid_x, grid_y, grid_half, tie_break=False)
+    if _has_ties(rq):  # ties in scheduled time: sort again with a request_id tie-break
+        rq = _requests(study, plan, grid_x, grid_y, grid_half, tie_break=True)
+    return _reduce_arrays(study, plan, units, rq, warm_src, warm_late, grid_step, grid_half,
+                          tail_from, lag_limit_ms)
 
 
-def _build_table(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
-                 tie_break: bool) -> None:
-    """The window's requests in scheduled order, compact columns. A CTAS
-    with ORDER BY keeps that order in rowid (DuckDB's preserve_insertion_order, set here)."""
+def _requests(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
+              tie_break: bool) -> dict:
+    """The window's requests in scheduled order, as compact numpy columns: run, scheduled
+    time, SLO-good, grid eligibility (``base``), status code, TTFT and sojourn (float32),
+    every log-bucket key (each logarithm taken once, here; missing ⇒ ``KEY_MISSING``), the
+    grid codes of the axes the SLO limits, and with cells the cell code and token counts.
+    One DuckDB query (scan, per-request metrics, sort); every count after it is an
+    ``np.bincount`` over these arrays — cheaper than materialising the sorted rows and
+    grouping them again (a hash aggregate with ~1 M groups for the grid cost more than the
+    sort), and what the block length needs anyway."""
     ln_g = math.log(sketch.gamma_of(plan.alpha))
     good_sql, good_params = good_predicate(plan.slo, alias="m")
     fixed_sql, fixed_params = fixed_conditions(plan.slo, plan.y_metric)
@@ -204,15 +196,16 @@ def _build_table(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
     params: list = []
     if tie_break:
         cols.append("hash(m.request_id) AS h")
-    cols += [f"{good_sql} AS good",
-             f"(m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}) AS base",
+    cols += [f"coalesce({good_sql}, FALSE) AS good",
+             f"coalesce(m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}, "
+             "FALSE) AS base",
              f"CAST({STATUS_CODE_SQL} AS TINYINT) AS st",
              f"CAST(m.{plan.ttft_col} AS FLOAT) AS ttft",
              "CAST(m.e2e_ms / 1e3 AS FLOAT) AS soj"]
     params += good_params + fixed_params
     k_min = int(sketch.keys(sketch.MIN_VALUE, plan.alpha))
     for k, c in plan.key_cols.items():
-        cols.append(f"{key_sql(c, plan.ktype)} AS {k}")
+        cols.append(f"coalesce({key_sql(c, plan.ktype)}, {KEY_MISSING}) AS {k}")
         params += [k_min, ln_g]
     for name, col, g in (("jx", f"m.{plan.ttft_col}", grid_x), ("jy", f"m.{plan.y_col}", grid_y)):
         if g is not None:
@@ -225,76 +218,38 @@ def _build_table(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
                  "m.first_token_ns IS NOT NULL AS started"]
         params += plan.cell_params
     order = "run_idx, sched, h" if tie_break else "run_idx, sched"
-    study.sql("SET preserve_insertion_order = true")
-    study.sql(f"""CREATE OR REPLACE TEMP TABLE _cp_req AS
-                  SELECT {", ".join(cols)} FROM {plan.view} m WHERE m.in_window
-                  ORDER BY {order}""", params)
-
-
-def _fetch_series(study: Study, plan: _Plan, *, tie_break: bool) -> dict:
-    """The per-request columns in scheduled order (a plain scan returns rowid order under
-    preserve_insertion_order; checked here): run, time, good, status code, every log-bucket
-    key (missing ⇒ ``KEY_MISSING``), the grid eligibility and stored grid codes, and after a
-    tie-break the request hash. Counting with many groups (histogram keys × runs, tail keys ×
-    units, grid codes × units) is done on these arrays with ``np.bincount``, which is an order
-    of magnitude cheaper than a hash aggregate with as many groups."""
-    cols = ["run_idx", "sched", "good", "st", "base"]
-    cols += [f"coalesce({k}, {KEY_MISSING}) AS {k}" for k in plan.key_cols]
-    cols += [c for c in ("jx", "jy") if c in plan.stored_codes]
-    if tie_break:
-        cols.append("h")
-    pw = _np(study, f"SELECT {', '.join(cols)} FROM _cp_req")
-    pr = pw["run_idx"]
+    rq = _np(study, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE m.in_window "
+                    f"ORDER BY {order}", params)
+    pr = rq["run_idx"]
     if pr.size and np.any(pr[1:] < pr[:-1]):
         raise StudyError("internal: the reduction lost the scheduled order of requests",
-                         fix="report this; set preserve_insertion_order = true in DuckDB")
-    return pw
+                         fix="report this with the DuckDB version")
+    return rq
 
 
-def _has_ties(pw: dict) -> bool:
+def _has_ties(rq: dict) -> bool:
     """Two requests of a run at the same scheduled time (their order is then arbitrary)."""
-    if "h" in pw or pw["sched"].size < 2:
+    if "h" in rq or rq["sched"].size < 2:
         return False
-    same_run = pw["run_idx"][1:] == pw["run_idx"][:-1]
-    return bool(np.any(same_run & (pw["sched"][1:] == pw["sched"][:-1])))
+    same_run = rq["run_idx"][1:] == rq["run_idx"][:-1]
+    return bool(np.any(same_run & (rq["sched"][1:] == rq["sched"][:-1])))
 
 
-def _unit_table(study: Study, plan: _Plan, units) -> None:
-    """``_cp_meta`` (per run: unit rule) and the view ``_cp_u`` (each request's unit)."""
+def _units_of(rq: dict, sl: slice, units, run_id: str,
+              window: Window) -> tuple[np.ndarray, int]:
+    """Each request's unit and the run's unit count (``CountUnits``: ⌊rank·U/n⌋;
+    ``TimeUnits``: ⌊(scheduled − origin)/width⌋ clipped to [0, U − 1]). Units are
+    non-decreasing, since the requests are in scheduled order."""
+    n = sl.stop - sl.start
     if isinstance(units, CountUnits):
-        study.sql("""CREATE OR REPLACE TEMP TABLE _cp_meta AS
-                     SELECT run_idx, min(rowid) AS first_row, count(*) AS n_run,
-                            least(count(*), CAST(? AS BIGINT)) AS n_units,
-                            max(sched) / 1e9 AS t_last
-                     FROM _cp_req GROUP BY run_idx""", [int(units.max_units)])
-        study.sql("""CREATE OR REPLACE TEMP VIEW _cp_u AS
-                     SELECT q.*, m.t_last, q.sched / 1e9 AS t_s,
-                            CAST((q.rowid - m.first_row) * m.n_units // m.n_run AS INTEGER) AS unit
-                     FROM _cp_req q JOIN _cp_meta m USING (run_idx)""")
-        return
-    rows = []
-    for i, r in enumerate(study.manifest.runs):
-        n = units.count(r.run_id)
-        rows.append({"run_idx": i, "origin_ns": units.origin_ns(r.run_id, plan.window),
-                     "width_ns": units.width_ns(r.run_id), "n_given": -1 if n is None else n})
-    study.con.register("_cp_time_df", pd.DataFrame(rows).astype("int64"))
-    try:
-        study.sql("""CREATE OR REPLACE TEMP TABLE _cp_meta AS
-                     SELECT t.run_idx, t.origin_ns, t.width_ns,
-                            CASE WHEN t.n_given > 0 THEN t.n_given ELSE
-                                 greatest(1, (q.last - t.origin_ns) // t.width_ns + 1) END
-                                AS n_units,
-                            q.last / 1e9 AS t_last
-                     FROM _cp_time_df t
-                     JOIN (SELECT run_idx, max(sched) AS last FROM _cp_req GROUP BY run_idx) q
-                     USING (run_idx)""")
-    finally:
-        study.con.unregister("_cp_time_df")
-    study.sql("""CREATE OR REPLACE TEMP VIEW _cp_u AS
-                 SELECT q.*, m.t_last, q.sched / 1e9 AS t_s,
-                        CAST(least(m.n_units - 1, greatest(0, (q.sched - m.origin_ns)
-                             // m.width_ns)) AS INTEGER) AS unit
-                 FROM _cp_req q JOIN _cp_meta m USING (run_idx)""")
+        nu = min(int(units.max_units), n)
+        return (np.arange(n, dtype=np.int64) * nu) // max(n, 1), nu
+    origin, width = units.origin_ns(run_id, window), units.width_ns(run_id)
+    u = (rq["sched"][sl].astype(np.int64) - origin) // width
+    nu = units.count(run_id)
+    if nu is None:
+        nu = max(1, int(u[-1]) + 1) if n else 1
+    return np.clip(u, 0, nu - 1), nu
 
 
 def _anchor_key(hists: list[dict], metric: str) -> int | None:
@@ -311,69 +266,39 @@ def _anchor_key(hists: list[dict], metric: str) -> int | None:
     return k0 + int(np.searchsorted(cum, 0.9 * cum[-1]))
 
 
-def _reduce_from_table(study: Study, plan: _Plan, units, pw: dict, warm_src, warm_late,
-                       grid_step, half, tail_from, lag_limit_ms) -> BlockStats:
+def _reduce_arrays(study: Study, plan: _Plan, units, rq: dict, warm_src, warm_late,
+                   grid_step, half, tail_from, lag_limit_ms) -> BlockStats:
     runs = study.manifest.runs
     nr = len(runs)
-    with_cells = plan.cells is not None
-    meta = _np(study, "SELECT * FROM _cp_meta")
-    unit_rule = {int(ri): row for ri, *row in zip(
-        meta["run_idx"], meta["n_units"], meta.get("origin_ns", meta["n_units"] * 0),
-        meta.get("width_ns", meta["n_units"] * 0))}
-    bounds = np.searchsorted(pw["run_idx"], np.arange(nr + 1), side="left")
+    bounds = np.searchsorted(rq["run_idx"], np.arange(nr + 1), side="left")
     slices = [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(nr)]
-    pool = ThreadPoolExecutor(max_workers=2)  # numpy and FFT release the GIL, DuckDB too
-    try:
-        # 1. per run, on two threads: whole-run histograms, tail thresholds, block lengths
-        first = [pool.submit(_run_series, pw, sl, plan, tail_from) for sl in slices]
-        # ... while DuckDB sums per (unit[, cell]): counts, Little's-law and token sums
-        status_cols = ", ".join(f"count_if(st = {i}) AS st_{s}"
-                                for i, s in enumerate(C.STATUSES))
-        ok_counts = ", ".join(f"count_if(st = 0 AND {KEY_COL[m]} IS NOT NULL) AS cnt_{m}"
-                              for m in METRICS if KEY_COL[m] in plan.key_cols)
-        cell_cols = (", cell, sum(tok_in) AS input_tokens, sum(tok_out) AS output_tokens, "
-                     "sum(tok_in) FILTER (WHERE started) AS input_tokens_started"
-                     if with_cells else "")
-        u = _np(study, f"""
-            SELECT run_idx, unit{cell_cols}, count(*) AS n, count_if(good) AS n_good,
-                   count_if(st = 0) AS n_ok, {status_cols}, {ok_counts},
-                   min(t_s) AS t0, max(t_s) AS t1, sum(ttft) AS ttft_sum, count(ttft) AS ttft_n,
-                   coalesce(sum(greatest(0.0, least(t_s + soj, t_last) - t_s)), 0) AS busy_s,
-                   coalesce(sum(soj), 0) AS soj_s
-            FROM _cp_u GROUP BY ALL""")
-        ch = None  # per-(unit, cell) histograms of ok requests
-        if with_cells and plan.cells.hist:
-            parts = [f"SELECT run_idx, unit, cell, {METRICS.index(m)} AS metric, "
-                     f"{KEY_COL[m]} AS k FROM _cp_u WHERE st = 0 AND {KEY_COL[m]} IS NOT NULL"
-                     for m in plan.cells.hist if KEY_COL[m] in plan.key_cols]
-            if parts:
-                ch = _np(study, f"SELECT run_idx, unit, cell, metric, k, count(*) AS c FROM "
-                                f"({' UNION ALL '.join(parts)}) GROUP BY ALL")
-        per_run = [f.result() for f in first]
-        # 2. the SLO grid spec (an axis without a limit is anchored on the pooled p90 bucket),
-        #    then per run: grid counts and tail histograms by unit
+    cell_codes = None
+    if plan.cells is not None:  # the observed cells, in code order
+        cell_codes = np.flatnonzero(np.bincount(rq["cell"].astype(np.int64)))
+    # two threads (numpy's counting and scipy's FFT release the GIL): first per run the
+    # whole-run histograms, tail thresholds and block lengths; then the SLO grid spec (an axis
+    # without a limit is anchored on the pooled p90 bucket); then per run everything by unit
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        per_run = list(pool.map(lambda sl: _run_series(rq, sl, plan, tail_from), slices))
         gspec = _grid_spec(plan, [r["hist"] for r in per_run], grid_step, half)
-        second = [pool.submit(_run_units, pw, sl, plan, units, unit_rule.get(i, (0, 0, 1)),
-                              gspec, per_run[i]) for i, sl in enumerate(slices)]
-        by_unit = [f.result() for f in second]
-    finally:
-        pool.shutdown(wait=True)
-    cell_index, cell_of = (_cell_index(plan, u) if with_cells else (None, None))
-    return _assemble(study, plan, units, u, ch, per_run, by_unit, gspec, cell_index, cell_of,
-                     unit_rule, warm_src, warm_late, tail_from, lag_limit_ms)
+        by_unit = list(pool.map(
+            lambda i: _run_units(rq, slices[i], plan, units, runs[i].run_id, gspec,
+                                 per_run[i], cell_codes), range(nr)))
+    cell_index = None if cell_codes is None else _cell_index(plan, cell_codes)
+    return _assemble(study, plan, units, per_run, by_unit, gspec, cell_index, warm_src,
+                     warm_late, tail_from, lag_limit_ms)
 
 
-def _run_series(pw: dict, sl: slice, plan: _Plan, tail_from: float) -> dict:
+def _run_series(rq: dict, sl: slice, plan: _Plan, tail_from: float) -> dict:
     """One run's whole-run histograms (latency of ok requests; generator lag of all), the key
     above which its tail histograms start, its block lengths and duplicated events."""
-    st = pw["st"][sl]
-    ok = st == 0
+    ok = rq["st"][sl] == 0
     hist, thresholds = {}, {}
     for m in METRICS + ("gen_lag_ms",):
         k = KEY_COL[m]
         if k not in plan.key_cols:
             continue
-        keys = pw[k][sl]
+        keys = rq[k][sl]
         sel = keys != KEY_MISSING
         if m in METRICS:
             sel &= ok
@@ -386,60 +311,137 @@ def _run_series(pw: dict, sl: slice, plan: _Plan, tail_from: float) -> dict:
         if m in METRICS:
             cum = np.cumsum(dense)
             thresholds[m] = k0 + int(np.searchsorted(cum, tail_from * cum[-1]))
-    good = pw["good"][sl].astype(np.float64)
-    lat = {m: pw[c][sl] for m, c in plan.pw_keys}
-    s = pw["sched"][sl]
+    good = rq["good"][sl].astype(np.float64)
+    lat = {m: rq[c][sl] for m, c in plan.pw_keys}
+    s = rq["sched"][sl]
     dups = 0
-    if "h" in pw and s.size > 1:  # adjacent equal (scheduled_ns, hash(request_id)): twice
-        hs = pw["h"][sl]
+    if "h" in rq and s.size > 1:  # adjacent equal (scheduled_ns, hash(request_id)): twice
+        hs = rq["h"][sl]
         dups = int(np.sum((hs[1:] == hs[:-1]) & (s[1:] == s[:-1])))
     return {"hist": hist, "thresholds": thresholds, "block": block_length(good, lat),
             "dups": dups}
 
 
-def _unit_of(pw: dict, sl: slice, units, rule) -> tuple[np.ndarray, int]:
-    """Each request's unit (as the SQL of ``_cp_u`` computes it) and the run's unit count."""
-    n_units, origin_ns, width_ns = (int(v) for v in rule)
-    n = sl.stop - sl.start
-    if isinstance(units, CountUnits):
-        return (np.arange(n, dtype=np.int64) * n_units) // max(n, 1), n_units
-    u = (pw["sched"][sl].astype(np.int64) - origin_ns) // width_ns
-    return np.clip(u, 0, n_units - 1), n_units
+_STATUS_NAMES = [*C.STATUSES, "other"]
 
 
-def _run_units(pw: dict, sl: slice, plan: _Plan, units, rule, gspec: GridSpec,
-               series: dict) -> dict:
-    """One run's cumulative grid counts (units × G × G) and per-unit tail histograms."""
-    unit, nu = _unit_of(pw, sl, units, rule)
+def _run_units(rq: dict, sl: slice, plan: _Plan, units, run_id: str, gspec: GridSpec,
+               series: dict, cell_codes: np.ndarray | None) -> dict:
+    """One run's per-unit arrays (counts, status counts, times, TTFT and Little's-law sums),
+    its cumulative grid counts (units × G × G), per-unit tail histograms and, with cells,
+    per-(unit, cell) sums and histograms."""
+    unit, nu = _units_of(rq, sl, units, run_id, plan.window)
+    n = unit.size
+    st = rq["st"][sl].astype(np.int64)
+    ok = st == 0
+    good = rq["good"][sl]
+    res = {"n": np.bincount(unit, minlength=nu).astype(np.float64),
+           "n_good": np.bincount(unit, weights=good, minlength=nu)}
+    ns = len(_STATUS_NAMES)
+    by_status = np.bincount(unit * ns + np.minimum(st, ns - 1), minlength=nu * ns)
+    by_status = by_status.reshape(nu, ns).astype(np.float64)
+    res["n_ok"] = by_status[:, 0].copy()
+    for j, s_ in enumerate(C.STATUSES):
+        res[f"st_{s_}"] = by_status[:, j].copy()
+    for m in METRICS:
+        k = KEY_COL[m]
+        if k in plan.key_cols:
+            res[f"cnt_{m}"] = np.bincount(unit[ok & (rq[k][sl] != KEY_MISSING)],
+                                          minlength=nu).astype(np.float64)
+    # units are non-decreasing: a unit's first and last request bound its scheduled times
+    t_s = rq["sched"][sl] / 1e9
+    lo = np.searchsorted(unit, np.arange(nu), side="left")
+    hi = np.searchsorted(unit, np.arange(nu), side="right") - 1
+    has = hi >= lo
+    res["t0"] = np.where(has, t_s[np.minimum(lo, max(n - 1, 0))] if n else np.nan, np.nan)
+    res["t1"] = np.where(has, t_s[np.clip(hi, 0, max(n - 1, 0))] if n else np.nan, np.nan)
+    ttft = rq["ttft"][sl].astype(np.float64)
+    has_t = ~np.isnan(ttft)
+    res["ttft_sum"] = np.bincount(unit[has_t], weights=ttft[has_t], minlength=nu)
+    res["ttft_n"] = np.bincount(unit[has_t], minlength=nu).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        res["ttft_mean"] = res["ttft_sum"] / res["ttft_n"]
+    # Little's law: time in flight inside the window (a request without an end counts until
+    # the window's last scheduled time), and sojourns of the requests with an end
+    soj = rq["soj"][sl].astype(np.float64)
+    has_s = ~np.isnan(soj)
+    t_last = float(t_s[-1]) if n else math.nan
+    busy = np.maximum(0.0, np.minimum(np.where(has_s, t_s + soj, np.inf), t_last) - t_s)
+    res["busy_s"] = np.bincount(unit, weights=busy, minlength=nu)
+    res["soj_s"] = np.bincount(unit[has_s], weights=soj[has_s], minlength=nu)
+    # the SLO grid: a stored code where the SLO limits the axis, else the code from the key
     G = gspec.size
-    base = pw["base"][sl].astype(bool)
     codes = []
     for axis, col, key in (("x", "jx", "kt"), ("y", "jy", KEY_COL[plan.y_metric])):
         if col in plan.stored_codes:
-            codes.append(pw[col][sl].astype(np.int64))
-            continue
-        ka, per = gspec.x_keys if axis == "x" else gspec.y_keys
-        if key not in plan.key_cols:
-            codes.append(np.zeros(unit.size, dtype=np.int64))
-            continue
-        k = pw[key][sl].astype(np.int64)
-        c = np.clip(gspec.half - ((ka - k) // per), 0, 2 * gspec.half + 1)  # h + ⌈(k−ka)/d⌉
-        codes.append(np.where(k == KEY_MISSING, 0, c))
+            codes.append(rq[col][sl].astype(np.int64))
+        elif key not in plan.key_cols:
+            codes.append(np.zeros(n, dtype=np.int64))
+        else:
+            ka, per = gspec.x_keys if axis == "x" else gspec.y_keys
+            k = rq[key][sl].astype(np.int64)
+            c = np.clip(gspec.half - ((ka - k) // per), 0, 2 * gspec.half + 1)  # h + ⌈(k−ka)/d⌉
+            codes.append(np.where(k == KEY_MISSING, 0, c))
+    base = rq["base"][sl]
     flat = (unit[base] * G + codes[0][base]) * G + codes[1][base]
-    cells = np.bincount(flat, minlength=nu * G * G).reshape(nu, G, G)
-    grid = cells.cumsum(axis=1).cumsum(axis=2)
-    grid = grid.astype(np.int32 if unit.size < 2**31 else np.int64)
+    grid = np.bincount(flat, minlength=nu * G * G).reshape(nu, G, G)
+    grid = grid.cumsum(axis=1).cumsum(axis=2).astype(np.int32 if n < 2**31 else np.int64)
+    # tails: dense units × bins above the run's threshold, and the count below it
     tails = {}
-    ok = pw["st"][sl] == 0
     for m, th in series["thresholds"].items():
         k0, dense_run = series["hist"][m]
         nb = k0 + dense_run.size - th
-        keys = pw[KEY_COL[m]][sl]
+        keys = rq[KEY_COL[m]][sl]
         sel = ok & (keys != KEY_MISSING) & (keys >= th)
         idx = unit[sel] * nb + (keys[sel].astype(np.int64) - th)
-        tails[m] = (int(th), np.bincount(idx, minlength=nu * nb).reshape(nu, nb).astype(
-            np.float64))
-    return {"grid": grid, "tails": tails, "n_units": nu}
+        dense = np.bincount(idx, minlength=nu * nb).reshape(nu, nb).astype(np.float64)
+        tails[m] = (int(th), dense, res[f"cnt_{m}"] - dense.sum(axis=1))
+    cstats = None
+    if cell_codes is not None:
+        cstats = _run_cells(rq, sl, plan, unit, nu, ok, cell_codes)
+    return {"units": res, "n_units": nu, "grid": grid, "tails": tails, "cells": cstats}
+
+
+def _run_cells(rq: dict, sl: slice, plan: _Plan, unit: np.ndarray, nu: int, ok: np.ndarray,
+               cell_codes: np.ndarray) -> CellStats:
+    """Per-(unit, cell) sums and log-bucket histograms of one run."""
+    nc = cell_codes.size
+    cell = np.searchsorted(cell_codes, rq["cell"][sl].astype(np.int64))
+    flat = unit * nc + cell
+    size = nu * nc
+
+    def count(mask=None, weights=None):
+        f = flat if mask is None else flat[mask]
+        w = None if weights is None else (weights if mask is None else weights[mask])
+        return np.bincount(f, weights=w, minlength=size).astype(np.float64).reshape(nu, nc)
+
+    st = rq["st"][sl]
+    started = rq["started"][sl]
+    tok_in = rq["tok_in"][sl].astype(np.float64)
+    sums = {"n": count(), "n_good": count(rq["good"][sl]), "n_ok": count(ok)}
+    for j, s_ in enumerate(C.STATUSES):
+        sums[f"st_{s_}"] = count(st == j)
+    sums["input_tokens"] = count(weights=tok_in)
+    sums["output_tokens"] = count(weights=rq["tok_out"][sl].astype(np.float64))
+    sums["input_tokens_started"] = count(started, tok_in)
+    hist = {}
+    for m in plan.cells.hist:
+        k = KEY_COL[m]
+        if k not in plan.key_cols:
+            continue
+        keys = rq[k][sl]
+        sel = ok & (keys != KEY_MISSING)
+        kk = keys[sel].astype(np.int64)
+        if not kk.size:
+            hist[m] = tuple(np.zeros(0, dtype=np.int64) for _ in range(4))
+            continue
+        k0 = int(kk.min())
+        code = flat[sel] * (int(kk.max()) - k0 + 1) + (kk - k0)
+        vals, cnt = np.unique(code, return_counts=True)
+        uc, kd = np.divmod(vals, int(kk.max()) - k0 + 1)
+        u_, c_ = np.divmod(uc, nc)
+        hist[m] = (u_, c_, kd + k0, cnt.astype(np.int64))
+    return CellStats(sums=sums, hist=hist)
 
 
 def _grid_spec(plan: _Plan, hists: list[dict], grid_step: float, half: int) -> GridSpec:
@@ -461,11 +463,9 @@ def _grid_spec(plan: _Plan, hists: list[dict], grid_step: float, half: int) -> G
                     axes["y"][1], half, axes["x"][2], axes["y"][2])
 
 
-def _cell_index(plan: _Plan, u: dict) -> tuple[pd.DataFrame, np.ndarray]:
-    """The observed cells, decoded from their mixed-radix codes, in code order; and the map
-    code → dense cell number."""
+def _cell_index(plan: _Plan, codes: np.ndarray) -> pd.DataFrame:
+    """The observed cells, decoded from their mixed-radix codes, in code order."""
     cells = plan.cells
-    codes = np.unique(u["cell"].astype(np.int64))
     radix = []
     if cells.input_edges:
         radix.append(("input_bucket", len(cells.input_edges) + 1))
@@ -492,56 +492,19 @@ def _cell_index(plan: _Plan, u: dict) -> tuple[pd.DataFrame, np.ndarray]:
             frame[name] = v.astype(np.int64)
             edges = cells.input_edges if name == "input_bucket" else cells.output_edges
             frame[name + "_label"] = [bucket_labels(edges)[i] for i in v]
-    return frame, codes
+    return frame
 
 
-def _assemble(study, plan, units, u, ch, per_run, by_unit, gspec, cell_index, cell_of,
-              unit_rule, warm_src, warm_late, tail_from, lag_limit_ms) -> BlockStats:
+def _assemble(study, plan, units, per_run, by_unit, gspec, cell_index, warm_src, warm_late,
+              tail_from, lag_limit_ms) -> BlockStats:
     runs = study.manifest.runs
     slo, alpha = plan.slo, plan.alpha
-    n_cells = 0 if cell_index is None else len(cell_index)
-    skip = {"run_idx", "unit", "cell", "t0", "t1"}
-    sum_cols = [c for c in u if c not in skip]
-    u_run = u["run_idx"].astype(np.int64)
     out_runs, diags = [], []
     closed = study.manifest.load_model == "closed"
     for i, r in enumerate(runs):
-        sel = u_run == i
-        nu = by_unit[i]["n_units"]
-        hist = per_run[i]["hist"]
-        uu = u["unit"][sel].astype(np.int64)
-        res = {c: _dense(uu, u[c][sel], nu) for c in sum_cols}
-        res["t0"] = np.full(nu, np.nan)
-        res["t1"] = np.full(nu, np.nan)
-        if nu:
-            np.fmin.at(res["t0"], uu, u["t0"][sel].astype(np.float64))
-            np.fmax.at(res["t1"], uu, u["t1"][sel].astype(np.float64))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            res["ttft_mean"] = res["ttft_sum"] / res["ttft_n"]
-        cstats = None
-        if n_cells:
-            ci = np.searchsorted(cell_of, u["cell"][sel].astype(np.int64))
-            flat = uu * n_cells + ci
-            names = ["n", "n_good", "n_ok", *[f"st_{s}" for s in C.STATUSES],
-                     "input_tokens", "output_tokens", "input_tokens_started"]
-            sums = {c: _dense(flat, np.nan_to_num(u[c][sel].astype(np.float64)),
-                              nu * n_cells).reshape(nu, n_cells) for c in names}
-            chist = {}
-            if ch is not None:
-                cs = ch["run_idx"].astype(np.int64) == i
-                for m in plan.cells.hist:
-                    mm = cs & (ch["metric"] == METRICS.index(m))
-                    chist[m] = (ch["unit"][mm].astype(np.int64),
-                                np.searchsorted(cell_of, ch["cell"][mm].astype(np.int64)),
-                                ch["k"][mm].astype(np.int64), ch["c"][mm].astype(np.int64))
-            cstats = CellStats(sums=sums, hist=chist)
+        res, nu, hist = by_unit[i]["units"], by_unit[i]["n_units"], per_run[i]["hist"]
         n = int(res["n"].sum()) if nu else 0
         unit_size = n / nu if nu else 1.0
-        grid = by_unit[i]["grid"]
-        # tails (dense units × bins, plus the count below each tail)
-        tails = {} if not nu else {
-            m: (th, dense, res[f"cnt_{m}"] - dense.sum(axis=1))
-            for m, (th, dense) in by_unit[i]["tails"].items()}
         (bl_good, bl_lat, bl_metric), dups = per_run[i]["block"], per_run[i]["dups"]
         bl = max_length(bl_good, bl_lat)
         t_first = float(np.nanmin(res["t0"])) if n else math.nan
@@ -574,9 +537,10 @@ def _assemble(study, plan, units, u, ch, per_run, by_unit, gspec, cell_index, ce
             run_id=r.run_id, run_idx=i, load_level=r.load_level, offered_rps=r.offered_rps,
             concurrency=None if r.concurrency is None else float(r.concurrency), repeat=r.repeat,
             nominal_rps=r.nominal_rps, warmup_s=warm, unit_size=unit_size,
-            block_len=bl, units=res, grid=grid, hist=hist, tail=tails,
-            measured_rps=measured, span_s=span, block_len_good=bl_good,
-            block_len_latency=bl_lat, block_metric=bl_metric, cells=cstats))
+            block_len=bl, units=res, grid=by_unit[i]["grid"], hist=hist,
+            tail=by_unit[i]["tails"] if nu else {}, measured_rps=measured, span_s=span,
+            block_len_good=bl_good, block_len_latency=bl_lat, block_metric=bl_metric,
+            cells=by_unit[i]["cells"]))
     return BlockStats(slo=slo, alpha=alpha, load_model=study.manifest.load_model,
                       name=study.manifest.name, runs=tuple(out_runs), grid_spec=gspec,
                       diagnostics=dg.to_frame(diags), window=plan.window, unit_rule=units,
