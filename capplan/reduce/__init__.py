@@ -11,18 +11,19 @@ the manifest has no warm-up); the result keeps it (``BlockStats.window``), so a 
 needs more numbers over the same requests reads them from the same statistics or passes the
 same window on.
 
-*One ordered table.* The window's requests are sorted in scheduled order into one
-materialised table — a CTAS with ORDER BY, whose rowid keeps the order — that holds compact
-columns: flags, status code, scheduled time, every log-bucket key (each logarithm is taken
-once, here), the SLO grid codes and, when asked, the cell code. Ties in ``scheduled_ns`` are
-found afterwards from the ordered times, so no string column is read on the common path (on a
-12 M-request sweep with random string ids, reading and hashing ``request_id`` was a third of
-the reduction); only when some run has ties is the table rebuilt with a hash of
-``request_id`` as tie-break, which also finds events recorded twice. From that table: one
-GROUP BY per (unit[, cell]) for the counts and sums; and one fetch of compact per-request
-columns (status, good, keys, grid codes) that the block length needs anyway, on which the
-counts with many groups — histogram keys by run, tail keys and grid codes by unit — are
-``np.bincount``s (a hash aggregate with a million groups cost more than the sort).
+*One ordered query.* One DuckDB query scans the events, computes the per-request metrics
+(``capplan.metrics``), the SLO-good flag, the status code, every log-bucket key (each
+logarithm taken once, here), the SLO grid codes and, when asked, the cell code, sorts the
+window's requests in scheduled order and hands them over as compact numpy columns (~25 bytes
+per request). Everything after it is counting: ``np.bincount`` over those columns, per run on
+two threads (numpy and scipy's FFT release the GIL). That is cheaper than materialising the
+sorted rows and grouping them again in SQL — on 12 M requests a hash aggregate over
+run × unit × grid code (~1 M groups) cost more CPU than the sort — and the block length needs
+the per-request columns anyway. Ties in ``scheduled_ns`` are found from the ordered times, so
+no string column is read on the common path (on a 12 M-request sweep with random string ids,
+reading and hashing ``request_id`` was a third of the reduction); only when some run has ties
+is the query run again with a hash of ``request_id`` as tie-break, which also finds events
+recorded twice.
 
 *Units* (the lattice sub-blocks of the block bootstrap), chosen by a small frozen object:
 - ``CountUnits(max_units)`` (the envelope's default): ``U = min(max_units, n)`` units of
@@ -65,13 +66,17 @@ requests where log TTFT gives 1–39).
 Per run: full log-bucket histograms of the same metrics and of generator lag.
 
 *Cells* (optional, ``Cells``): input-length bucket, output-length bucket, length quadrant,
-tenant, SLO class. The cell code is computed in the same table and the per-unit counts are
-grouped by (unit, cell) in the same pass, so per-(run, unit, cell) counts, good counts, status
-counts, token sums and log-bucket histograms come out together (``RunStats.cells``); the
-per-unit arrays are their sums over cells. Without cells nothing per cell is built.
+tenant, SLO class. The cell code is one more column of the same query and is counted with
+the units in the same pass, so per-(run, unit, cell) counts, good counts, status counts,
+token sums and log-bucket histograms come out together (``RunStats.cells``); summed over
+cells they are the per-unit arrays. Without cells nothing per cell is built.
 
-Every query binds its values; identifiers come from fixed tables in this module. The SQL is
-plain (CASE, GROUP BY, ORDER BY), so it could run on another engine unchanged.
+Every query binds its values; identifiers come from the fixed tables of ``reduce.sql``. The
+SQL is plain (CASE, ORDER BY), so another engine can produce the same columns.
+
+Modules: ``units`` (CountUnits, TimeUnits, Cells, time_units_for), ``stats`` (BlockStats,
+RunStats, CellStats, GridSpec, the block-length rule), ``sql`` (the SQL fragments),
+``engine`` (reduce_study).
 """
 
 from .engine import GRID_HALF, GRID_STEP, reduce_study, resolve_window

@@ -1,7 +1,6 @@
-"""``reduce_study``: one ordered table of the window's requests, one grouped pass per
-(unit[, cell]) in DuckDB, and the high-cardinality counts (histogram keys, tail keys and grid
-codes by unit) with ``np.bincount`` on the per-request columns that the block length needs
-anyway (see the package docstring)."""
+"""``reduce_study``: the window's requests from one ordered DuckDB query as compact numpy
+columns, then every count with ``np.bincount``, per run on two threads (see the package
+docstring)."""
 
 from __future__ import annotations
 
@@ -111,7 +110,7 @@ class _Plan:
     pw_keys: tuple          # (metric, key column) of the block-length latency series
     x_limited: bool
     y_limited: bool
-    stored_codes: tuple     # grid codes computed in the table (the axes the SLO limits)
+    stored_codes: tuple     # grid codes computed in SQL (the axes the SLO limits)
     cells: Cells | None
     cell_sql: str
     cell_params: list

@@ -1,5 +1,5 @@
 """The SQL fragments of the reduction, in one place. Values are bound parameters;
-identifiers come from the fixed tables here. Plain SQL (CASE, GROUP BY), so another engine can
+identifiers come from the fixed tables here. Plain SQL (CASE, arithmetic), so another engine can
 run it unchanged."""
 
 from __future__ import annotations
