@@ -75,7 +75,7 @@ def create_request_view(study: Study, warmup_s: dict[str, float] | None = None) 
         CREATE OR REPLACE VIEW {REQUEST_VIEW} AS
         SELECT
             e.run_id, e.request_id, e.status, e.tenant, e.slo_class, e.replica_group,
-            e.input_tokens, e.output_tokens,
+            e.input_tokens, e.output_tokens, e.max_output_tokens,
             coalesce(e.computed_input_tokens, e.input_tokens) AS computed_input_tokens,
             e.scheduled_ns, e.sent_ns, e.first_token_ns, e.last_token_ns,
             e.admitted_ns, e.server_received_ns, e.prefill_start_ns, e.itl_ns,

@@ -1,39 +1,42 @@
 """Baseline vs candidate on the same offered trace and SLO: release gates, bucket regressions,
 tenant fairness.
 
-Why this shape. A release decision needs (1) the same offered workload on both sides — else
-the comparison is refused and the differences are listed; (2) a difference that is larger than
-its sampling noise — a regression or improvement is declared only when the block-bootstrap CI
-of ``candidate − baseline`` excludes zero; (3) no false alarm when nothing changed — the CIs of
-all gated rows are *simultaneous* (one joint percentile envelope over the replicates), so
-"every gate passes" holds with probability ≥ the family confidence under no change.
+Why this shape. A release decision needs (1) the same offered workload on both sides — decided
+only from what the client offered (schedule, prompts, answer lengths asked for), never from
+outcomes, else a regression could hide as a refusal; (2) a difference larger than its sampling
+noise — a regression or improvement is declared only when the bootstrap CI of ``candidate −
+baseline`` excludes zero; (3) no false alarm when nothing changed — the CIs of all gated rows
+are *simultaneous* (a sup-t band), so "every gate passes" holds with probability ≥ the family
+confidence under no change; (4) honest noise on realistic sweeps — runs where the baseline is
+saturated (at or over its SLO capacity, overloaded, not stationary) vary far more from run to
+run than one run shows, so they are gated as their own family with that spread in their
+intervals.
 
-Pipeline (I/O at the edges, the rest pure numpy):
-1. open both studies, match runs, align warm-ups, check the offered workload (SQL);
-2. detect pairing: when both replay the same trace rows (same request_id, scheduled_ns and
-   input_tokens per run), resample the *same* block indices in both (paired bootstrap);
-   otherwise resample each study independently;
-3. reduce each study to per-(run sub-block, cell) sums with one SQL pass per statistic, where a
-   cell is (input bucket, output bucket, quadrant, tenant, SLO class); TTFT/TPOT/ITL go into
-   log-bucket histograms (``capplan.sketch``);
-4. ``capplan.bootstrap`` count matrices (reps × sub-blocks, circular blocks of ~4 lattice
-   sub-blocks of the Politis–White length) times those sums give every replicate statistic.
+Pipeline (I/O at the edges, the rest numpy):
+1. open both studies, match runs, one steady window per matched run (``workload``);
+2. offered facts, pairing (both replay the same trace rows ⇒ the same draws resample both),
+   refusal of a different offered workload (``workload``);
+3. the project's reduction of each side over those windows (``capplan.reduce``) — block
+   lengths, diagnostics, and the C_SLO fit (``capplan.envelope.fit_from_stats``) — and the
+   per-(sub-block, cell) sums on one time grid shared by both sides (``sides``, ``sampling``);
+4. run families from the baseline (``deltas.classify_runs``); one resample per run
+   (``capplan.bootstrap.resample``; two-stage over repeats) (``sampling``);
+5. the tables (``deltas``, ``buckets``, ``fairness``), the verdict, the export (``export``).
 
-Deterministic failures (more errors or rejects beyond the gate, missing requests) fail at once.
-
-Modules: ``gates`` (the gates file), ``workload`` (same workload? pairing), ``reduction`` (each
-side's sums), ``stats`` (intervals, the gate rule), ``deltas`` (the tables and the verdict),
-``result`` (Comparison, Verdict), ``export`` (compare.xlsx and CSVs), ``core`` (``compare``).
+Modules: ``gates`` (the gates file), ``workload``, ``sides``, ``sampling``, ``stats`` (the
+sup-t band, the gate rule, bucket merging, fairness shares), ``deltas``, ``buckets``,
+``fairness``, ``result`` (Comparison, Verdict), ``export``, ``core`` (``compare``).
 """
 
 from .core import compare
 from .export import CSV_NAMES, XLSX_NAME, check_out_dir, comparison_tables, export_comparison
-from .gates import BucketRules, FairnessRules, Gate, Gates, WorkloadRules, load_gates
+from .gates import BucketRules, FairnessRules, Gate, Gates, RunRules, WorkloadRules, load_gates
 from .result import BUCKET_DIMS, METRICS, Comparison, MetricSpec, Verdict
 from .stats import fairness_stats, judge, merge_ordered, simultaneous_ci
 from .workload import ks_distance
 
 __all__ = ["compare", "CSV_NAMES", "XLSX_NAME", "check_out_dir", "comparison_tables",
-           "export_comparison", "BucketRules", "FairnessRules", "Gate", "Gates", "WorkloadRules",
+           "export_comparison", "BucketRules", "FairnessRules", "Gate", "Gates", "RunRules",
+           "WorkloadRules",
            "load_gates", "BUCKET_DIMS", "METRICS", "Comparison", "MetricSpec", "Verdict",
            "fairness_stats", "judge", "merge_ordered", "simultaneous_ci", "ks_distance"]

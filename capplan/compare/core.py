@@ -1,22 +1,24 @@
-"""``compare``: open both studies, check the workload, reduce, resample, tabulate."""
+"""``compare``: open both studies, check the offered workload, reduce each side over the common
+steady windows, split the runs into families, resample, tabulate, judge."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from .. import bootstrap as B
-from ..errors import SpecError
-from ..metrics import create_request_view
+from ..envelope import fit_from_stats
+from ..errors import SpecError, StudyError
 from ..slo import SLO
 from ..study import open_study
-from .deltas import (_buckets, _Ctx, _edges_for, _fairness_table, _headline, _median, _verdict,
-                     _workload_frame)
+from .buckets import bucket_table, edges_for, median
+from .deltas import (Ctx, classify_runs, cslo_rows, family_rows, finish_table, run_rows,
+                     sweep_rows, verdict, workload_frame)
+from .fairness import fairness_rows, fairness_table
 from .gates import _number, load_gates
-from .reduction import _CELL_DIMS, _arrays, _block_grid, _count_matrix, _dependence_series, _reduce
 from .result import Comparison
-from .workload import (_check_slo, _check_workload, _facts, _gpus, _match_runs, _pairing, _Side,
-                       _token_hist)
+from .sampling import draws, repeated, time_grid
+from .sides import CELL_DIMS, arrays, length_summary, open_side, reduce_cells
+from .workload import check_slo, check_workload, detect_pairing, match_runs
 
 
 def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = None,
@@ -24,8 +26,9 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
     """Compare ``candidate`` against ``baseline`` (study paths or opened Studies) under one SLO.
 
     ``gates``: a path, mapping or Gates (None = templates/gates.yaml defaults);
-    ``confidence`` overrides the gates file's. Deterministic for a given ``seed``.
-    Raises StudyError/SpecError (exit 2) when the studies cannot be put side by side."""
+    ``confidence`` overrides the gates file's; ``warmup_s`` replaces both manifests' warm-ups.
+    Deterministic for a given ``seed``. Raises StudyError/SpecError (exit 2) when the studies
+    cannot be put side by side (different offered workload, runs or SLOs)."""
     slo = SLO.parse(slo)
     g = load_gates(gates)
     conf = g.confidence if confidence is None else _number(confidence, "confidence", "argument",
@@ -35,59 +38,74 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
                         fix="e.g. --reps 1000")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise SpecError(f"seed must be an integer, got {seed!r}", field="seed")
+    reps, seed = int(reps), int(seed)
     conf_family = 1.0 - (1.0 - conf) / 2.0
     sb, sc = open_study(baseline), open_study(candidate)
-    _check_slo(sb, sc)
-    pairs = _match_runs(sb, sc)
-    # the same steady window on both sides: the longer of the two warm-ups per matched run
-    warm_b, warm_c = {}, {}
-    for rb, rc in pairs:
-        w = max(sb.manifest.run(rb).warmup_s or 0.0, sc.manifest.run(rc).warmup_s or 0.0)
-        if warmup_s is not None:
-            w = float(warmup_s)
-        warm_b[rb], warm_c[rc] = w, w
-    create_request_view(sb, warm_b)
-    create_request_view(sc, warm_c)
-    b = _Side("baseline", sb, [p[0] for p in pairs], pd.DataFrame(), _gpus(sb), sb.has("itl_ns"),
-              warmup_s=warm_b)
-    c = _Side("candidate", sc, [p[1] for p in pairs], pd.DataFrame(), _gpus(sc), sc.has("itl_ns"),
-              warmup_s=warm_c)
-    for side in (b, c):
-        side.facts = _facts(side, side.runs)
-        _token_hist(side)
-    _check_workload(b, c, pairs, g.workload)
-    paired, pairing = _pairing(b, c, pairs, g.workload.pairing)
-    for side in (b, c):
-        _dependence_series(side, slo)
-    grid = _block_grid(b, c)
-    max_in = int(max(b.tok_hist["input"]["v"].max(), c.tok_hist["input"]["v"].max()))
-    max_out = int(max(b.tok_hist["output"]["v"].max() if len(b.tok_hist["output"]) else 1,
-                      c.tok_hist["output"]["v"].max() if len(c.tok_hist["output"]) else 1))
-    in_edges = _edges_for(g.buckets.input_edges, max_in)
-    out_edges = _edges_for(g.buckets.output_edges, max_out)
-    split_in = g.buckets.quadrant_split[0]
-    split_out = g.buckets.quadrant_split[1]
+    check_slo(sb, sc)
+    pairs = match_runs(sb, sc, warmup_s)
+    b = open_side("baseline", sb, pairs, slo)
+    c = open_side("candidate", sc, pairs, slo)
+    paired, pairing = detect_pairing(sb, sc, pairs, b.offered, c.offered, g.workload.pairing)
+    notes = check_workload(sb, sc, pairs, b.offered, c.offered, g.workload, paired)
+
+    envs = []
+    for k, side in enumerate((b, c)):
+        try:  # the same statistics, so the same steady windows, as every other row
+            envs.append(fit_from_stats(side.stats, slo, confidence=conf, reps=reps,
+                                       seed=seed + (0 if paired else k)))
+        except (StudyError, SpecError):
+            envs.append(None)
+    regimes = classify_runs(b, envs[0], pairs, slo)
+
+    blen = [max(b.stats.run(p.baseline).block_len.circular,
+                c.stats.run(p.candidate).block_len.circular) for p in pairs]
+    grid = time_grid(pairs, b.offered, c.offered, blen)
+    levels = [p.level for p in pairs]
+    once = ~repeated(levels)
+    saturated = (regimes["family"] == "saturated").to_numpy()
+    kappa = g.runs.saturated_sd_factor
+    sd = np.where(saturated & once, kappa, 1.0)
+    if (sd > 1.0).any():
+        notes.append(f"saturated runs tested once ({int((sd > 1).sum())}): their within-run "
+                     f"bootstrap deviations are widened ×{kappa:g} for the run-to-run spread "
+                     "(runs.saturated_sd_factor); repeats at those rates would measure it")
+    db = draws(grid, levels, reps, seed, 0, sd)
+    dc = db if paired else draws(grid, levels, reps, seed, 1, sd)
+
+    requested = b.offered.has_requested_output and c.offered.has_requested_output
+    out_col = "max_output_tokens" if requested else "output_tokens"
+    if not requested:
+        notes.append("output-length buckets use the tokens received (max_output_tokens is not "
+                     "recorded in both studies): a request that failed early lands in a short "
+                     "bucket")
+    max_in = max(length_summary(s, "input_tokens")[0] for s in (b, c))
+    max_out = max(length_summary(s, out_col)[0] for s in (b, c))
+    in_edges = edges_for(g.buckets.input_edges, max_in)
+    out_edges = edges_for(g.buckets.output_edges, max_out)
+    split_in, split_out = g.buckets.quadrant_split
     if split_in is None:
-        split_in = _median([b.tok_hist["input"]])
+        split_in = median([b.offered.input_tokens])
     if split_out is None:
-        split_out = _median([b.tok_hist["output"]])
+        split_out = length_summary(b, out_col)[1]
     for side in (b, c):
-        _reduce(side, slo, grid, in_edges, out_edges, split_in, split_out, g.fairness)
-    cell_index = (pd.concat([b.cells[list(_CELL_DIMS)], c.cells[list(_CELL_DIMS)]])
-                  .drop_duplicates().sort_values(list(_CELL_DIMS)).reset_index(drop=True))
-    ab, ac = _arrays(b, cell_index, grid), _arrays(c, cell_index, grid)
-    rng = B.as_rng(seed)
-    Wb = _count_matrix(grid, reps, rng)
-    Wc = Wb if paired else _count_matrix(grid, reps, rng)
-    ctx = _Ctx(b, c, ab, ac, Wb, Wc, g, slo, conf, conf_family, cell_index, pairs, pairing,
-               paired, grid, in_edges, out_edges, (split_in, split_out), seed)
-    table, notes = _headline(ctx)
-    buckets = _buckets(ctx)
-    fairness = _fairness_table(ctx)
-    verdict = _verdict(table, buckets, g, notes)
-    workload = _workload_frame(ctx)
-    return Comparison(table=table, buckets=buckets, fairness=fairness, workload=workload,
-                      verdict=verdict, paired=paired, slo=slo, gates=g, baseline_name=sb.name,
-                      candidate_name=sc.name, reps=int(reps), seed=int(seed),
+        reduce_cells(side, slo, grid, in_edges, out_edges, out_col, split_in, split_out,
+                     g.fairness)
+    cell_index = (pd.concat([b.cells[list(CELL_DIMS)], c.cells[list(CELL_DIMS)]])
+                  .drop_duplicates().sort_values(list(CELL_DIMS)).reset_index(drop=True))
+    ab, ac = arrays(b, cell_index, db.offsets), arrays(c, cell_index, db.offsets)
+    ctx = Ctx(b, c, ab, ac, db, dc, g, slo, conf, conf_family, cell_index, pairs, pairing,
+              paired, grid, regimes, in_edges, out_edges, out_col, (split_in, split_out), seed,
+              envs=tuple(envs))
+    rows = (family_rows(ctx, "steady") + family_rows(ctx, "saturated") + cslo_rows(ctx)
+            + sweep_rows(ctx) + fairness_rows(ctx) + run_rows(ctx))
+    table = finish_table(rows, ctx)
+
+    buckets = bucket_table(ctx)
+    fairness = fairness_table(ctx)
+    all_notes = notes + ctx.notes
+    return Comparison(table=table, buckets=buckets, fairness=fairness,
+                      workload=workload_frame(ctx), verdict=verdict(table, buckets, g, all_notes),
+                      paired=paired, slo=slo, gates=g, baseline_name=sb.name,
+                      candidate_name=sc.name, reps=reps, seed=seed,
                       confidence_headline=conf_family, confidence_buckets=conf_family,
-                      notes=tuple(notes))
+                      notes=tuple(all_notes))

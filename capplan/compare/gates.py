@@ -1,5 +1,5 @@
-"""The gates file (templates/gates.yaml): tolerances per row, bucket, fairness and workload
-rules. Validated once here; everything else reads the frozen ``Gates``."""
+"""The gates file (templates/gates.yaml): tolerances per row, bucket, fairness, workload and
+run-family rules. Validated once here; everything else reads the frozen ``Gates``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ class BucketRules:
     output_edges: tuple[int, ...] | None = None
     quadrant_split: tuple[float | None, float | None] = (None, None)  # None = baseline median
     attainment_max_drop_abs: float = 0.01
+    error_rate_max_rise_abs: float = 0.01
     p99_max_regression_pct: float = 10.0
     fail_on_regression: bool = True
 
@@ -71,6 +72,21 @@ class WorkloadRules:
 
 
 @dataclass(frozen=True)
+class RunRules:
+    """How runs are split into the steady and the saturated family (docs/compare.md §3).
+
+    ``saturated_sd_factor``: with one run per load level, the within-run bootstrap SE of a
+    saturated run (at or over the baseline's SLO capacity, or not stationary) is widened by
+    this factor, because near saturation the run-to-run spread is about twice the within-run
+    SE (rare congestion episodes a single run may or may not contain). Levels with repeats use
+    the measured spread between their repeats instead. ``gate_saturated``: false shows the
+    saturated rows without gating them."""
+
+    saturated_sd_factor: float = 2.0
+    gate_saturated: bool = True
+
+
+@dataclass(frozen=True)
 class Gates:
     """A validated gates file (see templates/gates.yaml, which holds exactly these defaults)."""
 
@@ -80,6 +96,7 @@ class Gates:
     buckets: BucketRules = BucketRules()
     fairness: FairnessRules = FairnessRules()
     workload: WorkloadRules = WorkloadRules()
+    runs: RunRules = RunRules()
     baseline_usd_per_gpu_hour: float | None = None
     candidate_usd_per_gpu_hour: float | None = None
     source: str = "defaults"
@@ -94,9 +111,11 @@ _DEFAULT_GATES: dict[str, dict] = {
     "tpot_p99_ms": {"max_regression_pct": 5},
     "itl_p99_ms": {"max_regression_pct": 5},
     "goodput_rps_per_gpu": {"max_regression_pct": 5},
+    "throughput_rps_per_gpu": {"max_regression_pct": 5},
     "cslo_rps": {"max_regression_pct": 5},
     "error_rate": {"max_regression_abs": 0.002},
     "reject_rate": {"max_regression_abs": 0.002},
+    "server_error_rate": {"max_regression_abs": 0.002},
     "missing_requests": {"max_regression_abs": 0},
     "peak_gpu_mem_gib": {"max_regression_pct": 10, "enabled": False},
     "energy_j_per_good_request": {"max_regression_pct": 10},
@@ -104,7 +123,7 @@ _DEFAULT_GATES: dict[str, dict] = {
     "fair_share_deviation": {"max_regression_abs": 0.05},
 }
 _TOP_KEYS = ("version", "confidence", "percentile", "gates", "buckets", "fairness", "workload",
-             "cost")
+             "runs", "cost")
 
 
 def _err(msg: str, field_: str, src: str, fix: str | None = None) -> SpecError:
@@ -216,7 +235,8 @@ def load_gates(source: str | Path | Mapping | Gates | None = None) -> Gates:
             enabled=enabled)
     b = _mapping(raw.get("buckets"), "buckets", src)
     _unknown(b, ("min_requests", "input_edges", "output_edges", "quadrant_split",
-                 "attainment_max_drop_abs", "p99_max_regression_pct", "fail_on_regression"),
+                 "attainment_max_drop_abs", "error_rate_max_rise_abs", "p99_max_regression_pct",
+                 "fail_on_regression"),
              "buckets", src)
     qs = b.get("quadrant_split", "auto")
     if qs in (None, "auto"):
@@ -239,6 +259,8 @@ def load_gates(source: str | Path | Mapping | Gates | None = None) -> Gates:
         quadrant_split=split,
         attainment_max_drop_abs=_number(b.get("attainment_max_drop_abs", 0.01),
                                         "buckets.attainment_max_drop_abs", src, lo=0.0),
+        error_rate_max_rise_abs=_number(b.get("error_rate_max_rise_abs", 0.01),
+                                        "buckets.error_rate_max_rise_abs", src, lo=0.0),
         p99_max_regression_pct=_number(b.get("p99_max_regression_pct", 10.0),
                                        "buckets.p99_max_regression_pct", src, lo=0.0),
         fail_on_regression=fail_b)
@@ -271,6 +293,14 @@ def load_gates(source: str | Path | Mapping | Gates | None = None) -> Gates:
         arrival_cv_tolerance=_number(w.get("arrival_cv_tolerance", 0.25),
                                      "workload.arrival_cv_tolerance", src, lo=0.0),
         pairing=pairing)
+    ru = _mapping(raw.get("runs"), "runs", src)
+    _unknown(ru, ("saturated_sd_factor", "gate_saturated"), "runs", src)
+    gate_sat = ru.get("gate_saturated", True)
+    if not isinstance(gate_sat, bool):
+        raise _err("runs.gate_saturated must be true or false", "runs.gate_saturated", src)
+    runs = RunRules(saturated_sd_factor=_number(ru.get("saturated_sd_factor", 2.0),
+                                                "runs.saturated_sd_factor", src, lo=1.0),
+                    gate_saturated=gate_sat)
     c = _mapping(raw.get("cost"), "cost", src)
     _unknown(c, ("baseline_usd_per_gpu_hour", "candidate_usd_per_gpu_hour"), "cost", src)
     pb = _number(c.get("baseline_usd_per_gpu_hour"), "cost.baseline_usd_per_gpu_hour", src,
@@ -281,5 +311,5 @@ def load_gates(source: str | Path | Mapping | Gates | None = None) -> Gates:
         raise _err("give both cost.baseline_usd_per_gpu_hour and cost.candidate_usd_per_gpu_hour "
                    "(or neither)", "cost", src)
     return Gates(confidence=confidence, percentile=percentile, gates=gates, buckets=buckets,
-                 fairness=fairness, workload=workload, baseline_usd_per_gpu_hour=pb,
+                 fairness=fairness, workload=workload, runs=runs, baseline_usd_per_gpu_hour=pb,
                  candidate_usd_per_gpu_hour=pc, source=src)

@@ -31,10 +31,14 @@ METRICS: dict[str, MetricSpec] = {m.name: m for m in (
     MetricSpec("tpot_p99_ms", "TPOT p99", "ms", "lower", "stat"),
     MetricSpec("itl_p99_ms", "ITL p99 (pooled gaps)", "ms", "lower", "stat"),
     MetricSpec("goodput_rps_per_gpu", "request goodput per GPU", "req/s/GPU", "higher", "stat"),
+    MetricSpec("throughput_rps_per_gpu", "completed requests per GPU", "req/s/GPU", "higher",
+               "stat"),
     MetricSpec("cslo_rps", "C_SLO (capacity under SLO)", "req/s", "higher", "stat"),
-    MetricSpec("error_rate", "error rate (error+timeout+cancelled)", "fraction", "lower",
-               "deterministic"),
-    MetricSpec("reject_rate", "reject rate", "fraction", "lower", "deterministic"),
+    MetricSpec("error_rate", "failure rate (error+timeout+cancelled)", "fraction", "lower",
+               "stat"),
+    MetricSpec("reject_rate", "reject rate", "fraction", "lower", "stat"),
+    MetricSpec("server_error_rate", "server errors (status error) at steady load", "fraction",
+               "lower", "deterministic"),
     MetricSpec("missing_requests", "requests missing from candidate", "requests", "lower",
                "deterministic"),
     MetricSpec("peak_gpu_mem_gib", "peak GPU memory", "GiB", "lower", "deterministic"),
@@ -47,8 +51,9 @@ METRICS: dict[str, MetricSpec] = {m.name: m for m in (
 )}
 
 #: quantile rows read from histograms (name -> histogram key in the reduction)
-_Q_METRICS = {"ttft_p99_ms": "ttft", "tpot_p99_ms": "tpot", "itl_p99_ms": "itl"}
-BUCKET_DIMS = ("input_tokens", "output_tokens", "quadrant", "tenant", "slo_class")
+Q_METRICS = {"ttft_p99_ms": "ttft", "tpot_p99_ms": "tpot", "itl_p99_ms": "itl"}
+BUCKET_DIMS = ("input_tokens", "max_output_tokens", "output_tokens", "quadrant", "tenant",
+               "slo_class")
 OTHER_LABEL = "(other)"
 
 
@@ -77,9 +82,10 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Result of ``compare``. ``to_frame()`` is the comparison table; ``buckets`` the bucket
-    table; ``fairness`` the per-tenant table; ``workload`` the per-run offered-workload check;
-    ``verdict`` the gate outcome."""
+    """Result of ``compare``. ``to_frame()`` is the comparison table (scopes: "steady runs",
+    "saturated runs", "sweep", "run <id>"); ``buckets`` the bucket table (steady runs);
+    ``fairness`` the per-tenant table; ``workload`` one row per matched run (offered facts,
+    pairing, the run's family and why); ``verdict`` the gate outcome."""
 
     table: pd.DataFrame = field(repr=False)
     buckets: pd.DataFrame = field(repr=False)
@@ -137,13 +143,20 @@ class Comparison:
             f"{self.confidence_buckets:.4g}",
             self.display_frame().to_string(index=False),
         ]
+        if len(self.workload) and "family" in self.workload:
+            w = self.workload
+            fam = [f"  {rb}: {f}" + (f" — {why}" if why else "")
+                   for rb, f, why in zip(w["run_baseline"], w["family"], w["why"])]
+            parts.append("Run families (decided by the baseline; saturated runs are gated "
+                         "separately, their intervals widened by the run-to-run spread)\n"
+                         + "\n".join(fam))
         row_notes = [f"  {r.metric} ({r.scope}): {r.note}" for r in self.table.itertuples()
                      if r.note]
         if row_notes:
             parts.append("Row notes\n" + "\n".join(row_notes))
         flagged = self.buckets[self.buckets["flag"] != ""] if len(self.buckets) else self.buckets
         if len(flagged):
-            cols = ["dimension", "bucket", "metric", "n_baseline", "n_candidate", "baseline",
+            cols = ["scope", "dimension", "bucket", "metric", "n_baseline", "n_candidate", "baseline",
                     "candidate", "delta", "ci_low", "ci_high", "flag"]
             shown = flagged[cols].copy()
             for col in ("baseline", "candidate", "delta", "ci_low", "ci_high"):
@@ -163,16 +176,18 @@ class Comparison:
         """Deltas with their CIs, one panel row per gated/stat metric (relative to baseline)."""
         import plotly.graph_objects as go
 
-        t = self.table[(self.table["scope"] == "all") & np.isfinite(self.table["delta_pct"])]
+        t = self.table[~self.table["scope"].str.startswith("run ")
+                       & np.isfinite(self.table["delta_pct"])]
         base = t["baseline"].abs().replace(0, np.nan)
         lo = 100 * t["ci_low"] / base
         hi = 100 * t["ci_high"] / base
         colors = t["verdict"].map({"FAIL": "crimson", "pass": "seagreen"}).fillna("grey")
         fig = go.Figure(go.Scatter(
-            x=t["delta_pct"], y=t["metric"], mode="markers", marker=dict(color=colors, size=10),
+            x=t["delta_pct"], y=t["metric"] + " (" + t["scope"] + ")", mode="markers",
+            marker=dict(color=colors, size=10),
             error_x=dict(type="data", symmetric=False, array=(hi - t["delta_pct"]).fillna(0),
                          arrayminus=(t["delta_pct"] - lo).fillna(0)),
-            hovertext=t["verdict"], name="delta"))
+            hovertext=t["scope"] + ": " + t["verdict"], name="delta"))
         fig.add_vline(x=0, line_dash="dot")
         fig.update_layout(title="candidate − baseline (% of baseline) with simultaneous CI",
                           xaxis_title="delta %", yaxis_title="", height=120 + 40 * len(t))
