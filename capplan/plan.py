@@ -46,8 +46,9 @@ from . import cost as K
 from .errors import SpecError
 from .plan_spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
     BILLING, CAPACITY_USES, POLICIES, READY_PARTS, AutoscalingSpec, CapacitySpec, DemandSpec,
-    FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, _number, load_plan_spec)
+    FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, load_plan_spec)
 from .slo import SLO
+from .spec import number
 
 _EPS = 1e-9  # relative tolerance when dividing rates (380/47.5 must be 8, not 8.000000001)
 _MAX_GROUPS = 10_000_000
@@ -410,7 +411,7 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
     if isinstance(capacity, CapacityInfo):
         return capacity
     if capacity is not None:
-        v = _number(capacity, "capacity.rps_per_group", above=0.0, example="42")
+        v = number(capacity, "capacity.rps_per_group", above=0.0, example="42")
         return CapacityInfo(rps_per_group=v, source="given")
     replicas = study.manifest.replicas if study is not None else 1
     name = study.name if study is not None else None

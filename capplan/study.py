@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-import yaml
 
 from . import contract as C
-from .errors import ProblemList, StudyError
+from . import spec as S
+from .errors import ProblemList, SpecError, StudyError
 
 
 @dataclass(frozen=True)
@@ -82,133 +82,114 @@ def _find_parquet(folder: Path) -> tuple[Path, ...]:
     return tuple(sorted(p for p in folder.rglob("*.parquet") if p.is_file()))
 
 
-def _num(value, key: str, run_label: str, problems: ProblemList, file: str, *, integer=False):
-    if value is None:
-        return None
-    try:
-        v = int(value) if integer else float(value)
-    except (TypeError, ValueError):
-        problems.add(f"{run_label}: {key} must be a number, got {value!r}", file=file,
-                     column=key, fix=f"write {key}: 4.0")
-        return None
-    return v
+#: Keys of study.yaml and of its runs that the contract defines (others are kept and ignored).
+MANIFEST_KEYS = C.MANIFEST_REQUIRED + ("workload",)
+RUN_KEYS = tuple(dict.fromkeys(C.RUN_REQUIRED_OPEN + C.RUN_REQUIRED_CLOSED + C.RUN_OPTIONAL))
+LOAD_MODELS = tuple(m.value for m in C.LoadModel)
 
 
 def parse_manifest(path: Path, problems: ProblemList | None = None) -> C.Manifest | None:
-    """Read and check study.yaml. Collects problems; returns None if unusable."""
+    """Read and check study.yaml (with the spec kit: every problem names its field and line).
+    Collects problems into ``problems``; without it, raises StudyError listing all of them.
+    Returns None when the manifest is unusable."""
     own = problems is None
     problems = problems if problems is not None else ProblemList()
+    manifest = _read_manifest(Path(path), problems)
+    if own:
+        problems.raise_if_errors()
+    return manifest
+
+
+def _near_misses(check: S.Checks, d: dict, field: str, known: tuple[str, ...], where: str) -> None:
+    """Warn about keys the contract does not define that look like a misspelt known key: they
+    would be ignored silently (a ``warmup`` meant as ``warmup_s`` keeps the warm-up in)."""
+    for k in d:
+        near = None if str(k) in known else S.did_you_mean(k, known)
+        if near and near not in d:
+            check.warn(S.join(field, k), f"{where}: key {str(k)!r} is not part of the study contract "
+                       f"and is ignored (did you mean {near!r}?)",
+                       fix=f"rename it to {near} if that is what it means")
+
+
+def _read_manifest(path: Path, problems: ProblemList) -> C.Manifest | None:
     file = str(path)
     if not path.is_file():
         problems.add("study manifest not found", file=file,
                      fix=f"a study directory holds {C.MANIFEST_NAME} and events/*.parquet; "
                          "see docs/study-contract.md", code="manifest_missing")
-        if own:
-            problems.raise_if_errors()
         return None
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problems.add(f"study.yaml is not valid YAML{where}: {getattr(exc, 'problem', exc)}",
-                     file=file, fix="check indentation and quoting; see docs/study-contract.md",
-                     code="bad_yaml")
-        if own:
-            problems.raise_if_errors()
+        doc = S.load_yaml(path, what=C.MANIFEST_NAME, fix="see docs/study-contract.md")
+    except SpecError as exc:
+        problems.items.append(exc.problem(code="bad_yaml"))
         return None
-    except UnicodeDecodeError:
-        problems.add("study.yaml is not UTF-8 text", file=file, code="bad_yaml")
-        if own:
-            problems.raise_if_errors()
+    check = S.Checks(problems, doc, code="manifest_field")
+    raw = check(S.mapping, doc.data, "", what=C.MANIFEST_NAME, optional=False,
+                example="contract, name, system, load_model and runs (see docs/study-contract.md)")
+    if raw is None:
         return None
-    if not isinstance(raw, dict):
-        problems.add("study.yaml must be a mapping of keys (contract, name, system, load_model, runs)",
-                     file=file, code="bad_yaml")
-        if own:
-            problems.raise_if_errors()
-        return None
+    _near_misses(check, raw, "", MANIFEST_KEYS, C.MANIFEST_NAME)
     for key in C.MANIFEST_REQUIRED:
-        if key not in raw or raw[key] in (None, ""):
-            problems.add(f"study.yaml is missing the required field '{key}'", file=file, column=key,
-                         fix=f"add '{key}:' (see docs/study-contract.md)", code="manifest_field")
+        if raw.get(key) in (None, ""):
+            check.error(key, f"{C.MANIFEST_NAME} is missing the required field '{key}'",
+                        fix=f"add '{key}:' (see docs/study-contract.md)")
     contract = raw.get("contract")
     if contract is not None and contract != C.CONTRACT_VERSION:
-        problems.add(f"unsupported contract {contract!r}", file=file, column="contract",
-                     fix=f"this capplan reads contract: {C.CONTRACT_VERSION}", code="manifest_field")
-    load_model = raw.get("load_model", C.LoadModel.OPEN.value)
-    if load_model not in (C.LoadModel.OPEN.value, C.LoadModel.CLOSED.value):
-        problems.add(f"load_model must be 'open' or 'closed', got {load_model!r}", file=file,
-                     column="load_model", code="manifest_field")
-    system = raw.get("system") or {}
-    if not isinstance(system, dict):
-        problems.add("system must be a mapping", file=file, column="system", code="manifest_field")
-        system = {}
-    runs_raw = raw.get("runs") or []
-    if not isinstance(runs_raw, list):
-        problems.add("runs must be a list of run mappings", file=file, column="runs",
-                     code="manifest_field")
-        runs_raw = []
+        check.error("contract", f"unsupported contract {contract!r}",
+                    fix=f"this capplan reads contract: {C.CONTRACT_VERSION}")
+    load_model = check(S.choice, raw.get("load_model"), "load_model", LOAD_MODELS,
+                       optional=True, default=C.LoadModel.OPEN.value) or C.LoadModel.OPEN.value
+    closed = load_model == C.LoadModel.CLOSED.value
+    system = check(S.mapping, raw.get("system"), "system") or {}
+    runs_raw = check(S.sequence, raw.get("runs"), "runs",
+                     example="[{run_id: r01, offered_rps: 2.0}]") or []
     runs: list[C.RunSpec] = []
     seen: set[str] = set()
     for i, r in enumerate(runs_raw):
-        label = f"runs[{i}]"
-        if not isinstance(r, dict):
-            problems.add(f"{label} must be a mapping like {{run_id: r01, offered_rps: 2.0}}", file=file,
-                         column="runs", code="manifest_field")
+        fld = S.index("runs", i)
+        r = check(S.mapping, r, fld, example="{run_id: r01, offered_rps: 2.0}")
+        if r is None:
             continue
-        run_id = r.get("run_id")
-        if run_id in (None, ""):
-            problems.add(f"{label} has no run_id", file=file, column="run_id",
-                         example=str(r), fix="give each run a unique run_id", code="manifest_field")
+        if r.get("run_id") in (None, ""):
+            check.error(S.join(fld, "run_id"), f"{fld} has no run_id", example=str(r),
+                        fix="give each run a unique run_id")
             continue
-        run_id = str(run_id)
+        run_id = str(r["run_id"])
         label = f"run {run_id}"
         if run_id in seen:
-            problems.add(f"run_id {run_id!r} appears twice in the manifest", file=file,
-                         column="run_id", code="manifest_field")
+            check.error(S.join(fld, "run_id"), f"run_id {run_id!r} appears twice in the manifest",
+                        fix="give each run a unique run_id")
         seen.add(run_id)
-        rps = _num(r.get("offered_rps"), "offered_rps", label, problems, file)
-        conc = _num(r.get("concurrency"), "concurrency", label, problems, file, integer=True)
-        if load_model == C.LoadModel.CLOSED.value:
-            if conc is None:
-                problems.add(f"{label}: closed-loop runs need 'concurrency'", file=file,
-                             column="concurrency", example=str(r), fix="add concurrency: 16",
-                             code="manifest_field")
-            elif conc <= 0:
-                problems.add(f"{label}: concurrency must be > 0, got {conc}", file=file,
-                             column="concurrency", code="manifest_field")
-        else:
-            if rps is None:
-                problems.add(f"{label}: open-loop runs need 'offered_rps'", file=file,
-                             column="offered_rps", example=str(r), fix="add offered_rps: 4.0",
-                             code="manifest_field")
-            elif rps <= 0:
-                problems.add(f"{label}: offered_rps must be > 0, got {rps}", file=file,
-                             column="offered_rps", code="manifest_field")
-        dur = _num(r.get("duration_s"), "duration_s", label, problems, file)
-        warm = _num(r.get("warmup_s"), "warmup_s", label, problems, file)
-        if warm is not None and warm < 0:
-            problems.add(f"{label}: warmup_s must be ≥ 0", file=file, column="warmup_s",
-                         code="manifest_field")
+        _near_misses(check, r, fld, RUN_KEYS, label)
+
+        def num(key, **kw):
+            return check(S.number, r.get(key), S.join(fld, key), optional=True, text_ok=True, **kw)
+
+        rps = num("offered_rps", above=0.0 if not closed else None, example="4.0")
+        conc = num("concurrency", integer=True, above=0 if closed else None, example="16")
+        need = "concurrency" if closed else "offered_rps"
+        if r.get(need) is None:
+            check.error(S.join(fld, need), f"{label}: {load_model}-loop runs need '{need}'",
+                        example=str(r), fix=f"add {need}: {'16' if closed else '4.0'}")
+        dur = num("duration_s", above=0.0, example="300")
+        warm = num("warmup_s", minimum=0.0, example="30")
         if dur is not None and warm is not None and warm >= dur:
-            problems.add(f"{label}: warmup_s ({warm:g}) must be shorter than duration_s ({dur:g})",
-                         file=file, column="warmup_s", code="manifest_field")
+            check.error(S.join(fld, "warmup_s"),
+                        f"{label}: warmup_s ({warm:g}) must be shorter than duration_s ({dur:g})",
+                        fix="the warm-up is cut from the start of the run: make it shorter")
         arrival = str(r.get("arrival", "concurrency" if conc is not None else "unknown"))
-        known = set(C.RUN_REQUIRED_OPEN + C.RUN_REQUIRED_CLOSED + C.RUN_OPTIONAL + ("concurrency",))
+        if arrival not in C.ARRIVALS:
+            near = S.did_you_mean(arrival, C.ARRIVALS)
+            check.warn(S.join(fld, "arrival"), f"{label}: arrival {arrival!r} is not one of "
+                       + ", ".join(C.ARRIVALS) + (f" (did you mean {near!r}?)" if near else ""),
+                       fix="use one of the contract's arrival names (unknown when in doubt)")
         runs.append(C.RunSpec(
-            run_id=run_id,
-            offered_rps=rps if load_model != C.LoadModel.CLOSED.value else rps,
-            concurrency=conc,
-            arrival=arrival,
-            duration_s=dur,
-            warmup_s=warm,
-            repeat=int(r.get("repeat", 0) or 0),
-            nominal_rps=_num(r.get("nominal_rps"), "nominal_rps", label, problems, file),
-            extra={k: v for k, v in r.items() if k not in known},
+            run_id=run_id, offered_rps=rps, concurrency=conc, arrival=arrival,
+            duration_s=dur, warmup_s=warm,
+            repeat=num("repeat", integer=True, minimum=0, example="1") or 0,
+            nominal_rps=num("nominal_rps", above=0.0, example="4.0"),
+            extra={k: v for k, v in r.items() if k not in RUN_KEYS},
         ))
-    if own:
-        problems.raise_if_errors()
     if problems.errors and not runs:
         return None
     return C.Manifest(
