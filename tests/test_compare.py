@@ -119,7 +119,7 @@ def test_gates_template_is_the_default_set():
 
 
 @pytest.mark.parametrize("raw, field_", [
-    ({"gates": {"ttft_p99": {"max_regression_pct": 5}}}, "gates"),
+    ({"gates": {"ttft_p99": {"max_regression_pct": 5}}}, "gates.ttft_p99"),
     ({"gates": {"ttft_p99_ms": {"max_regression_pct": -1}}}, "gates.ttft_p99_ms.max_regression_pct"),
     ({"gates": {"ttft_p99_ms": {"max_regression_pct": "five"}}}, "gates.ttft_p99_ms.max_regression_pct"),
     ({"confidence": 1.5}, "confidence"),
@@ -127,7 +127,9 @@ def test_gates_template_is_the_default_set():
     ({"buckets": {"input_edges": [1024, 256]}}, "buckets.input_edges"),
     ({"cost": {"baseline_usd_per_gpu_hour": 2.0}}, "cost"),
     ({"fairness": {"entitlements": {"a": 0, "b": 0}}}, "fairness.entitlements"),
-    ({"colour": "blue"}, "the gates file"),
+    ({"colour": "blue"}, "colour"),
+    ({"runs": {"saturated_sd_factor": 0.5}}, "runs.saturated_sd_factor"),
+    ({"buckets": {"error_rate_max_rise_abs": -0.1}}, "buckets.error_rate_max_rise_abs"),
 ])
 def test_load_gates_rejects_bad_values_with_the_field(raw, field_):
     with pytest.raises(SpecError) as ei:
@@ -143,6 +145,15 @@ def test_load_gates_file_errors(tmp_path):
     bad.write_text("gates: [1, 2\n", encoding="utf-8")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_gates(bad)
+    # a misspelled gate: the field, its line in the file and the closest known name
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("confidence: 0.9\ngates:\n  ttft_p99_msec: {max_regression_pct: 5}\n",
+                    encoding="utf-8")
+    with pytest.raises(SpecError) as ei:
+        load_gates(typo)
+    text = ei.value.format()
+    assert "gates.ttft_p99_msec" in text and "did you mean ttft_p99_ms" in text
+    assert "line 3" in text and str(typo) in text
 
 
 # ---------------------------------------------------------------- fairness end to end

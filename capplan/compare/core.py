@@ -14,7 +14,7 @@ from .buckets import bucket_table, edges_for, median
 from .deltas import (Ctx, classify_runs, cslo_rows, family_rows, finish_table, run_rows,
                      sweep_rows, verdict, workload_frame)
 from .fairness import fairness_rows, fairness_table
-from .gates import _number, load_gates
+from .gates import confidence_arg, load_gates
 from .result import Comparison
 from .sampling import draws, repeated, time_grid
 from .sides import CELL_DIMS, arrays, length_summary, open_side, reduce_cells
@@ -31,8 +31,7 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
     cannot be put side by side (different offered workload, runs or SLOs)."""
     slo = SLO.parse(slo)
     g = load_gates(gates)
-    conf = g.confidence if confidence is None else _number(confidence, "confidence", "argument",
-                                                           lo=0.5, hi=1.0, hi_open=True)
+    conf = g.confidence if confidence is None else confidence_arg(confidence)
     if isinstance(reps, bool) or not isinstance(reps, (int, np.integer)) or reps < 100:
         raise SpecError(f"reps must be an integer ≥ 100, got {reps!r}", field="reps",
                         fix="e.g. --reps 1000")
