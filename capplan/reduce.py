@@ -317,8 +317,12 @@ _STATUS_CODE_SQL = ("CASE m.status " + " ".join(f"WHEN '{s}' THEN {i}" for i, s 
 def reduce_study(study, slo, *, warmup="manifest", alpha: float = sketch.DEFAULT_ALPHA,
                  max_units: int = MAX_UNITS, grid_step: float = GRID_STEP,
                  grid_half: int = GRID_HALF, tail_from: float = TAIL_FROM,
-                 lag_limit_ms: float | None = None) -> BlockStats:
-    """Reduce a study to per-(run, unit) statistics for ``slo`` (see module docstring)."""
+                 lag_limit_ms: float | None = None, block_metrics: tuple[str, ...] = ()
+                 ) -> BlockStats:
+    """Reduce a study to per-(run, unit) statistics for ``slo`` (see module docstring).
+    ``block_metrics`` (names in ``METRICS``): latency series whose Politis–White length also
+    bounds each run's block length from below — for a consumer that reads their percentiles
+    (compare gates TPOT and ITL p99 whatever the SLO limits)."""
     study = open_study(study) if not isinstance(study, Study) else study
     slo = SLO.parse(slo)
     runs = study.manifest.runs
@@ -398,7 +402,8 @@ def reduce_study(study, slo, *, warmup="manifest", alpha: float = sketch.DEFAULT
                  FROM _cp_req q JOIN _cp_meta m USING (run_idx)""")
     try:
         return _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late,
-                                  gspec, alpha, max_units, tail_from, lag_limit_ms, warmup)
+                                  gspec, alpha, max_units, tail_from, lag_limit_ms, warmup,
+                                  tuple(block_metrics))
     finally:
         study.sql("DROP VIEW IF EXISTS _cp_u")
         study.sql("DROP TABLE IF EXISTS _cp_meta")
@@ -415,7 +420,8 @@ _KEY_COL = {"ttft": "kt", "tpot": "kp", "itl": "ki", "e2e": "ke", "gen_lag_ms": 
 
 
 def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, gspec, alpha,
-                       max_units, tail_from, lag_limit_ms, warmup) -> BlockStats:
+                       max_units, tail_from, lag_limit_ms, warmup,
+                       block_metrics: tuple[str, ...] = ()) -> BlockStats:
     nr = len(runs)
     G = gspec.size
     # 4. per-unit counts (and Little's-law sums: time in flight inside the window, sojourns)
@@ -469,6 +475,10 @@ def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, g
     # 7. the request-level good series (one byte per request) for Politis–White, in order
     #    (a plain scan returns rowid order under preserve_insertion_order; checked below)
     lat_cols = _latency_key_cols(slo, gspec.y_metric)
+    extra = [(m, _LAT_KEY[m]) for m in block_metrics if m in _LAT_KEY]
+    for m, c in extra:
+        if all(c != c2 for _, c2, _ in lat_cols):
+            lat_cols.append((m, c, None))
     sel = "".join(f", coalesce({c}, {_KEY_MISSING}) AS {c}" for _, c, _ in lat_cols)
     pw = _np(study, f"SELECT run_idx, good, h{sel} FROM _cp_req")
     pr = pw["run_idx"]
@@ -516,9 +526,13 @@ def _reduce_from_table(study, slo, runs, run_idx, warm_s, warm_src, warm_late, g
         hs = pw["h"][ps]  # adjacent equal (scheduled_ns, hash(request_id)): recorded twice
         dups = int(np.sum(hs[1:] == hs[:-1])) if hs.size > 1 else 0
         lat = {m: pw[c][ps] for m, c, _ in lat_cols}
+        limited = [(m, c, lim) for m, c, lim in lat_cols if lim is not None]
         bl_good, bl_lat, bl_metric = conservative_block_length(
-            series, lat, {m: lim for m, _, lim in lat_cols}, alpha)
+            series, {m: lat[m] for m, _, _ in limited}, {m: lim for m, _, lim in limited},
+            alpha)
         bl = _bl_max(bl_good, bl_lat)
+        for m, _ in extra:  # the consumer's own latency series bound it too
+            bl = _bl_max(bl, _key_series_block_length(lat[m]))
         t_first = float(units["t0"].min()) if nu else math.nan
         t_last = float(units["t1"].max()) if nu else math.nan
         span = t_last - t_first if nu else math.nan
@@ -574,6 +588,16 @@ def _latency_key_cols(slo: SLO, y_metric: str) -> list[tuple[str, str, float]]:
     if slo.e2e_ms is not None:
         out.append(("e2e", "ke", float(slo.e2e_ms)))
     return out
+
+
+def _key_series_block_length(keys) -> boot.BlockLength:
+    """Politis–White length of a log-bucket key series (the log up to α) in scheduled order;
+    a missing value (a failed request) reads as the run's largest."""
+    v = np.asarray(keys, dtype=np.float64)
+    miss = v >= _KEY_MISSING
+    if v.size < 3 or miss.all():
+        return boot.BlockLength(1.0, 1.0)
+    return boot.optimal_block_length(np.where(miss, v[~miss].max(), v))
 
 
 def _bl_max(a: boot.BlockLength, b: boot.BlockLength | None) -> boot.BlockLength:
