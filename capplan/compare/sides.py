@@ -28,6 +28,9 @@ CELL_DIMS = ("in_b", "out_b", "q_in", "q_out", "tenant", "slo_class")
 #: per (sub-block, cell) sums; statuses one by one (they add up to n)
 CELL_SUMS = ("n", "good", "ok", "rejected", "timeout", "error", "cancelled", "svc", "demand")
 NONE_LABEL = "(none)"
+#: the latency series whose percentiles compare gates: their dependence sets the block length
+#: too, whatever the SLO limits (TPOT depends on the batch, which changes slowly)
+BLOCK_METRICS = ("ttft", "tpot", "itl")
 BYTES_PER_GIB = float(1 << 30)
 
 
@@ -54,7 +57,7 @@ def open_side(label: str, study: Study, pairs: list[RunPair], slo: SLO) -> Side:
     runs = [getattr(p, label) for p in pairs]
     warm = {getattr(p, label): p.warmup_s for p in pairs}
     off = offered(study, pairs, label)
-    stats = reduce_study(study, slo, warmup=warm)
+    stats = reduce_study(study, slo, warmup=warm, block_metrics=BLOCK_METRICS)
     gpus = int(study.manifest.gpus_per_replica) * int(study.manifest.replicas)
     return Side(label, study, runs, warm, off, stats, gpus, study.has("itl_ns"))
 
