@@ -53,6 +53,28 @@ def test_fairness_weighted_entitlements_and_extremes():
     assert np.allclose(reps["max_abs_deviation"], [0.0, 0.25])
 
 
+def test_fair_shares_water_filling_hand_computed():
+    from capplan.compare.stats import fair_shares
+
+    # equal entitlements, 600 served: a asked 100 (all of it is fair), b gets the other 500
+    assert np.allclose(fair_shares([100.0, 900.0], [1, 1], 600.0), [1 / 6, 5 / 6])
+    # everything asked for was served: the fair share is the demand share
+    assert np.allclose(fair_shares([100.0, 900.0], [1, 1], 1000.0), [0.1, 0.9])
+    # both ask for more than they can get: the entitlements decide (2 : 1)
+    assert np.allclose(fair_shares([900.0, 900.0], [2, 1], 300.0), [2 / 3, 1 / 3])
+    # three tenants: c asks 50 (served), a and b split the remaining 250 by 1 : 1, capped by
+    # a's demand of 100 → a 100, b 150
+    assert np.allclose(fair_shares([100.0, 500.0, 50.0], [1, 1, 1], 300.0),
+                       [100 / 300, 150 / 300, 50 / 300])
+    # replicate axis
+    got = fair_shares(np.array([[100.0, 900.0], [900.0, 900.0]]), [1, 1], np.array([600.0, 600.0]))
+    assert np.allclose(got, [[1 / 6, 5 / 6], [0.5, 0.5]])
+    st = fairness_stats([100.0, 500.0], [1, 1], demand=[100.0, 900.0])
+    assert st["max_abs_deviation"] == pytest.approx(0.0) and st["jain"] == pytest.approx(1.0)
+    st = fairness_stats([50.0, 550.0], [1, 1], demand=[100.0, 900.0])  # a got half its due
+    assert np.allclose(st["deviation"], [50 / 600 - 1 / 6, 550 / 600 - 5 / 6])
+
+
 def test_merge_ordered_merges_sparse_buckets_upward():
     b = np.array([5, 0, 700, 10, 800, 3])
     c = np.array([6, 0, 690, 12, 790, 2])
@@ -163,8 +185,11 @@ def test_fairness_table_matches_hand_computed_study(make_study):
     timeout without a first token; tenant b: 10 requests of 300 in / 50 out, TTFT 200 ms, one
     with TTFT 900 ms. Weights 1 (prefill) and 2 (decode):
     service a = 20 × (100 + 2·10) = 2 400 (the timeout got no service); b = 10 × (300 + 100)
-    = 4 000; shares 0.375 / 0.625, equal entitlement → deviations ∓0.125, Jain 4 / 4.25.
-    Worst age: a = the timeout, censored at the run's last event (30 000 + 950 ms after start)
+    = 4 000; shares 0.375 / 0.625. Demand (what was asked; no max_output_tokens, so the tokens
+    received): a = 2 400 + the timeout's 100 prompt tokens = 2 500, b = 4 000. Equal
+    entitlement, water-filling 6 400 served: a asked for less than half, so it is owed its
+    2 500 and b the remaining 3 900 → fair shares 0.390625 / 0.609375, deviations ∓0.015625,
+    Jain (Σx)² / (2 Σx²) with x = 0.375 / 0.390625, 0.625 / 0.609375. Worst age: a = the timeout, censored at the run's last event (30 000 + 950 ms after start)
     minus its schedule (1 500 ms) = 29 450 ms; b = 900 ms."""
     from conftest import ev
 
@@ -187,12 +212,15 @@ def test_fairness_table_matches_hand_computed_study(make_study):
     f = cmp.fairness.set_index("tenant")
     assert f.loc["a", "service_baseline"] == 2400 and f.loc["b", "service_baseline"] == 4000
     assert f.loc["a", "share_baseline"] == pytest.approx(0.375)
-    assert f.loc["b", "deviation_baseline"] == pytest.approx(0.125)
+    assert f.loc["a", "demand_share_baseline"] == pytest.approx(2500 / 6500)
+    assert f.loc["a", "fair_share_baseline"] == pytest.approx(0.390625)
+    assert f.loc["b", "deviation_baseline"] == pytest.approx(0.015625)
     assert f.loc["a", "worst_age_ms_baseline"] == pytest.approx(29_450.0)
     assert f.loc["b", "worst_age_ms_baseline"] == pytest.approx(900.0)
     t = headline(cmp)
-    assert t.loc["fair_share_deviation", "baseline"] == pytest.approx(0.125)
-    assert t.loc["jain_index", "baseline"] == pytest.approx(4 / 4.25)
+    assert t.loc["fair_share_deviation", "baseline"] == pytest.approx(0.015625)
+    x = np.array([0.375 / 0.390625, 0.625 / 0.609375])
+    assert t.loc["jain_index", "baseline"] == pytest.approx(x.sum() ** 2 / (2 * (x * x).sum()))
     assert t.loc["fair_share_deviation", "delta"] == 0.0
     assert cmp.paired and cmp.verdict.passed
 
@@ -203,7 +231,11 @@ def test_entitlements_from_gates(tmp_path):
     cmp = compare(pb, pc, SLO_TEXT, gates=g, **FAST)
     f = cmp.fairness.set_index("tenant")
     assert list(f["entitled_share"]) == [0.5, 0.25, 0.25]
-    assert f.loc["a", "deviation_baseline"] == pytest.approx(f.loc["a", "share_baseline"] - 0.5)
+    assert f.loc["a", "deviation_baseline"] == pytest.approx(
+        f.loc["a", "share_baseline"] - f.loc["a", "fair_share_baseline"])
+    # everyone was served about what it asked for: the fair share is the demand share,
+    # whatever the entitlements
+    assert np.allclose(f["fair_share_baseline"], f["demand_share_baseline"], atol=0.01)
     with pytest.raises(SpecError, match="without an entitlement"):
         compare(pb, pc, SLO_TEXT, gates={"fairness": {"entitlements": {"a": 1}}}, **FAST)
 

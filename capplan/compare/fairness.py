@@ -1,5 +1,7 @@
-"""Tenant fairness over the steady runs (the saturated ones when the baseline has none): each tenant's share of weighted-token service against
-its entitled share, Jain's index, demand shares and the worst queueing age (docs/compare.md §6).
+"""Tenant fairness over the steady runs (the saturated ones when the baseline has none): each
+tenant's share of weighted-token service against its fair share — the weighted max-min share
+of what was served, given what each tenant asked for and its entitlement — Jain's index,
+demand shares and the worst queueing age (docs/compare.md §6).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def fairness_rows(ctx: Ctx) -> list[dict]:
     stats = []
     for a, d in ((ctx.ab, ctx.db), (ctx.ac, ctx.dc)):
         S = a.sums["svc"] @ M  # units × tenants
-        stats.append((fairness_stats(d.point(S, runs), e), fairness_stats(d.replicates(S, runs), e)))
+        Q = a.sums["demand"] @ M
+        stats.append((fairness_stats(d.point(S, runs), e, d.point(Q, runs)),
+                      fairness_stats(d.replicates(S, runs), e, d.replicates(Q, runs))))
     (pb, rb), (pc, rc) = stats
     return [make_row("fair_share_deviation", scope, float(pb["max_abs_deviation"]),
                      float(pc["max_abs_deviation"]), rb["max_abs_deviation"],
@@ -57,8 +61,8 @@ def fairness_rows(ctx: Ctx) -> list[dict]:
 
 
 def fairness_table(ctx: Ctx) -> pd.DataFrame:
-    """Per tenant: entitled share, service, share, deviation, demand share and
-    the worst queueing age of each side."""
+    """Per tenant: entitled share; per side service, share, demand share, fair share,
+    deviation = share − fair share, and the worst queueing age."""
     tenants, M = tenant_matrix(ctx)
     runs, _ = ctx.detail()
     if len(tenants) < 2 or not runs:
@@ -69,11 +73,12 @@ def fairness_table(ctx: Ctx) -> pd.DataFrame:
     for name, a, d in (("baseline", ctx.ab, ctx.db), ("candidate", ctx.ac, ctx.dc)):
         svc = d.point(a.sums["svc"] @ M, runs)
         dem = d.point(a.sums["demand"] @ M, runs)
-        st = fairness_stats(svc, e)
+        st = fairness_stats(svc, e, dem)
         out[f"service_{name}"] = svc
         out[f"share_{name}"] = st["share"]
-        out[f"deviation_{name}"] = st["deviation"]
         out[f"demand_share_{name}"] = dem / dem.sum() if dem.sum() else np.nan
+        out[f"fair_share_{name}"] = st["fair"]
+        out[f"deviation_{name}"] = st["deviation"]
         ages = a.max_age[runs]  # runs × cells
         age = np.full(len(tenants), np.nan)
         for t_i in range(len(tenants)):

@@ -8,26 +8,72 @@ import numpy as np
 from .gates import Gate
 
 
-def fairness_stats(service, entitled) -> dict:
-    """Shares of weighted-token service vs entitled shares.
+def fair_shares(demand, entitled, served) -> np.ndarray:
+    """Weighted max-min fair shares of ``served`` among tenants that asked for ``demand``.
+
+    ``demand`` (…, T) and ``served`` (…,) in weighted tokens, ``entitled`` (T,) weights. By
+    water-filling, tenant t's fair service is min(D_t, λ·e_t) with λ such that the fair services
+    add up to what was served: a tenant asking for less than its entitlement is owed only what
+    it asked for, and the rest goes to the others in proportion to their entitlements. When
+    everything asked for was served (a system within capacity) the fair share is the demand
+    share. Returns fair service / served."""
+    D = np.asarray(demand, dtype=np.float64)
+    e = np.asarray(entitled, dtype=np.float64)
+    e = e / e.sum()
+    C = np.broadcast_to(np.asarray(served, dtype=np.float64), D.shape[:-1])
+    lead = D.shape[:-1]
+    D2, C2 = D.reshape(-1, D.shape[-1]), C.reshape(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(e > 0, D2 / e, np.inf)  # λ at which tenant t is fully served
+    order = np.argsort(ratio, axis=1)
+    rs = np.take_along_axis(ratio, order, axis=1)
+    Ds = np.take_along_axis(D2, order, axis=1)
+    es = e[order]
+    T = D2.shape[1]
+    lam = np.full(D2.shape[0], np.inf)
+    for k in range(T + 1):  # the k tenants with the smallest ratios are fully served
+        sat = Ds[:, :k].sum(axis=1)
+        rest = es[:, k:].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cand = np.where(rest > 0, (C2 - sat) / rest, np.inf)
+        lo = rs[:, k - 1] if k > 0 else np.full(D2.shape[0], -np.inf)
+        hi = rs[:, k] if k < T else np.full(D2.shape[0], np.inf)
+        ok = np.isinf(lam) & (cand >= lo) & (cand <= hi)
+        lam = np.where(ok, cand, lam)
+    fair = np.minimum(D2, lam[:, None] * e[None, :])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = fair / C2[:, None]
+    return out.reshape(lead + (T,))
+
+
+def fairness_stats(service, entitled, demand=None) -> dict:
+    """Shares of weighted-token service against fair shares.
 
     ``service`` (…, T) weighted tokens per tenant (leading axes = replicates), ``entitled``
-    (T,) non-negative weights (normalised here). Returns share, deviation = share − entitled,
-    max_abs_deviation and Jain's index of x_t = share_t / entitled_t,
-    J = (Σx)² / (T Σx²) over tenants with entitlement > 0 (1 = every tenant got exactly its
-    entitlement; 1/T = one tenant got everything)."""
+    (T,) non-negative weights (normalised here). Without ``demand`` the fair share is the
+    entitled share; with ``demand`` (…, T, weighted tokens asked for) it is the weighted
+    max-min fair share of what was served (``fair_shares``), so a tenant that asked for less
+    than its entitlement is not "under-served", and a system within capacity that served
+    everyone what they asked for is fair whatever the tenant mix. Returns share, fair (the
+    fair share), deviation = share − fair, max_abs_deviation and Jain's index of x_t =
+    share_t / fair_t, J = (Σx)² / (T Σx²) over tenants with a positive fair share (1 = every
+    tenant got exactly its fair share; 1/T = one tenant got everything)."""
     s = np.asarray(service, dtype=np.float64)
     e = np.asarray(entitled, dtype=np.float64)
     e = e / e.sum()
     total = s.sum(axis=-1, keepdims=True)
+    if demand is None:
+        fair = np.broadcast_to(e, s.shape)
+    else:
+        fair = fair_shares(demand, e, total[..., 0])
     with np.errstate(invalid="ignore", divide="ignore"):
         share = s / total
-        dev = share - e
-        pos = e > 0
-        x = share[..., pos] / e[pos]
-        jain = x.sum(axis=-1) ** 2 / (pos.sum() * (x * x).sum(axis=-1))
-    return {"share": share, "entitled": np.broadcast_to(e, share.shape), "deviation": dev,
-            "max_abs_deviation": np.abs(dev).max(axis=-1), "jain": jain}
+        dev = share - fair
+        pos = fair > 0
+        x = np.where(pos, share / np.where(pos, fair, 1.0), 0.0)
+        jain = x.sum(axis=-1) ** 2 / (pos.sum(axis=-1) * (x * x).sum(axis=-1))
+    return {"share": share, "entitled": np.broadcast_to(e, share.shape), "fair": fair,
+            "deviation": dev, "max_abs_deviation": np.abs(dev).max(axis=-1), "jain": jain}
 
 
 def simultaneous_ci(replicates: np.ndarray, point, confidence: float
