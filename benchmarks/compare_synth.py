@@ -50,6 +50,8 @@ LONG_ANSWER = 256
 # The old comparison in a child process: prints one JSON line (outcome, failed, flagged).
 _OLD_CHILD = r"""
 import json, sys
+import capplan
+assert not capplan.__file__.startswith(%r), "the old tree was not imported"
 from capplan.compare import compare
 from capplan.errors import SpecError, StudyError
 a, b, slo, reps, seed = sys.argv[1:6]
@@ -60,7 +62,7 @@ try:
 except (StudyError, SpecError) as e:
     out = {"outcome": "refused", "why": e.format()[:600]}
 print(json.dumps(out))
-"""
+""" % str(Path(__file__).resolve().parents[1] / "capplan")
 
 
 def sweep(seed: int, slowdown: float = 1.0):
@@ -101,7 +103,8 @@ def _child_env(tree: Path | None) -> dict:
 
 def old_compare(tree: Path, a: Path, b: Path, reps: int, seed: int) -> dict:
     r = subprocess.run([sys.executable, "-c", _OLD_CHILD, str(a), str(b), SLO_TEXT, str(reps),
-                        str(seed)], capture_output=True, text=True, env=_child_env(tree))
+                        str(seed)], capture_output=True, text=True, env=_child_env(tree),
+                       cwd=str(tree))  # `python -c` puts the working directory first on sys.path
     if r.returncode != 0:
         return {"outcome": "crashed", "why": r.stderr[-600:]}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -210,8 +213,8 @@ def timing(tree: Path | None, repeats: int, reps: int) -> str:
                 t0 = time.perf_counter()
                 r = subprocess.run([sys.executable, "-m", "capplan", "compare", str(x), str(y),
                                     "--slo", SLO_TEXT, "--reps", str(reps)],
-                                   capture_output=True, text=True,
-                                   env=_child_env(t) if t is not None else _child_env(None))
+                                   capture_output=True, text=True, env=_child_env(t),
+                                   cwd=str(t if t is not None else REPO))
                 best = min(best, time.perf_counter() - t0)
                 rc = r.returncode
             runs.append((label, who, best, rc))

@@ -150,7 +150,7 @@ def test_gates_template_is_the_default_set():
     ({"cost": {"baseline_usd_per_gpu_hour": 2.0}}, "cost"),
     ({"fairness": {"entitlements": {"a": 0, "b": 0}}}, "fairness.entitlements"),
     ({"colour": "blue"}, "colour"),
-    ({"runs": {"saturated_sd_factor": 0.5}}, "runs.saturated_sd_factor"),
+    ({"runs": {"sd_factor": 0.5}}, "runs.sd_factor"),
     ({"buckets": {"error_rate_max_rise_abs": -0.1}}, "buckets.error_rate_max_rise_abs"),
 ])
 def test_load_gates_rejects_bad_values_with_the_field(raw, field_):

@@ -62,12 +62,14 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
     levels = [p.level for p in pairs]
     once = ~repeated(levels)
     saturated = (regimes["family"] == "saturated").to_numpy()
-    kappa = g.runs.saturated_sd_factor
-    sd = np.where(saturated & once, kappa, 1.0)
+    kappa = g.runs.sd_factor
+    sd = np.where(once & (saturated | (not paired)), kappa, 1.0)
     if (sd > 1.0).any():
-        notes.append(f"saturated runs tested once ({int((sd > 1).sum())}): their within-run "
-                     f"bootstrap deviations are widened ×{kappa:g} for the run-to-run spread "
-                     "(runs.saturated_sd_factor); repeats at those rates would measure it")
+        which = "saturated runs" if paired else "runs"
+        notes.append(f"{which} tested once ({int((sd > 1).sum())} of {len(pairs)}): their "
+                     f"within-run bootstrap deviations are widened ×{kappa:g} for the run-to-run "
+                     "spread a single run cannot show (runs.sd_factor); repeats at those rates "
+                     "would measure it")
     db = draws(grid, levels, reps, seed, 0, sd)
     dc = db if paired else draws(grid, levels, reps, seed, 1, sd)
 

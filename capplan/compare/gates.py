@@ -73,16 +73,18 @@ class WorkloadRules:
 
 @dataclass(frozen=True)
 class RunRules:
-    """How runs are split into the steady and the saturated family (docs/compare.md §3).
+    """Run-to-run spread and the saturated family (docs/compare.md §3).
 
-    ``saturated_sd_factor``: with one run per load level, the within-run bootstrap SE of a
-    saturated run (at or over the baseline's SLO capacity, or not stationary) is widened by
-    this factor, because near saturation the run-to-run spread is about twice the within-run
-    SE (rare congestion episodes a single run may or may not contain). Levels with repeats use
-    the measured spread between their repeats instead. ``gate_saturated``: false shows the
-    saturated rows without gating them."""
+    ``sd_factor``: a run tested once cannot show its run-to-run spread — rare congestion
+    episodes a single run may or may not contain make the spread of its tail percentiles and,
+    near saturation, of its attainment and failure rates up to about twice its within-run
+    bootstrap SE. Its within-run deviation is widened by this factor: every run when the two
+    studies offer different traces (independent), the saturated runs when they replay the same
+    trace (paired: the trace's episodes are on both sides). Load levels with repeats use the
+    spread between their repeats instead; 1 turns the widening off. ``gate_saturated``: false
+    shows the saturated rows without gating them."""
 
-    saturated_sd_factor: float = 2.0
+    sd_factor: float = 2.0
     gate_saturated: bool = True
 
 
@@ -243,10 +245,9 @@ def _parse(raw, src: str) -> Gates:
                                       "workload.arrival_cv_tolerance", minimum=0.0),
         pairing=S.choice(w.get("pairing"), "workload.pairing", ("auto", "paired", "independent"),
                          optional=True, default="auto"))
-    ru = S.mapping(raw.get("runs"), "runs", known=("saturated_sd_factor", "gate_saturated"))
-    runs = RunRules(saturated_sd_factor=S.number(ru.get("saturated_sd_factor", 2.0),
-                                                 "runs.saturated_sd_factor", minimum=1.0,
-                                                 example=2.0),
+    ru = S.mapping(raw.get("runs"), "runs", known=("sd_factor", "gate_saturated"))
+    runs = RunRules(sd_factor=S.number(ru.get("sd_factor", 2.0), "runs.sd_factor", minimum=1.0,
+                                       example=2.0),
                     gate_saturated=S.flag(ru.get("gate_saturated"), "runs.gate_saturated",
                                           default=True))
     c = S.mapping(raw.get("cost"), "cost",

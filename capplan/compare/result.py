@@ -193,14 +193,16 @@ class Comparison:
                           xaxis_title="delta %", yaxis_title="", height=120 + 40 * len(t))
         return fig
 
-    def figure_buckets(self, metric: str = "ttft_p99_ms"):
-        """Per-bucket delta and CI for one metric (attainment or ttft_p99_ms), one subplot row
-        per dimension; flagged buckets in red."""
+    def figure_buckets(self, metric: str = "ttft_p99_ms", scope: str = "steady runs"):
+        """Per-bucket delta and CI for one metric (attainment, error_rate or ttft_p99_ms) of one
+        run family, one subplot row per dimension; flagged buckets in red."""
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        bk = self.buckets[self.buckets["metric"] == metric]
-        dims = [d for d in BUCKET_DIMS if (bk["dimension"] == d).any()]
+        bk = self.buckets
+        if len(bk):
+            bk = bk[(bk["metric"] == metric) & (bk["scope"] == scope)]
+        dims = [d for d in BUCKET_DIMS if len(bk) and (bk["dimension"] == d).any()]
         fig = make_subplots(rows=max(len(dims), 1), cols=1, subplot_titles=dims,
                             vertical_spacing=0.08)
         for i, d in enumerate(dims, start=1):
@@ -215,7 +217,8 @@ class Comparison:
                                                 zip(s["n_baseline"], s["n_candidate"])]), row=i,
                 col=1)
             fig.add_hline(y=0, line_dash="dot", row=i, col=1)
-        fig.update_layout(title=f"{metric}: candidate − baseline by bucket (simultaneous CI)",
+        fig.update_layout(title=f"{metric}, {scope}: candidate − baseline by bucket "
+                                f"(simultaneous CI)",
                           height=260 * max(len(dims), 1))
         return fig
 

@@ -10,8 +10,9 @@ Draws: each run's sub-blocks are resampled on their own (stratified circular blo
 ``capplan.bootstrap.resample``), once per run; a paired comparison uses the *same* draws for
 both sides. When a load level was run several times (repeats), the replicate first draws that
 level's runs with replacement, then blocks inside them (two-stage), so the spread between runs
-is in the interval. A run of the saturated family tested once has its within-run deviation
-widened by ``saturated_sd_factor`` instead (docs/compare.md §3).
+is in the interval. A run tested once has its within-run deviation widened by ``sd_factor``
+instead — every run of an independent comparison, the saturated ones of a paired one
+(docs/compare.md §3).
 """
 
 from __future__ import annotations
