@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__
+from .version import __version__
 from .errors import CapplanError, SpecError
 
 #: Notebooks of the static report, in page order: (file name, page title).

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from . import contract as C
 from . import spec as S
@@ -76,7 +78,7 @@ class Study:
         return h.hexdigest()
 
 
-def _find_parquet(folder: Path) -> tuple[Path, ...]:
+def find_parquet(folder: Path) -> tuple[Path, ...]:
     if not folder.is_dir():
         return ()
     return tuple(sorted(p for p in folder.rglob("*.parquet") if p.is_file()))
@@ -198,7 +200,69 @@ def _read_manifest(path: Path, problems: ProblemList) -> C.Manifest | None:
     )
 
 
-def _events_select(present: set[str]) -> str:
+# --------------------------------------------------------------------------------------------
+# Schema checks (what any open needs; the row-level checks live in capplan.validate)
+# --------------------------------------------------------------------------------------------
+
+_INT_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.uint32(), pa.uint16(), pa.uint8())
+
+
+def _dtype_ok(expected: pa.DataType, actual: pa.DataType) -> bool:
+    if expected == pa.int64():
+        return actual in _INT_TYPES or actual == pa.uint64()
+    if expected == pa.string():
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual) or pa.types.is_dictionary(actual) and pa.types.is_string(actual.value_type)
+    if pa.types.is_list(expected):
+        return (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and _dtype_ok(expected.value_type, actual.value_type)
+    return expected == actual
+
+
+def _first_value(path: Path, column: str) -> str | None:
+    """'row 0: column=value' of a file (reads one small batch of one column)."""
+    try:
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=1, columns=[column]), None)
+    except Exception:  # the schema was readable; a value may still not be
+        return None
+    if batch is None or batch.num_rows == 0:
+        return None
+    return f"row 0: {column}={batch.column(0)[0].as_py()!r}"
+
+
+def check_parquet_files(files: tuple[Path, ...], problems: ProblemList) -> set[str]:
+    """Schema-level checks of every events file (readable, required columns, dtypes), read
+    from the parquet footers only; returns the union of contract columns present."""
+    present: set[str] = set()
+    for path in files:
+        try:
+            schema = pq.read_schema(path)
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            problems.add(f"cannot read parquet file: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                         file=str(path), fix="the file is corrupt or not parquet; re-export it "
+                         "(e.g. pandas.DataFrame.to_parquet) or remove it from events/",
+                         code="bad_parquet")
+            continue
+        names = set(schema.names)
+        for col in C.REQUIRED_EVENT_COLUMNS:
+            if col not in names:
+                c = C.EVENT_COLUMN_BY_NAME[col]
+                problems.add(f"required column '{col}' is missing", file=str(path), column=col,
+                             example="columns present: " + ", ".join(schema.names[:12]),
+                             fix=f"add '{col}' ({c.dtype}): {c.meaning}", code="missing_column")
+        for field in schema:
+            c = C.EVENT_COLUMN_BY_NAME.get(field.name)
+            if c is None:
+                continue
+            if not _dtype_ok(c.dtype, field.type):
+                problems.add(f"column '{field.name}' has type {field.type}, expected {c.dtype}",
+                             file=str(path), column=field.name,
+                             example=_first_value(path, field.name),
+                             fix=(f"cast it to {c.dtype}" + (" nanoseconds" if c.unit == "ns" else "")),
+                             code="wrong_dtype")
+            present.add(field.name)
+    return present
+
+
+def events_select(present: set[str]) -> str:
     """SELECT list that gives every contract column, NULL-filled where a file lacks it.
     Identifiers come from the contract module only (no user input in SQL text)."""
     cols = []
@@ -225,12 +289,21 @@ def connect(threads: int | None = None, memory_limit: str | None = None) -> duck
     return con
 
 
-def open_study(path: str | os.PathLike | Study, *, con: duckdb.DuckDBPyConnection | None = None,
-               check: bool = False) -> Study:
+def find_event_files(root: Path, problems: ProblemList) -> tuple[Path, ...]:
+    """The parquet files under ``events/``; a problem when there is none."""
+    files = find_parquet(root / C.EVENTS_DIR)
+    if not files:
+        problems.add("no event files: events/ holds no .parquet file", file=str(root / C.EVENTS_DIR),
+                     fix="write one row per offered request to events/*.parquet "
+                         "(see docs/study-contract.md)", code="no_events")
+    return files
+
+
+def open_study(path: str | os.PathLike | Study, *,
+               con: duckdb.DuckDBPyConnection | None = None) -> Study:
     """Open a study directory. Manifest and schema problems (bad YAML, missing fields, corrupt
-    parquet, missing columns, wrong dtypes) always raise a StudyError listing all of them.
-    With ``check=True`` the row-level validator runs too and its errors raise the same way
-    (warnings alone do not raise). Without it, opening reads only parquet footers."""
+    parquet, missing columns, wrong dtypes) raise a StudyError listing all of them. Opening
+    reads only parquet footers; the row-level checks are ``capplan.validate.open_checked``."""
     if isinstance(path, Study):
         return path
     root = Path(path).expanduser()
@@ -242,25 +315,12 @@ def open_study(path: str | os.PathLike | Study, *, con: duckdb.DuckDBPyConnectio
         root = root.parent
     manifest = parse_manifest(root / C.MANIFEST_NAME, problems)
     problems.raise_if_errors()
-    assert manifest is not None
-    event_files = _find_parquet(root / C.EVENTS_DIR)
-    if not event_files:
-        raise StudyError("no event files: events/ holds no .parquet file", file=str(root / C.EVENTS_DIR),
-                         fix="write one row per offered request to events/*.parquet "
-                             "(see docs/study-contract.md)", code="no_events")
-    resource_files = _find_parquet(root / C.RESOURCES_DIR)
-    con = con or connect()
-    from .validate import check_parquet_files  # local import: validate imports this module
-
-    present = check_parquet_files(con, event_files, problems)
+    event_files = find_event_files(root, problems)
     problems.raise_if_errors()
-    study = build_study(root, manifest, event_files, resource_files, present, con)
-    if check:
-        from .validate import validate_study
-
-        report = validate_study(study)
-        report.raise_if_errors()  # StudyError listing every error (warnings attached)
-    return study
+    present = check_parquet_files(event_files, problems)
+    problems.raise_if_errors()
+    return build_study(root, manifest, event_files, find_parquet(root / C.RESOURCES_DIR), present,
+                       con or connect())
 
 
 def build_study(root: Path, manifest: C.Manifest, event_files: tuple[Path, ...],
@@ -269,7 +329,7 @@ def build_study(root: Path, manifest: C.Manifest, event_files: tuple[Path, ...],
     """Create the views over already-checked files (shared by open_study and the validator)."""
     files = [str(p) for p in event_files]
     con.read_parquet(files, union_by_name=True).create_view("raw_events", replace=True)
-    con.execute(f"CREATE OR REPLACE VIEW events AS SELECT {_events_select(present)} FROM raw_events")
+    con.execute(f"CREATE OR REPLACE VIEW events AS SELECT {events_select(present)} FROM raw_events")
     if resource_files:
         con.read_parquet([str(p) for p in resource_files], union_by_name=True).create_view(
             "resources", replace=True)

@@ -79,8 +79,10 @@ BAD = [
     (("prices", DELETE), "prices", "missing the 'prices' section"),
     (("rollout", [1, 2]), "rollout", "rollout must be a mapping of keys, got a list"),
     (("budget", 5), "budget", "unknown key(s) in plan spec: budget"),
-    (("slo", "ttft_ms=abc"), "slo.ttft_ms", "not a number"),
-    (("slo", "ttft=5"), "slo", "unknown SLO key"),
+    (("slo", "ttft_ms=abc"), "slo.ttft_ms", "ttft_ms must be a number, got text 'abc'"),
+    (("slo", "ttft=5"), "slo.ttft", "unknown SLO key(s): ttft (did you mean ttft_ms?)"),
+    (("slo", "ttft_ms=100,attainment=1.2"), "slo.attainment", "attainment must be < 1, got 1.2"),
+    (("slo", "ttft_ms=100,itl_stat=p90"), "slo.itl_stat", "unknown itl_stat 'p90'"),
 ]
 
 
