@@ -295,8 +295,10 @@ class CellStats:
     """One run's per-(unit, cell) statistics; cell c is row c of ``BlockStats.cell_index``.
 
     ``sums``: name → (n_units × n_cells) float64 — ``n``, ``n_good``, ``n_ok``, ``st_<status>``
-    for each status, ``input_tokens``, ``output_tokens`` and ``input_tokens_started`` (input
-    tokens of requests that got a first token). ``hist``: metric → (unit, cell, key, count)
+    for each status, ``input_tokens``, ``output_tokens``, ``output_tokens_asked`` (the answer
+    lengths asked for: ``max_output_tokens``, the tokens received where it is not recorded —
+    the offered output, e.g. a tenant's demand) and ``input_tokens_started`` (input tokens of
+    requests that got a first token). ``hist``: metric → (unit, cell, key, count)
     int64 arrays, log-bucket histograms of ok requests (``Cells.hist`` metrics)."""
 
     sums: dict = field(repr=False)
@@ -770,6 +772,7 @@ def _build_table(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
         cols += [f"{plan.cell_sql} AS cell",
                  "CAST(coalesce(m.input_tokens, 0) AS BIGINT) AS tok_in",
                  "CAST(coalesce(m.output_tokens, 0) AS BIGINT) AS tok_out",
+                 "CAST(coalesce(m.max_output_tokens, m.output_tokens, 0) AS BIGINT) AS tok_ask",
                  "m.first_token_ns IS NOT NULL AS started"]
         params += plan.cell_params
     order = "run_idx, sched, h" if tie_break else "run_idx, sched"
@@ -874,6 +877,7 @@ def _reduce_from_table(study: Study, plan: _Plan, units, pw: dict, warm_src, war
     ok_counts = ", ".join(f"count({_KEY_COL[m]}) FILTER (WHERE st = 0) AS cnt_{m}"
                           for m in METRICS if _KEY_COL[m] in plan.key_cols)
     cell_cols = (", cell, sum(tok_in) AS input_tokens, sum(tok_out) AS output_tokens, "
+                 "sum(tok_ask) AS output_tokens_asked, "
                  "sum(tok_in) FILTER (WHERE started) AS input_tokens_started"
                  if with_cells else "")
     u = _np(study, f"""
@@ -1059,7 +1063,8 @@ def _assemble(study, plan, units, u, g, t, ch, hist, thresholds, gspec, cell_ind
             ci = np.searchsorted(cell_of, u["cell"][sel].astype(np.int64))
             flat = uu * n_cells + ci
             names = ["n", "n_good", "n_ok", *[f"st_{s}" for s in C.STATUSES],
-                     "input_tokens", "output_tokens", "input_tokens_started"]
+                     "input_tokens", "output_tokens", "output_tokens_asked",
+                     "input_tokens_started"]
             sums = {c: _dense(flat, np.nan_to_num(u[c][sel].astype(np.float64)),
                               nu * n_cells).reshape(nu, n_cells) for c in names}
             chist = {}
