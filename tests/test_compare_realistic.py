@@ -11,6 +11,7 @@ import re
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -18,9 +19,9 @@ import yaml
 from capplan.cli import main
 from capplan.compare import compare, ks_distance
 from capplan.compare.workload import ks_critical
-from capplan.envelope import fit_envelope, fit_from_stats
+from capplan.envelope import fit_envelope
 from capplan.errors import StudyError
-from capplan.reduce import reduce_study
+from capplan.study import open_study
 
 RATES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.5)
 SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
@@ -81,6 +82,7 @@ def test_same_system_seed_pairs_pass_every_gate(studies):
         fam = cmp.workload.set_index("run_baseline")["family"]
         assert fam["r01"] == fam["r02"] == "steady" and fam["r08"] == "saturated"
         assert any("widened ×2" in n for n in cmp.verdict.notes)
+        assert (cmp.workload["sd_factor"] == 2.0).all()  # another trace: every run widened
         t = cmp.to_frame()
         kinds = dict(zip(t["metric"] + "/" + t["scope"], t["kind"]))
         # stochastic failures are judged with their interval; server errors at steady load are
@@ -99,24 +101,27 @@ def test_same_trace_same_system_is_identical(studies):
 # ---------------------------------------------------------------- detection
 
 
-def test_slower_decode_fails_with_the_long_answer_buckets_named(studies, capsys):
+def test_slower_decode_fails_with_the_long_answer_buckets_named(studies, tmp_path, capsys):
     """The same offered trace on a replica whose decode is 30 % slower: compared (exit 1, not
     refused with exit 2 — the answers received are shorter because long answers time out, but
     that is the regression), and the long-answer buckets (by requested length) fail on their
     failure rate, while the shortest answers' failure rate does not move significantly."""
     rc = main(["compare", str(studies["base"]), str(studies["slow"]), "--slo", SLO,
-               "--reps", "200", "--seed", "0"])
+               "--reps", "200", "--seed", "0", "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert rc == 1, out
     assert "PAIRED" in out and re.search(r"bucket regressed: saturated runs, max_output_tokens "
                                          r"\[(256|512)", out)
-    cmp = compare(studies["base"], studies["slow"], SLO, reps=200, seed=0)
-    bk = cmp.buckets[cmp.buckets["dimension"] == "max_output_tokens"]
+    runs = pd.read_csv(tmp_path / "out" / "workload.csv", encoding="utf-8-sig")
+    # the same trace: only the saturated runs are widened for the run-to-run spread
+    assert ((runs["family"] == "saturated") == (runs["sd_factor"] == 2.0)).all()
+    bk = pd.read_csv(tmp_path / "out" / "buckets.csv", encoding="utf-8-sig", keep_default_na=False)
+    bk = bk[bk["dimension"] == "max_output_tokens"]
     fails = bk[bk["metric"] == "error_rate"]
     long_ = fails[fails["bucket"].map(_lower) >= LONG_ANSWER]
     short = fails[fails["bucket"].map(_lower) < 128]
     assert len(long_) and (long_["flag"] == "REGRESSED").any()
-    assert (long_["candidate"] > long_["baseline"] + 0.1).all()
+    assert (long_["candidate"].astype(float) > long_["baseline"].astype(float) + 0.1).all()
     assert len(short) and (short["flag"] == "").all()
     # the old rule (output tokens received) would have called it a different workload
     recv = {}
@@ -174,6 +179,14 @@ def test_synth_records_the_requested_answer_length(studies):
     assert (a["output_tokens"] <= a["max_output_tokens"]).all()
     assert (~ok).any() and (a.loc[~ok, "output_tokens"] < a.loc[~ok, "max_output_tokens"]).all()
     assert a["max_output_tokens"].tolist() == s["max_output_tokens"].tolist()
+    # the reduction sums what was asked for per cell (a tenant's demand in compare)
+    from capplan.reduce import Cells, reduce_study
+
+    st = reduce_study(studies["slow"], SLO, warmup=30.0, cells=Cells(tenant=True))
+    r = st.run("r08")
+    win = s[s["scheduled_ns"] >= 30 * 10**9]
+    assert r.cells.sums["output_tokens_asked"].sum() == win["max_output_tokens"].sum()
+    assert r.cells.sums["output_tokens"].sum() == win["output_tokens"].sum()
 
 
 # ---------------------------------------------------------------- one window for every row
@@ -181,9 +194,10 @@ def test_synth_records_the_requested_answer_length(studies):
 
 def test_cslo_row_uses_the_same_window_as_every_other_row(tmp_path):
     """The manifests' warm-ups differ (baseline 0 s, candidate 60 s): the comparison uses the
-    longer one for both sides, and its C_SLO row is the envelope of the statistics reduced over
-    that window — not of the baseline's own manifest warm-up, which counts the first minute
-    (a server that started empty) and gives another capacity."""
+    longer one for both sides, reduces each study once over it, and fits its C_SLO row on
+    those very statistics — not on the baseline's own manifest warm-up, which counts the first
+    minute (a server that started empty) and gives another capacity."""
+    from capplan.metrics import Window
     from capplan.synth import generate_study
 
     short = dict(rates=(1.5, 2.5, 3.0, 4.5), duration_s=150.0)
@@ -192,26 +206,25 @@ def test_cslo_row_uses_the_same_window_as_every_other_row(tmp_path):
     assert {r["warmup_s"] for r in yaml.safe_load((a / "study.yaml").read_text())["runs"]} == {0.0}
     cmp = compare(a, b, SLO, reps=200, seed=3)
     assert (cmp.workload["warmup_s"] == 60.0).all()
+    env_b, env_c = cmp.envelopes
+    stats = env_b.stats
+    assert stats.window.as_dict() == {f"r0{i}": 60.0 for i in range(1, 5)}
+    assert env_c.stats.window.as_dict() == stats.window.as_dict()
     row = cmp.to_frame().set_index(["metric", "scope"]).loc[("cslo_rps", "sweep")]
-    common = reduce_study(a, SLO, warmup=60.0, block_metrics=("ttft", "tpot", "itl"))
-    same = fit_from_stats(common, SLO, confidence=0.95, reps=200, seed=3)
-    own = fit_envelope(a, SLO, confidence=0.95, reps=200, seed=3)  # the manifest's 0 s
-    assert row["baseline"] == pytest.approx(same.cslo.estimate, rel=1e-12)
-    assert not math.isclose(own.cslo.estimate, same.cslo.estimate, rel_tol=1e-6)
-    # the other rows of the same comparison see the same window: per-run attainment
+    assert np.allclose([row["baseline"], row["candidate"]],
+                       [env_b.cslo.estimate, env_c.cslo.estimate], rtol=0, equal_nan=True)
+    # every other row reads the same statistics: the per-run attainment rows, the blocks
     t = cmp.to_frame()
-    for r in common.runs:
+    for r in stats.runs:
         got = t[(t["metric"] == "attainment") & (t["scope"] == f"run {r.run_id}")]
         assert got["baseline"].iat[0] == pytest.approx(r.n_good / r.n, abs=1e-12)
-
-
-def test_block_metrics_bound_the_block_length(studies):
-    """reduce_study(block_metrics=...) makes each run's block at least the Politis–White
-    length of those latency series: TPOT moves with the batch, much slower than TTFT."""
-    plain = reduce_study(studies["base"], SLO)
-    wide = reduce_study(studies["base"], SLO, block_metrics=("ttft", "tpot", "itl"))
-    longer = 0
-    for p, w in zip(plain.runs, wide.runs):
-        assert w.block_len.circular >= p.block_len.circular
-        longer += w.block_len.circular > p.block_len.circular
-    assert longer >= 2
+    w = cmp.workload.set_index("run_baseline")
+    for r, rc in zip(stats.runs, env_c.stats.runs):
+        assert w.loc[r.run_id, "block_requests"] == max(r.block_len.circular,
+                                                        rc.block_len.circular)
+    # the baseline's own manifest window (0 s) gives another envelope
+    own = fit_envelope(a, SLO, confidence=0.95, reps=200, seed=3)
+    assert own.stats.window == Window.of(open_study(a), 0.0)
+    assert not math.isclose(own.cslo.estimate, env_b.cslo.estimate, rel_tol=1e-6)
+    same = fit_envelope(a, SLO, confidence=0.95, reps=200, seed=3, warmup=60.0)
+    assert same.stats.window == stats.window

@@ -413,7 +413,8 @@ def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
 def test_compare_export_is_capplan_compare(compare_report, small_sweeps, tmp_path):
     """The report's comparison export is byte for byte `capplan.compare` + `export_comparison`
     with the same inputs (so the report and `capplan compare` give one verdict)."""
-    from capplan.compare import compare, export_comparison
+    from capplan.compare import compare
+    from capplan.export import export_comparison
     from capplan.study import open_study
 
     a, b = small_sweeps["a"], small_sweeps["d"]

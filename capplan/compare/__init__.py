@@ -21,22 +21,21 @@ Pipeline (I/O at the edges, the rest numpy):
    per-(sub-block, cell) sums on one time grid shared by both sides (``sides``, ``sampling``);
 4. run families from the baseline (``deltas.classify_runs``); one resample per run
    (``capplan.bootstrap.resample``; two-stage over repeats) (``sampling``);
-5. the tables (``deltas``, ``buckets``, ``fairness``), the verdict, the export (``export``).
+5. the tables (``deltas``, ``buckets``, ``fairness``) and the verdict; the files for people
+   (compare.xlsx and CSVs) are written by ``capplan.export.export_comparison``.
 
 Modules: ``gates`` (the gates file), ``workload``, ``sides``, ``sampling``, ``stats`` (the
 sup-t band, the gate rule, bucket merging, fairness shares), ``deltas``, ``buckets``,
-``fairness``, ``result`` (Comparison, Verdict), ``export``, ``core`` (``compare``).
+``fairness``, ``result`` (Comparison, Verdict), ``core`` (``compare``).
 """
 
 from .core import compare
-from .export import CSV_NAMES, XLSX_NAME, check_out_dir, comparison_tables, export_comparison
 from .gates import BucketRules, FairnessRules, Gate, Gates, RunRules, WorkloadRules, load_gates
 from .result import BUCKET_DIMS, METRICS, Comparison, MetricSpec, Verdict
 from .stats import fairness_stats, judge, merge_ordered, simultaneous_ci
 from .workload import ks_distance
 
-__all__ = ["compare", "CSV_NAMES", "XLSX_NAME", "check_out_dir", "comparison_tables",
-           "export_comparison", "BucketRules", "FairnessRules", "Gate", "Gates", "RunRules",
+__all__ = ["compare", "BucketRules", "FairnessRules", "Gate", "Gates", "RunRules",
            "WorkloadRules",
            "load_gates", "BUCKET_DIMS", "METRICS", "Comparison", "MetricSpec", "Verdict",
            "fairness_stats", "judge", "merge_ordered", "simultaneous_ci", "ks_distance"]

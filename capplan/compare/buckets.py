@@ -10,11 +10,12 @@ import math
 import numpy as np
 import pandas as pd
 
+from .. import contract as C
+from ..reduce import NONE_LABEL
 from .deltas import FAMILIES, STEADY, Ctx
 from .gates import Gate
 from .result import OTHER_LABEL
 from .sampling import quantile
-from .sides import NONE_LABEL
 from .stats import judge, merge_ordered, simultaneous_ci
 
 
@@ -56,14 +57,14 @@ def _definitions(ctx: Ctx, nb_cell, nc_cell) -> list[tuple[str, str, np.ndarray]
         for grp in merge_ordered(cb, cc, rules.min_requests):
             defs.append((name, range_label(edges, grp), np.isin(idx, grp)))
 
-    ordered("in_b", ctx.in_edges, "input_tokens")
-    ordered("out_b", ctx.out_edges, ctx.out_col)
+    ordered("input_bucket", ctx.in_edges, "input_tokens")
+    ordered("output_bucket", ctx.out_edges, ctx.out_col)
     si, so = ctx.split
     for qi in (False, True):
         for qo in (False, True):
             lab = f"in {'>' if qi else '≤'} {si:,.0f}, out {'>' if qo else '≤'} {so:,.0f}"
-            defs.append(("quadrant", lab, (cells["q_in"].to_numpy() == qi)
-                         & (cells["q_out"].to_numpy() == qo)))
+            defs.append(("quadrant", lab, (cells["input_long"].to_numpy() == qi)
+                         & (cells["output_long"].to_numpy() == qo)))
     for dim in ("tenant", "slo_class"):
         vals = cells[dim].to_numpy()
         labels = sorted(set(vals))
@@ -97,14 +98,14 @@ def _family_rows(ctx: Ctx, name: str, runs: list[int]) -> tuple[list[dict], list
     sums = {}
     for side, a, d in (("b", ctx.ab, ctx.db), ("c", ctx.ac, ctx.dc)):
         N = a.sums["n"] @ M
-        G = a.sums["good"] @ M
-        F = (a.sums["timeout"] + a.sums["error"] + a.sums["cancelled"]) @ M
+        G = a.sums["n_good"] @ M
+        F = (a.sums["st_timeout"] + a.sums["st_error"] + a.sums["st_cancelled"]) @ M
         n_rep = d.replicates(N, runs)
         with np.errstate(invalid="ignore", divide="ignore"):  # per-bucket denominators
             sums[side] = {"n": d.point(N, runs), "good": d.point(G, runs),
                           "fail": d.point(F, runs), "good_rep": d.replicates(G, runs) / n_rep,
                           "fail_rep": d.replicates(F, runs) / n_rep}
-    qname = f"ttft_p{100 * p:g}_ms"
+    qname = C.pct_col("ttft", p)
     rows, reps_cols = [], []
     for j, (dim, lab, mask) in enumerate(defs):
         n_b, n_c = int(sums["b"]["n"][j]), int(sums["c"]["n"][j])
@@ -121,7 +122,7 @@ def _family_rows(ctx: Ctx, name: str, runs: list[int]) -> tuple[list[dict], list
             continue
         qs = []
         for a, d in ((ctx.ab, ctx.db), (ctx.ac, ctx.dc)):
-            u, ci, k, cnt = a.ttft
+            u, ci, k, cnt = a.hist["ttft"]
             sel = mask[ci] if ci.size else np.zeros(0, bool)
             qs.append(quantile(d, runs, u[sel], k[sel], cnt[sel], p, ctx.n_units))
         (qb, rqb), (qc, rqc) = qs

@@ -1,11 +1,12 @@
-"""``compare``: open both studies, check the offered workload, reduce each side over the common
-steady windows, split the runs into families, resample, tabulate, judge."""
+"""``compare``: open both studies, check the offered workload, reduce each side once over the
+common steady windows, split the runs into families, resample, tabulate, judge."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from .. import bootstrap as boot
 from ..envelope import fit_from_stats
 from ..errors import SpecError, StudyError
 from ..slo import SLO
@@ -16,8 +17,8 @@ from .deltas import (Ctx, classify_runs, cslo_rows, family_rows, finish_table, r
 from .fairness import fairness_rows, fairness_table
 from .gates import confidence_arg, load_gates
 from .result import Comparison
-from .sampling import draws, repeated, time_grid
-from .sides import CELL_DIMS, arrays, length_summary, open_side, reduce_cells
+from .sampling import draws, repeated
+from .sides import arrays, cell_union, cells_for, length_summary, open_side, reduce_sides
 from .workload import check_slo, check_workload, detect_pairing, match_runs
 
 
@@ -42,10 +43,28 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
     sb, sc = open_study(baseline), open_study(candidate)
     check_slo(sb, sc)
     pairs = match_runs(sb, sc, warmup_s)
-    b = open_side("baseline", sb, pairs, slo)
-    c = open_side("candidate", sc, pairs, slo)
+    b, c = open_side("baseline", sb, pairs), open_side("candidate", sc, pairs)
     paired, pairing = detect_pairing(sb, sc, pairs, b.offered, c.offered, g.workload.pairing)
     notes = check_workload(sb, sc, pairs, b.offered, c.offered, g.workload, paired)
+
+    # the cells, from the offered lengths; then each side reduced once
+    requested = b.offered.has_requested_output and c.offered.has_requested_output
+    out_col = "max_output_tokens" if requested else "output_tokens"
+    if not requested:
+        notes.append("output-length buckets use the tokens received (max_output_tokens is not "
+                     "recorded in both studies): a request that failed early lands in a short "
+                     "bucket")
+    in_edges = edges_for(g.buckets.input_edges,
+                         max(length_summary(s, "input_tokens")[0] for s in (b, c)))
+    out_edges = edges_for(g.buckets.output_edges,
+                          max(length_summary(s, out_col)[0] for s in (b, c)))
+    split_in, split_out = g.buckets.quadrant_split
+    if split_in is None:
+        split_in = median([b.offered.input_tokens])
+    if split_out is None:
+        split_out = length_summary(b, out_col)[1]
+    reduce_sides(b, c, slo, cells_for(in_edges, out_edges, out_col, (split_in, split_out),
+                                      b.has_itl and c.has_itl))
 
     envs = []
     for k, side in enumerate((b, c)):
@@ -56,9 +75,19 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
             envs.append(None)
     regimes = classify_runs(b, envs[0], pairs, slo)
 
-    blen = [max(b.stats.run(p.baseline).block_len.circular,
-                c.stats.run(p.candidate).block_len.circular) for p in pairs]
-    grid = time_grid(pairs, b.offered, c.offered, blen)
+    # one resample per run: blocks of the larger of the two sides' lengths, in units
+    scheme = boot.Circular()
+    blocks = []
+    for p in pairs:
+        rb, rc = b.stats.run(p.baseline), c.stats.run(p.candidate)
+        blocks.append({
+            "pair": p.index, "units": rb.n_units,
+            "unit_s": b.stats.unit_rule.width_ns(p.baseline) / 1e9,
+            "block_units": max(scheme.block_units(rb.block_len, rb.unit_size),
+                               scheme.block_units(rc.block_len, rc.unit_size)),
+            "block_requests": max(scheme.block_requests(rb.block_len),
+                                  scheme.block_requests(rc.block_len))})
+    blocks = pd.DataFrame(blocks)
     levels = [p.level for p in pairs]
     once = ~repeated(levels)
     saturated = (regimes["family"] == "saturated").to_numpy()
@@ -70,37 +99,18 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
                      f"within-run bootstrap deviations are widened ×{kappa:g} for the run-to-run "
                      "spread a single run cannot show (runs.sd_factor); repeats at those rates "
                      "would measure it")
-    db = draws(grid, levels, reps, seed, 0, sd)
-    dc = db if paired else draws(grid, levels, reps, seed, 1, sd)
+    units, L = blocks["units"].tolist(), blocks["block_units"].tolist()
+    db = draws(units, L, levels, reps, seed, 0, sd)
+    dc = db if paired else draws(units, L, levels, reps, seed, 1, sd)
 
-    requested = b.offered.has_requested_output and c.offered.has_requested_output
-    out_col = "max_output_tokens" if requested else "output_tokens"
-    if not requested:
-        notes.append("output-length buckets use the tokens received (max_output_tokens is not "
-                     "recorded in both studies): a request that failed early lands in a short "
-                     "bucket")
-    max_in = max(length_summary(s, "input_tokens")[0] for s in (b, c))
-    max_out = max(length_summary(s, out_col)[0] for s in (b, c))
-    in_edges = edges_for(g.buckets.input_edges, max_in)
-    out_edges = edges_for(g.buckets.output_edges, max_out)
-    split_in, split_out = g.buckets.quadrant_split
-    if split_in is None:
-        split_in = median([b.offered.input_tokens])
-    if split_out is None:
-        split_out = length_summary(b, out_col)[1]
-    for side in (b, c):
-        reduce_cells(side, slo, grid, in_edges, out_edges, out_col, split_in, split_out,
-                     g.fairness)
-    cell_index = (pd.concat([b.cells[list(CELL_DIMS)], c.cells[list(CELL_DIMS)]])
-                  .drop_duplicates().sort_values(list(CELL_DIMS)).reset_index(drop=True))
-    ab, ac = arrays(b, cell_index, db.offsets), arrays(c, cell_index, db.offsets)
-    ctx = Ctx(b, c, ab, ac, db, dc, g, slo, conf, conf_family, cell_index, pairs, pairing,
-              paired, grid, regimes, in_edges, out_edges, out_col, (split_in, split_out), seed,
+    union = cell_union(b, c)
+    (ab, _), (ac, _) = arrays(b, union, pairs), arrays(c, union, pairs)
+    ctx = Ctx(b, c, ab, ac, db, dc, g, slo, conf, conf_family, union, pairs, pairing,
+              paired, blocks, regimes, in_edges, out_edges, out_col, (split_in, split_out), seed,
               envs=tuple(envs))
     rows = (family_rows(ctx, "steady") + family_rows(ctx, "saturated") + cslo_rows(ctx)
             + sweep_rows(ctx) + fairness_rows(ctx) + run_rows(ctx))
     table = finish_table(rows, ctx)
-
     buckets = bucket_table(ctx)
     fairness = fairness_table(ctx)
     all_notes = notes + ctx.notes
@@ -109,4 +119,4 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
                       paired=paired, slo=slo, gates=g, baseline_name=sb.name,
                       candidate_name=sc.name, reps=reps, seed=seed,
                       confidence_headline=conf_family, confidence_buckets=conf_family,
-                      notes=tuple(all_notes))
+                      notes=tuple(all_notes), envelopes=tuple(envs))

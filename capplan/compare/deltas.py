@@ -50,7 +50,7 @@ class Ctx:
     pairs: list[RunPair]
     pairing: pd.DataFrame
     paired: bool
-    grid: pd.DataFrame
+    blocks: pd.DataFrame  # per pair: units, unit seconds, block units and requests
     regimes: pd.DataFrame  # per pair: family, why
     in_edges: tuple
     out_edges: tuple
@@ -176,31 +176,30 @@ def family_rows(ctx: Ctx, name: str) -> list[dict]:
     if not runs:
         return []
     rows = []
-    Ab, Ac, rb, rc = _ratio(ctx, "good", "n", runs)
+    Ab, Ac, rb, rc = _ratio(ctx, "n_good", "n", runs)
     rows.append(make_row("attainment", scope, Ab, Ac, rb, rc))
     if name == "steady":
         p = ctx.g.percentile
         for metric, hkey in Q_METRICS.items():
-            if hkey == "itl" and (ctx.ab.itl is None or ctx.ac.itl is None):
-                if (ctx.ab.itl is None) != (ctx.ac.itl is None):
+            if hkey == "itl" and not (ctx.b.has_itl and ctx.c.has_itl):
+                if ctx.b.has_itl != ctx.c.has_itl:
                     ctx.notes.append("ITL p99 not compared: only one study recorded itl_ns")
                 continue
             out = []
             for a, d in ((ctx.ab, ctx.db), (ctx.ac, ctx.dc)):
-                h = getattr(a, hkey)
-                u, k, cnt = (h[0], h[2], h[3]) if hkey == "ttft" else h
+                u, _, k, cnt = a.hist[hkey]
                 out.append(quantile(d, runs, u, k, cnt, p, ctx.n_units))
             (pb, qb), (pc, qc) = out
             rows.append(make_row(metric, scope, pb, pc, qb, qc))
-            rows[-1]["label"] = rows[-1]["label"].replace("p99", f"p{100 * p:g}")
-    rows.append(make_row("goodput_rps_per_gpu", scope, *_rate_per_gpu(ctx, "good", runs)))
+            rows[-1]["label"] = rows[-1]["label"].replace("p99", C.pct_label(p))
+    rows.append(make_row("goodput_rps_per_gpu", scope, *_rate_per_gpu(ctx, "n_good", runs)))
     if name == "saturated":
-        rows.append(make_row("throughput_rps_per_gpu", scope, *_rate_per_gpu(ctx, "ok", runs)))
-    rows.append(make_row("error_rate", scope, *_ratio(ctx, ("timeout", "error", "cancelled"),
+        rows.append(make_row("throughput_rps_per_gpu", scope, *_rate_per_gpu(ctx, "n_ok", runs)))
+    rows.append(make_row("error_rate", scope, *_ratio(ctx, ("st_timeout", "st_error", "st_cancelled"),
                                                       "n", runs)))
-    rows.append(make_row("reject_rate", scope, *_ratio(ctx, "rejected", "n", runs)))
+    rows.append(make_row("reject_rate", scope, *_ratio(ctx, "st_rejected", "n", runs)))
     if name == "steady":  # errors at steady load are a bug, not noise: no interval needed
-        Eb, Ec, _, _ = _ratio(ctx, "error", "n", runs)
+        Eb, Ec, _, _ = _ratio(ctx, "st_error", "n", runs)
         rows.append(make_row("server_error_rate", scope, Eb, Ec))
     return rows
 
@@ -257,7 +256,7 @@ def sweep_rows(ctx: Ctx) -> list[dict]:
     steady = ctx.family("steady")
     if not steady:
         return rows
-    gpb, gpc, gprb, gprc = _rate_per_gpu(ctx, "good", steady)
+    gpb, gpc, gprb, gprc = _rate_per_gpu(ctx, "n_good", steady)
     levels = [{ctx.b.stats.run(ctx.pairs[p].baseline).load_level for p in steady},
               {ctx.c.stats.run(ctx.pairs[p].candidate).load_level for p in steady}]
     eb, _ = energy_per_good(ctx.b, ctx.slo, levels[0])
@@ -288,7 +287,7 @@ def run_rows(ctx: Ctx) -> list[dict]:
     if len(ctx.pairs) < 2:
         return rows
     for p in ctx.pairs:
-        Ab, Ac, rb, rc = _ratio(ctx, "good", "n", [p.index])
+        Ab, Ac, rb, rc = _ratio(ctx, "n_good", "n", [p.index])
         r = make_row("attainment", f"run {p.baseline}", Ab, Ac, rb, rc,
                      note=why[p.index] or "steady")
         r["kind"] = "info"
@@ -382,7 +381,8 @@ def verdict(table: pd.DataFrame, buckets: pd.DataFrame, g: Gates, notes: list[st
 
 
 def workload_frame(ctx: Ctx) -> pd.DataFrame:
-    """Per matched run: offered facts of both sides, pairing counts, the grid, the family."""
+    """Per matched run: offered facts of both sides, pairing counts, the time units and
+    blocks, the family."""
     rows = []
     fam = ctx.regimes.set_index("pair")
     diag_c = ctx.c.stats.diagnostics.set_index("run_id")
@@ -401,8 +401,9 @@ def workload_frame(ctx: Ctx) -> pd.DataFrame:
                      "matched_requests": int(pr["matched"]),
                      "missing_in_candidate": int(pr["missing"]),
                      "extra_in_candidate": int(pr["extra"]),
-                     "block_requests": ctx.grid["block_requests"].iat[p.index],
-                     "subblock_s": ctx.grid["sub_ns"].iat[p.index] / C.NS_PER_S,
-                     "subblocks": int(ctx.grid["units"].iat[p.index]),
+                     "block_requests": ctx.blocks["block_requests"].iat[p.index],
+                     "unit_s": ctx.blocks["unit_s"].iat[p.index],
+                     "units": int(ctx.blocks["units"].iat[p.index]),
+                     "block_units": ctx.blocks["block_units"].iat[p.index],
                      "sd_factor": float(ctx.db.sd_factor[p.index])})
     return pd.DataFrame(rows)

@@ -13,6 +13,7 @@ from .. import contract as C
 from ..errors import SpecError
 from .deltas import Ctx, make_row
 from .gates import FairnessRules
+from .sides import Arrays, worst_ages
 from .stats import fairness_stats
 
 
@@ -29,6 +30,20 @@ def entitlements(tenants: list[str], rules: FairnessRules, manifest: C.Manifest)
                         field="fairness.entitlements",
                         fix="give every tenant a weight (or none, for equal shares)")
     return np.array([float(ent[t]) for t in tenants])
+
+
+def service(a: Arrays, rules: FairnessRules) -> np.ndarray:
+    """(units × cells) weighted tokens served: prefill of requests that got a first token,
+    decode of the tokens received."""
+    return rules.prefill_weight * a.sums["input_tokens_started"] \
+        + rules.decode_weight * a.sums["output_tokens"]
+
+
+def demand(a: Arrays, rules: FairnessRules) -> np.ndarray:
+    """(units × cells) weighted tokens asked for: every prompt, and the answer lengths asked
+    for (``max_output_tokens``; the tokens received where not recorded)."""
+    return rules.prefill_weight * a.sums["input_tokens"] \
+        + rules.decode_weight * a.sums["output_tokens_asked"]
 
 
 def tenant_matrix(ctx: Ctx) -> tuple[list[str], np.ndarray]:
@@ -48,8 +63,8 @@ def fairness_rows(ctx: Ctx) -> list[dict]:
     e = entitlements(tenants, ctx.g.fairness, ctx.b.study.manifest)
     stats = []
     for a, d in ((ctx.ab, ctx.db), (ctx.ac, ctx.dc)):
-        S = a.sums["svc"] @ M  # units × tenants
-        Q = a.sums["demand"] @ M
+        S = service(a, ctx.g.fairness) @ M  # units × tenants
+        Q = demand(a, ctx.g.fairness) @ M
         stats.append((fairness_stats(d.point(S, runs), e, d.point(Q, runs)),
                       fairness_stats(d.replicates(S, runs), e, d.replicates(Q, runs))))
     (pb, rb), (pc, rc) = stats
@@ -70,21 +85,17 @@ def fairness_table(ctx: Ctx) -> pd.DataFrame:
     e = entitlements(tenants, ctx.g.fairness, ctx.b.study.manifest)
     e = e / e.sum()
     out = pd.DataFrame({"tenant": tenants, "entitled_share": e})
-    for name, a, d in (("baseline", ctx.ab, ctx.db), ("candidate", ctx.ac, ctx.dc)):
-        svc = d.point(a.sums["svc"] @ M, runs)
-        dem = d.point(a.sums["demand"] @ M, runs)
+    for name, a, d, side in (("baseline", ctx.ab, ctx.db, ctx.b),
+                             ("candidate", ctx.ac, ctx.dc, ctx.c)):
+        svc = d.point(service(a, ctx.g.fairness) @ M, runs)
+        dem = d.point(demand(a, ctx.g.fairness) @ M, runs)
         st = fairness_stats(svc, e, dem)
         out[f"service_{name}"] = svc
         out[f"share_{name}"] = st["share"]
         out[f"demand_share_{name}"] = dem / dem.sum() if dem.sum() else np.nan
         out[f"fair_share_{name}"] = st["fair"]
         out[f"deviation_{name}"] = st["deviation"]
-        ages = a.max_age[runs]  # runs × cells
-        age = np.full(len(tenants), np.nan)
-        for t_i in range(len(tenants)):
-            v = ages[:, M[:, t_i] > 0]
-            v = v[np.isfinite(v)]
-            if v.size:
-                age[t_i] = v.max()
-        out[f"worst_age_ms_{name}"] = age
+        ages = worst_ages(side, ctx.pairs)
+        ages = ages[ages["pair"].isin(runs)].groupby("tenant")["age_ms"].max()
+        out[f"worst_age_ms_{name}"] = [float(ages.get(t, np.nan)) for t in tenants]
     return out

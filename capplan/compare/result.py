@@ -29,7 +29,8 @@ METRICS: dict[str, MetricSpec] = {m.name: m for m in (
     MetricSpec("attainment", "SLO attainment (offered)", "fraction", "higher", "stat"),
     MetricSpec("ttft_p99_ms", "TTFT p99", "ms", "lower", "stat"),
     MetricSpec("tpot_p99_ms", "TPOT p99", "ms", "lower", "stat"),
-    MetricSpec("itl_p99_ms", "ITL p99 (pooled gaps)", "ms", "lower", "stat"),
+    MetricSpec("itl_p99_ms", "ITL p99 (per-request ITL: the SLO's itl_stat of its gaps)", "ms",
+               "lower", "stat"),
     MetricSpec("goodput_rps_per_gpu", "request goodput per GPU", "req/s/GPU", "higher", "stat"),
     MetricSpec("throughput_rps_per_gpu", "completed requests per GPU", "req/s/GPU", "higher",
                "stat"),
@@ -102,6 +103,10 @@ class Comparison:
     confidence_headline: float = 0.975
     confidence_buckets: float = 0.975
     notes: tuple[str, ...] = ()
+    #: (baseline, candidate) envelopes of the C_SLO row — ``capplan.envelope.Envelope`` fitted
+    #: on the comparison's own reduced statistics (``.stats``: the window, units, cells,
+    #: block lengths every row used); None where it could not be fitted
+    envelopes: tuple = field(default=(None, None), repr=False, compare=False)
 
     def to_frame(self) -> pd.DataFrame:
         return self.table.copy()

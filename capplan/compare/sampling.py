@@ -1,18 +1,14 @@
-"""The shared time grid and the bootstrap draws of a comparison.
+"""The bootstrap draws of a comparison.
 
-Grid: per matched run, both sides are cut into the same time sub-blocks (origin = the earlier
-first scheduled request of the two, width ≈ a quarter of the block length). The block length
-is the project's one rule (``capplan.reduce``: the larger Politis–White length of the run's
-SLO-good series and of its primary latency series), the larger of the two sides, converted to
-time at the measured rate (docs/statistics.md#block-length).
-
-Draws: each run's sub-blocks are resampled on their own (stratified circular block bootstrap,
-``capplan.bootstrap.resample``), once per run; a paired comparison uses the *same* draws for
-both sides. When a load level was run several times (repeats), the replicate first draws that
-level's runs with replacement, then blocks inside them (two-stage), so the spread between runs
-is in the interval. A run tested once has its within-run deviation widened by ``sd_factor``
-instead — every run of an independent comparison, the saturated ones of a paired one
-(docs/compare.md §3).
+Each run is resampled on its own (stratified circular block bootstrap, ``bootstrap.Circular``
+on the run's time units), once per run; a paired comparison uses the *same* draws for both
+sides, which share the time grid (``reduce.time_units_for``). The block is the reduction's
+block-length rule (docs/statistics.md#block-length), the larger of the two sides, in units.
+When a load level was run several times (repeats), the replicate first draws that level's runs
+with replacement, then blocks inside them (two-stage), so the spread between runs is in the
+interval. A run tested once has its within-run deviation widened by ``sd_factor`` instead —
+every run of an independent comparison, the saturated ones of a paired one (docs/compare.md
+§3).
 """
 
 from __future__ import annotations
@@ -20,43 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from .. import bootstrap as boot
 from .. import sketch
-from .workload import Offered, RunPair
-
-#: cap on sub-blocks over all runs: replicate sums stay small and fast
-MAX_UNITS_TOTAL = 4000
-SUBBLOCKS_PER_BLOCK = 4
-
-
-def time_grid(pairs: list[RunPair], off_b: Offered, off_c: Offered,
-              block_requests: list[float]) -> pd.DataFrame:
-    """Per pair: origin_ns, sub-block width sub_ns, number of sub-blocks, block length in
-    sub-blocks and in requests (``block_requests``: the larger of the two sides' lengths)."""
-    cap = max(20, MAX_UNITS_TOTAL // max(len(pairs), 1))
-    rows = []
-    for p, blen in zip(pairs, block_requests):
-        fb, fc = off_b.facts.iloc[p.index], off_c.facts.iloc[p.index]
-        blen = max(float(blen), 1.0)
-        first = np.nanmin([fb["first_ns"], fc["first_ns"]])
-        last = np.nanmax([fb["last_ns"], fc["last_ns"]])
-        span_ns = max(last - first, 1.0) if np.isfinite(first) and np.isfinite(last) else 1.0
-        n_req = max(fb["n"], fc["n"], 1)
-        block_ns = blen * span_ns / max(n_req - 1, 1)
-        per = SUBBLOCKS_PER_BLOCK if blen >= SUBBLOCKS_PER_BLOCK else max(1, int(round(blen)))
-        sub_ns = max(block_ns / per, 1.0)
-        units = int(span_ns // sub_ns) + 1
-        if units > cap:  # wider sub-blocks: fewer units, blocks still ≥ the block length
-            sub_ns = span_ns / (cap - 1)
-            units = int(span_ns // sub_ns) + 1
-            per = max(1, int(round(block_ns / sub_ns)))
-        rows.append({"pair": p.index, "origin_ns": float(first) if np.isfinite(first) else 0.0,
-                     "sub_ns": float(sub_ns), "units": units, "block_units": min(per, units),
-                     "block_requests": blen})
-    return pd.DataFrame(rows)
-
 
 @dataclass(frozen=True)
 class Draws:
@@ -97,16 +59,17 @@ class Draws:
         return out
 
 
-def draws(grid: pd.DataFrame, levels: list[float], reps: int, seed: int, stream: int,
-          sd_factor: np.ndarray) -> Draws:
+def draws(n_units: list[int], block_units: list[float], levels: list[float], reps: int,
+          seed: int, stream: int, sd_factor: np.ndarray) -> Draws:
     """The replicates of one side: ``stream`` 0 for the baseline (and a paired candidate),
-    1 for an independent candidate. Run p's blocks come from ``default_rng([seed, stream,
-    p])``; the repeat draws from ``default_rng([seed, stream, -1])`` (same seed ⇒ same)."""
+    1 for an independent candidate. Pair p's blocks come from ``default_rng([seed, stream,
+    p])``; the repeat draws from ``default_rng([seed, stream, 2³¹ − 1])`` (same seed ⇒ same)."""
+    scheme = boot.Circular()
     res = []
-    for r in grid.itertuples():
-        rng = np.random.default_rng([int(seed), int(stream), int(r.pair)])
-        res.append(boot.resample(int(r.units), float(r.block_units), reps, rng, "circular"))
-    offsets = np.concatenate([[0], np.cumsum(grid["units"].to_numpy())]).astype(np.int64)
+    for p, (n, L) in enumerate(zip(n_units, block_units)):
+        rng = np.random.default_rng([int(seed), int(stream), p])
+        res.append(scheme.resample(int(n), float(L), reps, rng))
+    offsets = np.concatenate([[0], np.cumsum(n_units)]).astype(np.int64)
     weights = np.ones((reps, len(res)))
     groups: dict[float, list[int]] = {}
     for p, lv in enumerate(levels):

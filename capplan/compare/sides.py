@@ -1,36 +1,39 @@
-"""One side of a comparison: the project's reduction of the study over the common steady
-windows (``capplan.reduce.reduce_study``: block lengths, diagnostics, the C_SLO fit), and its
-per-(sub-block, cell) sums and histograms on the time grid both sides share.
+"""One side of a comparison and the project's one reduction of it.
 
-A cell is (input bucket, output bucket, quadrant, tenant, SLO class). The output bucket is the
-answer length the client *asked for* (``max_output_tokens``) when both studies record it for
-every request — a request that timed out stays in its long-answer bucket — else the tokens
-received (said in the notes).
+Each study is reduced ONCE (``capplan.reduce.reduce_study``) over the common steady windows
+(``metrics.Window``, passed explicitly), on a time grid both sides share
+(``reduce.time_units_for``: unit i covers the same scheduled times on both sides), with the
+comparison's cells (``reduce.Cells``: input bucket, output bucket, quadrant, tenant, SLO
+class) summed in the same pass. The result serves every row: block lengths, run diagnostics,
+per-(unit, cell) counts and histograms, and the envelope of the C_SLO row.
+
+The output bucket is the answer length the client *asked for* (``max_output_tokens``) when
+both studies record it for every request — a request that timed out stays in its long-answer
+bucket — else the tokens received (said in the notes).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from .. import sketch
-from ..metrics import create_request_view, good_predicate
-from ..reduce import BlockStats, reduce_study
+from ..metrics import Window, request_view
+from ..reduce import MAX_UNITS, NONE_LABEL, BlockStats, Cells, reduce_study, time_units_for
 from ..slo import SLO
 from ..study import Study
-from .gates import FairnessRules
 from .workload import Offered, RunPair, offered
 
-CELL_DIMS = ("in_b", "out_b", "q_in", "q_out", "tenant", "slo_class")
-#: per (sub-block, cell) sums; statuses one by one (they add up to n)
-CELL_SUMS = ("n", "good", "ok", "rejected", "timeout", "error", "cancelled", "svc", "demand")
-NONE_LABEL = "(none)"
-#: the latency series whose percentiles compare gates: their dependence sets the block length
-#: too, whatever the SLO limits (TPOT depends on the batch, which changes slowly)
-BLOCK_METRICS = ("ttft", "tpot", "itl")
+#: the cell dimensions of a comparison, as ``reduce.Cells`` names them
+CELL_DIMS = ("input_bucket", "output_bucket", "input_long", "output_long", "tenant", "slo_class")
+#: per (unit, cell) sums read from the reduction; statuses one by one (they add up to n)
+CELL_SUMS = ("n", "n_good", "n_ok", "st_rejected", "st_timeout", "st_error", "st_cancelled",
+             "input_tokens", "input_tokens_started", "output_tokens", "output_tokens_asked")
+#: cap on time units over all runs of a comparison (per-unit × cell sums stay small); a run
+#: gets at most the reduction's own MAX_UNITS
+MAX_UNITS_TOTAL = 4000
 BYTES_PER_GIB = float(1 << 30)
 
 
@@ -41,153 +44,109 @@ class Side:
     label: str
     study: Study
     runs: list[str]  # run ids in pair order
-    warm: dict[str, float]  # the common steady windows, by this side's run id
+    window: Window  # the common steady windows
     offered: Offered
-    stats: BlockStats  # the project's reduction over the same windows
     gpus: int
-    has_itl: bool
-    cells: pd.DataFrame | None = None
-    hists: dict = field(default_factory=dict)
+    stats: BlockStats | None = None  # the reduction (``reduce_sides``)
+
+    @property
+    def has_itl(self) -> bool:
+        return self.study.has("itl_ns")
 
 
-def open_side(label: str, study: Study, pairs: list[RunPair], slo: SLO) -> Side:
-    """Offered facts and the project's reduction of one side, with the steady windows of
-    ``pairs`` passed explicitly (the C_SLO fit uses these statistics, so every row of the
-    comparison sees the same window)."""
+def open_side(label: str, study: Study, pairs: list[RunPair]) -> Side:
+    """The side's window (the pairs' common warm-ups) and its offered facts."""
     runs = [getattr(p, label) for p in pairs]
-    warm = {getattr(p, label): p.warmup_s for p in pairs}
-    off = offered(study, pairs, label)
-    stats = reduce_study(study, slo, warmup=warm, block_metrics=BLOCK_METRICS)
+    window = Window.of(study, {getattr(p, label): p.warmup_s for p in pairs})
     gpus = int(study.manifest.gpus_per_replica) * int(study.manifest.replicas)
-    return Side(label, study, runs, warm, off, stats, gpus, study.has("itl_ns"))
+    return Side(label, study, runs, window, offered(study, pairs, label), gpus)
 
 
-def _edge_sql(column: str, edges: tuple[int, ...]) -> str:
-    """Bucket index = number of edges ≤ value; the structure comes from code, values are bound."""
-    return "(" + " + ".join(f"CAST({column} >= ? AS INTEGER)" for _ in edges) + ")"
+def reduce_sides(b: Side, c: Side, slo: SLO, cells: Cells) -> None:
+    """Reduce both sides once, on one shared time grid, with ``cells``."""
+    per_run = max(20, min(MAX_UNITS, MAX_UNITS_TOTAL // max(len(b.runs), 1)))
+    tb, tc = time_units_for([(b.study, b.window, b.runs), (c.study, c.window, c.runs)],
+                            max_units=per_run)
+    for side, units in ((b, tb), (c, tc)):
+        side.stats = reduce_study(side.study, slo, warmup=side.window, units=units, cells=cells)
 
 
-def reduce_cells(side: Side, slo: SLO, grid: pd.DataFrame, in_edges, out_edges, out_col: str,
-                 split_in: float, split_out: float, fair: FairnessRules) -> None:
-    """Per (run sub-block, cell) sums and per-cell/sub-block log-bucket histograms, one SQL
-    pass each, on the shared time grid. ``out_col``: the output-length column of the cells
-    (``max_output_tokens`` or ``output_tokens``). Service (fairness) = weighted prefill tokens
-    of requests that got a first token + weighted tokens received; demand = weighted prompt +
-    requested answer tokens (tokens received where not recorded). Queueing age: max(TTFT,
-    queue_ms) of a request with a first token; a request still waiting at the end (timeout,
-    cancelled, or ok without a first token) is censored at the run's last event; rejected and
-    errored requests count in their rates instead."""
-    con = side.study.con
-    create_request_view(side.study, side.warm)
-    m = grid.assign(run_id=side.runs, end_ns=side.offered.facts["end_ns"].to_numpy())
-    con.register("_cmp_grid", m[["run_id", "pair", "origin_ns", "sub_ns", "end_ns"]])
-    pred, gparams = good_predicate(slo, "q")
-    ttft_col = "q.ttft_ms" if slo.ttft_from == "scheduled" else "q.ttft_sent_ms"
-    out_sql = f"q.{out_col}"
-    r_sql = f"""
-        SELECT g.pair,
-               CAST(floor((q.scheduled_ns - g.origin_ns) / g.sub_ns) AS BIGINT) AS unit,
-               {_edge_sql('q.input_tokens', in_edges)} AS in_b,
-               {_edge_sql(out_sql, out_edges)} AS out_b,
-               q.input_tokens > ? AS q_in, {out_sql} > ? AS q_out,
-               coalesce(q.tenant, ?) AS tenant, coalesce(q.slo_class, ?) AS slo_class,
-               {pred} AS good, q.status, {ttft_col} AS ttft, q.tpot_ms AS tpot, q.itl_ns,
-               q.input_tokens, q.output_tokens,
-               coalesce(q.max_output_tokens, q.output_tokens) AS asked_tokens, q.first_token_ns,
-               CASE WHEN q.first_token_ns IS NOT NULL
-                        THEN greatest({ttft_col}, q.queue_ms)
-                    WHEN q.status IN ('timeout', 'cancelled', 'ok')
-                        THEN (g.end_ns - q.scheduled_ns) / 1e6 END AS age_ms
-        FROM request_metrics q JOIN _cmp_grid g USING (run_id)
-        WHERE q.in_window"""
-    r_params = [*in_edges, *out_edges, float(split_in), float(split_out), NONE_LABEL, NONE_LABEL,
-                *gparams]
-    dims = "pair, unit, in_b, out_b, q_in, q_out, tenant, slo_class"
-    try:
-        side.cells = con.execute(f"""
-            WITH r AS ({r_sql})
-            SELECT {dims}, count(*) AS n, count_if(good) AS good, count_if(status = 'ok') AS ok,
-                   count_if(status = 'rejected') AS rejected,
-                   count_if(status = 'timeout') AS timeout,
-                   count_if(status = 'error') AS error,
-                   count_if(status = 'cancelled') AS cancelled,
-                   sum(CASE WHEN first_token_ns IS NOT NULL THEN ? * input_tokens ELSE 0 END
-                       + ? * output_tokens) AS svc,
-                   sum(? * input_tokens + ? * asked_tokens) AS demand,
-                   max(age_ms) AS max_age_ms
-            FROM r GROUP BY ALL
-        """, [*r_params, fair.prefill_weight, fair.decode_weight, fair.prefill_weight,
-              fair.decode_weight]).df()
-        ln_g = math.log(sketch.gamma_of(sketch.DEFAULT_ALPHA))
-        side.hists["ttft"] = con.execute(f"""
-            WITH r AS ({r_sql})
-            SELECT {dims}, {sketch.key_sql('ttft')} AS k, count(*) AS c
-            FROM r WHERE status = 'ok' AND ttft IS NOT NULL GROUP BY ALL
-        """, [*r_params, ln_g]).df()
-        side.hists["tpot"] = con.execute(f"""
-            WITH r AS ({r_sql})
-            SELECT pair, unit, {sketch.key_sql('tpot')} AS k, count(*) AS c
-            FROM r WHERE status = 'ok' AND tpot IS NOT NULL GROUP BY ALL
-        """, [*r_params, ln_g]).df()
-        if side.has_itl:
-            side.hists["itl"] = con.execute(f"""
-                WITH r AS ({r_sql}),
-                     gaps AS (SELECT pair, unit, unnest(itl_ns) / 1e6 AS gap FROM r
-                              WHERE status = 'ok' AND itl_ns IS NOT NULL)
-                SELECT pair, unit, {sketch.key_sql('gap')} AS k, count(*) AS c
-                FROM gaps WHERE gap IS NOT NULL GROUP BY ALL
-            """, [*r_params, ln_g]).df()
-    finally:
-        con.unregister("_cmp_grid")
+def length_summary(side: Side, column: str) -> tuple[int, float]:
+    """(largest, median) of a token column over the side's windows (requests with a value):
+    the bucket edges and the quadrant split."""
+    view = request_view(side.study, side.window)
+    top, med = side.study.sql(
+        f"SELECT max({column}), quantile_disc({column}, 0.5) FROM {view} "
+        f"WHERE in_window AND {column} IS NOT NULL").fetchall()[0]
+    return int(top or 1), float(med or 0.0)
+
+
+# ============================================================================ arrays
+
+
+def cell_union(b: Side, c: Side) -> pd.DataFrame:
+    """The cells seen on either side (one row each, ``CELL_DIMS`` columns present)."""
+    dims = [d for d in CELL_DIMS if d in b.stats.cell_index.columns]
+    both = pd.concat([b.stats.cell_index[dims], c.stats.cell_index[dims]])
+    return both.drop_duplicates().sort_values(dims).reset_index(drop=True)
 
 
 @dataclass(frozen=True)
 class Arrays:
-    """One side on the common cell space: dense (units × cells) sums over all pairs' sub-blocks
-    (pair p's units are ``offsets[p]:offsets[p+1]``) and histogram rows with global units."""
+    """One side on the common cell space: dense (units × cells) sums over all pairs' units
+    (pair p's units are ``offsets[p]:offsets[p+1]``, the same on both sides) and per-request
+    log-bucket histogram rows (global unit, cell, key, count) of TTFT, TPOT and the per-request
+    ITL statistic (ok requests)."""
 
     sums: dict  # name -> (units × cells)
-    ttft: tuple  # (unit, cell, key, count) arrays
-    tpot: tuple  # (unit, key, count)
-    itl: tuple | None
-    max_age: np.ndarray  # (pairs × cells): the worst queueing age per run and cell
+    hist: dict  # metric -> (unit, cell, key, count)
 
 
-def arrays(side: Side, cell_index: pd.DataFrame, offsets: np.ndarray) -> Arrays:
-    n_units = int(offsets[-1])
-    key = pd.MultiIndex.from_frame(cell_index[list(CELL_DIMS)])
-
-    def unit_of(df):
-        p = df["pair"].to_numpy(dtype=np.int64)
-        return np.clip(offsets[p] + df["unit"].to_numpy(dtype=np.int64), offsets[p],
-                       offsets[p + 1] - 1)
-
-    def cell_of(df):
-        return key.get_indexer(pd.MultiIndex.from_frame(df[list(CELL_DIMS)]))
-
-    cells = side.cells
-    u, ci = unit_of(cells), cell_of(cells)
+def arrays(side: Side, union: pd.DataFrame, pairs: list[RunPair]) -> tuple[Arrays, np.ndarray]:
+    """The side's reduced cells on the union cell index; also the unit offsets per pair."""
+    st = side.stats
+    dims = list(union.columns)
+    col = pd.MultiIndex.from_frame(union[dims]).get_indexer(
+        pd.MultiIndex.from_frame(st.cell_index[dims]))  # side cell → union cell
+    runs = [st.run(getattr(p, side.label)) for p in pairs]
+    offsets = np.concatenate([[0], np.cumsum([r.n_units for r in runs])]).astype(np.int64)
+    K = len(union)
     sums = {}
     for name in CELL_SUMS:
-        M = np.zeros((n_units, len(cell_index)))
-        np.add.at(M, (u, ci), cells[name].to_numpy(dtype=np.float64))
+        M = np.zeros((int(offsets[-1]), K))
+        for p, r in enumerate(runs):
+            M[offsets[p]:offsets[p + 1], col] = r.cells.sums[name]
         sums[name] = M
-    age = np.full((offsets.size - 1, len(cell_index)), np.nan)
-    a = cells["max_age_ms"].to_numpy(dtype=np.float64)
-    pair = cells["pair"].to_numpy(dtype=np.int64)
-    ok = np.isfinite(a)
-    if ok.any():
-        age_s = pd.Series(a[ok]).groupby([pair[ok], ci[ok]]).max()
-        age[age_s.index.get_level_values(0), age_s.index.get_level_values(1)] = age_s.to_numpy()
-    h = side.hists["ttft"]
-    ttft = (unit_of(h), cell_of(h), h["k"].to_numpy(np.int64), h["c"].to_numpy(np.float64))
-    h = side.hists["tpot"]
-    tpot = (unit_of(h), h["k"].to_numpy(np.int64), h["c"].to_numpy(np.float64))
-    itl = None
-    if "itl" in side.hists:
-        h = side.hists["itl"]
-        itl = (unit_of(h), h["k"].to_numpy(np.int64), h["c"].to_numpy(np.float64))
-    return Arrays(sums=sums, ttft=ttft, tpot=tpot, itl=itl, max_age=age)
+    hist = {}
+    for m in st.cells.hist:
+        parts = [(r.cells.hist[m][0] + offsets[p], col[r.cells.hist[m][1]], r.cells.hist[m][2],
+                  r.cells.hist[m][3].astype(np.float64)) for p, r in enumerate(runs)]
+        hist[m] = tuple(np.concatenate([x[i] for x in parts]) for i in range(4))
+    return Arrays(sums=sums, hist=hist), offsets
+
+
+# ============================================================================ descriptive
+
+
+def worst_ages(side: Side, pairs: list[RunPair]) -> pd.DataFrame:
+    """Per (pair, tenant): the worst queueing age in the window, ms — max(TTFT, queue_ms) of
+    a request with a first token; a request still waiting at the end (timeout, cancelled, or ok
+    without a first token) is censored at the run's last event. A maximum, not resampled."""
+    view = request_view(side.study, side.window)
+    ends = pd.DataFrame({"run_id": side.runs, "pair": [p.index for p in pairs],
+                         "end_ns": side.offered.facts["end_ns"].to_numpy()})
+    side.study.con.register("_cmp_ends", ends)
+    try:
+        return side.study.sql(f"""
+            SELECT e.pair, coalesce(m.tenant, ?) AS tenant,
+                   max(CASE WHEN m.first_token_ns IS NOT NULL
+                                THEN greatest(m.ttft_ms, m.queue_ms)
+                            WHEN m.status IN ('timeout', 'cancelled', 'ok')
+                                THEN (e.end_ns - m.scheduled_ns) / 1e6 END) AS age_ms
+            FROM {view} m JOIN _cmp_ends e USING (run_id)
+            WHERE m.in_window GROUP BY ALL""", [NONE_LABEL]).df()
+    finally:
+        side.study.con.unregister("_cmp_ends")
 
 
 def telemetry(study: Study) -> dict:
@@ -205,13 +164,13 @@ def telemetry(study: Study) -> dict:
 
 def energy_per_good(side: Side, slo: SLO, levels: set[float]) -> tuple[float, str]:
     """Joules per SLO-meeting request over the runs at ``levels`` (offered rates), from
-    ``capplan.cost.study_facts`` on the common steady windows (its notes say which samples
-    and requests were used); NaN when the study has no power samples."""
+    ``capplan.cost.study_facts`` on the common windows (its notes say which samples and
+    requests were used); NaN when the study has no power samples."""
     from ..cost import study_facts
 
     if not side.study.resource_files:
         return float("nan"), "no resources/ power samples"
-    facts = study_facts(side.study, slo, warmup_s=side.warm)
+    facts = study_facts(side.study, slo, warmup_s=side.window.as_dict())
     use = [lv for lv in facts.levels if any(math.isclose(lv.offered_rps, x, rel_tol=1e-9)
                                             for x in levels)]
     e = sum(lv.energy_j for lv in use if lv.energy_j is not None)
@@ -221,18 +180,12 @@ def energy_per_good(side: Side, slo: SLO, levels: set[float]) -> tuple[float, st
     return e / g, "; ".join(facts.notes)
 
 
-def length_summary(side: Side, column: str) -> tuple[int, float]:
-    """(largest, median) of a token column over the side's steady windows (requests with a
-    value): the bucket edges and the quadrant split."""
-    con = side.study.con
-    con.register("_cmp_win", pd.DataFrame({"run_id": list(side.warm),
-                                           "warmup_ns": [int(round(w * 1e9)) for w in
-                                                         side.warm.values()]}))
-    try:
-        top, med = con.execute(f"""
-            SELECT max(e.{column}), quantile_disc(e.{column}, 0.5)
-            FROM events e JOIN _cmp_win w USING (run_id)
-            WHERE e.scheduled_ns >= w.warmup_ns AND e.{column} IS NOT NULL""").fetchall()[0]
-    finally:
-        con.unregister("_cmp_win")
-    return int(top or 1), float(med or 0.0)
+def cells_for(in_edges, out_edges, out_col: str, split: tuple[float, float],
+              has_itl: bool) -> Cells:
+    """The comparison's cells: both length buckets, the quadrant, tenant and SLO class, with
+    per-(unit, cell) histograms of TTFT, TPOT and (when recorded) the per-request ITL."""
+    return Cells(input_edges=tuple(in_edges), output_edges=tuple(out_edges),
+                 quadrant_split=tuple(split), tenant=True, slo_class=True,
+                 hist=("ttft", "tpot", "itl") if has_itl else ("ttft", "tpot"),
+                 input_column="input_tokens", output_column=out_col)
+
