@@ -195,8 +195,8 @@ def family_rows(ctx: Ctx, name: str) -> list[dict]:
     rows.append(make_row("goodput_rps_per_gpu", scope, *_rate_per_gpu(ctx, "n_good", runs)))
     if name == "saturated":
         rows.append(make_row("throughput_rps_per_gpu", scope, *_rate_per_gpu(ctx, "n_ok", runs)))
-    rows.append(make_row("error_rate", scope, *_ratio(ctx, ("st_timeout", "st_error", "st_cancelled"),
-                                                      "n", runs)))
+    failures = ("st_timeout", "st_error", "st_cancelled")
+    rows.append(make_row("error_rate", scope, *_ratio(ctx, failures, "n", runs)))
     rows.append(make_row("reject_rate", scope, *_ratio(ctx, "st_rejected", "n", runs)))
     if name == "steady":  # errors at steady load are a bug, not noise: no interval needed
         Eb, Ec, _, _ = _ratio(ctx, "st_error", "n", runs)
@@ -395,7 +395,8 @@ def workload_frame(ctx: Ctx) -> pd.DataFrame:
                      "load_level": p.level, "warmup_s": p.warmup_s,
                      "family": fam.loc[p.index, "family"], "why": fam.loc[p.index, "why"],
                      "candidate_overloaded": cand_over,
-                     "offered_rps_baseline": fb["rate_rps"], "offered_rps_candidate": fc["rate_rps"],
+                     "offered_rps_baseline": fb["rate_rps"],
+                     "offered_rps_candidate": fc["rate_rps"],
                      "n_baseline": int(fb["n"]), "n_candidate": int(fc["n"]),
                      "arrival_cv_baseline": fb["cv"], "arrival_cv_candidate": fc["cv"],
                      "matched_requests": int(pr["matched"]),

@@ -161,8 +161,8 @@ class Comparison:
             parts.append("Row notes\n" + "\n".join(row_notes))
         flagged = self.buckets[self.buckets["flag"] != ""] if len(self.buckets) else self.buckets
         if len(flagged):
-            cols = ["scope", "dimension", "bucket", "metric", "n_baseline", "n_candidate", "baseline",
-                    "candidate", "delta", "ci_low", "ci_high", "flag"]
+            cols = ["scope", "dimension", "bucket", "metric", "n_baseline", "n_candidate",
+                    "baseline", "candidate", "delta", "ci_low", "ci_high", "flag"]
             shown = flagged[cols].copy()
             for col in ("baseline", "candidate", "delta", "ci_low", "ci_high"):
                 shown[col] = shown[col].map(lambda v: f"{v:.4g}")

@@ -63,7 +63,8 @@ def draws(n_units: list[int], block_units: list[float], levels: list[float], rep
           seed: int, stream: int, sd_factor: np.ndarray) -> Draws:
     """The replicates of one side: ``stream`` 0 for the baseline (and a paired candidate),
     1 for an independent candidate. Pair p's blocks come from ``default_rng([seed, stream,
-    p])``; the repeat draws from ``default_rng([seed, stream, 2³¹ − 1])`` (same seed ⇒ same)."""
+    p])``; the repeat draws from ``default_rng([seed, stream, 2³¹ − 1])``: same seed, same
+    replicates."""
     scheme = boot.Circular()
     res = []
     for p, (n, L) in enumerate(zip(n_units, block_units)):

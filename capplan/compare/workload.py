@@ -196,9 +196,10 @@ def ks_distance(values_b, counts_b, values_c, counts_c) -> float:
 
 def cv_noise(cv_b: float, n_b: int, cv_c: float, n_c: int) -> float:
     """Standard error of a difference of two inter-arrival CVs. For exponential gaps the
-    sample CV has SE ≈ 1/√n (delta method: Var(s/m) = (μ4 − σ⁴)/(4σ²m²) − μ3/m³ + σ²/m⁴ =
-    2 − 2 + 1 = 1 per observation); scaled by the CV itself for other processes (floor 0.1)."""
-    se = [max(cv, 0.1) / math.sqrt(max(n - 1, 1)) for cv, n in ((cv_b, n_b), (cv_c, n_c))]
+    sample CV has SE ≈ 1/√n (delta method: n·Var(s/m) = (μ4 − σ⁴)/(4σ²m²) − μ3/m³ + σ⁴/m⁴
+    = 2 − 2 + 1 with mean 1); scaled by the CV itself for other processes (floor 0.1)."""
+    se = [max(cv, 0.1) / math.sqrt(max(n - 1, 1))
+          for cv, n in ((cv_b, n_b), (cv_c, n_c))]
     return math.hypot(*se)
 
 
@@ -278,7 +279,8 @@ def check_workload(b: Study, c: Study, pairs: list[RunPair], off_b: Offered, off
         sb, sc = b.manifest.run(p.baseline), c.manifest.run(p.candidate)
         if closed:
             if sb.concurrency != sc.concurrency:
-                probs.append(Problem(f"run {run}: concurrency {sb.concurrency} vs {sc.concurrency}"))
+                probs.append(Problem(f"run {run}: concurrency {sb.concurrency} vs "
+                                     f"{sc.concurrency}"))
         elif not paired:
             rel = abs(fc["rate_rps"] / fb["rate_rps"] - 1.0)
             if rel > max(rules.rate_tolerance_rel, noise):
