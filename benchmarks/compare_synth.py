@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,14 +111,19 @@ def old_compare(tree: Path, a: Path, b: Path, reps: int, seed: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def long_answers_named(cmp) -> bool:
-    bk = cmp.buckets
-    if not len(bk):
-        return False
-    sel = (bk["dimension"] == "max_output_tokens") & (bk["metric"] == "error_rate") \
-        & (bk["flag"] == "REGRESSED")
-    lows = bk.loc[sel, "bucket"].str.extract(r"\[([\d,]+),")[0].str.replace(",", "")
-    return bool((lows.astype(int) >= LONG_ANSWER).any())
+def answer_flags(flagged: list[str]) -> list[tuple[int, str]]:
+    """(lower edge, metric) of every flagged requested-answer-length bucket in a verdict."""
+    out = []
+    for f in flagged:
+        m = re.search(r"max_output_tokens \[([\d,]+), [^:]*: (\w+)", f)
+        if m:
+            out.append((int(m.group(1).replace(",", "")), m.group(2)))
+    return out
+
+
+def long_answers_named(flagged: list[str]) -> bool:
+    """A bucket of answers asked ≥ LONG_ANSWER tokens flagged on its failure rate."""
+    return any(lo >= LONG_ANSWER and m == "error_rate" for lo, m in answer_flags(flagged))
 
 
 def one_pair(args) -> dict:
@@ -139,7 +145,8 @@ def one_pair(args) -> dict:
                 c = compare(base, cand, SLO_TEXT, reps=reps, seed=k)
                 r = {"outcome": "pass" if c.verdict.passed else "fail",
                      "failed": list(c.verdict.failed), "flagged": list(c.verdict.flagged_buckets),
-                     "long_named": long_answers_named(c), "paired": c.paired,
+                     "long_named": long_answers_named(list(c.verdict.flagged_buckets)),
+                     "paired": c.paired,
                      "families": "".join("S" if f == "steady" else "x"
                                          for f in c.workload["family"])}
             except (StudyError, SpecError) as e:
@@ -177,14 +184,36 @@ def summarise(rows: list[dict], has_old: bool) -> str:
                      f"{k}/{n} = {k / n:.3f} | [{lo:.3f}, {hi:.3f}] | {det.count('refused')} | "
                      f"{n - k - det.count('refused')} passed |")
         if who == "new":
-            k = sum(bool(r["detect"].get("long_named")) for r in rows)
-            lo, hi = clopper_pearson(k, n)
-            lines.append(f"| new | … and names a long-answer bucket (≥ {LONG_ANSWER} tokens "
-                         f"asked, failure rate) | yes | {k}/{n} = {k / n:.3f} | "
-                         f"[{lo:.3f}, {hi:.3f}] | | |")
+            flags = [answer_flags(r["detect"].get("flagged", [])) for r in rows]
+            for what, wanted, hit in (
+                    (f"… flags a bucket of answers asked ≥ {LONG_ANSWER} tokens (any metric)",
+                     "yes", lambda f: any(lo >= LONG_ANSWER for lo, _ in f)),
+                    (f"… flags it on its failure rate (the timeouts)", "yes",
+                     lambda f: any(lo >= LONG_ANSWER and m == "error_rate" for lo, m in f)),
+                    ("… flags the shortest answers (< 128 tokens) on their failure rate", "no",
+                     lambda f: any(lo < 128 and m == "error_rate" for lo, m in f))):
+                k = sum(bool(hit(f)) for f in flags)
+                lo, hi = clopper_pearson(k, n)
+                lines.append(f"| new | {what} | {wanted} | {k}/{n} = {k / n:.3f} | "
+                             f"[{lo:.3f}, {hi:.3f}] | | |")
     secs = [r["null"]["seconds"] for r in rows] + [r["detect"]["seconds"] for r in rows]
     if secs:
         lines.append(f"\nnew compare, seconds per comparison: median {sorted(secs)[len(secs) // 2]:.1f}")
+    if has_old:
+        from collections import Counter
+
+        why = Counter()
+        for r in rows:
+            for case in ("old_null", "old_detect"):
+                o = r[case]
+                if o["outcome"] == "fail":
+                    why.update(f"{case[4:]}: gate {f.split(':')[0].split(' (')[0]} failed"
+                               for f in o["failed"])
+                elif o["outcome"] == "refused":
+                    m = re.search(r"- run \w+: ([^(]+?) (?:distribution differs|\()", o["why"])
+                    why[f"{case[4:]}: refused ({m.group(1) if m else o['why'][:60]})"] += 1
+        lines.append("\nold outcomes in detail: " + "; ".join(f"{k} × {v}"
+                                                           for k, v in why.most_common()))
     bad = [(r["k"], r["null"]) for r in rows if r["null"]["outcome"] != "pass"]
     for k, r in bad:
         lines.append(f"  null pair {k}: {r['outcome']}: {r.get('failed') or r.get('why')} "
@@ -243,7 +272,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", action="store_true", help="time compare on demo-size studies")
     ap.add_argument("--timing-repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write every pair's outcome here")
+    ap.add_argument("--from-json", default=None, help="re-summarise a --json file and stop")
     args = ap.parse_args(argv)
+    if args.from_json:
+        rows = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+        print(summarise(rows, "old_null" in rows[0]))
+        return 0
     DATA.mkdir(parents=True, exist_ok=True)
     tree = None if args.no_old else old_tree(args.old_ref)
     t0 = time.perf_counter()
@@ -255,7 +289,7 @@ def main(argv=None) -> int:
                 rows.append(r)
                 print(f"pair {r['k']}: null {r['null']['outcome']}, detect "
                       f"{r['detect']['outcome']}"
-                      + (f" (long answers named: {r['detect'].get('long_named')})")
+                      + f" (long answers named: {r['detect'].get('long_named')})"
                       + (f"; old: {r['old_null']['outcome']}, {r['old_detect']['outcome']}"
                          if tree is not None else ""), file=sys.stderr, flush=True)
         print(summarise(rows, tree is not None))
