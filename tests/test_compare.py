@@ -379,23 +379,22 @@ def test_same_seed_same_numbers(tmp_path):
 # ---------------------------------------------------------------- no false alarms
 
 def test_identical_up_to_seed_passes_every_gate_in_95_percent_of_seeds(tmp_path):
-    """60 repeated pairs: 40 replaying the same trace (paired) and 20 with a fresh trace seed
-    (independent), each with its own server seed; default gates. Design: each of the two
-    families (headline gates, bucket flags) has a 2.5 % two-sided simultaneous error, of which
-    only the 'regression' side can fail, plus the deterministic error-rate gate. Measured
-    during development on 260 null pairs (these 60 and 200 more): 8 failures = 3.1 %
-    (Clopper–Pearson 95 % 1.3 %–6.0 %); these seeds give 2. We require ≥ 95 % passes
-    (≤ 3 of 60); at a true rate of 3.1 % a random seed set would fail this with p ≈ 0.12, at
-    5 % with p ≈ 0.35 — so the check is sharp but fixed seeds keep it deterministic."""
+    """30 repeated pairs of the stylised generator: two in three replay the same trace
+    (paired), one in three a fresh trace seed (independent), each with its own server seed;
+    default gates. Measured on 150 such pairs (these 30 and 120 more): 4 failures = 2.7 %
+    (Clopper–Pearson 95 % 0.7 %–6.7 %) — a TPOT p99 and two bucket flags of paired pairs, and
+    one deterministic server-error gate (4 random errors in 1 500 requests against none: the
+    rule treats errors at steady load as a bug). These seeds give none; we require ≥ 95 %
+    (≤ 1 of 30). The full-size realistic rates are in benchmarks/compare_synth.py."""
     fails = []
-    for s in range(60):
-        pb, pc = make_pair(tmp_path, seed=100 + s, n=1500, same_trace=s < 40, tag="n")
+    for s in range(30):
+        pb, pc = make_pair(tmp_path, seed=100 + s, n=1500, same_trace=s % 3 != 2, tag="n")
         cmp = compare(pb, pc, SLO_TEXT, reps=200, seed=s)
         if not cmp.verdict.passed:
             fails.append((s, cmp.verdict.failed, cmp.verdict.flagged_buckets))
         shutil.rmtree(pb)
         shutil.rmtree(pc)
-    assert len(fails) <= 3, fails
+    assert len(fails) <= 1, fails
 
 
 # ---------------------------------------------------------------- CLI and export
