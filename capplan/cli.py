@@ -24,6 +24,9 @@ COMMANDS: dict[str, str] = {
     "report": "report",
     "whatif": "whatif",
     "compare": "compare",
+    "kv": "kv",
+    "mix": "mix",
+    "twin": "twin",
 }
 
 
