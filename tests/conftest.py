@@ -8,7 +8,8 @@ Use ``make_study`` (a fixture returning a factory) in any test:
 
 ``events`` may be a pandas frame, a list of row dicts, or {relative file name: frame} to
 split over several parquet files. ``runs`` defaults to one open-loop run per run_id found in
-the events, at offered_rps 1.0. Extra keyword arguments go into study.yaml. ``ev(...)`` builds
+the events, at offered_rps 1.0. ``timeline`` (a frame or row dicts) is written to
+timeline/timeline.parquet. Extra keyword arguments go into study.yaml. ``ev(...)`` builds
 one event row with sensible defaults, so a test only states the fields it is about.
 """
 
@@ -62,7 +63,7 @@ def make_study(tmp_path):
     made = itertools.count()
 
     def _make(events, runs: list[dict] | None = None, *, name: str = "t",
-              load_model: str = "open", dest=None, **manifest_extra):
+              load_model: str = "open", dest=None, timeline=None, **manifest_extra):
         if isinstance(events, list):
             events = events_frame(events)
         if runs is None:
@@ -76,6 +77,8 @@ def make_study(tmp_path):
             runs = [{"run_id": str(r), key: 1 if load_model == "closed" else 1.0} for r in ids]
         manifest = manifest_dict(name, runs, load_model=load_model, **manifest_extra)
         path = dest if dest is not None else tmp_path / f"study{next(made)}"
-        return write_study(path, manifest, events)
+        if isinstance(timeline, list):
+            timeline = pd.DataFrame(timeline)
+        return write_study(path, manifest, events, timeline=timeline)
 
     return _make
