@@ -65,6 +65,12 @@ grouped by (unit, cell) in the same pass, so per-(run, unit, cell) counts, good 
 counts, token sums and log-bucket histograms come out together (``RunStats.cells``); the
 per-unit arrays are their sums over cells. Without cells nothing per cell is built.
 
+*Occupancy by time* (``occupancy``): how many requests were in a part of their life — by
+default waiting: arrived and not yet in service — per time unit of a ``TimeUnits`` grid (the
+time-integral in request-seconds, the value at each unit's end, the peak inside each unit).
+The counts above attribute a request to the unit it was *scheduled* in; occupancy spreads each
+request over the units its interval covers, which a queue-length series needs (timelines).
+
 Every query binds its values; identifiers come from fixed tables in this module. The SQL is
 plain (CASE, GROUP BY, ORDER BY), so it could run on another engine unchanged.
 """
@@ -1133,6 +1139,156 @@ def _assemble(study, plan, units, u, g, t, ch, hist, thresholds, gspec, cell_ind
                       diagnostics=dg.to_frame(diags), window=plan.window, unit_rule=units,
                       cells=plan.cells, cell_index=cell_index, tail_from=tail_from,
                       source=str(study.root))
+
+
+# ============================================================================ occupancy by time
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Which part of each request's life to count by time: from its ``start`` stamp to the
+    first of its ``ends`` stamps that is set (columns of the request view, int64 ns). A
+    request without an end stamp occupies nothing when its status is in ``instant`` (refused
+    or failed at once), else until ``open_for_s`` after its start (a client timeout, say) or
+    the run's end, whichever comes first (None: the run's end).
+
+    The default counts requests *waiting*: arrived (scheduled) and not yet taken into service
+    (admitted, prefill started, or — when the server stamps neither — first token)."""
+
+    start: str = "scheduled_ns"
+    ends: tuple[str, ...] = ("admitted_ns", "prefill_start_ns", "first_token_ns")
+    instant: tuple[str, ...] = ("rejected", "error")
+    open_for_s: float | None = None
+
+    def __post_init__(self):
+        for c in (self.start, *self.ends):
+            if c not in C.INT_NS_COLUMNS:
+                raise SpecError(f"Occupancy: {c!r} is not a time column of the contract",
+                                field="occupancy", fix="one of " + ", ".join(C.INT_NS_COLUMNS))
+        if not self.ends:
+            raise SpecError("Occupancy needs at least one end column", field="occupancy.ends")
+        bad = [x for x in self.instant if x not in C.STATUSES]
+        if bad:
+            raise SpecError(f"Occupancy.instant: unknown status(es) {bad}", field="occupancy.instant",
+                            fix="choose from " + ", ".join(C.STATUSES))
+        if self.open_for_s is not None and not (float(self.open_for_s) >= 0):
+            raise SpecError("Occupancy.open_for_s must be ≥ 0 s or None", field="occupancy.open_for_s")
+
+
+@dataclass(frozen=True)
+class RunOccupancy:
+    """One run's occupancy per time unit: ``area_s`` (request-seconds inside the unit),
+    ``at_end`` (requests present at the unit's end), ``peak`` (most present at once inside
+    the unit, its start included) and ``peak_t_s`` (the first time it was reached, s on the
+    run's clock); ``edges_s``: the n_units + 1 unit edges. ``n``: requests counted,
+    ``n_open``: of them without an end stamp (closed by ``open_for_s`` or the run's end)."""
+
+    run_id: str
+    edges_s: np.ndarray = field(repr=False)
+    area_s: np.ndarray = field(repr=False)
+    at_end: np.ndarray = field(repr=False)
+    peak: np.ndarray = field(repr=False)
+    peak_t_s: np.ndarray = field(repr=False)
+    n: int = 0
+    n_open: int = 0
+    run_end_s: float = math.nan
+
+
+def occupancy(study, units: TimeUnits, *, window: Window | str = "none",
+              what: Occupancy = Occupancy()) -> tuple[RunOccupancy, ...]:
+    """How many requests were in a part of their life (``what``), by time unit: the
+    time-integral, the value at each unit's end and the peak inside each unit, per run. A
+    request counts over [start, end) (ns); the unit grid is ``units`` (origin, width and count
+    per run; without a count, up to the last end). ``window``: which requests count, as in
+    ``reduce_study`` (default all of them: the clock, not the steady state, is the point)."""
+    study = open_study(study) if not isinstance(study, Study) else study
+    if not isinstance(units, TimeUnits):
+        raise SpecError("occupancy needs TimeUnits", field="units")
+    win, _, _ = resolve_window(study, window)
+    view = request_view(study, win)
+    end_sql = "coalesce(" + ", ".join(f"m.{c}" for c in what.ends) + ")"
+    rows = _np(study, f"""
+        WITH r AS (SELECT run_idx, max(greatest(scheduled_ns, sent_ns, first_token_ns,
+                                                last_token_ns)) AS run_end FROM {view}
+                   GROUP BY run_idx)
+        SELECT m.run_idx, m.{what.start} AS s,
+               CASE WHEN {end_sql} IS NOT NULL THEN greatest({end_sql}, m.{what.start})
+                    WHEN list_contains(?, m.status) THEN m.{what.start}
+                    ELSE -1 END AS e,
+               r.run_end
+        FROM {view} m JOIN r USING (run_idx)
+        WHERE m.in_window AND m.{what.start} IS NOT NULL""", [list(what.instant)])
+    out = []
+    ri = rows["run_idx"].astype(np.int64) if rows else np.zeros(0, np.int64)
+    for i, r in enumerate(study.manifest.runs):
+        sel = ri == i
+        s = rows["s"][sel].astype(np.int64)
+        e = rows["e"][sel].astype(np.int64)
+        run_end = int(rows["run_end"][sel].max()) if sel.any() else 0
+        open_ = e < 0
+        if open_.any():
+            cap = np.full(int(open_.sum()), run_end, np.int64)
+            if what.open_for_s is not None:
+                cap = np.minimum(cap, s[open_] + int(round(float(what.open_for_s) * C.NS_PER_S)))
+            e[open_] = np.maximum(cap, s[open_])
+        o_ns = units.origin_ns(r.run_id, win)
+        w_ns = units.width_ns(r.run_id)
+        nu = units.count(r.run_id)
+        if nu is None:
+            last = int(e.max()) if e.size else o_ns
+            nu = max(1, (last - o_ns) // w_ns + 1)
+        out.append(_occupancy_run(r.run_id, s, e, o_ns, w_ns, int(nu), int(open_.sum()),
+                                  run_end / C.NS_PER_S))
+    return tuple(out)
+
+
+def _occupancy_run(run_id: str, s: np.ndarray, e: np.ndarray, o_ns: int, w_ns: int, nu: int,
+                   n_open: int, run_end_s: float) -> RunOccupancy:
+    """Area, end value and peak per unit from [s, e) intervals (int64 ns): the area from
+    Σ min(x, e) − Σ min(x, s) at the edges (sorted prefix sums), the peak from one sweep over
+    the ±1 events (a request leaving and one arriving at the same instant are not counted
+    together)."""
+    edges = o_ns + w_ns * np.arange(nu + 1, dtype=np.int64)
+    xs = (edges - o_ns) / C.NS_PER_S
+
+    def below(v):  # Σ min(x, v) over v, at every edge x (seconds from the origin)
+        vs = np.sort((v - o_ns) / C.NS_PER_S)
+        cum = np.r_[0.0, np.cumsum(vs)]
+        k = np.searchsorted(vs, xs, side="left")
+        return cum[k] + xs * (vs.size - k)
+
+    F = below(e) - below(s)
+    area = np.diff(F)
+    count_at = (np.searchsorted(np.sort(s), edges, side="right")
+                - np.searchsorted(np.sort(e), edges, side="right"))
+    at_end = count_at[1:].astype(np.int64)
+    peak = count_at[:-1].astype(np.int64).copy()
+    peak_t = edges[:-1].astype(np.float64) / C.NS_PER_S
+    keep = e > s
+    t = np.concatenate([s[keep], e[keep]])
+    d = np.concatenate([np.ones(int(keep.sum()), np.int64), -np.ones(int(keep.sum()), np.int64)])
+    if t.size:
+        order = np.lexsort((d, t))  # at one instant, leaving (−1) before arriving (+1)
+        t, c = t[order], np.cumsum(d[order])
+        u = (t - o_ns) // w_ns
+        inside = (u >= 0) & (u < nu)
+        t, c, u = t[inside], c[inside], u[inside]
+        if t.size:
+            starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+            seg_max = np.maximum.reduceat(c, starts)
+            uu = u[starts]
+            better = seg_max > peak[uu]
+            # the first time each unit's maximum is reached
+            hit = c == np.repeat(seg_max, np.diff(np.r_[starts, c.size]))
+            first_hit = np.full(starts.size, -1, np.int64)
+            seg_of = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, c.size]))
+            idx = np.flatnonzero(hit)
+            _, first = np.unique(seg_of[idx], return_index=True)
+            first_hit[np.unique(seg_of[idx])] = idx[first]
+            peak[uu[better]] = seg_max[better]
+            peak_t[uu[better]] = t[first_hit[better]] / C.NS_PER_S
+    return RunOccupancy(run_id=run_id, edges_s=edges / C.NS_PER_S, area_s=area, at_end=at_end,
+                        peak=peak, peak_t_s=peak_t, n=int(s.size), n_open=n_open,
+                        run_end_s=run_end_s)
 
 
 # ============================================================================ in memory
