@@ -70,6 +70,8 @@ default waiting: arrived and not yet in service — per time unit of a ``TimeUni
 time-integral in request-seconds, the value at each unit's end, the peak inside each unit).
 The counts above attribute a request to the unit it was *scheduled* in; occupancy spreads each
 request over the units its interval covers, which a queue-length series needs (timelines).
+``activity`` gives, per run and per value of a column (a replica group), when it first and last
+served — what shows a replica that went silent.
 
 Every query binds its values; identifiers come from fixed tables in this module. The SQL is
 plain (CASE, GROUP BY, ORDER BY), so it could run on another engine unchanged.
@@ -1289,6 +1291,41 @@ def _occupancy_run(run_id: str, s: np.ndarray, e: np.ndarray, o_ns: int, w_ns: i
     return RunOccupancy(run_id=run_id, edges_s=edges / C.NS_PER_S, area_s=area, at_end=at_end,
                         peak=peak, peak_t_s=peak_t, n=int(s.size), n_open=n_open,
                         run_end_s=run_end_s)
+
+
+#: the columns ``activity`` may group by (string columns of the contract)
+ACTIVITY_COLUMNS = ("replica_group", "tenant", "slo_class")
+
+
+def activity(study, by: str = "replica_group", *, window: Window | str = "none") -> pd.DataFrame:
+    """When each value of a column (a replica, a tenant) was active, per run: one row per
+    (run_id, value) with ``n`` (requests), ``n_ok``, ``first_service_s`` (its first admission,
+    prefill start or first token), ``last_service_s`` (its last stamp of any kind after the
+    schedule), ``last_failed_s`` (the latest scheduled time of its requests that ended
+    timeout, error or cancelled; NaN if none) and ``last_scheduled_s``; and per run
+    (``whole_run`` true) the same over every request. Requests without a value form the
+    value NULL. A replica that went silent while the others served shows
+    here — what a timeline derives when no event records it."""
+    study = open_study(study) if not isinstance(study, Study) else study
+    if by not in ACTIVITY_COLUMNS:
+        raise SpecError(f"activity: cannot group by {by!r}", field="by",
+                        fix="one of " + ", ".join(ACTIVITY_COLUMNS))
+    win, _, _ = resolve_window(study, window)
+    view = request_view(study, win)
+    df = study.sql(f"""
+        SELECT run_id, grouping({by}) = 1 AS whole_run, {by} AS value, count(*) AS n,
+               count_if(status = 'ok') AS n_ok,
+               min(coalesce(admitted_ns, prefill_start_ns, first_token_ns)) / 1e9
+                   AS first_service_s,
+               max(greatest(admitted_ns, prefill_start_ns, first_token_ns, last_token_ns)) / 1e9
+                   AS last_service_s,
+               max(scheduled_ns) FILTER (WHERE status IN ('timeout', 'error', 'cancelled')) / 1e9
+                   AS last_failed_s,
+               max(scheduled_ns) / 1e9 AS last_scheduled_s
+        FROM {view} WHERE in_window
+        GROUP BY GROUPING SETS ((run_id, {by}), (run_id))
+        ORDER BY run_id, whole_run DESC, value NULLS FIRST""").df()
+    return df
 
 
 # ============================================================================ in memory

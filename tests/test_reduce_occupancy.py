@@ -72,3 +72,24 @@ def test_bad_occupancy_specs():
         Occupancy(start="t_s")
     with pytest.raises(SpecError):
         Occupancy(instant=("gone",))
+
+
+def test_activity_by_replica(make_study):
+    from capplan.reduce import activity
+
+    rows = [ev("r1", "a", scheduled_ms=0, ttft_ms=100, e2e_ms=900, replica_group="x"),
+            ev("r1", "b", scheduled_ms=1000, ttft_ms=200, e2e_ms=5000, replica_group="y"),
+            ev("r1", "c", scheduled_ms=2000, ttft_ms=None, e2e_ms=None, status="error",
+               replica_group="x"),
+            ev("r1", "d", scheduled_ms=3000, ttft_ms=None, e2e_ms=None, status="rejected")]
+    df = activity(make_study(rows, runs=[{"run_id": "r1", "offered_rps": 1.0}]))
+    run = df[df["whole_run"]].iloc[0]
+    assert df[~df["whole_run"] & df["value"].isna()]["n"].tolist() == [1]
+    x = df[df["value"] == "x"].iloc[0]
+    y = df[df["value"] == "y"].iloc[0]
+    assert (run["n"], run["n_ok"], run["last_scheduled_s"]) == (4, 2, 3.0)
+    assert run["last_service_s"] == pytest.approx(6.0)
+    assert (x["n"], x["first_service_s"], x["last_service_s"], x["last_failed_s"]) == (2, 0.1, 0.9, 2.0)
+    assert (y["first_service_s"], y["last_service_s"]) == (1.2, 6.0) and np.isnan(y["last_failed_s"])
+    with pytest.raises(SpecError):
+        activity(make_study(rows, runs=[{"run_id": "r1", "offered_rps": 1.0}]), by="status")
