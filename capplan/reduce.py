@@ -1252,42 +1252,42 @@ def _occupancy_run(run_id: str, s: np.ndarray, e: np.ndarray, o_ns: int, w_ns: i
     edges = o_ns + w_ns * np.arange(nu + 1, dtype=np.int64)
     xs = (edges - o_ns) / C.NS_PER_S
 
-    def below(v):  # Σ min(x, v) over v, at every edge x (seconds from the origin)
-        vs = np.sort((v - o_ns) / C.NS_PER_S)
+    s_sorted, e_sorted = np.sort(s), np.sort(e)
+
+    def below(v_sorted):  # Σ min(x, v) over v, at every edge x (seconds from the origin)
+        vs = (v_sorted - o_ns) / C.NS_PER_S
         cum = np.r_[0.0, np.cumsum(vs)]
         k = np.searchsorted(vs, xs, side="left")
         return cum[k] + xs * (vs.size - k)
 
-    F = below(e) - below(s)
-    area = np.diff(F)
-    count_at = (np.searchsorted(np.sort(s), edges, side="right")
-                - np.searchsorted(np.sort(e), edges, side="right"))
+    area = np.diff(below(e_sorted) - below(s_sorted))
+    count_at = (np.searchsorted(s_sorted, edges, side="right")
+                - np.searchsorted(e_sorted, edges, side="right"))
     at_end = count_at[1:].astype(np.int64)
     peak = count_at[:-1].astype(np.int64).copy()
     peak_t = edges[:-1].astype(np.float64) / C.NS_PER_S
     keep = e > s
-    t = np.concatenate([s[keep], e[keep]])
-    d = np.concatenate([np.ones(int(keep.sum()), np.int64), -np.ones(int(keep.sum()), np.int64)])
-    if t.size:
-        order = np.lexsort((d, t))  # at one instant, leaving (−1) before arriving (+1)
-        t, c = t[order], np.cumsum(d[order])
+    if keep.any():
+        # one sorted key per ±1 event: 2·t + 1 for an arrival, 2·t for a departure, so at one
+        # instant the departure comes first (and no argsort is needed)
+        key = np.sort(np.concatenate([2 * s[keep] + 1, 2 * e[keep]]))
+        t = key >> 1
+        c = np.cumsum((key & 1) * 2 - 1)
         u = (t - o_ns) // w_ns
-        inside = (u >= 0) & (u < nu)
-        t, c, u = t[inside], c[inside], u[inside]
+        lo, hi = np.searchsorted(u, [0, nu])
+        t, c, u = t[lo:hi], c[lo:hi], u[lo:hi]
         if t.size:
             starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
             seg_max = np.maximum.reduceat(c, starts)
+            seg_len = np.diff(np.r_[starts, c.size])
             uu = u[starts]
-            better = seg_max > peak[uu]
             # the first time each unit's maximum is reached
-            hit = c == np.repeat(seg_max, np.diff(np.r_[starts, c.size]))
-            first_hit = np.full(starts.size, -1, np.int64)
-            seg_of = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, c.size]))
-            idx = np.flatnonzero(hit)
-            _, first = np.unique(seg_of[idx], return_index=True)
-            first_hit[np.unique(seg_of[idx])] = idx[first]
+            idx = np.flatnonzero(c == np.repeat(seg_max, seg_len))
+            seg = np.searchsorted(starts, idx, side="right") - 1
+            first = idx[np.r_[True, seg[1:] != seg[:-1]]]
+            better = seg_max > peak[uu]
             peak[uu[better]] = seg_max[better]
-            peak_t[uu[better]] = t[first_hit[better]] / C.NS_PER_S
+            peak_t[uu[better]] = t[first[better]] / C.NS_PER_S
     return RunOccupancy(run_id=run_id, edges_s=edges / C.NS_PER_S, area_s=area, at_end=at_end,
                         peak=peak, peak_t_s=peak_t, n=int(s.size), n_open=n_open,
                         run_end_s=run_end_s)
