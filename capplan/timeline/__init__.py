@@ -16,6 +16,7 @@ It works alike on measured studies and on those the twin's scenarios write.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 
@@ -123,6 +124,9 @@ def analyse_timeline(study, slo=None, *, run: str | None = None, window_s: float
                            gpus_per_replica=gpr, rate_smooth_s=rate_smooth_s,
                            last_arrival_s=float(whole.at[r.run_id, "last_scheduled_s"])
                            if r.run_id in whole.index else math.inf)
+        rs = bs.run(r.run_id)
+        e2e = rs.percentile("e2e", 0.99, bs.alpha) / 1000.0
+        p = replace(p, guard_s=width * math.ceil(e2e / width) if math.isfinite(e2e) else width)
         w = windows[windows["run_id"] == r.run_id].reset_index(drop=True)
         inc_frames.append(measure_incidents(r.run_id, group_incidents(ev, width), w, p))
     incidents = (pd.concat([f for f in inc_frames if len(f)], ignore_index=True)

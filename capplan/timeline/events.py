@@ -202,6 +202,9 @@ def replica_series(run_id: str, events: pd.DataFrame, served: list[str],
             ts.append(float(row.t_s))
             rd.append(ready)
             pv.append(prov)
+    if rd[0] != initial:  # events at 0 set the starting fleet (a simulator names it so)
+        initial = rd[0]
+        how = f"{initial} replica(s) ready at the start"
     return ReplicaSeries(run_id, np.asarray(ts), np.asarray(rd, np.int64),
                          np.asarray(pv, np.int64), initial, how)
 

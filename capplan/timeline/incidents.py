@@ -10,16 +10,19 @@ events have no cause gets one incident per follow-up event instead.
 
 Per incident (window width w, target a, K = ``recover_windows``):
 
-- *before*: the windows wholly inside [t − pre_s, t) after the warm-up — goodput, attainment,
-  offered rate, mean requests waiting, and the waiting level the queue must return to (the 95th
-  percentile of the waiting count at their ends, + 1);
+- *guard* g: requests scheduled up to g before t can still be in flight at t and be caught
+  by the event (lost with a failed replica); g is the run's p99 end-to-end latency of completed
+  requests, in whole windows (``guard_s``);
+- *before*: the windows wholly inside [t − g − pre_s, t − g) after the warm-up — goodput,
+  attainment, offered rate, mean requests waiting, and the waiting level the queue must return
+  to (the 95th percentile of the waiting count at their ends, + 1);
 - *breach*: the first window from the one holding t whose attainment is below a; *time to
   breach* = its start − t (0 when already breached);
 - *recovery*: the first window after the breach that starts K windows in a row at or above a;
   *time to recover* = its start − t; *breach duration* = its start − the breach's start (a
   run that ends in breach: until the run's last window, flagged);
 - *good requests lost* = Σ (pre-event goodput · w − good) over the windows from the one
-  holding t up to the end of the impact (recovery or drained queue, whichever is later);
+  holding t − g up to the end of the impact (recovery or drained queue, whichever is later);
 - *queue*: the peak of the requests waiting after t, when it was reached, the time from the
   peak until the waiting count is back at the pre-event level for K window ends in a row
   (*drain time*, interpolated inside the window where it crossed), and the area (request-
@@ -64,13 +67,15 @@ class IncidentParams:
     gpus_per_replica: int = 1
     rate_smooth_s: float = 10.0
     last_arrival_s: float = math.inf  # the run's last scheduled request
+    guard_s: float = 0.0  # requests scheduled this long before an event can still be caught by it
 
 
 def group_incidents(events: pd.DataFrame, width_s: float) -> list[pd.DataFrame]:
     """The events of one run split into incidents (module docstring), in time order."""
-    if events.empty:
+    # the fleet at the start (replicas ready at 0) is the state events change, not a change
+    ev = events[~((events["t_s"] <= 0) & events["event"].isin(FOLLOW_UPS))].reset_index(drop=True)
+    if ev.empty:
         return []
-    ev = events.reset_index(drop=True)
     cause = ev["event"].isin(CAUSES).to_numpy().copy()
     if (ev["event"] == "scale_decision").any():  # a decision that keeps the count is no cause
         prev = None
@@ -160,7 +165,9 @@ def measure_incidents(run_id: str, incidents: list[pd.DataFrame], win: pd.DataFr
         kind, d_from, d_to = _kind(inc, prev_desired)
         if d_to is not None:
             prev_desired = d_to
-        pre = (start >= max(t - p.pre_s, p.warmup_s)) & (start + w <= t + 1e-9)
+        t_g = t - p.guard_s  # requests scheduled after t_g may still be in flight at t
+        k_g = min(k0, max(0, int(math.floor(t_g / w))))
+        pre = (start >= max(t_g - p.pre_s, p.warmup_s)) & (start + w <= t_g + 1e-9)
         pre_good = good[pre].sum() / (pre.sum() * w) if pre.any() else math.nan
         pre_off = offered[pre].sum() / (pre.sum() * w) if pre.any() else math.nan
         pre_att = good[pre].sum() / offered[pre].sum() if pre.any() and offered[pre].sum() else math.nan
@@ -192,7 +199,7 @@ def measure_incidents(run_id: str, incidents: list[pd.DataFrame], win: pd.DataFr
         if not math.isnan(q["drain_end_s"]):
             ends.append(min(nw, int(math.ceil(q["drain_end_s"] / w))))
         k_imp = max(ends)
-        lost = (pre_good * w * (k_imp - k0) - good[k0:k_imp].sum()) if not math.isnan(pre_good) \
+        lost = (pre_good * w * (k_imp - k_g) - good[k_g:k_imp].sum()) if not math.isnan(pre_good) \
             else math.nan
         row = {"run_id": run_id, "incident": n_inc + 1, "t_s": t, "kind": kind, "what": _what(inc),
                "events": len(inc), "pre_offered_rps": pre_off, "pre_goodput_rps": pre_good,
