@@ -257,23 +257,27 @@ class Control:
         old_live = [i for i in fleet.live() if i in self.old]
         new_live = [i for i in fleet.live() if i in self.new]
         added = drained = 0
-        while len(old_live) + len(new_live) < self.target + r.max_surge and \
-                len(new_live) < self.target:
-            i = self._add(now, fleet, r.ready_s)
-            self.new.add(i)
-            new_live.append(i)
-            added += 1
-        available = sum(1 for i in old_live if i in ready) + sum(1 for i in new_live if i in ready)
-        for i in sorted(old_live, key=lambda i: (fleet.outstanding(i), i)):
-            if available - 1 < self.target - r.max_unavailable:
-                break
-            if len(old_live) + len(new_live) - 1 < self.target - r.max_unavailable:
-                break
-            fleet.drain(i, now, now + int(round(r.drain_timeout_s * NS)))
-            old_live.remove(i)
-            self.old.discard(i)
-            available -= 1 if i in ready else 0
-            drained += 1
+        moved = True
+        while moved:  # surge new replicas, drain old ones, until neither rule allows more
+            moved = False
+            while len(old_live) + len(new_live) < self.target + r.max_surge and \
+                    len(new_live) < self.target:
+                i = self._add(now, fleet, r.ready_s)
+                self.new.add(i)
+                new_live.append(i)
+                added += 1
+                moved = True
+            available = sum(1 for i in old_live + new_live if i in ready)
+            for i in sorted(old_live, key=lambda i: (fleet.outstanding(i), i)):
+                if available - (1 if i in ready else 0) < self.target - r.max_unavailable:
+                    break
+                fleet.drain(i, now, now + int(round(r.drain_timeout_s * NS)))
+                old_live.remove(i)
+                self.old.discard(i)
+                available -= 1 if i in ready else 0
+                drained += 1
+                moved = True
+                break  # one at a time: the surge rule may now allow a new replica
         if added or drained:
             self.step += 1
             fleet.log(now, "rollout_step", None, group=f"step {self.step}",

@@ -807,7 +807,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                 if R.routable:
                     used += R.used
                     cap += kv_total
-            w_s = window / 1e9
+            w_s = min(window, now) / 1e9 if now > 0 else window / 1e9  # a young run: its age
             ttfts = np.fromiter((x for _, x in ft), dtype=np.float64, count=len(ft))
             p99 = float(np.percentile(ttfts, 99)) / 1e6 if ttfts.size else float("nan")
             good = int(np.sum(ttfts <= ttft_limit_ms * 1e6))
