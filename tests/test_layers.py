@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("statistics", ("diagnostics", "bootstrap", "reduce")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "twin")),
-    ("plan", ("plan_spec", "plan", "forecast")),
+    ("plan", ("plan_spec", "plan", "plan_dynamics", "forecast")),
     ("presentation", ("viz", "export", "whatif", "report")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
