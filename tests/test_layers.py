@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "twin")),
     ("plan", ("plan_spec", "plan", "plan_dynamics", "forecast")),
-    ("presentation", ("viz", "export", "whatif", "report")),
+    ("presentation", ("viz", "export", "whatif", "whatif_fleet", "report")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
 
