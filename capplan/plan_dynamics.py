@@ -125,6 +125,14 @@ class PlanDynamics:
         return fig
 
 
+def load_system(path):
+    """What plans are simulated on, from a file: a synth config YAML (capplan synth); a twin
+    file once the twin is available (docs/twin.md)."""
+    from .synth.config import load_config
+
+    return load_config(path)
+
+
 def base_config(system, *, duration_s: float, seed: int) -> SynthConfig:
     """The twin as a synth configuration (a SynthConfig is taken as it is)."""
     if isinstance(system, SynthConfig):
@@ -422,6 +430,6 @@ def smallest_fleet(plan, system, budget_slo_minutes: float, *, quarter: int = 0,
     return BudgetSearch("groups", budget_slo_minutes, chosen, tuple(tried), s)
 
 
-__all__ = ["simulate_plan", "PlanDynamics", "DynamicCheck", "SimSettings", "smallest_warm_floor",
+__all__ = ["load_system", "simulate_plan", "PlanDynamics", "DynamicCheck", "SimSettings", "smallest_warm_floor",
            "smallest_fleet", "BudgetSearch", "failure_scenario", "rollout_scenario",
            "cold_start_scenario", "burst_profile"]

@@ -79,6 +79,18 @@ class Timeline:
                 "replicas_max": float(w["replicas_ready"].max()) if len(w) else math.nan})
         return pd.DataFrame(rows)
 
+    def display_frame(self, what: str = "incidents") -> pd.DataFrame:
+        """Readable headers for pages meant for people: ``incidents`` (the per-event figures)
+        or ``summary`` (per run); numbers stay numbers."""
+        if what == "summary":
+            df = self.summary_frame()
+            return df.rename(columns=SUMMARY_LABELS)[list(SUMMARY_LABELS.values())]
+        if what != "incidents":
+            raise ValueError(f"unknown table {what!r}: incidents or summary")
+        df = self.incidents.copy()
+        cols = [c for c in INCIDENT_LABELS if c in df.columns]
+        return df[cols].rename(columns=INCIDENT_LABELS)
+
     # -- text ----------------------------------------------------------------------------
     def to_text(self) -> str:
         out = [f"Timeline of {self.study}: windows of {_dur(self.width_s)}; SLO {self.slo}; "
@@ -183,6 +195,23 @@ class Timeline:
                 self.figure(rid).write_html(tmp / name, include_plotlyjs=True, full_html=True)
                 names.append(name)
         return names
+
+
+#: column → header for people (display_frame)
+INCIDENT_LABELS = {
+    "run_id": "run", "incident": "incident", "t_s": "at (s)", "kind": "kind", "what": "what happened",
+    "pre_goodput_rps": "goodput before (req/s)", "time_to_breach_s": "SLO broken after (s)",
+    "breach_s": "broken for (s)", "time_to_recover_s": "recovered after (s)",
+    "good_lost": "good requests lost", "queue_peak": "longest queue", "drain_s": "queue drained in (s)",
+    "queue_area_req_s": "request-seconds waiting", "desired_from": "desired before",
+    "desired_to": "desired after", "decision_delay_s": "decision delay (s)",
+    "ready_time_max_s": "ready after (s, longest)", "overshoot_gpu_h": "overshoot (GPU-hours)"}
+SUMMARY_LABELS = {
+    "run_id": "run", "windows": "windows", "offered": "requests offered", "good": "good requests",
+    "attainment": "attainment", "slo_minutes_broken": "SLO-minutes broken", "incidents": "incidents",
+    "scale_decisions": "scale decisions", "reversals": "reversals",
+    "overshoot_gpu_h": "overshoot (GPU-hours)", "queue_peak": "longest queue",
+    "replicas_min": "fewest replicas ready", "replicas_max": "most replicas ready"}
 
 
 def decision_counts(desired: list[int], start: int | None) -> tuple[int, int]:
