@@ -47,6 +47,8 @@ REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
 #: The comparison page, added when the report is given a baseline study.
 COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate")
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
+#: The timelines page, added when the study has system events (timeline/; docs/timeline.md).
+TIMELINE_NOTEBOOK: tuple[str, str] = ("07-timelines.ipynb", "Timelines")
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -335,6 +337,7 @@ class ReportParams:
     time: str = ""  # provenance time of the plan export (ISO, UTC)
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
+    timelines: bool = False  # the study has system events: adds the timelines page (07)
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -352,7 +355,8 @@ class ReportParams:
 
     def notebooks(self) -> tuple[tuple[str, str], ...]:
         """(file name, page title) of the report's notebooks, in page order."""
-        return REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
+        return (REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
+                + ((TIMELINE_NOTEBOOK,) if self.timelines else ()))
 
 
 @dataclass(frozen=True)
@@ -580,7 +584,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
             load_gates(gates_path)  # a bad gates file fails here, not in the kernel
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
-                          baseline=baseline_path, gates=gates_path)
+                          baseline=baseline_path, gates=gates_path,
+                          timelines=bool(opened.timeline_files))
     return params, opened
 
 

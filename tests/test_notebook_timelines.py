@@ -81,3 +81,21 @@ def test_notebook_writes_the_exports(executed):
     assert {"windows.csv", "incidents.csv", "events.csv", "summary.csv", "timeline.txt",
             "plan-simulated.csv"} <= set(got)
     assert any(n.startswith("timeline-") and n.endswith(".html") for n in got)
+
+
+def test_the_report_adds_the_page_for_a_study_with_a_timeline(executed):
+    _, study, _ = executed
+    params, _ = R.resolve_params(study)
+    assert R.TIMELINE_NOTEBOOK in params.notebooks()
+    demo, _ = R.resolve_params(None)
+    assert R.TIMELINE_NOTEBOOK not in demo.notebooks()
+
+
+@pytest.mark.browser
+def test_the_report_page_draws_offline(executed, tmp_path):
+    from test_report import _assert_draws_offline
+
+    nb, _, _ = executed
+    page = tmp_path / "07-timelines.html"
+    page.write_text(R.notebook_to_html(nb, "Timelines — test"), encoding="utf-8")
+    _assert_draws_offline([page])
