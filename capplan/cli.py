@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "whatif": "whatif",
     "compare": "compare",
     "timeline": "timeline",
+    "kv": "kv",
+    "mix": "mix",
 }
 
 

@@ -60,8 +60,11 @@ def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: d
                      else json.dumps(v, sort_keys=True, default=str)))
     prov.append(("spec (JSON)", json.dumps(plan.spec.to_dict(), sort_keys=True, default=str, ensure_ascii=False)))
     provenance = pd.DataFrame(prov, columns=["Key", "Value"])
-    return {"Summary": summary, "Plan line items": items, "Checks": checks, "Assumptions": assumptions,
-            "Capacity with CI": capacity, "Cost by quarter": quarters, "Provenance": provenance}
+    out = {"Summary": summary, "Plan line items": items, "Checks": checks, "Assumptions": assumptions,
+           "Capacity with CI": capacity, "Cost by quarter": quarters, "Provenance": provenance}
+    for sheet, df in getattr(plan.capacity, "tables", ()):  # SLO classes, production mix (docs/mix.md)
+        out[sheet] = df
+    return out
 
 
 def _now() -> str:
@@ -100,7 +103,7 @@ def export_plan(plan, out_dir: str | os.PathLike, *, time: str | None = None, st
     with atomic_dir(out) as tmp:
         write_xlsx(tables, tmp / XLSX_NAME, created=created)
         for sheet, df in tables.items():
-            write_csv(df, tmp / CSV_NAMES[sheet])
+            write_csv(df, tmp / CSV_NAMES.get(sheet, sheet.lower().replace(" ", "_") + ".csv"))
         if figure:
             (tmp / "plan_groups.html").write_text(
                 plan.figure().to_html(include_plotlyjs=True, full_html=True, div_id="capplan-plan"),

@@ -33,12 +33,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "contract", "version", "io")),
     ("kit", ("spec", "slo", "sketch", "earlystop")),
     ("study", ("study", "telemetry", "importers")),
-    ("measures", ("metrics", "validate", "cost")),
+    ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "twin")),
-    ("plan", ("plan_spec", "plan", "plan_dynamics", "forecast")),
-    ("presentation", ("viz", "export", "whatif", "whatif_fleet", "report")),
+    ("plan", ("plan_spec", "plan", "plan_dynamics", "forecast", "plan_bounds")),
+    ("presentation", ("viz", "export", "whatif", "whatif_fleet", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
 
