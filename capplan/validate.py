@@ -99,6 +99,18 @@ def row_checks(manifest: C.Manifest, present: frozenset[str] | set[str]) -> list
     return checks
 
 
+def check_select(checks: list[RowCheck], example: str) -> tuple[list[str], list]:
+    """One grouped pass over a table for every rule: per rule the count of rows that break it
+    and the first such row (``example``: a struct SQL expression), with the bound parameters."""
+    select, params = ["count(*) AS n_rows"], []
+    for i, chk in enumerate(checks):
+        select.append(f"count(*) FILTER (WHERE {chk.condition}) AS n{i}")
+        select.append(f"min({example}) FILTER (WHERE {chk.condition}) AS ex{i}")
+        params.extend(chk.params)
+        params.extend(chk.params)
+    return select, params
+
+
 def _example(ex: dict | None) -> tuple[str | None, str | None]:
     """(file, 'row N: col=value, …') of an example row (row numbers count from 0)."""
     if not ex:
@@ -159,13 +171,7 @@ def validate_study(study: Study, problems: ProblemList | None = None) -> Problem
         _db_problem(problems, study, exc, "the file list")
         return problems
     checks = row_checks(study.manifest, study.present_columns)
-    ex = _example_struct(study.present_columns)
-    select, params = ["count(*) AS n_rows"], []
-    for i, chk in enumerate(checks):
-        select.append(f"count(*) FILTER (WHERE {chk.condition}) AS n{i}")
-        select.append(f"min({ex}) FILTER (WHERE {chk.condition}) AS ex{i}")
-        params.extend(chk.params)
-        params.extend(chk.params)
+    select, params = check_select(checks, _example_struct(study.present_columns))
     try:
         cur = study.sql(f"SELECT {', '.join(select)} FROM {ROW_VIEW}", params)
         names = [d[0] for d in cur.description]
@@ -384,12 +390,7 @@ def validate_timeline(study: Study, problems: ProblemList) -> None:
     cols = ["filename", "file_row_number", *_TIMELINE_EXAMPLE]
     ex = ("struct_pack(" + ", ".join(f'"{c}" := t."{c}"' for c in cols)
           + ', "run_end_ns" := f.run_end_ns)')
-    select, params = ["count(*) AS n_rows"], []
-    for i, chk in enumerate(checks):
-        select.append(f"count(*) FILTER (WHERE {chk.condition}) AS n{i}")
-        select.append(f"min({ex}) FILTER (WHERE {chk.condition}) AS ex{i}")
-        params.extend(chk.params)
-        params.extend(chk.params)
+    select, params = check_select(checks, ex)
     query = f"""
         WITH d AS (SELECT unnest(?) AS run_id, unnest(?) AS dur_ns),
              f AS (SELECT e.run_id,

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .errors import SpecError
+from .viz import replace_figure
 
 TABLE_KEYS = ("ready_time_s", "cold_start_reserve_groups", "warm_floor_topup_groups",
               "total_groups", "total_gpus", "cost_usd_per_month")
@@ -231,8 +232,5 @@ class FleetWhatIfPanel:
         if state is None:
             return
         self.state = state
-        with self.figure.batch_update():
-            self.figure.data = ()
-            self.figure.add_traces(list(state.figure.data))
-            self.figure.layout = state.figure.layout
+        replace_figure(self.figure, state.figure)
         self._show(state)
