@@ -61,3 +61,22 @@ def test_smallest_fleet_for_a_failure_budget(plan):
     lo, hi = int(plan.value("traffic_groups")), int(plan.value("total_groups"))
     assert s.chosen is None or lo <= s.chosen <= hi
     assert all(lo <= v <= hi for v, _ in s.tried)
+
+
+def test_plan_cli_states_the_simulated_checks(tmp_path, capsys):
+    import yaml
+
+    from capplan.cli import main
+    from capplan.synth.config import PRESETS
+
+    system = tmp_path / "system.yaml"
+    system.write_text(yaml.safe_dump(PRESETS["demo"]))
+    out = tmp_path / "plan"
+    assert main(["plan", "--capacity-rps", "2.8", "--spec", "templates/plan.yaml", "--out", str(out),
+                 "--gpus-per-replica", "4", "--twin", str(system), "--quarter", "9"]) == 2
+    assert "--quarter" in capsys.readouterr().err and not out.exists()
+    assert main(["plan", "--capacity-rps", "2.8", "--spec", "templates/plan.yaml", "--out", str(out),
+                 "--gpus-per-replica", "4", "--twin", str(system), "--quarter", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "the plan's checks simulated at the Q1 peak" in text and "losing zone a" in text
+    assert (out / "plan-simulated.csv").is_file()
