@@ -65,11 +65,10 @@ def analyse_timeline(study, slo=None, *, run: str | None = None, window_s: float
     K = S.number(recover_windows, "--recover-windows", integer=True, minimum=1, example="5")
     pre = S.number(pre_s, "--pre-s", above=0.0, example="60")
     silence = S.number(silence_s, "--silence-s", above=0.0, example="10")
-    tl_meta = raw.get("timeline") if isinstance(raw.get("timeline"), dict) else {}
-    if capacity_rps is None and tl_meta.get("capacity_rps_per_replica"):
-        capacity_rps = float(tl_meta["capacity_rps_per_replica"])
-        notes.append(f"replica capacity {capacity_rps:.4g} req/s from study.yaml "
-                     "(timeline.capacity_rps_per_replica)")
+    if capacity_rps is None:
+        capacity_rps, where = recorded_capacity(raw)
+        if capacity_rps is not None:
+            notes.append(f"replica capacity {capacity_rps:.4g} req/s from study.yaml ({where})")
     if capacity_rps is not None:
         capacity_rps = S.number(capacity_rps, "--capacity-rps", above=0.0, example="2.8")
     runs = st.manifest.run_ids
@@ -163,3 +162,16 @@ def _window_notes(windows: pd.DataFrame, slo: SLO, width: float, capacity_rps, i
                      "share windows, so their losses are not additive")
     return notes
 
+
+
+def recorded_capacity(raw: dict) -> tuple[float | None, str]:
+    """The req/s one replica serves within the SLO, as study.yaml records it: ``timeline:
+    {capacity_rps_per_replica}``, or the autoscaler of the scenario a twin ran."""
+    tl = raw.get("timeline") if isinstance(raw.get("timeline"), dict) else {}
+    if tl.get("capacity_rps_per_replica"):
+        return float(tl["capacity_rps_per_replica"]), "timeline.capacity_rps_per_replica"
+    sc = raw.get("scenario") if isinstance(raw.get("scenario"), dict) else {}
+    auto = (sc.get("spec") or {}).get("autoscaler") if isinstance(sc.get("spec"), dict) else None
+    if isinstance(auto, dict) and auto.get("capacity_rps"):
+        return float(auto["capacity_rps"]), "scenario.spec.autoscaler.capacity_rps"
+    return None, ""
