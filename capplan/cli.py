@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "timeline": "timeline",
     "kv": "kv",
     "mix": "mix",
+    "twin": "twin",
 }
 
 
