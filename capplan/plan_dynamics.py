@@ -126,10 +126,16 @@ class PlanDynamics:
 
 
 def load_system(path):
-    """What plans are simulated on, from a file: a synth config YAML (capplan synth); a twin
-    file once the twin is available (docs/twin.md)."""
+    """What plans are simulated on, from a file: a twin (twin.yaml of ``capplan twin fit``,
+    docs/twin.md) or a synth config YAML (``capplan synth``)."""
+    from . import spec as S
     from .synth.config import load_config
 
+    doc = S.load_yaml(path, what="twin or synth config", fix="pass twin.yaml (capplan twin fit)")
+    if isinstance(doc.data, dict) and str(doc.data.get("format", "")).startswith("capplan-twin/"):
+        from .twin import load_twin
+
+        return load_twin(path)
     return load_config(path)
 
 
