@@ -328,6 +328,8 @@ def simulate_plan(plan, system, *, quarter: int = 0, settings: SimSettings = Sim
         if "cold_start" in checks:
             out.append(cold_start_scenario(plan, system, **kw))
     notes = _notes(plan, settings)
+    if getattr(system, "warning", None):  # a twin that disagreed with its study says so
+        notes.insert(0, str(system.warning))
     return PlanDynamics(plan.spec.name, plan.quarters[quarter].label, tuple(out), tuple(notes))
 
 

@@ -1,5 +1,5 @@
 """Notebook 07-timelines executed with papermill on a small simulated study whose runs lose a
-replica (and with a synth config standing in for the twin): clean run, the page's numbers are
+replica, with a twin fitted to a small sweep of the same system: clean run, the page's numbers are
 capplan.timeline's, the figures and exports are there."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-import yaml
 
 from capplan import report as R
 from capplan.synth.config import PRESETS, parse_config
 from capplan.synth.control import ControlSpec, FailureSpec
 from capplan.synth.sweep import generate_study
 from capplan.timeline import analyse_timeline
+from capplan.twin import fit_twin, write_twin
 
 PLOTLY = "application/vnd.plotly.v1+json"
 SLO = {"ttft_ms": 5000.0, "attainment": 0.99}
@@ -41,10 +41,13 @@ def executed(tmp_path_factory):
     cfg = parse_config(_raw()).with_(control=ControlSpec(
         initial=3, failures=(FailureSpec(at_s=200, count=1, ready_s=60, detect_s=5),)))
     study, _ = generate_study(cfg, d / "study", workers=1)
-    system = d / "system.yaml"
+    # the twin the plan's checks are simulated on: fitted to a small sweep of the same system
     raw = _raw()
     raw["system"]["replicas"] = 1
-    system.write_text(yaml.safe_dump(raw))
+    raw["sweep"] = {"load_model": "open", "rates": [1.0, 3.0, 5.0], "duration_s": 90.0, "warmup_s": 10.0}
+    sweep, _ = generate_study(parse_config(raw), d / "sweep", workers=1)
+    system = d / "twin.yaml"
+    write_twin(fit_twin(sweep, reps=30), system)
     params = {"study_path": str(study), "slo": SLO, "window_s": 5.0, "twin_path": str(system),
               "capacity_rps": 6.0, "artifacts_dir": str(d / "data"), "seed": 0}
     nb = R.execute_notebook(Path("notebooks/07-timelines.ipynb"), params, cwd=d)
@@ -99,3 +102,12 @@ def test_the_report_page_draws_offline(executed, tmp_path):
     page = tmp_path / "07-timelines.html"
     page.write_text(R.notebook_to_html(nb, "Timelines — test"), encoding="utf-8")
     _assert_draws_offline([page])
+
+
+def test_a_report_with_a_twin_gets_the_page_with_the_twin(executed):
+    _, study, _ = executed
+    twin = study.parent / "twin.yaml"
+    params, _ = R.resolve_params(None, twin=twin)
+    assert R.TIMELINE_NOTEBOOK in params.notebooks()  # the demo has no timeline, the twin adds it
+    p = params.parameters_for(R.TIMELINE_NOTEBOOK[0], study.parent / "data")
+    assert p["twin_path"] == str(twin.resolve())
