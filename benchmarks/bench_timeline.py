@@ -4,7 +4,7 @@
             pandas baseline computing the same per-window counts and waiting series from the
             parquet (what a notebook would do without capplan). Target: ≤ 5 s.
   day       a 24-hour simulated day with autoscaling at the demo's scale: the demo preset's
-            replicas (Llama2-70B on 4×H100, C_SLO ≈ 2.8 req/s per replica), a day's demand
+            (or --twin's) replicas (Llama2-70B on 4×H100, C_SLO ≈ 2.8 req/s per replica), a day's demand
             shape (a trace's when --trace is given, else a two-peak diurnal curve) scaled to a
             peak of --peak req/s, the R_desired autoscaler (ready time 330 s, the template
             plan's parts), simulated and written as a study (`generate_study`), then analysed
@@ -111,7 +111,7 @@ def diurnal(span_s: float, peak: float):
     return RateProfile(tuple(h / 24 * span_s for h in hours), tuple(s * peak for s in share))
 
 
-def child_day(trace: str, peak: float, out: str) -> dict:
+def child_day(trace: str, peak: float, out: str, twin: str = "") -> dict:
     from capplan.synth.arrivals import load_trace
     from capplan.synth.autoscale import AutoscalerSpec
     from capplan.synth.config import preset
@@ -126,9 +126,15 @@ def child_day(trace: str, peak: float, out: str) -> dict:
     a = AutoscalerSpec(capacity_rps=C_DEMO, ready_s=330.0, safety=1.1, drain_target_s=60.0,
                        eval_period_s=15.0, rate_window_s=60.0, stabilisation_s=300.0, tolerance=0.1,
                        warm_floor=1, max_replicas=32)
-    cfg = preset("demo").with_(rates=(peak,), duration_s=day, warmup_s=0.0, repeats=1, power=None,
-                               itl=False, replicas=start, demand=prof,
-                               control=ControlSpec(initial=start, autoscaler=a))
+    if twin:  # a twin file (capplan twin fit), e.g. of the demo study
+        from capplan.twin import load_twin
+
+        base = load_twin(twin).synth_config()
+    else:
+        base = preset("demo")
+    cfg = base.with_(rates=(peak,), duration_s=day, warmup_s=0.0, repeats=1, power=None,
+                     itl=False, replicas=start, demand=prof, requests_per_run=None,
+                     control=ControlSpec(initial=start, autoscaler=a))
     t = time.perf_counter()
     path, st = generate_study(cfg, out, workers=1)
     t_sim = time.perf_counter() - t
@@ -141,7 +147,8 @@ def child_day(trace: str, peak: float, out: str) -> dict:
             "reversals": int(s["reversals"]), "replicas_max": float(s["replicas_max"]),
             "attainment": float(s["attainment"]), "slo_minutes_broken": float(s["slo_minutes_broken"]),
             "overshoot_gpu_h": float(s["overshoot_gpu_h"]),
-            "shape": "trace " + Path(trace).name if trace else "diurnal (built in)"}
+            "shape": ("trace " + Path(trace).name if trace else "diurnal (built in)")
+            + (f", twin {Path(twin).name}" if twin else ", demo preset")}
 
 
 def run_child(args: list[str]) -> dict:
@@ -158,11 +165,12 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=["timeline", "day"])
     ap.add_argument("--trace", default="", help="an Azure CSV or Mooncake JSONL trace for the day's shape")
     ap.add_argument("--peak", type=float, default=10.0, help="the day's peak, req/s")
+    ap.add_argument("--twin", default="", help="simulate the day on this twin (default: the demo preset)")
     a = ap.parse_args()
     if a.child is not None:
         kind, *rest = a.child
         out = {"timeline": lambda: child_timeline(rest[0]), "pandas": lambda: child_pandas(rest[0]),
-               "day": lambda: child_day(rest[0], float(rest[1]), rest[2])}[kind]()
+               "day": lambda: child_day(rest[0], float(rest[1]), rest[2], rest[3] if len(rest) > 3 else "")}[kind]()
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps(out))
         return
@@ -182,7 +190,7 @@ def main() -> None:
         import tempfile
 
         with tempfile.TemporaryDirectory() as d:
-            day = run_child(["day", a.trace, str(a.peak), str(Path(d) / "day")])
+            day = run_child(["day", a.trace, str(a.peak), str(Path(d) / "day"), a.twin])
         print(f"24-hour day ({day['shape']}, peak {a.peak:g} req/s, {day['requests']:,} requests, "
               f"autoscaled to at most {day['replicas_max']:.0f} replicas, {day['scale_decisions']} "
               f"decisions, {day['reversals']} reversals): {day['seconds']:.1f} s (simulate + write "
