@@ -153,8 +153,10 @@ def fleet_figure(plan, burst=None) -> go.Figure:
 
 
 def table_html(table: pd.DataFrame) -> str:
+    """The panel's table; rows carry ``data-key="fleet-<key>"`` (distinct from the main
+    panel's keys on the same page)."""
     e = html.escape
-    rows = "".join(f'<tr data-key="{e(r.key)}"><th>{e(r.quantity)}</th><td class="value">'
+    rows = "".join(f'<tr data-key="fleet-{e(r.key)}"><th>{e(r.quantity)}</th><td class="value">'
                    f"{e(r.shown)}</td><td>{e(r.unit)}</td></tr>" for r in table.itertuples())
     return f'<table class="capplan-fleet">{rows}</table>'
 
