@@ -102,21 +102,12 @@ def child_pandas(path: str) -> dict:
             "waiting_area": float(area.sum())}
 
 
-def diurnal(span_s: float, peak: float):
-    """A two-peak working day: low at night, a morning and a larger afternoon peak."""
-    from capplan.synth.demand import RateProfile
-
-    hours = [0, 3, 6, 9, 11, 13, 15, 17, 19, 21, 24]
-    share = [0.25, 0.15, 0.25, 0.8, 0.9, 0.75, 1.0, 0.9, 0.6, 0.4, 0.25]
-    return RateProfile(tuple(h / 24 * span_s for h in hours), tuple(s * peak for s in share))
-
-
 def child_day(trace: str, peak: float, out: str, twin: str = "") -> dict:
     from capplan.synth.arrivals import load_trace
     from capplan.synth.autoscale import AutoscalerSpec
     from capplan.synth.config import preset
     from capplan.synth.control import ControlSpec
-    from capplan.synth.demand import from_trace
+    from capplan.synth.demand import diurnal, from_trace
     from capplan.synth.sweep import generate_study
     from capplan.timeline import analyse_timeline
 

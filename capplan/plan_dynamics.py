@@ -303,12 +303,56 @@ def cold_start_scenario(plan, system, *, warm_floor: int | None = None, quarter:
     return _outcome("cold_start", what, start, peak, tl, ctl, budget)
 
 
+def day_scenario(plan, system, *, quarter: int = 0, trace: str | None = None,
+                 span_s: float = 86_400.0, warm_floor: int | None = None,
+                 settings: SimSettings = SimSettings(), budget=None, tmp: Path) -> DynamicCheck:
+    """A day under the autoscaler: a trace's day (its arrival shape stretched to ``span_s``,
+    scaled so its busiest quarter-hour is the quarter's peak; a built-in working day without a
+    trace), autoscaled as in the cold start; against the same day on the fixed planned fleet.
+    The sentence adds the autoscaler's decisions, reversals and overshoot GPU-hours."""
+    from .synth.arrivals import load_trace
+    from .synth.demand import diurnal, from_trace
+
+    spec = plan.spec
+    N = int(plan.value("total_groups"))
+    C = plan.capacity.rps_per_group
+    T = _ready_s(spec)
+    W = spec.autoscaling.warm_floor_groups if warm_floor is None else int(warm_floor)
+    peak = plan.quarters[quarter].peak_rps
+    prof = from_trace(load_trace(trace), span_s=span_s, peak_rps=peak) if trace else diurnal(span_s, peak)
+    start = min(N, max(W, 1, math.ceil(settings.safety * float(prof.rate(0.0)) / C - 1e-9)))
+    a = AutoscalerSpec(capacity_rps=C, ready_s=T, safety=settings.safety,
+                       drain_target_s=settings.drain_target_s, eval_period_s=settings.eval_period_s,
+                       stabilisation_s=settings.stabilisation_s, warm_floor=max(W, 1),
+                       max_replicas=max(N, start))
+    cfg = base_config(system, duration_s=span_s, seed=settings.seed)
+    cfg = replace(cfg, rates=(peak,), demand=prof)
+    place = _placement(spec, int(plan.value("gpus_per_group")))
+    shape = f"trace {Path(trace).name}" if trace else "a working day"
+    what = (f"{span_s / 3600:g} h of {shape} peaking at the {plan.quarters[quarter].label} peak "
+            f"{peak:.4g} req/s, autoscaled between {max(W, 1)} and {N} groups (ready in {T:g} s)")
+    tl = _run(replace(cfg, replicas=start, control=ControlSpec(initial=start, placement=place,
+                                                                autoscaler=a)),
+              plan.slo, C, settings, tmp, "day")
+    ctl = _run(replace(cfg, replicas=N, control=ControlSpec(initial=N, placement=place)), plan.slo, C,
+               settings, tmp, "day-control")
+    out = _outcome("day", what, start, peak, tl, ctl, budget)
+    s = tl.summary_frame().iloc[0]
+    sentence = (f"{what}: {out.slo_minutes:.3g} SLO-minutes caused, {max(out.good_lost, 0):,} good "
+                f"requests lost against the fixed fleet; {int(s['scale_decisions'])} scale decisions "
+                f"({int(s['reversals'])} reversed the one before), overshoot "
+                f"{s['overshoot_gpu_h']:.3g} GPU-hours, {s['replicas_min']:.0f}–{s['replicas_max']:.0f} "
+                "groups ready")
+    return replace(out, sentence=sentence)
+
+
 def simulate_plan(plan, system, *, quarter: int = 0, settings: SimSettings = SimSettings(),
                   budget_slo_minutes: float | None = None,
                   checks: tuple[str, ...] = ("failure", "rollout", "cold_start")) -> PlanDynamics:
     """The plan's failure, rollout and cold-start checks simulated at the planned size on the
     twin (module docstring). ``quarter``: index into ``plan.quarters``; ``budget_slo_minutes``:
-    each check's SLO-minutes caused must stay within it (``ok``)."""
+    each check's SLO-minutes caused must stay within it (``ok``); ``checks`` may add ``"day"``
+    (a working day under the autoscaler, ``day_scenario``)."""
     if not plan.quarters:
         raise SpecError("the plan has no quarter to simulate", field="demand")
     if not 0 <= quarter < len(plan.quarters):
@@ -327,6 +371,8 @@ def simulate_plan(plan, system, *, quarter: int = 0, settings: SimSettings = Sim
             out.append(rollout_scenario(plan, system, **kw))
         if "cold_start" in checks:
             out.append(cold_start_scenario(plan, system, **kw))
+        if "day" in checks:
+            out.append(day_scenario(plan, system, **kw))
     notes = _notes(plan, settings)
     if getattr(system, "warning", None):  # a twin that disagreed with its study says so
         notes.insert(0, str(system.warning))
@@ -440,4 +486,4 @@ def smallest_fleet(plan, system, budget_slo_minutes: float, *, quarter: int = 0,
 
 __all__ = ["load_system", "simulate_plan", "PlanDynamics", "DynamicCheck", "SimSettings", "smallest_warm_floor",
            "smallest_fleet", "BudgetSearch", "failure_scenario", "rollout_scenario",
-           "cold_start_scenario", "burst_profile"]
+           "cold_start_scenario", "day_scenario", "burst_profile"]

@@ -80,3 +80,19 @@ def test_plan_cli_states_the_simulated_checks(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "the plan's checks simulated at the Q1 peak" in text and "losing zone a" in text
     assert (out / "plan-simulated.csv").is_file()
+
+
+def test_a_day_under_the_autoscaler(plan):
+    import tempfile
+    from pathlib import Path
+
+    from capplan.plan_dynamics import day_scenario
+
+    with tempfile.TemporaryDirectory() as d:
+        c = day_scenario(plan, preset("demo"), span_s=3 * 3600, settings=SimSettings(window_s=60.0),
+                         tmp=Path(d))
+    s = c.timeline.summary_frame().iloc[0]
+    assert c.key == "day" and "3 h of a working day" in c.sentence
+    assert f"{int(s['scale_decisions'])} scale decisions" in c.sentence
+    assert s["replicas_max"] > s["replicas_min"]  # it followed the day
+    assert c.control.summary_frame().iloc[0]["replicas_min"] == int(plan.value("total_groups"))

@@ -31,8 +31,12 @@ from ..errors import SpecError
 @click.option("--slo-minutes-budget", type=float, default=None,
               help="with --twin: each check must cause at most this many SLO-minutes; also finds "
                    "the smallest warm floor and fleet within it")
+@click.option("--day", "day", is_flag=True, default=False,
+              help="with --twin: also simulate a day under the autoscaler (a working day's shape)")
+@click.option("--day-trace", "day_trace", default=None, type=click.Path(dir_okay=False),
+              help="with --day: the day's shape from this trace (Azure CSV or Mooncake JSONL)")
 def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict, time_,
-        twin=None, quarter=1, slo_minutes_budget=None):
+        twin=None, quarter=1, slo_minutes_budget=None, day=False, day_trace=None):
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
     from ..plan import load_plan_spec, make_plan
@@ -68,7 +72,8 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
     click.echo(plan.to_text())
     click.echo(f"\nwrote {path}/plan.xlsx and CSV tables")
     if twin is not None:
-        _simulate(plan, twin, quarter, slo_minutes_budget, out_dir)
+        _simulate(plan, twin, quarter, slo_minutes_budget, out_dir, day=day or bool(day_trace),
+                  trace=day_trace)
     if strict and not plan.ok:
         click.echo("plan checks failed (--strict): " + "; ".join(c.sentence for c in plan.checks if not c.ok),
                    err=True)
@@ -93,15 +98,26 @@ def _apply_overrides(spec, *, slo, use, reps, seed, confidence):
     return spec
 
 
-def _simulate(plan, twin: str, quarter: int, budget: float | None, out_dir: str) -> None:
+def _simulate(plan, twin: str, quarter: int, budget: float | None, out_dir: str, *, day: bool = False,
+              trace: str | None = None) -> None:
     """The plan's checks simulated on the twin (capplan.plan_dynamics), printed and written."""
     from pathlib import Path
 
     from ..io import write_csv
     from ..plan_dynamics import load_system, simulate_plan, smallest_fleet, smallest_warm_floor
 
+    import dataclasses
+    import tempfile
+
+    from ..plan_dynamics import SimSettings, day_scenario
+
     system = load_system(twin)
     dyn = simulate_plan(plan, system, quarter=quarter - 1, budget_slo_minutes=budget)
+    if day:
+        with tempfile.TemporaryDirectory(prefix="capplan-day-") as d:
+            check = day_scenario(plan, system, quarter=quarter - 1, trace=trace,
+                                 settings=SimSettings(window_s=60.0), budget=budget, tmp=Path(d))
+        dyn = dataclasses.replace(dyn, checks=dyn.checks + (check,))
     click.echo("\n" + dyn.to_text())
     write_csv(dyn.to_frame(), Path(out_dir) / "plan-simulated.csv")
     if budget is not None:

@@ -6,7 +6,7 @@ Arrivals are a renewal process in *operational time* Λ(t) = ∫₀ᵗ λ: gaps 
 the Λ axis (exponential: a non-homogeneous Poisson process; constant; gamma with a CV) and
 mapped back through Λ⁻¹, so the local rate follows λ(t) and the burstiness is the process's.
 Builders: ``steps`` and ``ramps`` on a base rate, ``oscillation`` (a square or sine wave, the
-demand that makes a naive autoscaler thrash) and ``from_trace`` (the shape of a request trace's
+demand that makes a naive autoscaler thrash), ``diurnal`` (a working day) and ``from_trace`` (the shape of a request trace's
 arrivals, its clock stretched to a span — a day, say — and its rate scaled to a peak).
 """
 
@@ -160,6 +160,15 @@ def oscillation(low_rps: float, high_rps: float, period_s: float, duration_s: fl
         raise SpecError(f"unknown oscillation shape {shape!r}", field="demand.oscillate.shape",
                         fix="square or sine")
     return _clean(t, r)
+
+
+def diurnal(span_s: float, peak_rps: float) -> RateProfile:
+    """A working day's shape when no trace is given: low at night, a morning rise and a larger
+    afternoon peak (shares of the peak at 0, 3, 6, 9, 11, 13, 15, 17, 19, 21 and 24 h of the
+    span: 0.25, 0.15, 0.25, 0.8, 0.9, 0.75, 1.0, 0.9, 0.6, 0.4, 0.25)."""
+    hours = (0, 3, 6, 9, 11, 13, 15, 17, 19, 21, 24)
+    share = (0.25, 0.15, 0.25, 0.8, 0.9, 0.75, 1.0, 0.9, 0.6, 0.4, 0.25)
+    return RateProfile(tuple(h / 24 * span_s for h in hours), tuple(x * peak_rps for x in share))
 
 
 def from_trace(trace: Trace, *, span_s: float, peak_rps: float, bin_s: float | None = None,
