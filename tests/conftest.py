@@ -15,6 +15,7 @@ one event row with sensible defaults, so a test only states the fields it is abo
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pandas as pd
@@ -44,6 +45,26 @@ def ev(run_id: str = "r1", request_id: str | None = None, *, scheduled_ms: float
     }
     row.update(extra)
     return row
+
+
+def fixed_service_raw(replicas: int = 3, *, arrival: str = "poisson", timeout_s: float = 300.0,
+                      rates=(1.0,), duration_s: float = 60.0, warmup_s: float = 0.0) -> dict:
+    """A synth config (YAML mapping) with deterministic service — fixed 128-token prompts and
+    64-token answers, batch ≤ 16, no queue limit, no ITL lists or power — for the fleet,
+    fluid and timeline tests."""
+    from capplan.synth.config import PRESETS
+
+    raw = copy.deepcopy(PRESETS["small"])
+    raw["system"]["replicas"] = replicas
+    raw["replica"].update({"max_batch": 16, "queue_limit": None, "kv_blocks": 20000})
+    raw["workload"] = {"arrival": {"process": arrival},
+                       "lengths": {"kind": "fixed", "input": 128, "output": 64}}
+    raw["client"] = {"timeout_s": timeout_s}
+    raw["power"] = None
+    raw["output"] = {"itl": False}
+    raw["sweep"] = {"load_model": "open", "rates": list(rates), "duration_s": duration_s,
+                    "warmup_s": warmup_s}
+    return raw
 
 
 def events_frame(rows: list[dict]) -> pd.DataFrame:

@@ -4,35 +4,25 @@ capplan.timeline's, the figures and exports are there."""
 
 from __future__ import annotations
 
-import copy
-import json
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from capplan import report as R
-from capplan.synth.config import PRESETS, parse_config
+from capplan.synth.config import parse_config
 from capplan.synth.control import ControlSpec, FailureSpec
 from capplan.synth.sweep import generate_study
 from capplan.timeline import analyse_timeline
 from capplan.twin import fit_twin, write_twin
+
+from conftest import fixed_service_raw
 
 PLOTLY = "application/vnd.plotly.v1+json"
 SLO = {"ttft_ms": 5000.0, "attainment": 0.99}
 
 
 def _raw():
-    raw = copy.deepcopy(PRESETS["small"])
-    raw["system"]["replicas"] = 3
-    raw["replica"].update({"max_batch": 16, "queue_limit": None, "kv_blocks": 20000})
-    raw["workload"] = {"arrival": {"process": "poisson"},
-                       "lengths": {"kind": "fixed", "input": 128, "output": 64}}
-    raw["client"] = {"timeout_s": 120.0}
-    raw["power"] = None
-    raw["output"] = {"itl": False}
-    raw["sweep"] = {"load_model": "open", "rates": [14.0], "duration_s": 420.0, "warmup_s": 30.0}
-    return raw
+    return fixed_service_raw(3, timeout_s=120.0, rates=(14.0,), duration_s=420.0, warmup_s=30.0)
 
 
 @pytest.fixture(scope="module")

@@ -6,37 +6,28 @@ by step; thrash of a naive policy against one with hysteresis and stabilisation.
 
 from __future__ import annotations
 
-import copy
-import math
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from capplan.synth.autoscale import AutoscalerSpec
-from capplan.synth.config import PRESETS, parse_config
+from capplan.synth.config import parse_config
 from capplan.synth.control import ControlSpec, FailureSpec, RolloutSpec
-from capplan.synth.demand import oscillation, steps
+from capplan.synth.demand import oscillation
 from capplan.synth.engine import ERROR, OK
 from capplan.synth.events import token_times
 from capplan.synth.sweep import generate_study, simulate_level
 from capplan.timeline import analyse_timeline
+
+from conftest import fixed_service_raw
 
 NS = 1_000_000_000
 
 
 def _cfg(replicas=3, arrival="constant", timeout=300.0):
     """Deterministic service: fixed 128-token prompts and 64-token answers, batch ≤ 16."""
-    raw = copy.deepcopy(PRESETS["small"])
-    raw["system"]["replicas"] = replicas
-    raw["replica"].update({"max_batch": 16, "queue_limit": None, "kv_blocks": 20000})
-    raw["workload"] = {"arrival": {"process": arrival},
-                       "lengths": {"kind": "fixed", "input": 128, "output": 64}}
-    raw["client"] = {"timeout_s": timeout}
-    raw["power"] = None
-    raw["output"] = {"itl": False}
-    raw["sweep"] = {"load_model": "open", "rates": [1.0], "duration_s": 60.0, "warmup_s": 0.0}
-    return parse_config(raw)
+    return parse_config(fixed_service_raw(replicas, arrival=arrival, timeout_s=timeout))
 
 
 @pytest.fixture(scope="module")

@@ -5,38 +5,30 @@ the fluid check of a lost replica on a twin with deterministic service."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import yaml
 
 from capplan.cli import main
 from capplan.errors import SpecError
-from capplan.synth.config import PRESETS, ArrivalSpec, parse_config
+from capplan.synth.config import ArrivalSpec, parse_config
 from capplan.synth.engine import OK
 from capplan.synth.events import token_times
 from capplan.synth.sweep import generate_study, simulate_level
 from capplan.timeline import analyse_timeline
-from capplan.twin import fit_twin, load_scenario, parse_scenario, run_scenario, write_twin
+from capplan.twin import fit_twin, parse_scenario, run_scenario, write_twin
 from capplan.validate import validate_path
+
+from conftest import fixed_service_raw
 
 NS = 1_000_000_000
 
 
 def _raw():
-    """Deterministic service: fixed 128-token prompts and 64-token answers, batch ≤ 16."""
-    raw = copy.deepcopy(PRESETS["small"])
-    raw["system"]["replicas"] = 1
-    raw["replica"].update({"max_batch": 16, "queue_limit": None, "kv_blocks": 20000})
-    raw["workload"] = {"arrival": {"process": "poisson"},
-                       "lengths": {"kind": "fixed", "input": 128, "output": 64}}
-    raw["client"] = {"timeout_s": 300.0}
-    raw["power"] = None
-    raw["sweep"] = {"load_model": "open", "rates": [1.0, 3.0, 5.0, 6.5], "duration_s": 120.0,
-                    "warmup_s": 10.0}
-    return raw
+    """Deterministic service (fixed 128/64-token requests, batch ≤ 16) on one replica, a sweep
+    to fit the twin on."""
+    return fixed_service_raw(1, rates=(1.0, 3.0, 5.0, 6.5), duration_s=120.0, warmup_s=10.0)
 
 
 @pytest.fixture(scope="module")

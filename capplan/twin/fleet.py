@@ -21,7 +21,6 @@ carries a ``timeline/`` table, so ``capplan timeline`` analyses it like a measur
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
