@@ -50,6 +50,7 @@ COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate"
 #: The twin page, added when the report is given a twin (capplan/twin; docs/twin.md).
 TWIN_NOTEBOOK: tuple[str, str] = ("06-twin.ipynb", "Twin: measured vs simulated")
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
+MIX_NOTEBOOK = "07-mix.ipynb"
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -338,7 +339,7 @@ class ReportParams:
     time: str = ""  # provenance time of the plan export (ISO, UTC)
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
-    twin: Path | None = None  # twin.yaml: adds the twin page (06-twin)
+    twin: Path | None = None  # twin.yaml: adds the twin page (06-twin); the mix page (07) runs its target mix through it
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -362,6 +363,8 @@ class ReportParams:
         if name == COMPARE_NOTEBOOK[0]:
             return self.compare_parameters(artifacts_dir)
         if name == TWIN_NOTEBOOK[0]:
+            return self.twin_parameters(artifacts_dir)
+        if name == MIX_NOTEBOOK and self.twin:  # the mix page runs the target mix through the twin too
             return self.twin_parameters(artifacts_dir)
         return self.notebook_parameters(artifacts_dir)
 
