@@ -92,6 +92,12 @@ def test_the_result_prints_tabulates_draws_and_serialises(case):
     assert d["disagreement"] == pytest.approx(r.disagreement) and d["warning"] is None
     fig = r.figure()
     assert len(fig.data) == 2 and list(fig.data[1].x) == [r.tested.estimate, r.at_target.estimate]
+    # a twin that misses the SLO at every rate it tried: said, not compared
+    from capplan.twin import SteadyCSLO
+
+    none = replace(r, at_target=SteadyCSLO(0.0, 0.0, 0.0, (), 300.0, 30.0, 10, ("misses the SLO even at 0.01 req/s",)))
+    assert "could not place C_SLO there (misses the SLO even at 0.01 req/s)" in none.in_words()
+    assert none.to_frame().loc[3, "status"] == "misses the SLO at every simulated rate" and not none.agree
 
 
 def test_cells_carry_their_own_lengths_and_shares(case):

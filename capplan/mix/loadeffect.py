@@ -106,7 +106,7 @@ class TwinMix:
     def in_words(self) -> str:
         """Both answers at the target mix and what their disagreement means."""
         r, t, m, tt = self.reweighted, self.at_target, self.measured, self.tested
-        if not (_finite(t.estimate) and _finite(r.estimate)) or r.estimate <= 0:
+        if not (_finite(t.estimate) and _finite(r.estimate)) or r.estimate <= 0 or t.estimate <= 0:
             why = "; ".join(t.notes[:1]) or "no crossing"
             return (f"At the target mix reweighting gives {fmt(r.estimate)} req/s; the twin could not place "
                     f"C_SLO there ({why}), so the two cannot be compared.")
@@ -154,9 +154,8 @@ class TwinMix:
                 ("twin", "target", self.at_target, "twin at the target cell shares (load effect included)")):
             lb = getattr(c, "lower_bound", math.nan)
             rows.append({"source": source, "mix": mix, "cslo_estimate": c.estimate, "ci_low": c.ci_low,
-                         "ci_high": c.ci_high, "lower_bound": lb,
-                         "status": getattr(c, "status", "ok" if _finite(c.estimate) else "no crossing"),
-                         "method": method})
+                         "ci_high": c.ci_high, "lower_bound": lb, "status": getattr(c, "status", None)
+                         or _twin_status(c.estimate), "method": method})
         return pd.DataFrame(rows)
 
     def display_frame(self) -> pd.DataFrame:
@@ -227,6 +226,14 @@ class TwinMix:
                           xaxis_title="C_SLO (req/s)", yaxis_title="", template="plotly_white",
                           yaxis={"categoryorder": "array", "categoryarray": list(names.values())[::-1]})
         return fig
+
+
+def _twin_status(v) -> str:
+    if v == 0:
+        return "misses the SLO at every simulated rate"
+    if v == math.inf:
+        return "meets the SLO at every simulated rate"
+    return "simulated" if _finite(v) else "no crossing"
 
 
 def _rel(a, b) -> float:
