@@ -113,8 +113,8 @@ class MixPage:
                 twins = _twins(study, slo, mixes, twin_path, seed=seed, runs=twin_runs, draws=twin_draws,
                                drop_untested=spec.mix.drop_untested)
             except CapplanError as exc:  # a bad twin file or a refused cell: said on the page
-                fix = getattr(exc, "fix", None)
-                problems.append(f"twin {twin_path}: {getattr(exc, 'message', str(exc))}" + (f" — {fix}" if fix else ""))
+                msg, fix = getattr(exc, "message", str(exc)), getattr(exc, "fix", None)
+                problems.append(f"twin {twin_path}: {msg}" + (f" — {fix}" if fix else ""))
         base = next(iter(mixes.values())).base if mixes else fit_envelope(study, slo, **kw)
         facts = study_facts(study, slo)
         plan = make_plan(replace(spec, slo=slo, slo_classes=None, mix=replace(spec.mix, target=None)),
