@@ -377,10 +377,14 @@ class MixSpec:
     by: tuple[str, ...] = ()  # tenant, slo_class
     plan_on: str = "target"  # target: plan with the reweighted C_SLO; tested: report it only
     drop_untested: bool = False
+    #: twin.yaml (relative to the spec file): the report's mix page also runs the target mix
+    #: through it (docs/mix.md, "The twin at the target mix"); the plan itself does not change
+    twin: str | None = None
 
     def __post_init__(self):
         s = self.SECTION
         S.text(self.target, f"{s}.target", example="prod.parquet")
+        S.text(self.twin, f"{s}.twin", example="twin.yaml")
         S.choice(self.period, f"{s}.period", ("day", "peak_hour"))
         S.choice(self.plan_on, f"{s}.plan_on", ("target", "tested"))
         S.flag(self.drop_untested, f"{s}.drop_untested")
@@ -572,9 +576,10 @@ def _build(raw, base_dir) -> PlanSpec:
                 values["history"] = str(Path(base_dir) / h)
         if key == "demand" and "peak_rps" in values:
             values["peak_rps"] = _classes(values["peak_rps"], "demand.peak_rps")
-        if key == "mix" and isinstance(values.get("target"), str) and base_dir is not None \
-                and not os.path.isabs(values["target"]):
-            values["target"] = str(Path(base_dir) / values["target"])
+        for name in ("target", "twin"):
+            if key == "mix" and isinstance(values.get(name), str) and base_dir is not None \
+                    and not os.path.isabs(values[name]):
+                values[name] = str(Path(base_dir) / values[name])
         if key == "model" and isinstance(values.get("catalogue"), str) and base_dir is not None \
                 and not os.path.isabs(values["catalogue"]):
             values["catalogue"] = str(Path(base_dir) / values["catalogue"])

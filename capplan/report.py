@@ -52,6 +52,7 @@ TWIN_NOTEBOOK: tuple[str, str] = ("06-twin.ipynb", "Twin: measured vs simulated"
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
 #: The timelines page, added when the study has system events (timeline/; docs/timeline.md).
 TIMELINE_NOTEBOOK: tuple[str, str] = ("07-timelines.ipynb", "Timelines")
+MIX_NOTEBOOK = "07-mix.ipynb"
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -340,8 +341,8 @@ class ReportParams:
     time: str = ""  # provenance time of the plan export (ISO, UTC)
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
-    twin: Path | None = None  # twin.yaml: adds the twin page (06-twin)
-    timelines: bool = False  # the study has system events: adds the timelines page (07)
+    twin: Path | None = None  # twin.yaml: adds the twin page (06-twin); the mix page runs its target mix through it
+    timelines: bool = False  # the study has system events: adds the timelines page
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -369,6 +370,8 @@ class ReportParams:
         if name == TIMELINE_NOTEBOOK[0]:  # with a twin, the plan's checks are simulated on it
             return {**self.notebook_parameters(artifacts_dir),
                     "twin_path": str(self.twin) if self.twin else ""}
+        if name == MIX_NOTEBOOK and self.twin:  # the mix page runs the target mix through the twin too
+            return self.twin_parameters(artifacts_dir)
         return self.notebook_parameters(artifacts_dir)
 
     def notebooks(self) -> tuple[tuple[str, str], ...]:

@@ -1,7 +1,8 @@
 """`capplan mix STUDY --slo … --target prod.parquet`: C_SLO at production's mix — the study's
 per-cell attainment reweighted to the target's shares inside the bootstrap, beside the tested
 mix's C_SLO, with the effective sample size; from a timestamped trace the peak hour's mix too
-(docs/mix.md)."""
+(docs/mix.md). With ``--twin twin.yaml`` the target mix also runs through the calibrated twin:
+the load effect reweighting cannot see, both answers and their disagreement."""
 
 from __future__ import annotations
 
@@ -34,9 +35,15 @@ from ..errors import SpecError
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--scheme", type=click.Choice(["circular", "stationary"]), default="circular", show_default=True)
 @click.option("--warmup", default="manifest", show_default=True, help="manifest (else MSER-5), mser, none, or seconds")
+@click.option("--twin", "twin_path", default=None, type=click.Path(),
+              help="twin.yaml (capplan twin fit): also run the target mix through the twin (the load effect)")
+@click.option("--twin-runs", type=int, default=None,
+              help="twin runs pooled per rate (default: enough for 20,000 requests, 4–64)")
+@click.option("--twin-draws", type=int, default=10, show_default=True,
+              help="parameter draws behind the twin's interval (0: Monte-Carlo error only)")
 @click.option("--out", default=None, type=click.Path(), help="write the result(s) as JSON")
 def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, drop_untested, min_cell_requests,
-        confidence, reps, seed, scheme, warmup, out) -> int:
+        confidence, reps, seed, scheme, warmup, twin_path, twin_runs, twin_draws, out) -> int:
     """C_SLO at a production mix (reweighting the tested per-cell attainment)."""
     import json
 
@@ -47,6 +54,11 @@ def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, dro
     from ..study import open_study
 
     slo = SLO.parse(slo_text)
+    twin = None
+    if twin_path:
+        from ..twin import load_twin
+
+        twin = load_twin(twin_path)  # a bad twin file fails before any fit
     dims = {d.strip() for d in by.split(",") if d.strip()}
     bad = dims - {"tenant", "slo_class"}
     if bad:
@@ -74,7 +86,7 @@ def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, dro
     st = open_study(study)
     first = next(iter(targets.values()))
     stats = reduce_study(st, slo, warmup=w, cells=cells_for(first.buckets))
-    results = {}
+    results, twins = {}, {}
     for p, tg in targets.items():
         m = fit_mix(st, slo, tg, confidence=confidence, reps=reps, seed=seed, scheme=scheme, stats=stats,
                     min_cell_requests=MIN_CELL_REQUESTS if min_cell_requests is None else min_cell_requests,
@@ -82,10 +94,27 @@ def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, dro
         results[p] = m
         click.echo(m.to_text())
         click.echo("")
+        if twin is not None:
+            import warnings
+
+            from ..mix.loadeffect import twin_mix
+            from ..twin import TwinWarning
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TwinWarning)  # said below, in the result and on stderr
+                tm = twin_mix(twin, st, slo, tg, mixfit=m, seed=seed, runs=twin_runs, draws=twin_draws,
+                              min_cell_requests=MIN_CELL_REQUESTS if min_cell_requests is None else min_cell_requests,
+                              drop_untested=drop_untested)
+            if tm.warning:
+                click.echo(tm.warning, err=True)
+            twins[p] = tm
+            click.echo(tm.to_text())
+            click.echo("")
     if out:
         from ..io import write_text_atomic
 
-        doc = {p: m.to_dict() for p, m in results.items()}
+        doc = {p: {**m.to_dict(), **({"twin": twins[p].to_dict()} if p in twins else {})}
+               for p, m in results.items()}
         write_text_atomic(Path(out), json.dumps(doc, indent=2, ensure_ascii=False, default=str))
         click.echo(f"wrote {out}")
     return 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import SpecError
+from ..errors import CapplanError, SpecError
 from ..slo import SLO, load_slo_file
 
 #: plan line items and checks this page shows (capplan.plan_bounds)
@@ -47,6 +47,23 @@ def _mixes(study, slo, spec, path, kw) -> dict:
     return mixes
 
 
+def _twins(study, slo, mixes: dict, path, *, seed: int, runs, draws: int, drop_untested: bool) -> dict:
+    """Each fitted mix run through the twin (its warning, if any, is on every result)."""
+    import warnings
+
+    from ..twin import TwinWarning, load_twin
+    from .loadeffect import twin_mix
+
+    twin = load_twin(path)
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TwinWarning)  # the page states it (headline and each result)
+        for period, m in mixes.items():
+            out[period] = twin_mix(twin, study, slo, m.target, mixfit=m, seed=seed, runs=runs, draws=draws,
+                                   drop_untested=drop_untested)
+    return out
+
+
 @dataclass(frozen=True)
 class MixPage:
     study: object = field(repr=False)
@@ -59,10 +76,13 @@ class MixPage:
     facts: object = field(repr=False, default=None)
     #: why the classes or the mix could not be fitted on this study (a refusal, said on the page)
     problems: tuple[str, ...] = ()
+    twins: dict = field(repr=False, default_factory=dict)  # period → TwinMix (the target mix through the twin)
+    twin_source: str | None = None
 
     @classmethod
     def build(cls, study, spec, slo, *, slo_file=None, target=None, reps: int = 1000, seed: int = 0,
-              confidence: float = 0.95) -> "MixPage":
+              confidence: float = 0.95, twin=None, twin_runs: int | None = None,
+              twin_draws: int = 10) -> "MixPage":
         from ..cost import study_facts
         from ..envelope import fit_envelope
         from ..plan import load_plan_spec, make_plan
@@ -86,12 +106,22 @@ class MixPage:
             mixes = _mixes(study, slo, spec, path, kw) if path else {}
         except SpecError as exc:
             problems.append(f"target mix {path}: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
+        twin_path = twin or spec.mix.twin
+        twins = {}
+        if twin_path and mixes:
+            try:
+                twins = _twins(study, slo, mixes, twin_path, seed=seed, runs=twin_runs, draws=twin_draws,
+                               drop_untested=spec.mix.drop_untested)
+            except CapplanError as exc:  # a bad twin file or a refused cell: said on the page
+                msg, fix = getattr(exc, "message", str(exc)), getattr(exc, "fix", None)
+                problems.append(f"twin {twin_path}: {msg}" + (f" — {fix}" if fix else ""))
         base = next(iter(mixes.values())).base if mixes else fit_envelope(study, slo, **kw)
         facts = study_facts(study, slo)
         plan = make_plan(replace(spec, slo=slo, slo_classes=None, mix=replace(spec.mix, target=None)),
                          study=study, envelope=base, slo=slo, facts=facts)
         return cls(study=study, spec=spec, slo=slo, classes=cfit, mixes=mixes, plan=plan,
-                   target_source=str(path) if path else None, facts=facts, problems=tuple(problems))
+                   target_source=str(path) if path else None, facts=facts, problems=tuple(problems),
+                   twins=twins, twin_source=str(twin_path) if twin_path else None)
 
     @property
     def kv(self):
@@ -117,7 +147,26 @@ class MixPage:
             out.append(f"**Target mix ({what})**: C_SLO {m.cslo.estimate:.4g} req/s, lower bound "
                        f"{m.cslo.lower_bound:.4g} (tested mix {m.base.cslo.estimate:.4g}, lower bound "
                        f"{m.base.cslo.lower_bound:.4g}); effective sample size {m.ess_share:.0%} of the tested requests")
+        for t in self.twins.values():
+            what = "bucket table" if t.mix.target.period == "table" else t.mix.target.period
+            d = t.disagreement
+            out.append(f"**The twin at the target mix ({what})**: C_SLO {t.at_target.estimate:.4g} req/s "
+                       f"[{t.at_target.ci_low:.4g}, {t.at_target.ci_high:.4g}]"
+                       + (f", {d:+.0%} from reweighting — " + ("they agree" if t.agree else "they disagree")
+                          if d == d else ""))
+        if any(t.warning for t in self.twins.values()):
+            out.append("**" + next(t.warning for t in self.twins.values() if t.warning) + "**")
         return "  \n".join(out)
+
+    def no_twin_text(self) -> str:
+        failed = [p for p in self.problems if p.startswith("twin ")]
+        if failed:
+            return "The target mix was not run through the twin: " + failed[0]
+        if self.twin_source and not self.mixes:
+            return "The twin needs a target mix: the plan spec has none (or it was not fitted)."
+        return ("No twin: give one (`capplan report --twin twin.yaml`, or `mix.twin` in the plan spec) to run the "
+                "target mix through it — the load effect reweighting cannot see (docs/mix.md, \"The twin at the "
+                "target mix\").")
 
     def no_classes_text(self) -> str:
         failed = [p for p in self.problems if p.startswith("SLO classes")]
@@ -161,7 +210,7 @@ class MixPage:
         out = Path(out_dir)
         with atomic_dir(out) as tmp:
             meta = {"study": self.study.name, "slo": str(self.slo), "time": time,
-                    "target": self.target_source, "periods": list(self.mixes)}
+                    "target": self.target_source, "periods": list(self.mixes), "twin": self.twin_source}
             if self.classes is not None:
                 (tmp / "slo_classes.json").write_text(self.classes.to_json(), encoding="utf-8")
                 self.classes.to_frame().to_csv(tmp / "slo_classes.csv", index=False, lineterminator="\r\n")
@@ -169,6 +218,9 @@ class MixPage:
             for period, m in self.mixes.items():
                 (tmp / f"mix_{period}.json").write_text(m.to_json(), encoding="utf-8")
                 m.cells.to_csv(tmp / f"mix_{period}_cells.csv", index=False, lineterminator="\r\n")
+            for period, t in self.twins.items():
+                (tmp / f"mix_{period}_twin.json").write_text(t.to_json(), encoding="utf-8")
+                t.to_frame().to_csv(tmp / f"mix_{period}_twin.csv", index=False, lineterminator="\r\n")
             self.bounds_frame().to_csv(tmp / "bounds.csv", index=False, lineterminator="\r\n")
             (tmp / "mix.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         return out

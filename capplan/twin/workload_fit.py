@@ -17,12 +17,14 @@ from scipy.stats import rankdata
 
 from ..synth.config import ArrivalSpec, Tenant
 from ..synth.lengths import LengthDist
-from .data import OK, REJECTED, TIMEOUT, CANCELLED, StudyData
+from .data import OK, REJECTED, TIMEOUT, CANCELLED, RunData, StudyData
 from .limits_fit import stall_masks
 from .params import Workload
 
 LEVELS = tuple(sorted({0.0, 0.001, 0.005, 0.995, 0.999, 1.0} | {round(i / 50, 4) for i in range(51)}))
 MIN_TENANT_REQUESTS = 100
+CLEAN_FAILURE_SHARE = 0.01  # load-related failures a run may have and still give output lengths
+MIN_CLEAN_COMPLETED = 200  # completed requests the clean runs must hold to be the length pool
 
 
 def empirical_lengths(inp: np.ndarray, out: np.ndarray) -> LengthDist:
@@ -54,16 +56,45 @@ def arrival_stats(sched: np.ndarray) -> dict:
     return {"cv": cv, "dispersion": disp}
 
 
+def length_pool(data: StudyData, wait_s: float) -> tuple[list[RunData], str]:
+    """The runs whose completed requests give the length tables, and a note when the pool had
+    to include runs with load-related failures. Runs where at most 1 % of the requests timed
+    out, were rejected or cancelled (stalls, which the server causes whatever the load, do not
+    count; ``wait_s``: a lower bound of the client timeout, see ``stall_masks``) — when they
+    hold at least 200 completed requests; else every run."""
+    stalls = stall_masks(data, wait_s)
+    clean = []
+    for run in data.runs:
+        load_fail = (((run.status == TIMEOUT) | (run.status == REJECTED) | (run.status == CANCELLED))
+                     & ~stalls[run.run_id])
+        if run.n and load_fail.mean() <= CLEAN_FAILURE_SHARE:
+            clean.append(run)
+    if sum(int((r.status == OK).sum()) for r in clean) >= MIN_CLEAN_COMPLETED:
+        return clean, ""
+    note = ("output lengths come from completed requests of every run, including runs where requests "
+            "timed out or were rejected: long answers may be under-represented") if len(clean) < len(data.runs) else ""
+    return list(data.runs), note
+
+
+def lengths_of(runs, tenant: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Input and output tokens of the completed requests of ``runs`` (of one tenant index)."""
+    i_, o_ = [], []
+    for r in runs:
+        m = (r.status == OK) & (r.out >= 1) & (r.inp >= 1)
+        if tenant is not None:
+            m &= r.tenant == tenant
+        i_.append(r.inp[m])
+        o_.append(r.out[m])
+    return (np.concatenate(i_) if i_ else np.zeros(0, np.int64),
+            np.concatenate(o_) if o_ else np.zeros(0, np.int64))
+
+
 def fit_workload(data: StudyData, wait_s: float) -> tuple[Workload, list[str]]:
     notes: list[str] = []
     per_run = []
     cvs, weights = [], []
-    clean_runs = []
-    stalls = stall_masks(data, wait_s)
     for run in data.runs:
         st = arrival_stats(run.sched[run.in_window])
-        stall = stalls[run.run_id]
-        load_fail = ((run.status == TIMEOUT) | (run.status == REJECTED) | (run.status == CANCELLED)) & ~stall
         per_run.append({"run_id": run.run_id, "offered_rps": run.offered_rps, "concurrency": run.concurrency,
                         "measured_rps": round(run.measured_rate_rps(), 6) if run.n >= 2 else None,
                         "duration_s": run.duration_s, "warmup_s": run.warmup_ns / 1e9, "requests": run.n,
@@ -72,8 +103,6 @@ def fit_workload(data: StudyData, wait_s: float) -> tuple[Workload, list[str]]:
         if data.load_model == "open" and run.n >= 50 and np.isfinite(st["cv"]):
             cvs.append(st["cv"])
             weights.append(run.n)
-        if load_fail.mean() <= 0.01 if run.n else False:
-            clean_runs.append(run)
     # arrival process
     if cvs:
         cv = float(np.median(cvs))
@@ -90,22 +119,9 @@ def fit_workload(data: StudyData, wait_s: float) -> tuple[Workload, list[str]]:
         arr_how = "no open-loop run with ≥ 50 requests: Poisson assumed (default)"
         notes.append("arrival process: " + arr_how)
     # lengths
-    pool = clean_runs if sum(int((r.status == OK).sum()) for r in clean_runs) >= 200 else list(data.runs)
-    if pool is not clean_runs and len(clean_runs) < len(data.runs):
-        notes.append("output lengths come from completed requests of every run, including runs where requests "
-                     "timed out or were rejected: long answers may be under-represented")
-
-    def lengths_of(runs, tenant=None):
-        i_, o_ = [], []
-        for r in runs:
-            m = (r.status == OK) & (r.out >= 1) & (r.inp >= 1)
-            if tenant is not None:
-                m &= r.tenant == tenant
-            i_.append(r.inp[m])
-            o_.append(r.out[m])
-        return (np.concatenate(i_) if i_ else np.zeros(0, np.int64),
-                np.concatenate(o_) if o_ else np.zeros(0, np.int64))
-
+    pool, pool_note = length_pool(data, wait_s)
+    if pool_note:
+        notes.append(pool_note)
     inp, out = lengths_of(pool)
     if len(inp) == 0:
         inp, out = lengths_of(data.runs)
