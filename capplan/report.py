@@ -168,6 +168,15 @@ def strip_cdn_scripts(text: str) -> str:
     return _CDN_SCRIPT.sub("", text)
 
 
+def _base_templates() -> list[str]:
+    """nbconvert's own templates (``lab``, ``base``) under the base interpreter's prefix, where
+    a venv made with ``--system-site-packages`` does not look (empty when not needed)."""
+    base = Path(sys.base_prefix) / "share" / "jupyter" / "nbconvert" / "templates"
+    if Path(sys.prefix) != Path(sys.base_prefix) and base.is_dir():
+        return [str(base)]
+    return []
+
+
 def _offline_exporter():
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import Preprocessor
@@ -189,7 +198,8 @@ def _offline_exporter():
             return cell, resources
 
     exporter = HTMLExporter(
-        extra_template_basedirs=[str(templates_dir() / "nbconvert")],
+        extra_template_basedirs=[str(templates_dir() / "nbconvert"), *_base_templates()],
+        extra_template_paths=_base_templates(),
         template_name=OFFLINE_TEMPLATE,
         exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True,
     )
