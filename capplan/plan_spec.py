@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from .errors import SpecError
+from .periods import parse_start
 from .slo import SLO
 
 POLICIES = ("node", "zone", "n_plus_k", "none")
@@ -355,6 +356,7 @@ class PlanSpec:
     name: str = "plan"
     tenant: str | None = None
     slo: SLO | None = None
+    start: Any = None  # first day of the plan (datetime.date); None: the next calendar quarter
     source: str | None = None  # file the spec was read from
 
     # flat name -> (section attribute, field)
@@ -384,12 +386,16 @@ class PlanSpec:
         _text(self.tenant, "tenant")
         if self.slo is not None and not isinstance(self.slo, SLO):
             object.__setattr__(self, "slo", SLO.parse(self.slo))
+        object.__setattr__(self, "start", parse_start(self.start))
+        if self.start is not None and self.demand.history:
+            _bad("start", "start is for a fixed peak; with a demand history the plan covers the "
+                 "calendar quarters after its last observation", "remove start or demand.history")
 
     def with_(self, **changes) -> "PlanSpec":
         """A copy with flat-named changes, validated again. ``peak_rps`` with several SLO
         classes scales every class in proportion; ``slo``/``name``/``tenant`` are top level.
         Example: ``spec.with_(peak_rps=500, policy="zone", price_usd_per_gpu_hour=2.1)``."""
-        top = {k: changes.pop(k) for k in ("slo", "name", "tenant") if k in changes}
+        top = {k: changes.pop(k) for k in ("slo", "name", "tenant", "start") if k in changes}
         if "slo" in top and top["slo"] is not None:
             top["slo"] = SLO.parse(top["slo"])
         by_section: dict[str, dict] = {}
@@ -423,6 +429,8 @@ class PlanSpec:
             out["tenant"] = self.tenant
         if self.slo is not None:
             out["slo"] = str(self.slo)
+        if self.start is not None:
+            out["start"] = self.start.isoformat()
         for key, attr in _ATTR.items():
             sec = getattr(self, attr)
             d = {}
@@ -452,7 +460,7 @@ class PlanSpec:
         return out
 
 
-_TOP_KEYS = ("name", "tenant", "slo") + tuple(_SECTIONS)
+_TOP_KEYS = ("name", "tenant", "slo", "start") + tuple(_SECTIONS)
 
 
 def load_plan_spec(path_or_dict, *, base_dir: str | os.PathLike | None = None) -> PlanSpec:
@@ -542,4 +550,4 @@ def _build(raw: dict, base_dir) -> PlanSpec:
             raise SpecError(exc.args[0], field="slo" + (f".{exc.field}" if exc.field else ""),
                             fix=exc.fix or "e.g. slo: 'ttft_ms=2000,tpot_ms=100,attainment=0.99'") from None
     return PlanSpec(name=raw.get("name", "plan") if raw.get("name") is not None else "plan",
-                    tenant=raw.get("tenant"), slo=slo, **kw)
+                    tenant=raw.get("tenant"), slo=slo, start=raw.get("start"), **kw)

@@ -37,6 +37,8 @@ from typing import Callable
 
 from . import __version__
 from .errors import CapplanError, SpecError
+from .resources import (baseline_study_path, bundled, default_spec_path,  # noqa: F401
+                        demo_study_path, notebooks_dir, templates_dir)
 
 #: Notebooks of the static report, in page order: (file name, page title).
 REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
@@ -63,48 +65,6 @@ class ReportError(CapplanError):
     """A notebook failed while the report rendered (exit code 1: the input was fine)."""
 
     exit_code = 1
-
-
-# --------------------------------------------------------------------------------------------
-# Locating the bundled notebooks, templates and demo study (works from any directory)
-# --------------------------------------------------------------------------------------------
-
-def _package_dir() -> Path:
-    return Path(__file__).resolve().parent
-
-
-def _bundled(rel: str) -> Path:
-    """A bundled resource: inside the package (wheel installs ship copies there) or beside it
-    at the repository root (editable installs). Independent of the working directory."""
-    pkg = _package_dir()
-    for base in (pkg, pkg.parent):
-        p = base / rel
-        if p.exists():
-            return p
-    raise SpecError(f"bundled resource {rel!r} not found next to the capplan package ({pkg})",
-                    fix="install capplan from its repository with `pip install -e .`")
-
-
-def notebooks_dir() -> Path:
-    return _bundled("notebooks")
-
-
-def templates_dir() -> Path:
-    return _bundled("templates")
-
-
-def demo_study_path() -> Path:
-    """The bundled demo study (``capplan synth --preset demo --out data/sample``)."""
-    try:
-        return _bundled("data/sample")
-    except SpecError:
-        raise SpecError("the bundled demo study data/sample is missing",
-                        fix="regenerate it: capplan synth --preset demo --out data/sample "
-                            "(from the repository root), or pass a STUDY directory") from None
-
-
-def default_spec_path() -> Path:
-    return _bundled("templates/plan.yaml")
 
 
 # --------------------------------------------------------------------------------------------

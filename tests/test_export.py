@@ -55,8 +55,8 @@ def test_round_trip_numbers_and_sheets(tmp_path):
         assert isinstance(got[it.key], (int, float)) and not isinstance(got[it.key], bool)
         assert got[it.key] == pytest.approx(it.value, rel=1e-12)
     head, rows = read_sheet(wb["Cost by quarter"])
-    assert "Cost (USD/quarter)" in head and "Planned peak (req/s)" in head
-    col = head.index("Cost (USD/quarter)")
+    assert "Cost per quarter (USD)" in head and "Peak demand (req/s)" in head
+    col = head.index("Cost per quarter (USD)")
     assert [r[col] for r in rows] == pytest.approx([q.cost_usd_per_quarter for q in plan.quarters])
     prov = dict(read_sheet(wb["Provenance"])[1])
     assert prov["time"] == T and prov["study content hash (sha256)"] == "abc123"
@@ -80,9 +80,12 @@ def test_injection_written_as_text(tmp_path, evil):
     out = export_plan(plan, tmp_path / "x", time=T)
     wb = openpyxl.load_workbook(out / "plan.xlsx")
     # xlsxwriter stores CR as the OOXML escape _x000D_ (Excel shows a CR; openpyxl keeps the escape)
-    summary = dict((r[0], r[1].replace("_x000D_", "\r") if isinstance(r[1], str) else r[1])
-                   for r in read_sheet(wb["Summary"])[1])
-    assert summary["plan"] == "'" + evil and summary["tenant"] == "'" + evil
+    about = dict((r[0], r[1].replace("_x000D_", "\r") if isinstance(r[1], str) else r[1])
+                 for r in wb["Summary"].iter_rows(values_only=True) if r[0] in ("plan", "tenant"))
+    assert about["plan"] == "'" + evil and about["tenant"] == "'" + evil
+    prov = dict((r[0], r[1].replace("_x000D_", "\r") if isinstance(r[1], str) else r[1])
+                for r in read_sheet(wb["Provenance"])[1])
+    assert prov["plan"] == "'" + evil and prov["tenant"] == "'" + evil
     for ws in wb.worksheets:
         for row in ws.iter_rows():
             for cell in row:
@@ -90,10 +93,10 @@ def test_injection_written_as_text(tmp_path, evil):
                 if isinstance(cell.value, str):
                     assert not cell.value.startswith(("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠"))
     # CSV: the evil text comes back whole (one row, prefixed), nothing split by the bare CR
-    text = (out / "summary.csv").read_bytes().decode("utf-8-sig")
+    text = (out / "provenance.csv").read_bytes().decode("utf-8-sig")
     df = pd.read_csv(io.StringIO(text), keep_default_na=False)
-    assert df.set_index("Quantity").loc["tenant", "Value"] == "'" + evil
-    assert list(df.columns) == ["Quantity", "Value", "Unit"]
+    assert df.set_index("Key").loc["tenant", "Value"] == "'" + evil
+    assert list(df.columns) == ["Key", "Value"]
 
 
 def test_safe_text_rules():
