@@ -670,6 +670,12 @@ class _Ctx:
     facts: Any
 
 
+def gpus_per_group(spec: PlanSpec, study) -> int:
+    """GPUs per replica group: the study's (a spec that says otherwise is a SpecError naming the
+    field), else the spec's. ``capplan report`` calls it before any notebook starts."""
+    return _gpus_per_group(spec, study)
+
+
 def _gpus_per_group(spec: PlanSpec, study) -> int:
     g_spec = spec.group.gpus
     if study is not None:

@@ -37,6 +37,7 @@ from typing import Callable
 
 from . import __version__
 from .errors import CapplanError, SpecError
+from .notebook import DEFAULT_SLO  # noqa: F401  (re-exported)
 from .resources import (baseline_study_path, bundled, default_spec_path,  # noqa: F401
                         demo_study_path, notebooks_dir, templates_dir)
 
@@ -52,7 +53,6 @@ WHATIF_NOTEBOOK = "04-whatif.ipynb"
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
-DEFAULT_SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"  # when neither --slo nor the spec has one
 DEFAULT_REPS = 200
 DEFAULT_SEED = 0
 DEFAULT_CONFIDENCE = 0.95
@@ -305,6 +305,21 @@ class ReportParams:
     time: str = ""  # provenance time of the plan export (ISO, UTC)
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
+    notes: tuple[str, ...] = ()  # said out loud before the notebooks run (e.g. what --slo dropped)
+
+    def provenance_rows(self, study_name: str, study_hash: str,
+                        baseline: tuple[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+        """(label, value) rows of the index's provenance table."""
+        rows = [("study", str(self.study)), ("study name", study_name), ("study sha256", study_hash)]
+        if self.baseline is not None:
+            rows += [("baseline study", str(self.baseline))]
+            if baseline:
+                rows += [("baseline name", baseline[0]), ("baseline sha256", baseline[1])]
+            rows += [("gates", str(self.gates) if self.gates else "defaults")]
+        rows += [("plan spec", str(self.spec)), ("SLO", self.slo), ("confidence", f"{self.confidence:g}"),
+                 ("bootstrap replicates", str(self.reps)), ("seed", str(self.seed)),
+                 ("provenance time", self.time), ("capplan", __version__)]
+        return tuple(rows)
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -354,122 +369,6 @@ def _nav_html(current: str, notebooks=REPORT_NOTEBOOKS) -> str:
     return " ".join(links)
 
 
-def headline_rows(data_dir: Path) -> list[tuple[str, str, str]]:
-    """(quantity, value, unit) for the front page, read back from the report's own exports
-    (envelope.json, plan/summary.csv and, with a baseline, compare/verdict.csv), so the index
-    shows exactly the exported numbers."""
-    import csv
-
-    from .viz import format_number
-
-    rows: list[tuple[str, str, str]] = []
-    env_path = data_dir / "envelope.json"
-    if env_path.is_file():
-        c = json.loads(env_path.read_text(encoding="utf-8")).get("cslo", {})
-        unit = c.get("unit") or "req/s"
-        conf = c.get("confidence")
-        for key, label in (("estimate", "C_SLO estimate"), ("ci_low", "C_SLO CI low"),
-                           ("ci_high", "C_SLO CI high"),
-                           ("lower_bound", "C_SLO one-sided lower bound")):
-            if c.get(key) is not None:
-                rows.append((label + (f" ({conf:.0%})" if conf and key != "estimate" else ""),
-                             format_number(float(c[key])), unit))
-        if c.get("status"):
-            rows.append(("C_SLO status", str(c["status"]), ""))
-    summary = data_dir / "plan" / "summary.csv"
-    if summary.is_file():
-        for r in csv.DictReader(summary.read_text(encoding="utf-8-sig").splitlines()):
-            v = r.get("Value", "")
-            try:
-                v = format_number(float(v))
-            except ValueError:
-                pass
-            rows.append((r.get("Quantity", ""), v, r.get("Unit", "")))
-    verdict = data_dir / "compare" / "verdict.csv"
-    if verdict.is_file():
-        items = list(csv.DictReader(verdict.read_text(encoding="utf-8-sig").splitlines()))
-        passed = any(r.get("item") == "passed" and r.get("text") == "True" for r in items)
-        failed = [r for r in items if r.get("item") == "gate failed"]
-        flagged = [r for r in items if r.get("item") == "bucket regressed"]
-        rows.append(("comparison vs baseline", "PASS" if passed else "FAIL",
-                     "every gate passes" if passed else
-                     f"{len(failed)} gate(s) failed, {len(flagged)} bucket(s) regressed"))
-    return rows
-
-
-def index_html(params: ReportParams, study_name: str, study_hash: str,
-               pages: list[tuple[str, str]], exports: list[str],
-               headline: list[tuple[str, str, str]] | None = None,
-               baseline: tuple[str, str] | None = None) -> str:
-    """The report's front page: headline numbers, links to the pages and exports, parameters
-    and provenance. ``baseline``: (name, sha256) of the baseline study, when compared."""
-    e = html.escape
-    rows = [("study", str(params.study)), ("study name", study_name),
-            ("study sha256", study_hash)]
-    if params.baseline is not None:
-        rows += [("baseline study", str(params.baseline))]
-        if baseline:
-            rows += [("baseline name", baseline[0]), ("baseline sha256", baseline[1])]
-        rows += [("gates", str(params.gates) if params.gates else "defaults")]
-    rows += [("plan spec", str(params.spec)), ("SLO", params.slo),
-             ("confidence", f"{params.confidence:g}"), ("bootstrap reps", str(params.reps)),
-             ("seed", str(params.seed)), ("export time", params.time), ("capplan", __version__)]
-    page_items = "\n".join(f'<li><a href="{e(p)}">{e(t)}</a></li>' for p, t in pages)
-
-    def links(items):
-        return "\n".join(f'<li><a href="{e(x)}">{e(x)}</a></li>' for x in items) or \
-            "<li>(none)</li>"
-
-    plan_files = [x for x in exports if x.startswith("data/plan/")]
-    compare_files = [x for x in exports if x.startswith("data/compare/")]
-    other_files = [x for x in exports if not x.startswith(("data/plan/", "data/compare/"))]
-    compare_section = (f"""<h2>Comparison export (baseline vs this study)</h2>
-<ul>
-{links(compare_files)}
-</ul>
-""" if params.baseline is not None else "")
-    param_rows = "\n".join(f"<tr><th>{e(k)}</th><td><code>{e(v)}</code></td></tr>"
-                           for k, v in rows)
-    head_rows = "\n".join(
-        f'<tr><th>{e(q)}</th><td class="num">{e(v)}</td><td>{e(u)}</td></tr>'
-        for q, v, u in (headline or []))
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>capplan report: {e(study_name)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; max-width: 900px; margin: 2em auto; color: #222; }}
-th {{ text-align: left; padding-right: 1em; font-weight: 600; }}
-td.num {{ text-align: right; padding-right: .6em; font-variant-numeric: tabular-nums; }}
-td code {{ word-break: break-all; }}
-</style></head>
-<body>
-<h1>capplan report: {e(study_name)}</h1>
-<h2>Pages</h2>
-<ul>
-{page_items}
-</ul>
-<h2>Headline</h2>
-<table class="headline">
-{head_rows}
-</table>
-<h2>Plan export (for finance)</h2>
-<ul>
-{links(plan_files)}
-</ul>
-{compare_section}<h2>Other data</h2>
-<ul>
-{links(other_files)}
-</ul>
-<h2>Parameters and provenance</h2>
-<table>
-{param_rows}
-</table>
-<p>Re-render with the same study, spec, SLO, seed and reps to get the same numbers.
-Executed notebooks (with their parameters) are in <code>notebooks/</code>; their figures are kept
-as plotly JSON, which JupyterLab draws (the pages above carry plotly.js).</p>
-</body></html>
-"""
-
-
 def _now_utc() -> str:
     import datetime as dt
 
@@ -500,8 +399,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
     directory) adds the comparison; ``gates`` (YAML) sets its gates. Raises StudyError /
     SpecError (exit 2)."""
-    from .plan import load_plan_spec
-    from .slo import SLO
+    from .plan import gpus_per_group, load_plan_spec
+    from .slo import SLO, override_note
     from .study import open_study
 
     study_path = Path(study).expanduser().resolve() if study else demo_study_path()
@@ -511,7 +410,9 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
         raise SpecError("plan spec not found", file=str(spec_path),
                         fix="pass --spec PATH to a plan YAML (see templates/plan.yaml)")
     plan_spec = load_plan_spec(spec_path)
+    gpus_per_group(plan_spec, opened)  # a spec that disagrees with the study fails here, not in a kernel
     slo_obj = SLO.parse(slo) if slo else (plan_spec.slo or SLO.parse(DEFAULT_SLO))
+    notes = tuple(n for n in (override_note(plan_spec.slo, slo_obj) if slo else None,) if n)
     cap = plan_spec.capacity
     reps = cap.reps if reps is None else int(reps)
     seed = cap.seed if seed is None else int(seed)
@@ -550,7 +451,7 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
             load_gates(gates_path)  # a bad gates file fails here, not in the kernel
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
-                          baseline=baseline_path, gates=gates_path)
+                          baseline=baseline_path, gates=gates_path, notes=notes)
     return params, opened
 
 
@@ -620,7 +521,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   seed: int | None = None, reps: int | None = None,
                   confidence: float | None = None, time: str | None = None,
                   notebooks: Path | None = None, jobs: int | None = None,
-                  baseline=None, gates=None,
+                  baseline=None, gates=None, command: list[str] | None = None,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
     spec's; ``time`` (ISO) is the provenance time of the plan and comparison exports (default:
@@ -631,8 +532,12 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     comparison's verdict is shown, it does not fail the report; studies that cannot be
     compared (different offered workload or SLO) raise NotebookInputError (exit 2).
     When several notebooks fail, a bad-input error (exit 2) is reported first, else the first
-    in page order."""
+    in page order. ``command`` (the argv that asked for the report) goes into the provenance
+    bundle and reproduce.md."""
+    from .glossary import glossary_html, link_terms
     from .io import atomic_dir, write_text_atomic
+    from .provenance import write_bundle
+    from .report_index import IndexInputs, index_html, read_records
 
     t_start = perf_counter()
     say = progress or (lambda _msg: None)
@@ -664,6 +569,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         + (f"baseline {base_info[0]} ({params.baseline}); " if base_info else "")
         + f"SLO: {SLO.parse(params.slo).describe()}; seed {params.seed}, reps {params.reps}; "
         f"→ {out_dir}")
+    for note in params.notes:
+        say(f"note: {note}")
     with atomic_dir(out_dir) as tmp:
         (tmp / "notebooks").mkdir()
         (tmp / "data").mkdir()
@@ -676,23 +583,29 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
             # the pages carry plotly.js; the saved notebooks keep each figure once, as JSON
             nbformat.write(slim_notebook(nb), str(tmp / "notebooks" / name))
             page = _page_name(name)
-            (tmp / page).write_text(notebook_to_html(nb, f"{title} — {opened.name}",
-                                                     _nav_html(page, report_nbs)),
+            (tmp / page).write_text(link_terms(notebook_to_html(nb, f"{title} — {opened.name}",
+                                                                _nav_html(page, report_nbs))),
                                     encoding="utf-8")
             pages.append((page, title))
+        (tmp / "glossary.html").write_text(glossary_html(f"Glossary — {opened.name}"), encoding="utf-8")
         exports = sorted(str(p.relative_to(tmp)) for p in data.rglob("*") if p.is_file())
-        (tmp / "index.html").write_text(
-            index_html(params, opened.name, study_hash, pages, exports,
-                       headline_rows(data), baseline=base_info), encoding="utf-8")
+        info = IndexInputs(study_name=opened.name, study_hash=study_hash, pages=tuple(pages),
+                           exports=tuple(exports), parameters=params.provenance_rows(
+                               opened.name, study_hash, base_info), baseline=params.baseline is not None)
+        (tmp / "index.html").write_text(index_html(info, *read_records(data)), encoding="utf-8")
         meta = {"capplan": __version__, "study": str(params.study), "study_name": opened.name,
                 "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,
-                "time": params.time, "pages": [p for p, _ in pages], "exports": exports}
+                "time": params.time, "notes": list(params.notes), "command": command or [],
+                "pages": [p for p, _ in pages], "exports": exports}
         if base_info:
             meta.update({"baseline": str(params.baseline), "baseline_name": base_info[0],
                          "baseline_sha256": base_info[1],
                          "gates": str(params.gates) if params.gates else None})
         write_text_atomic(tmp / "report.json", json.dumps(meta, indent=2) + "\n")
+        inputs = [params.study, params.spec] + [x for x in (params.baseline, params.gates) if x is not None]
+        write_bundle(tmp, inputs=inputs, command=command, study=params.study, study_hash=study_hash,
+                     spec=params.spec, time=params.time, baseline=params.baseline)
     total = perf_counter() - t_start
     say(f"report written in {total:.1f} s")
     return ReportResult(out_dir=out_dir, index=out_dir / "index.html",

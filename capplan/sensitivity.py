@@ -262,3 +262,60 @@ def sensitivity(plan: Plan) -> Sensitivity:
         uses="lower bound" if uses_lb else ("estimate" if cap.estimate is not None else "given capacity"),
         estimate=cap.estimate, lower_bound=cap.lower_bound, ci_low=cap.ci_low, ci_high=cap.ci_high,
         confidence=cap.confidence, unit=cap.unit or "req/s")
+
+
+def _step_dict(s: Step | None) -> dict | None:
+    return None if s is None else dataclasses.asdict(s)
+
+
+def _json_num(v):
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+
+def plan_record(plan: Plan, sens: Sensitivity | None = None) -> dict:
+    """What a report's index shows of a plan, JSON-ready (numbers unrounded, dates ISO): what
+    the plan is (``about``), the summary line items, the dated quarters and years, the checks
+    (failing first, then caveated), the capacity with its interval, the notes, and the
+    sensitivity (band, steps, sentences)."""
+    sens = sens or sensitivity(plan)
+
+    def rows(df):
+        return [{k: (v.isoformat() if hasattr(v, "isoformat") else _json_num(v)) for k, v in r.items()}
+                for r in df.to_dict("records")]
+
+    checks = sorted(plan.checks, key=lambda c: (c.ok, not c.caveat))
+    cap = plan.capacity
+    return {
+        "about": [list(x) for x in plan.about()],
+        "summary": plan.summary,
+        "items": {it.key: {"name": it.name, "value": _json_num(it.value), "unit": it.unit}
+                  for it in plan.items},
+        "quarters": rows(plan.quarters_frame()),
+        "years": rows(plan.years_frame()),
+        "checks": [{"key": c.key, "sentence": c.sentence, "ok": c.ok, "caveat": c.caveat} for c in checks],
+        "ok": plan.ok,
+        "capacity": {"rps_per_group": cap.rps_per_group, "source": cap.source, "unit": cap.unit,
+                     "estimate": cap.estimate, "ci_low": cap.ci_low, "ci_high": cap.ci_high,
+                     "lower_bound": cap.lower_bound, "confidence": cap.confidence, "status": cap.status,
+                     "replicas": cap.study_replicas, "uses": sens.uses},
+        "notes": list(plan.notes),
+        "sensitivity": {"low_rps_per_group": sens.low_rps_per_group,
+                        "high_rps_per_group": _json_num(sens.high_rps_per_group),
+                        "low_system": sens.low_system, "high_system": _json_num(sens.high_system),
+                        "used_system": sens.used_system, "margin_below": sens.margin_below,
+                        "margin_above": _json_num(sens.margin_above), "knife_edge": sens.knife_edge,
+                        "plan": _step_dict(sens.plan_step), "up": _step_dict(sens.up),
+                        "down": _step_dict(sens.down), "other": _step_dict(sens.other),
+                        "other_name": sens.other_name, "sentences": sens.sentences()},
+    }
+
+
+def write_plan_record(plan: Plan, path, sens: Sensitivity | None = None) -> dict:
+    """Write :func:`plan_record` as JSON (atomically); returns it."""
+    import json
+
+    from .io import write_text_atomic
+
+    rec = plan_record(plan, sens)
+    write_text_atomic(path, json.dumps(rec, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    return rec
