@@ -300,9 +300,10 @@ class Envelope:
         lv = self.levels
         fig = go.Figure()
         fig.add_trace(go.Scatter(x=lv["x"], y=lv["throughput_rps"], mode="lines+markers",
-                                 name="throughput"))
+                                 name="throughput at the offered rate (completed share × offered rate)"))
         fig.add_trace(go.Scatter(
-            x=lv["x"], y=lv["goodput_rps"], mode="lines+markers", name="goodput",
+            x=lv["x"], y=lv["goodput_rps"], mode="lines+markers",
+            name="goodput at the offered rate (attainment × offered rate), with its CI",
             error_y={"type": "data", "symmetric": False,
                      "array": (lv["goodput_ci_high"] - lv["goodput_rps"]).clip(lower=0),
                      "arrayminus": (lv["goodput_rps"] - lv["goodput_ci_low"]).clip(lower=0)}))
@@ -312,8 +313,8 @@ class Envelope:
                                      marker={"size": 12, "symbol": "star"}, name="max goodput"))
         if self.knee.get("x") == self.knee.get("x"):
             fig.add_vline(x=self.knee["x"], line_dash="dot", annotation_text="knee")
-        fig.update_layout(title="Goodput and throughput", xaxis_title=self.x_label,
-                          yaxis_title="req/s")
+        fig.update_layout(title="Goodput and throughput at the offered rate", xaxis_title=self.x_label,
+                          yaxis_title="req/s", template="plotly_white", legend={"orientation": "h", "y": -0.2})
         return fig
 
     # ------------------------------------------------------------------ what-if

@@ -220,7 +220,7 @@ dt:target, dt:target + dd {{ background: #fff7d6; }}
 """
 
 
-_SKIP = {"script", "style", "a", "code", "pre", "title", "head", "svg", "textarea", "button", "select"}
+_SKIP = {"script", "style", "a", "code", "pre", "title", "head", "svg", "textarea", "button", "select", "nav"}
 _TOKEN = re.compile(r"(<script\b.*?</script\s*>|<style\b.*?</style\s*>|<!--.*?-->|<[^>]+>)",
                     re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"<\s*(/)?\s*([a-zA-Z0-9]+)")
@@ -281,3 +281,14 @@ def _link_text(text: str, pending: list, href: str) -> str:
         out = (out[:a] + f'<a class="glossary" href="{href}#{term.anchor}" title="{html.escape(term.name)}">'
                + out[a:b] + "</a>" + out[b:])
     return out
+
+
+_FILE_REFS = re.compile(r"\s*(?:[—–-]\s*)?\(?\b(?:see\s+)?(?:docs/[\w./-]+\.md|STATISTICS\.md)"
+                        r"(?:\s*(?:§\s*[\w.]+|#[\w-]+|,\s*['\"‘“][^'\"’”]*['\"’”]))?\)?", re.IGNORECASE)
+
+
+def for_readers(text: str) -> str:
+    """A library message as a report reader sees it: without references to files they do not
+    have (``see docs/envelope.md, 'Coverage'``, ``STATISTICS.md §6``); the glossary explains
+    the terms instead."""
+    return _FILE_REFS.sub("", str(text)).rstrip(" ;,—–-")

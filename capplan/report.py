@@ -366,6 +366,7 @@ def _nav_html(current: str, notebooks=REPORT_NOTEBOOKS) -> str:
             links.append(f"<strong>{html.escape(title)}</strong>")
         else:
             links.append(f'<a href="{page}">{html.escape(title)}</a>')
+    links.append('<a href="glossary.html">Glossary</a>')
     return " ".join(links)
 
 

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .glossary import link_terms
+from .glossary import for_readers, link_terms
 
 e = html.escape
 
@@ -121,7 +121,7 @@ def answer_section(plan: dict, verdict: dict | None) -> str:
                     + (f"{_n(up['groups'], 'group')} would be needed below it" if up else "") + " — see how sure.")
     caveats = [c for c in plan["checks"] if c["ok"] and c.get("caveat")]
     if caveats:
-        warn.append("<b>Caveat</b>: " + "; ".join(e(_first_sentence(c["caveat"])) for c in caveats)
+        warn.append("<b>Caveat</b>: " + "; ".join(e(_first_sentence(for_readers(c["caveat"]))) for c in caveats)
                     + " — see how sure.")
     if verdict is not None:
         warn.append(("Comparison with the baseline: <b>PASS</b> (every gate passes)." if verdict["passed"] else
@@ -135,8 +135,7 @@ def answer_section(plan: dict, verdict: dict | None) -> str:
 def _first_sentence(text: str) -> str:
     parts = [p.strip() for p in text.split(";") if p.strip()]
     short = [p for p in parts if "too high" in p] or parts
-    s = short[0]
-    return s if len(s) < 240 else s[:237] + "…"
+    return short[0]
 
 
 #: the quarter table's columns: (record key, header, format)
@@ -247,7 +246,7 @@ def honesty_block(env: dict | None, cap: dict) -> str:
             parts.append(f'<p><b>Status: {e(str(status))}</b>'
                          + (f" — estimand: {e(str(h['estimand']))}" if h.get("estimand") else "") + "</p>")
         if h.get("sentence"):
-            parts.append(f"<p>{e(str(h['sentence']))}</p>")
+            parts.append(f"<p>{e(for_readers(str(h['sentence'])))}</p>")
         runs = h.get("runs_to_add") or h.get("runs") or []
         if runs:
             parts.append("<p>Runs capplan recommends next:</p><ul>"
@@ -255,7 +254,7 @@ def honesty_block(env: dict | None, cap: dict) -> str:
     else:
         notes = [n for n in (env or {}).get("notes", []) if "bracket" in n or "too high" in n]
         if notes:
-            parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+            parts.append("<ul>" + "".join(f"<li>{e(for_readers(n))}</li>" for n in notes) + "</ul>")
         else:
             parts.append("<p>The envelope reports no reason to doubt its interval.</p>")
         rates = ((env or {}).get("cslo") or {}).get("suggested_rates") or []
@@ -278,7 +277,7 @@ def checks_section(plan: dict) -> str:
         state = "FAILS" if not c["ok"] else ("holds, with a caveat" if c.get("caveat") else "holds")
         cls = "fail" if not c["ok"] else ("caveat" if c.get("caveat") else "ok")
         rows.append(f'<tr class="{cls}" data-check="{e(c["key"])}"><td>{state}</td><td>{e(c["sentence"])}'
-                    + (f'<br><small>{e(c["caveat"])}</small>' if c.get("caveat") else "") + "</td></tr>")
+                    + (f'<br><small>{e(for_readers(c["caveat"]))}</small>' if c.get("caveat") else "") + "</td></tr>")
     return ('<section id="checks"><h2>Checks</h2><p>Failing and caveated checks first.</p>'
             '<table class="grid"><thead><tr><th>Result</th><th>Check</th></tr></thead><tbody>'
             + "".join(rows) + "</tbody></table></section>")

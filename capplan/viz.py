@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .glossary import for_readers
+
 #: Funnel stages: (summary column, label), in order.
 FUNNEL_STAGES: tuple[tuple[str, str], ...] = (
     ("n_offered", "offered"), ("n_admitted", "admitted"), ("n_started", "started"),
@@ -341,6 +343,13 @@ def human(col) -> str:
     return words + unit
 
 
+def format_usd(v) -> str:
+    """Money on a page: $1,027,585 (whole dollars from $1 000), $6.79 (cents below)."""
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "n/a"
+    return f"${v:,.0f}" if abs(v) >= 1000 else f"${v:,.2f}"
+
+
 def styled(df: pd.DataFrame, *, headers: dict | None = None):
     """A report table: no index, human headers (:func:`human`, ``headers`` overrides), numbers
     through :func:`format_number`, text left-aligned."""
@@ -348,6 +357,9 @@ def styled(df: pd.DataFrame, *, headers: dict | None = None):
     if len(set(names.values())) == len(names):
         df = df.rename(columns=names)
     st = df.style.hide(axis="index").format(format_number)
+    money = [c for c in df.columns if "(USD" in str(c) and pd.api.types.is_numeric_dtype(df[c])]
+    if money:
+        st = st.format(format_usd, subset=money)
     text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])
             or pd.api.types.is_bool_dtype(df[c])]
     if text:
@@ -377,3 +389,84 @@ def percentile_table(summary, metric: str) -> tuple[pd.DataFrame, str]:
     note = ("— : too few completed requests in the run for that percentile (a p99 needs about "
             f"{min(need):,}; rarer percentiles need more)." if need else "")
     return out, note
+
+
+# ----------------------------------------------------------------------------- page tables
+
+
+def cslo_frame(c) -> pd.DataFrame:
+    """C_SLO (an ``envelope.CSLO``) as a short table people read: estimate, interval, lower
+    bound, status, what binds, rates to add."""
+    conf = f"{c.confidence:.0%}"
+    rows = [("C_SLO estimate (tested system)", c.estimate, c.unit),
+            (f"C_SLO {conf} interval, low end", c.ci_low, c.unit),
+            (f"C_SLO {conf} interval, high end", c.ci_high, c.unit),
+            ("C_SLO lower bound (one-sided, the planning number)", c.lower_bound, c.unit),
+            ("status", c.status, ""), ("limited by", c.binding or "nothing inside the tested range", "")]
+    if c.suggested_rates:
+        rows.append(("rates to add near C_SLO", ", ".join(f"{x:g}" for x in c.suggested_rates), c.unit))
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit"])
+
+
+def _with_ci(v, lo, hi, fmt: str) -> str:
+    if v is None or pd.isna(v):
+        return "n/a"
+    s = format(v, fmt)
+    if lo is not None and hi is not None and not (pd.isna(lo) or pd.isna(hi)):
+        s += f" ({format(lo, fmt)}–{format(hi, fmt)})"
+    return s
+
+
+def envelope_runs_frame(env) -> pd.DataFrame:
+    """The envelope's per-run table trimmed to what the page's question needs (the whole table
+    is in envelope.json): run, rates, requests, SLO-meeting, attainment with its CI, N_eff,
+    TTFT p99 with its CI, and why a run is not used."""
+    r = env.runs
+    out = pd.DataFrame({"run_id": r["run_id"]})
+    if "offered_rps" in r and r["offered_rps"].notna().any():
+        out["offered_rps"] = r["offered_rps"]
+    if "measured_rps" in r:
+        out["measured_rps"] = r["measured_rps"]
+    out["n"] = r["n"]
+    out["n_good"] = r["n_good"]
+    out["attainment (CI)"] = [_with_ci(a, lo, hi, ".4f") for a, lo, hi in
+                              zip(r["attainment"], r["att_ci_low"], r["att_ci_high"])]
+    if "n_eff" in r:
+        out["n_eff"] = r["n_eff"]
+    if "ttft_p99_ms" in r:
+        out["TTFT p99 from the histogram, ms (CI)"] = [
+            _with_ci(v, lo, hi, ".0f") for v, lo, hi in
+            zip(r["ttft_p99_ms"], r.get("ttft_p99_ci_low", [None] * len(r)), r.get("ttft_p99_ci_high", [None] * len(r)))]
+    out["reason"] = [("" if u else str(x)) for u, x in zip(r["usable"], r["reason"])]
+    return out
+
+
+def pooling_note(env) -> str:
+    """Why the C_SLO estimate can sit above a run that missed the target (the isotonic fit
+    pooled it with its neighbours), or "" when no usable run below the estimate missed it."""
+    c = env.cslo
+    if c.closed_loop or not (c.estimate == c.estimate):
+        return ""
+    r = env.runs[env.runs["usable"]]
+    below = r[(r["x"] < c.estimate) & (r["attainment"] < env.target)]
+    if below.empty:
+        return ""
+    runs = ", ".join(f"{row.run_id} ({row.x:.3g} req/s, attainment {row.attainment:.4f})" for row in below.itertuples())
+    return (f"**Why the estimate {c.estimate:.4g} sits above a run that missed the target** ({runs}): the "
+            "fit makes attainment non-increasing in load, so a run that did worse than a faster one is pooled "
+            "with it into one level (isotonic fit), weighted by how much each run can be trusted; the interval "
+            "and lower bound allow for that run's result.")
+
+
+def about_frame(plan) -> pd.DataFrame:
+    """What the plan is, in words (``Plan.about``): label, text."""
+    return pd.DataFrame(plan.about(), columns=["setting", "text"])
+
+
+def checks_frame(plan) -> pd.DataFrame:
+    """The plan's checks for a page: failing first, then caveated, then the rest; the result in
+    words."""
+    rows = sorted(plan.checks, key=lambda c: (c.ok, not c.caveat))
+    return pd.DataFrame({"ok": ["FAILS" if not c.ok else ("holds, with a caveat" if c.caveat else "holds")
+                                for c in rows],
+                         "check": [c.sentence for c in rows], "caveat": [for_readers(c.caveat) for c in rows]})
