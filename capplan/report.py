@@ -616,7 +616,12 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
 
 
 def whatif_env(study: Path) -> dict:
-    """Environment for a Voila process serving the what-if notebook on ``study``."""
+    """Environment for a Voila process serving the what-if notebook on ``study`` (in a venv made
+    with ``--system-site-packages``, Voila's and nbconvert's templates under the base
+    interpreter's prefix are added to JUPYTER_PATH, where Voila would not look)."""
     env = dict(os.environ)
     env["CAPPLAN_STUDY"] = str(study)
+    base = Path(sys.base_prefix) / "share" / "jupyter"
+    if Path(sys.prefix) != Path(sys.base_prefix) and base.is_dir():
+        env["JUPYTER_PATH"] = os.pathsep.join([p for p in (env.get("JUPYTER_PATH"), str(base)) if p])
     return env

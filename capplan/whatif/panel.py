@@ -5,8 +5,9 @@ recomputes the state and updates the plan table, the quarters and a ``go.FigureW
 place. What a person sees:
 
 - **first paint at once**: :meth:`WhatIfPanel.start` shows a progress bar and what is being
-  done (opening the study, reading cached statistics or fitting them) while the model loads
-  in a background thread, then swaps in the controls;
+  done (opening the study, reading cached statistics or fitting them) while the model loads,
+  then swaps in the controls (in Voila, pre-heated kernels have done this before a visitor
+  arrives);
 - **never a stale plan**: when a position has no plan (e.g. a TTFT limit no tested rate
   meets), the table, quarters and chart are hidden and a message says in plain words what to
   change; moving a control back restores them;
@@ -28,7 +29,6 @@ import datetime as dt
 import html
 import math
 import os
-import threading
 import traceback
 from pathlib import Path
 
@@ -117,10 +117,14 @@ class WhatIfPanel:
         style = {"description_width": "150px"}
         layout = W.Layout(width="100%", max_width="460px")
 
-        def fslider(desc, value, lo_f=0.25, hi_f=3.0, fmt=".4g"):
+        def fslider(desc, value, lo_f=0.25, hi_f=3.0):
             lo, hi, step = _slider_range(value, lo_f, hi_f)
+            # as many decimals as the step has (a step of 1 shows 8, of 0.25 shows 2.50)
+            decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
+            fmt = f".{decimals + (1 if abs(step * 10 ** decimals - round(step * 10 ** decimals)) > 1e-9 else 0)}f"
             return W.FloatSlider(value=value, min=lo, max=hi, step=step, description=desc,
                                  continuous_update=False, readout_format=fmt, style=style, layout=layout)
+
 
         def limit_slider(desc, value, axis):
             """Round limits (1 000, 1 500, 2 000 ms …); each position is fitted exactly."""
@@ -146,7 +150,7 @@ class WhatIfPanel:
         self.policy = W.Dropdown(options=[(v, k) for k, v in POLICY_LABELS.items()], value=p.policy,
                                  description="failure policy", style=style, layout=layout)
         price = p.price_usd_per_gpu_hour or 2.0
-        self.price = fslider("$ per GPU-hour", price, 0.25, 3.0, ".2f")
+        self.price = fslider("$ per GPU-hour", price, 0.25, 3.0)
         self.capacity_use = W.ToggleButtons(options=[(v, k) for k, v in CAPACITY_USES.items()],
                                             value=p.capacity_use, description="plan on",
                                             style={"description_width": "150px", "button_width": "140px"})
@@ -160,7 +164,6 @@ class WhatIfPanel:
         self.state = state
         # data at construction: see the module docstring (Voila pitfall)
         self.figure = go.FigureWidget(state.figure if state is not None else go.Figure())
-        self.figure_box = W.Box([self.figure], layout=W.Layout(width="100%"))
         self._show(state)
         self.controls = [c for c in (self.ttft, self.tpot, self.attainment, self.peak, self.uncertainty,
                                      self.policy, self.price, self.capacity_use) if c is not None]
@@ -171,20 +174,28 @@ class WhatIfPanel:
                       layout=W.Layout(flex="0 1 470px", min_width="380px"))
         right = W.VBox([self.status, self.table], layout=W.Layout(flex="1 1 380px", min_width="320px"))
         self.body = [W.HBox([left, right], layout=W.Layout(flex_flow="row wrap", width="100%")),
-                     W.HTML("<b>By quarter</b>"), self.quarters, self.figure_box]
+                     W.HTML("<b>By quarter</b>"), self.quarters, self.figure]
         if root is not None:
             root.children = self.body
             self.widget = root
         else:
             self.widget = W.VBox(self.body)
+        self._placed = True
+        if state is None:
+            self._place_figure(False)
 
     # ------------------------------------------------------------------ starting
     @classmethod
-    def start(cls, settings: dict, *, background: bool = False, cache=None):
-        """A panel for ``model_settings(...)``: with ``background`` the page shows a progress bar
-        at once and the model loads in a thread (Voila); otherwise it loads now. Reduced
-        statistics are kept on disk (``cache``, default: on in the app, CAPPLAN_CACHE_DIR)."""
+    def start(cls, settings: dict, *, show: bool = True, cache=None):
+        """Show the panel at once with a progress bar and what is being done (opening the study,
+        reading the cached statistics or fitting them), then load the model and swap in the
+        controls — in the same cell, so Voila's pre-heated kernels hand visitors a finished
+        page, and JupyterLab shows the progress live. ``settings``: ``model_settings(...)``.
+        Reduced statistics are kept on disk (``cache``; default: in the app, or when
+        CAPPLAN_CACHE_DIR is set). A bad study or spec shows capplan's message, no traceback.
+        Returns the panel (or, when loading failed, an object whose ``widget`` shows why)."""
         import ipywidgets as W
+        from IPython.display import display
 
         if cache is None:
             cache = bool(os.environ.get("CAPPLAN_WHATIF_APP")) or bool(os.environ.get("CAPPLAN_CACHE_DIR"))
@@ -196,31 +207,25 @@ class WhatIfPanel:
             bar.value = step
             text.value = f"<span class='capplan-busy'>step {step} of 4: {html.escape(what)} …</span>"
 
-        def load():
-            try:
-                model = WhatIfModel.build(**settings, cache=cache, progress=progress)
-                progress(4, "drawing the plan")
-                holder.panel = cls(model, root=root)
-            except CapplanError as exc:
-                root.children = [W.HTML(problem_html(_plain(exc)))]
-            except Exception as exc:  # noqa: BLE001 - a person reads this, not a traceback
-                root.children = [W.HTML(problem_html(
-                    f"The panel could not start ({type(exc).__name__}: {exc}). Check the study and spec "
-                    "given to capplan whatif; the server log has the details."))]
-                traceback.print_exc()
+        if show:
+            display(root)
+        try:
+            model = WhatIfModel.build(**settings, cache=cache, progress=progress)
+            progress(4, "drawing the plan")
+            return cls(model, root=root)
+        except CapplanError as exc:
+            root.children = [W.HTML(problem_html(_plain(exc)))]
+        except Exception as exc:  # noqa: BLE001 - a person reads this, not a traceback
+            root.children = [W.HTML(problem_html(
+                f"The panel could not start ({type(exc).__name__}: {exc}). Check the study and spec "
+                "given to capplan whatif; the server log has the details."))]
+            traceback.print_exc()
 
-        class _Holder:
-            panel = None
+        class Failed:
             widget = root
+            panel = None
 
-        holder = _Holder()
-        if background:
-            threading.Thread(target=load, name="capplan-whatif-load", daemon=True).start()
-        else:
-            load()
-            if holder.panel is not None:
-                return holder.panel
-        return holder
+        return Failed()
 
     # ------------------------------------------------------------------ state
     def params(self) -> WhatIfParams:
@@ -249,9 +254,15 @@ class WhatIfPanel:
         self.status.value = problem_html(message)
         self.table.value = ""
         self.quarters.value = ""
-        if hasattr(self, "figure_box"):
-            self.figure_box.layout.display = "none"
+        self._place_figure(False)
         self.stale = True
+
+    def _place_figure(self, shown: bool) -> None:
+        """Take the chart off the page while there is no plan (and put it back after)."""
+        if not getattr(self, "_placed", False):
+            return
+        kids = [c for c in self.widget.children if c is not self.figure]
+        self.widget.children = tuple(kids + ([self.figure] if shown else []))
 
     def _show(self, state: WhatIfState | None) -> None:
         if state is None:
@@ -262,8 +273,7 @@ class WhatIfPanel:
                              f"redrawn in {state.seconds * 1000:.0f} ms</small>")
         self.table.value = table_html(state.table, state.plan)
         self.quarters.value = quarters_html(state.quarters)
-        if hasattr(self, "figure_box"):
-            self.figure_box.layout.display = None
+        self._place_figure(True)
         self.stale = False
 
     def _on_change(self, change) -> None:
