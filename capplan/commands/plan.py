@@ -22,13 +22,21 @@ from ..errors import SpecError
 @click.option("--gpus-per-replica", type=int, default=None,
               help="GPUs per replica group (TP × PP) when neither the spec nor a study gives it")
 @click.option("--strict", is_flag=True, help="exit 1 when a plan check fails (files are still written)")
-@click.option("--time", "time_", default=None, help="provenance time (ISO); default now (UTC)")
+@click.option("--time", "time_", default=None,
+              help="provenance time (ISO; default now, UTC); without start: in the spec the plan starts "
+                   "with the calendar quarter after it")
 def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict, time_):
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
     from ..plan import load_plan_spec, make_plan
 
     spec = load_plan_spec(spec_path)
+    if slo is not None:
+        from ..slo import SLO, override_note
+
+        note = override_note(spec.slo, SLO.parse(slo))
+        if note:
+            click.echo(f"note: {note}", err=True)
     spec = _apply_overrides(spec, slo=slo, use=use, reps=reps, seed=seed, confidence=confidence)
     if gpus_per_replica is not None:
         spec = spec.with_(gpus_per_replica=gpus_per_replica)
@@ -42,7 +50,11 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
 
         st = open_study(study)
         study_hash = st.content_hash()
-    plan = make_plan(spec, capacity=capacity_rps, study=st, slo=spec.slo)
+    if time_:
+        from ..export import _created
+
+        _created(time_)  # a bad --time fails before the fit
+    plan = make_plan(spec, capacity=capacity_rps, study=st, slo=spec.slo, as_of=time_)
     params = {"study": study, "spec": spec_path, "slo": str(spec.slo) if spec.slo else None,
               "capacity_rps": capacity_rps, "use": spec.capacity.use, "reps": spec.capacity.reps,
               "seed": spec.capacity.seed, "confidence": spec.capacity.confidence,
