@@ -69,6 +69,9 @@ def cmd(study: str, slo_text: str | None, out: str | None, warmup_s: float | Non
             fix="run `capplan validate` on the study")]) from None
     click.echo(f"Study {st.name}: {len(result.run_ids)} runs")
     click.echo(result.to_text())
+    if slo is None:
+        click.echo("\n(no SLO given, so no attainment or goodput: add e.g. "
+                   "--slo ttft_ms=2000,tpot_ms=100,attainment=0.99)")
     if out is not None:
         path = write_table(result.to_frame(), out)
         click.echo(f"wrote {path}")
