@@ -87,32 +87,43 @@ def rss_mb(pid: int) -> float:
     return total / 1024
 
 
-async def open_pages(url: str, users: int) -> tuple[list[float], list]:
+async def visit_and_leave(url: str, users: int, how: str, server_pid: int, pool: int, watch_s: float) -> dict:
+    """Open ``users`` pages at once, time each until its plan table shows, close them (``how``)
+    and count the server's kernels every 2 s until the users' ones are gone (or ``watch_s``).
+    One event loop for all of it (Playwright's objects belong to the loop that made them)."""
     from playwright.async_api import async_playwright
 
-    pw = await async_playwright().start()
-    browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-    pages = [await (await browser.new_context(viewport={"width": 1280, "height": 900})).new_page()
-             for _ in range(users)]
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pages = [await (await browser.new_context(viewport={"width": 1280, "height": 900})).new_page()
+                 for _ in range(users)]
 
-    async def one(page):
-        t0 = time.perf_counter()
-        await page.goto(url, timeout=300_000)
-        await page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=300_000)
-        return time.perf_counter() - t0
+        async def one(page):
+            t0 = time.perf_counter()
+            await page.goto(url, timeout=300_000)
+            await page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=300_000)
+            return time.perf_counter() - t0
 
-    times = await asyncio.gather(*(one(p) for p in pages))
-    return list(times), [pw, browser, pages]
-
-
-async def close_pages(handles, how: str) -> None:
-    pw, browser, pages = handles
-    for p in pages:
-        await p.close(run_before_unload=(how == "unload"))
-    if how == "unload":
-        await asyncio.sleep(2)  # let the beforeunload beacons reach the server
-    await browser.close()
-    await pw.stop()
+        times = await asyncio.gather(*(one(p) for p in pages))
+        during, mem = kernels(server_pid), rss_mb(server_pid)
+        for p in pages:
+            await p.close(run_before_unload=(how == "unload"))
+        if how == "crash":  # the browser goes away without saying goodbye
+            await browser.close()
+        t_closed = time.perf_counter()
+        trace, reclaimed = [], None
+        while time.perf_counter() - t_closed < watch_s:
+            k = kernels(server_pid)
+            trace.append((round(time.perf_counter() - t_closed), k))
+            if k <= max(pool, 0) and reclaimed is None:
+                reclaimed = time.perf_counter() - t_closed
+            if reclaimed is not None and time.perf_counter() - t_closed > reclaimed + 4:
+                break
+            await asyncio.sleep(2)
+        if how == "unload":
+            await browser.close()
+    return {"times": list(times), "kernels_during": during, "rss_mb": mem, "trace": trace,
+            "reclaimed_after_s": reclaimed}
 
 
 def run_variant(name: str, python: str, pool: int, args) -> dict:
@@ -144,26 +155,11 @@ def run_variant(name: str, python: str, pool: int, args) -> dict:
             time.sleep(0.5)
         t_ready = time.perf_counter() - t_start
         before = kernels(proc.pid)
-        times, handles = asyncio.run(open_pages(f"http://127.0.0.1:{port}/?token={token}", args.users))
-        during = kernels(proc.pid)
-        mem = rss_mb(proc.pid)
-        asyncio.run(close_pages(handles, args.close))
-        t_closed = time.perf_counter()
-        trace = []
-        user_left_at = None
-        while time.perf_counter() - t_closed < args.watch:
-            k = kernels(proc.pid)
-            trace.append((round(time.perf_counter() - t_closed), k))
-            if k <= max(pool, 0) and user_left_at is None:
-                user_left_at = time.perf_counter() - t_closed
-            if user_left_at is not None and time.perf_counter() - t_closed > user_left_at + 4:
-                break
-            time.sleep(2)
+        seen = asyncio.run(visit_and_leave(f"http://127.0.0.1:{port}/?token={token}", args.users, args.close,
+                                           proc.pid, pool, args.watch))
         left = kernels(proc.pid)
-        return {"name": name, "pool": pool, "port_s": t_port, "ready_s": t_ready, "times": times,
-                "kernels_before": before, "kernels_during": during, "rss_mb": mem,
-                "kernels_left": left, "user_kernels_left": max(0, left - max(pool, 0)),
-                "reclaimed_after_s": user_left_at, "trace": trace}
+        return {"name": name, "pool": pool, "port_s": t_port, "ready_s": t_ready, "kernels_before": before,
+                "kernels_left": left, "user_kernels_left": max(0, left - max(pool, 0)), **seen}
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
