@@ -130,6 +130,8 @@ def run_variant(name: str, python: str, pool: int, args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="capplan-bench-users-"))
     port, token = free_port(), "bench"
     env = dict(os.environ, CAPPLAN_CACHE_DIR=str(work / "cache"))
+    if python != sys.executable:
+        env.pop("PYTHONPATH", None)  # another interpreter: its own capplan
     cmd = [python, "-m", "capplan", "whatif", "--port", str(port), "--token", token, "--reps", str(args.reps)]
     if pool >= 0:
         cmd += ["--pool", str(pool), "--cull-after", str(args.cull_after)]
