@@ -21,12 +21,11 @@ docs/envelope.md, docs/glossary.md.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .contract import CONTRACT_VERSION, Status  # noqa: E402
-from .errors import CapplanError, SpecError, StudyError  # noqa: E402
-from .slo import SLO  # noqa: E402
-from .study import Study, open_study  # noqa: E402
+from .version import __version__
+from .contract import CONTRACT_VERSION, Status
+from .errors import CapplanError, SpecError, StudyError
+from .slo import SLO
+from .study import Study, open_study
 
 #: name → (module, attribute), imported on first use (module ``__getattr__``, PEP 562)
 _LAZY = {
@@ -34,6 +33,7 @@ _LAZY = {
     "Envelope": ("capplan.envelope", "Envelope"),
     "summarize": ("capplan.metrics", "summarize"),
     "validate_study": ("capplan.validate", "validate_study"),
+    "open_checked": ("capplan.validate", "open_checked"),
     "reduce_study": ("capplan.reduce", "reduce_study"),
     "make_plan": ("capplan.plan", "make_plan"),
     "prepare_plan": ("capplan.plan", "prepare_plan"),

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from . import __version__
+from .version import __version__
 from .errors import CapplanError
 
 # name -> module under capplan.commands (each defines `cmd`)

@@ -203,14 +203,14 @@ def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> Stud
     GPU (trapezoid) over the run's in-window span [warm-up, last event] when the samples fall
     in it (same run clock as the events); when none fall in it (e.g. epoch timestamps) the
     whole run's samples are used with the whole run's good requests, and a note says so.
-    ``warmup_s`` overrides the manifest's warm-up per run (as in ``create_request_view``), so a
-    caller that aligned steady windows (compare) keeps them.
+    ``warmup_s`` overrides the manifest's warm-up per run (``metrics.Window.of``), so a caller
+    that aligned steady windows (compare) keeps them.
     """
-    from .metrics import create_request_view, good_predicate
+    from .metrics import Window, good_predicate, request_view
     from .slo import SLO
 
     slo = SLO.parse(slo)
-    create_request_view(study, warmup_s)
+    view = request_view(study, Window.of(study, warmup_s))
     pred, params = good_predicate(slo)
     q = f"""
         SELECT run_id, any_value(offered_rps) AS offered_rps,
@@ -222,7 +222,7 @@ def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> Stud
                max(greatest(scheduled_ns, coalesce(last_token_ns, first_token_ns, sent_ns, scheduled_ns)))
                    AS w1,
                min(scheduled_ns) AS r0
-        FROM request_metrics GROUP BY run_id ORDER BY run_id
+        FROM {view} GROUP BY run_id ORDER BY run_id
     """
     rows = study.sql(q, params * 3).fetchall()
     notes: list[str] = []

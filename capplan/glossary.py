@@ -283,12 +283,11 @@ def _link_text(text: str, pending: list, href: str) -> str:
     return out
 
 
-_FILE_REFS = re.compile(r"\s*(?:[—–-]\s*)?\(?\b(?:see\s+)?(?:docs/[\w./-]+\.md|STATISTICS\.md)"
+_FILE_REFS = re.compile(r"\s*(?:[—–-]\s*)?\(?\b(?:see\s+)?docs/[\w./-]+\.md"
                         r"(?:\s*(?:§\s*[\w.]+|#[\w-]+|,\s*['\"‘“][^'\"’”]*['\"’”]))?\)?", re.IGNORECASE)
 
 
 def for_readers(text: str) -> str:
     """A library message as a report reader sees it: without references to files they do not
-    have (``see docs/envelope.md, 'Coverage'``, ``STATISTICS.md §6``); the glossary explains
-    the terms instead."""
+    have (``see docs/envelope.md, 'Coverage'``); the glossary explains the terms instead."""
     return _FILE_REFS.sub("", str(text)).rstrip(" ;,—–-")

@@ -46,12 +46,13 @@ from . import cost as K
 from .errors import SpecError
 from .periods import Period, next_quarter_start, quarter_from_label, reference_day
 from .periods import quarters as quarters_from
-from .plan_text import _n, policy_text  # noqa: F401  (policy_text re-exported)
+from .plan_text import plural, policy_text  # noqa: F401  (policy_text re-exported)
 from .plan_text import assumptions as assumption_rows
 from .plan_spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
     BILLING, CAPACITY_USES, POLICIES, READY_PARTS, AutoscalingSpec, CapacitySpec, DemandSpec,
-    FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, _number, load_plan_spec)
+    FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, load_plan_spec)
 from .slo import SLO
+from .spec import number
 
 _EPS = 1e-9  # relative tolerance when dividing rates (380/47.5 must be 8, not 8.000000001)
 _MAX_GROUPS = 10_000_000
@@ -258,7 +259,7 @@ class Plan:
         qs = list(self.quarters)
         for i in range(0, len(qs), 4):
             part = qs[i:i + 4]
-            label = f"year {i // 4 + 1}" + ("" if len(part) == 4 else f" ({_n(len(part), 'quarter')} of 4)")
+            label = f"year {i // 4 + 1}" + ("" if len(part) == 4 else f" ({plural(len(part), 'quarter')} of 4)")
             rows.append([label, part[0].start, part[-1].end, len(part),
                          sum(q.cost_usd_per_quarter for q in part)])
         if len(rows) > 1:
@@ -283,8 +284,8 @@ class Plan:
             q = self.quarters[0]
             when = f" in {q.label} ({_period(q).text})"
         lines = [
-            f"{self.spec.name}{when}: {_n(g, 'replica group')} of {self.value('gpus_per_group'):.0f} GPUs = "
-            f"{gpus:.0f} GPUs on {_n(self.value('nodes'), 'node')}"
+            f"{self.spec.name}{when}: {plural(g, 'replica group')} of {self.value('gpus_per_group'):.0f} GPUs = "
+            f"{gpus:.0f} GPUs on {plural(self.value('nodes'), 'node')}"
             + (f" ({billed:.0f} GPUs billed: whole nodes)" if billed != gpus else "")
             + f", for a peak demand of {self.value('peak_rps'):.4g} req/s planned at "
             f"{self.value('demand_rps'):.4g} req/s (+{self.spec.demand.uncertainty:.0%} uncertainty), "
@@ -323,7 +324,7 @@ class Plan:
         if self.quarters and self.quarters[0].start is not None:
             q0, qn = self.quarters[0], self.quarters[-1]
             out.append(("period", f"{q0.label} to {qn.label} ({q0.start.isoformat()} to {qn.end.isoformat()}, "
-                                  f"{_n(len(self.quarters), 'quarter')})" if len(self.quarters) > 1
+                                  f"{plural(len(self.quarters), 'quarter')})" if len(self.quarters) > 1
                         else f"{q0.label} ({q0.start.isoformat()} to {q0.end.isoformat()})"))
         if self.slo is not None:
             out.append(("SLO", self.slo.describe()))
@@ -331,8 +332,8 @@ class Plan:
                                      f"({self.capacity.source})"))
         out.append(("failure policy", policy_text(sp)))
         r = sp.rollout
-        out.append(("rollout", f"max surge {_n(r.max_surge, 'group')}, max unavailable "
-                               f"{_n(r.max_unavailable, 'group')}, canary {_n(r.canary_groups, 'group')}"))
+        out.append(("rollout", f"max surge {plural(r.max_surge, 'group')}, max unavailable "
+                               f"{plural(r.max_unavailable, 'group')}, canary {plural(r.canary_groups, 'group')}"))
         price = (f"${p.usd_per_gpu_hour:,.2f} per GPU-hour + {p.overhead_pct:g} % overhead; "
                  + ("whole nodes billed" if p.billing == "node" else "only the groups' GPUs billed"))
         if p.usd_per_kwh:
@@ -371,8 +372,8 @@ class Plan:
             out += ["", "By quarter:"]
             for q in self.quarters:
                 dates = f" ({_period(q).text})" if q.start is not None else ""
-                out.append(f"  {q.label}{dates}: peak {q.peak_rps:.4g} req/s → {_n(q.groups, 'group')}, "
-                           f"{q.gpus} GPUs ({q.billed_gpus} billed), {_n(q.nodes, 'node')}, "
+                out.append(f"  {q.label}{dates}: peak {q.peak_rps:.4g} req/s → {plural(q.groups, 'group')}, "
+                           f"{q.gpus} GPUs ({q.billed_gpus} billed), {plural(q.nodes, 'node')}, "
                            f"${q.cost_usd_per_quarter:,.0f} per quarter")
         if self.notes:
             out += ["", "Notes:"] + [f"  - {n}" for n in self.notes]
@@ -525,7 +526,7 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
     if isinstance(capacity, CapacityInfo):
         return capacity
     if capacity is not None:
-        v = _number(capacity, "capacity.rps_per_group", above=0.0, example="42")
+        v = number(capacity, "capacity.rps_per_group", above=0.0, example="42")
         return CapacityInfo(rps_per_group=v, source="given")
     replicas = study.manifest.replicas if study is not None else 1
     name = study.name if study is not None else None
@@ -912,14 +913,14 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
     r = s.loss_rollout
     out = []
     need = f"planned demand {D:.4g} req/s"
-    out.append(Check("traffic", f"{_n(N, 'group')} × {C:.4g} req/s = {N * C:.4g} req/s ≥ {need}{at}",
+    out.append(Check("traffic", f"{plural(N, 'group')} × {C:.4g} req/s = {N * C:.4g} req/s ≥ {need}{at}",
                      N * C >= D * (1 - _EPS)))
     if fail.policy == "zone":
-        what = f"losing zone {fail.zones[0]} ({L} of {_n(N, 'group')})"
+        what = f"losing zone {fail.zones[0]} ({L} of {plural(N, 'group')})"
     elif fail.policy == "node":
-        what = f"losing one node ({L} of {_n(N, 'group')})"
+        what = f"losing one node ({L} of {plural(N, 'group')})"
     elif fail.policy == "n_plus_k":
-        what = f"losing any {L} of {_n(N, 'group')}"
+        what = f"losing any {L} of {plural(N, 'group')}"
     else:
         what = None
     if what:
@@ -927,7 +928,7 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
                          (N - L) * C >= D * (1 - _EPS)))
     lost = L + r
     out.append(Check("rollout",
-                     f"during the worst rollout step ({_n(r, 'group')} out of service; max surge {roll.max_surge}, "
+                     f"during the worst rollout step ({plural(r, 'group')} out of service; max surge {roll.max_surge}, "
                      f"max unavailable {roll.max_unavailable}, canary {roll.canary_groups}"
                      + (f"; while {what}" if what else "")
                      + f"), capacity {(N - lost) * C:.4g} req/s ≥ {need}{at}",
@@ -939,7 +940,7 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
                          f"{bT:.4g} req/s to {D + bT:.4g} req/s and capacity {(N - lost) * C:.4g} req/s "
                          f"still covers it{at}", (N - lost) * C >= (D + bT) * (1 - _EPS)))
     if auto.warm_floor_groups:
-        out.append(Check("warm_floor", f"{_n(N, 'group')} ≥ warm floor {_n(auto.warm_floor_groups, 'group')}",
+        out.append(Check("warm_floor", f"{plural(N, 'group')} ≥ warm floor {plural(auto.warm_floor_groups, 'group')}",
                          N >= auto.warm_floor_groups))
     if fail.nodes_available is not None:
         out.append(Check("nodes_available", f"planned nodes {s.nodes} ≤ nodes available {fail.nodes_available}",

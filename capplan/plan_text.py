@@ -9,7 +9,7 @@ from typing import Any
 from . import cost as K
 
 
-def _n(count, noun: str) -> str:
+def plural(count, noun: str) -> str:
     """'1 group', '8 groups'."""
     c = int(count) if float(count).is_integer() else count
     return f"{c:g} {noun}" + ("" if c == 1 else "s")
@@ -18,10 +18,10 @@ def _n(count, noun: str) -> str:
 def policy_text(spec) -> str:
     """The failure policy in words: 'survive losing one of 3 zones (a, b, c)'."""
     f = spec.failure
-    zones = f"{_n(len(f.zones), 'zone')} ({', '.join(f.zones)})"
+    zones = f"{plural(len(f.zones), 'zone')} ({', '.join(f.zones)})"
     return {"zone": f"survive losing the largest of {zones}",
             "node": f"survive losing one node; groups spread over {zones}",
-            "n_plus_k": f"survive losing any {_n(f.k, 'replica group')} (N + {f.k}); spread over {zones}",
+            "n_plus_k": f"survive losing any {plural(f.k, 'replica group')} (N + {f.k}); spread over {zones}",
             "none": f"no failure reserve; groups spread over {zones}"}[f.policy]
 
 

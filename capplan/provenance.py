@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 
 #: the packages whose versions go into environment.json (the numbers and files depend on them)
 PACKAGES = ("capplan", "numpy", "scipy", "pandas", "pyarrow", "duckdb", "polars", "statsmodels",

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__
+from .version import __version__
 from .errors import CapplanError, SpecError
 from .notebook import DEFAULT_SLO  # noqa: F401  (re-exported)
 from .resources import (baseline_study_path, bundled, default_spec_path,  # noqa: F401

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from . import spec as S
 from .errors import SpecError
 
-_FLOAT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "attainment", "max_error_rate")
+_LIMIT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+_FLOAT_KEYS = _LIMIT_KEYS + ("attainment", "max_error_rate")
 _ALL_KEYS = _FLOAT_KEYS + ("itl_stat", "ttft_from")
 
 
@@ -27,25 +29,17 @@ class SLO:
     ttft_from: str = "scheduled"  # "scheduled" | "sent"
 
     def __post_init__(self):
-        for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-            v = getattr(self, k)
-            if v is not None and not (v > 0):
-                raise SpecError(f"SLO limit {k} must be > 0, got {v}", field=k,
-                                fix=f"give a positive limit, e.g. {k}=2000")
-        if not (0.0 < self.attainment < 1.0):
-            raise SpecError(f"SLO attainment must be between 0 and 1 (exclusive), got {self.attainment}",
-                            field="attainment", fix="e.g. attainment=0.99")
-        if self.max_error_rate is not None and not (0.0 <= self.max_error_rate < 1.0):
-            raise SpecError(f"max_error_rate must be in [0, 1), got {self.max_error_rate}",
-                            field="max_error_rate")
-        if self.itl_stat not in ("p99", "max"):
-            raise SpecError(f"itl_stat must be p99 or max, got {self.itl_stat!r}", field="itl_stat")
-        if self.ttft_from not in ("scheduled", "sent"):
-            raise SpecError(f"ttft_from must be scheduled or sent, got {self.ttft_from!r}",
-                            field="ttft_from")
-        if all(getattr(self, k) is None for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")):
-            raise SpecError("an SLO needs at least one latency limit (ttft_ms, tpot_ms, itl_ms or e2e_ms)",
-                            fix="e.g. --slo ttft_ms=2000,attainment=0.99")
+        for k in _LIMIT_KEYS:
+            if getattr(self, k) is not None:
+                S.number(getattr(self, k), k, above=0.0, example="2000")
+        S.number(self.attainment, "attainment", above=0.0, below=1.0, example="0.99")
+        S.number(self.max_error_rate, "max_error_rate", minimum=0.0, below=1.0, optional=True,
+                 example="0.005")
+        S.choice(self.itl_stat, "itl_stat", ("p99", "max"))
+        S.choice(self.ttft_from, "ttft_from", ("scheduled", "sent"))
+        if all(getattr(self, k) is None for k in _LIMIT_KEYS):
+            S.fail("", "an SLO needs at least one latency limit (ttft_ms, tpot_ms, itl_ms or e2e_ms)",
+                   "e.g. --slo ttft_ms=2000,attainment=0.99")
 
     @classmethod
     def parse(cls, text: str | dict | "SLO") -> "SLO":
@@ -65,25 +59,26 @@ class SLO:
                                     fix="e.g. --slo ttft_ms=2000,tpot_ms=100,attainment=0.99")
                 k, v = part.split("=", 1)
                 items[k.strip()] = v.strip()
-        unknown = sorted(set(items) - set(_ALL_KEYS))
+        unknown = [str(k) for k in items if k not in _ALL_KEYS]
         if unknown:
-            raise SpecError(f"unknown SLO key(s): {', '.join(unknown)}",
-                            fix="known keys: " + ", ".join(_ALL_KEYS))
+            near = S.did_you_mean(unknown[0], _ALL_KEYS)
+            S.fail(unknown[0], f"unknown SLO key(s): {', '.join(unknown)}"
+                   + (f" (did you mean {near}?)" if near else ""), "known keys: " + ", ".join(_ALL_KEYS))
         kw = {}
         for k, v in items.items():
             if v is None:
                 continue
-            if k in _FLOAT_KEYS:
-                try:
-                    kw[k] = float(v)
-                except (TypeError, ValueError):
-                    raise SpecError(f"SLO value {k}={v!r} is not a number", field=k) from None
-            else:
-                kw[k] = str(v)
+            kw[k] = S.number(v, k, text_ok=True) if k in _FLOAT_KEYS else str(v)
         return cls(**kw)
 
     def with_(self, **kw) -> "SLO":
         return replace(self, **kw)
+
+    def same_limits(self, other: "SLO") -> bool:
+        """Whether both SLOs call the same requests good: same latency limits and ways of
+        measuring them (the attainment target and max_error_rate do not change who is good)."""
+        return (self.with_(attainment=0.5, max_error_rate=None)
+                == other.with_(attainment=0.5, max_error_rate=None))
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .contract import pct_label
 from .glossary import for_readers
 
 #: Funnel stages: (summary column, label), in order.
@@ -182,7 +183,7 @@ def latency_timeseries_figure(frames: Mapping[str, pd.DataFrame], metric: str = 
     if warmup_s:
         fig.add_vrect(x0=0, x1=warmup_s, fillcolor="grey", opacity=0.12, line_width=0,
                       annotation_text="warm-up", annotation_position="top left")
-    pct = f"p{q * 100:g}"
+    pct = pct_label(q)
     fig.update_layout(**LAYOUT, title=f"{label}: {pct} per {bin_s:g} s of scheduled time",
                       xaxis_title="scheduled time since run start (s)", yaxis_title=label)
     fig.update_yaxes(type="log")
@@ -385,7 +386,7 @@ def percentile_table(summary, metric: str) -> tuple[pd.DataFrame, str]:
                 need.add(int(m.group(1).replace(",", "")))
                 text = "—"
             cells.append(text)
-        out[f"p{p * 100:g} (ms)"] = cells
+        out[f"{pct_label(p)} (ms)"] = cells
     note = ("— : too few completed requests in the run for that percentile (a p99 needs about "
             f"{min(need):,}; rarer percentiles need more)." if need else "")
     return out, note

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from capplan import report as R
-from capplan.whatif import WhatIfModel, _slider_range, whatif_state
+from capplan.whatif import WhatIfModel, slider_range, whatif_state
 from test_report import demo_report  # noqa: F401  (shared fixture)
 
 CHROMIUM = "/usr/bin/chromium"
@@ -93,7 +93,7 @@ def test_slider_moves_the_rendered_plan(whatif_app):
     # what the table must show after PRESSES steps of the peak slider, computed here
     model = WhatIfModel.build(R.demo_study_path(), reps=REPS, seed=0)
     start = model.defaults()
-    _, _, step = _slider_range(start.peak_rps, 0.1, 3.0)
+    _, _, step = slider_range(start.peak_rps, 0.1, 3.0)
     final = whatif_state(model, start.with_(peak_rps=start.peak_rps + PRESSES * step))
     shown = final.table.set_index("key")["shown"]
     want_peak, want_gpus = shown["peak_rps"], shown["total_gpus"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from capplan import report as R
-from capplan.whatif import (NoCapacity, WhatIfModel, WhatIfPanel, WhatIfParams, _slider_range,
+from capplan.whatif import (NoCapacity, WhatIfModel, WhatIfPanel, WhatIfParams, slider_range,
                             model_settings, plan_table, whatif_state)
 
 REPS = 50
@@ -120,7 +120,7 @@ def test_round_limits_are_choosable_and_exact(model):
     assert st.envelope.slo.ttft_ms == 1500.0
     # round slider steps for the other controls, the default among them
     for value, lo_f in ((8.0, 0.1), (2.5, 0.25), (11.0, 0.1)):
-        lo, hi, step = _slider_range(value, lo_f, 3.0)
+        lo, hi, step = slider_range(value, lo_f, 3.0)
         assert abs(value / step - round(value / step)) < 1e-9 and step in (0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5)
 
 

@@ -1,20 +1,16 @@
 """`capplan envelope STUDY --slo ttft_ms=2000,attainment=0.99`: C_SLO with its confidence
-interval, lower bound, status and per-run diagnostics; ``--out`` writes them as JSON
-(atomically). A summary table (CSV/parquet of rate, requests, good requests) instead of a
-study directory fits under an explicit iid assumption."""
+interval, lower bound, status and per-run diagnostics — the text of ``Envelope.to_text()``, so
+a notebook prints the same; ``--out`` writes them as JSON (atomically). A summary table
+(CSV/parquet of rate, requests, good requests) instead of a study directory fits under an
+explicit iid assumption."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import click
 
 from ..errors import SpecError
-
-
-def _fmt(v: float, nd: int = 4) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}g}"
 
 
 @click.command("envelope")
@@ -53,33 +49,7 @@ def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, out)
     else:
         env = fit_envelope(p, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
                            block_len=block_len, warmup=w)
-    c = env.cslo
-    unit = c.unit
-    click.echo(f"SLO: {slo.describe()}")
-    kind = "closed loop (capacity = goodput at the highest passing concurrency)" \
-        if c.closed_loop else "open loop"
-    click.echo(f"sweep: {len(env.runs)} runs, {kind}" + ("; iid assumption" if env.iid_assumption else ""))
-    click.echo(f"C_SLO estimate:   {_fmt(c.estimate)} {unit}   status: {c.status}")
-    click.echo(f"{c.confidence:.0%} CI:           [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}] {unit}")
-    click.echo(f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}")
-    if c.closed_loop:
-        click.echo(f"at concurrency:   {_fmt(c.load_at_capacity)}")
-    if c.suggested_rates:
-        click.echo("suggested rates to add: " + ", ".join(f"{v:g}" for v in c.suggested_rates))
-    click.echo("")
-    cols = ["run_id", "x", "n", "attainment", "att_ci_low", "att_ci_high", "fitted",
-            "design_effect", "n_eff", "usable"]
-    cols = [k for k in cols if k in env.runs.columns]
-    click.echo(env.runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    if len(env.diagnostics):
-        click.echo("\ndiagnostics:")
-        dcols = [k for k in ("run_id", "warmup_s", "warmup_source", "measured_rps",
-                             "gen_lag_p99_ms", "littles_ratio", "overloaded", "too_short",
-                             "usable") if k in env.diagnostics.columns]
-        click.echo(env.diagnostics[dcols].to_string(index=False,
-                                                    float_format=lambda v: f"{v:.4g}"))
-    for note in env.notes:
-        click.echo(f"note: {note}")
+    click.echo(env.to_text())
     if out:
         env.to_json(out)
         click.echo(f"\nwrote {out}")

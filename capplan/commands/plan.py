@@ -51,9 +51,9 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
         st = open_study(study)
         study_hash = st.content_hash()
     if time_:
-        from ..export import _created
+        from ..export import created_time
 
-        _created(time_)  # a bad --time fails before the fit
+        created_time(time_)  # a bad --time fails before the fit
     plan = make_plan(spec, capacity=capacity_rps, study=st, slo=spec.slo, as_of=time_)
     params = {"study": study, "spec": spec_path, "slo": str(spec.slo) if spec.slo else None,
               "capacity_rps": capacity_rps, "use": spec.capacity.use, "reps": spec.capacity.reps,

@@ -23,7 +23,7 @@ def write_table(df, dest: str) -> Path:
                         fix="use a name ending in .csv or .parquet")
     with atomic_path(path) as tmp:
         if ext == ".csv":
-            # CRLF rows keep a field with a bare \r quoted and intact (see TOOLING.md).
+            # CRLF rows: pandas then quotes a field holding a bare \r, so the row stays intact.
             df.to_csv(tmp, index=False, lineterminator="\r\n", encoding="utf-8")
         else:
             df.to_parquet(tmp, index=False)
@@ -47,13 +47,13 @@ def cmd(study: str, slo_text: str | None, out: str | None, warmup_s: float | Non
     from ..metrics import summarize
     from ..slo import SLO
     from ..study import connect, open_study
+    from ..validate import open_checked
 
     if out is not None and Path(out).suffix.lower() not in OUT_FORMATS:
         write_table(None, out)  # raises the SpecError before any work
     slo = SLO.parse(slo_text) if slo_text else None
-    con = connect()
-    con.execute("SET enable_progress_bar = false")  # keep stderr for messages
-    st = open_study(study, check=check, con=con)
+    con = connect()  # DuckDB's progress bar is off: stderr is for messages
+    st = (open_checked if check else open_study)(study, con=con)
     try:
         result = summarize(st, slo, warmup_s=warmup_s)
     except duckdb.Error as exc:

@@ -2,7 +2,7 @@
 
 The truth is estimated by simulation, with the same per-request metric definitions the
 pipeline uses (the runs are written as a temporary study and read through
-``capplan.metrics.create_request_view`` and ``good_predicate``), so that later tests can check
+``capplan.metrics.request_view`` and ``good_predicate``), so that later tests can check
 fitted capacities and their confidence intervals against it.
 
 Two notions, both useful:
@@ -55,8 +55,8 @@ def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replic
 
     The 95 % interval treats runs as iid replicates of a ratio estimator (t interval on
     per-run good − attainment·n residuals), which is honest because runs are independent."""
-    from .. import open_study
-    from ..metrics import create_request_view, good_predicate
+    from ..study import open_study
+    from ..metrics import Window, good_predicate, request_view
     from .sweep import RunPlan, generate_study
 
     if cfg.load_model != "open":
@@ -76,10 +76,10 @@ def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replic
     with tempfile.TemporaryDirectory(prefix="capplan-truth-") as tmp:
         path, _ = generate_study(base, f"{tmp}/study", workers=1, plans=plans)
         st = open_study(path)
-        create_request_view(st)
+        view = request_view(st, Window.of(st))
         pred, params = good_predicate(s)
         rows = st.sql(f"SELECT run_id, count(*) AS n, count(*) FILTER (WHERE {pred}) AS good "
-                      "FROM request_metrics WHERE in_window GROUP BY run_id ORDER BY run_id", params).fetchall()
+                      f"FROM {view} WHERE in_window GROUP BY run_id ORDER BY run_id", params).fetchall()
         st.con.close()
     n = np.array([r[1] for r in rows], float)
     g = np.array([r[2] for r in rows], float)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from .model import (ATTAINMENT_CHOICES, CAPACITY_USES, POLICY_LABELS, TABLE_KEYS, NoCapacity,  # noqa: F401
                     WhatIfModel, WhatIfParams, WhatIfState, cache_dir, nice_values, plan_table,
                     quarters_view, save_scenario, scenario_spec, spec_yaml, whatif_figure, whatif_state)
-from .panel import WhatIfPanel, _slider_range, quarters_html, table_html  # noqa: F401
+from .panel import WhatIfPanel, slider_range, quarters_html, table_html  # noqa: F401
 
 
 def model_settings(environ, *, study_path: str = "", spec_path: str = "", slo=None,

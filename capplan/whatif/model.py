@@ -29,7 +29,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .. import __version__
+from ..version import __version__
 from ..errors import CapplanError, SpecError
 from ..slo import SLO
 

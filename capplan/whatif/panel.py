@@ -50,7 +50,7 @@ _CSS = """<style>
 </style>"""
 
 
-def _slider_range(value: float, lo_factor: float = 0.25, hi_factor: float = 3.0,
+def slider_range(value: float, lo_factor: float = 0.25, hi_factor: float = 3.0,
                   positions: int = 30) -> tuple[float, float, float]:
     """(min, max, step) around a default: a round step (1, 2, 2.5 or 5 × 10^k) of which the
     default is a multiple, so every position, the default included, is a round number."""
@@ -118,7 +118,7 @@ class WhatIfPanel:
         layout = W.Layout(width="100%", max_width="460px")
 
         def fslider(desc, value, lo_f=0.25, hi_f=3.0):
-            lo, hi, step = _slider_range(value, lo_f, hi_f)
+            lo, hi, step = slider_range(value, lo_f, hi_f)
             # as many decimals as the step has (a step of 1 shows 8, of 0.25 shows 2.50)
             decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
             fmt = f".{decimals + (1 if abs(step * 10 ** decimals - round(step * 10 ** decimals)) > 1e-9 else 0)}f"
