@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import SpecError
+from .spec import date
 
 _QUARTER_TEXT = re.compile(r"^\s*(\d{4})\s*-?\s*Q([1-4])\s*$", re.IGNORECASE)
 
@@ -38,22 +39,15 @@ class Period:
 def parse_start(value, field: str = "start") -> dt.date | None:
     """A plan start date from YAML: a date, an ISO date text (2026-04-01) or a quarter
     (2026-Q2, 2026Q2: its first day). None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, dt.datetime):
-        return value.date()
-    if isinstance(value, dt.date):
-        return value
     if isinstance(value, str):
         m = _QUARTER_TEXT.match(value)
         if m:
             return dt.date(int(m.group(1)), 3 * int(m.group(2)) - 2, 1)
-        try:
-            return dt.date.fromisoformat(value.strip())
-        except ValueError:
-            pass
-    raise SpecError(f"{field} must be a date, got {value!r}", field=field,
-                    fix=f"write {field}: 2026-04-01 (a day) or {field}: 2026-Q2 (a quarter)")
+    try:
+        return date(value, field, optional=True)
+    except SpecError:
+        raise SpecError(f"{field} must be a date, got {value!r}", field=field,
+                        fix=f"write {field}: 2026-04-01 (a day) or {field}: 2026-Q2 (a quarter)") from None
 
 
 def reference_day(as_of=None) -> dt.date:

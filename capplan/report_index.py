@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .glossary import for_readers, link_terms
+from .plan_text import plural
 
 e = html.escape
 
@@ -75,11 +76,6 @@ def rate(v, unit: str = "req/s") -> str:
     return f"{v:.4g} {unit}"
 
 
-def _n(count, noun: str) -> str:
-    c = int(round(count))
-    return f"{c:,} {noun}" + ("" if c == 1 else "s")
-
-
 def _date_text(start: str, end: str) -> str:
     import datetime as dt
 
@@ -100,7 +96,7 @@ def answer_section(plan: dict, verdict: dict | None) -> str:
     billed_text = (f" (<b>{billed:,} billed GPUs</b>: {'whole nodes are paid' if billed > gpus else 'as used'})"
                    if billed != gpus else "")
     words = (f'<p class="answer" id="answer-text">For <b>{e(when)}</b> the plan needs '
-             f"<b>{_n(q['groups'], 'replica group')} = {gpus:,} GPUs</b> on {_n(q['nodes'], 'node')}{billed_text}, "
+             f"<b>{plural(q['groups'], 'replica group')} = {gpus:,} GPUs</b> on {plural(q['nodes'], 'node')}{billed_text}, "
              f"costing <b>{usd(q['cost_usd_per_month'])} per month</b> ({usd(q['cost_usd_per_quarter'])} per "
              f"quarter, {usd(q['cost_usd_per_year'])} per year at this size) — "
              f"<b>{usd(q['cost_usd_per_1k_good_requests'], cents=True)} per 1 000 SLO-meeting requests</b>. "
@@ -110,23 +106,23 @@ def answer_section(plan: dict, verdict: dict | None) -> str:
     warn = []
     failed = [c for c in plan["checks"] if not c["ok"]]
     if failed:
-        warn.append("<b>The plan fails " + _n(len(failed), "check") + "</b>: "
+        warn.append("<b>The plan fails " + plural(len(failed), "check") + "</b>: "
                     + "; ".join(e(c["sentence"]) for c in failed) + ".")
     sens = plan.get("sensitivity") or {}
     if sens.get("knife_edge"):
         up, down = sens.get("up") or {}, sens.get("down") or {}
         warn.append("<b>Knife-edge</b>: the capacity interval reaches past the range where this plan holds "
                     f"(C_SLO {rate(sens['low_system'])} to {rate(sens.get('high_system'))}); "
-                    + (f"{_n(down['groups'], 'group')} would do at the top of the interval, " if down else "")
-                    + (f"{_n(up['groups'], 'group')} would be needed below it" if up else "") + " — see how sure.")
+                    + (f"{plural(down['groups'], 'group')} would do at the top of the interval, " if down else "")
+                    + (f"{plural(up['groups'], 'group')} would be needed below it" if up else "") + " — see how sure.")
     caveats = [c for c in plan["checks"] if c["ok"] and c.get("caveat")]
     if caveats:
         warn.append("<b>Caveat</b>: " + "; ".join(e(_first_sentence(for_readers(c["caveat"]))) for c in caveats)
                     + " — see how sure.")
     if verdict is not None:
         warn.append(("Comparison with the baseline: <b>PASS</b> (every gate passes)." if verdict["passed"] else
-                     f"Comparison with the baseline: <b>FAIL</b> ({_n(len(verdict['failed']), 'gate')} failed, "
-                     f"{_n(len(verdict['regressed']), 'bucket')} regressed: "
+                     f"Comparison with the baseline: <b>FAIL</b> ({plural(len(verdict['failed']), 'gate')} failed, "
+                     f"{plural(len(verdict['regressed']), 'bucket')} regressed: "
                      + "; ".join(e(x) for x in verdict["failed"] + verdict["regressed"]) + ")."))
     warn_html = "".join(f'<p class="warn">{w}</p>' for w in warn)
     return f'<section id="answer">\n{words}\n{warn_html}\n{quarters_table(plan)}\n</section>'
@@ -190,7 +186,7 @@ def how_sure_section(plan: dict, env: dict | None) -> str:
         r = cap.get("replicas") or 1
         out.append(
             f'<h3>The capacity measured</h3><p id="capacity-interval">C_SLO of the tested system '
-            f"({_n(r, 'replica')}): estimate <b>{rate(cap['estimate'], unit)}</b>; {conf:.0%} confidence "
+            f"({plural(r, 'replica')}): estimate <b>{rate(cap['estimate'], unit)}</b>; {conf:.0%} confidence "
             f"interval <b>{rate(cap['ci_low'], unit)} to {rate(cap['ci_high'], unit)}</b>; lower bound "
             f"<b>{rate(cap['lower_bound'], unit)}</b> (status: {e(str(cap.get('status') or ''))}).</p>"
             f'<p class="def">The lower bound ({conf:.0%}, one-sided) can sit above the interval\'s low end: it '
@@ -199,7 +195,7 @@ def how_sure_section(plan: dict, env: dict | None) -> str:
         other = "estimate" if cap.get("uses") == "lower bound" else "lower bound"
         out.append(
             f'<h3>What the plan assumes</h3><p id="plan-assumes">The plan uses the C_SLO <b>{e(cap["uses"])}</b>: '
-            f"{rate(sens.get('used_system'), unit)} ÷ {_n(r, 'replica')} = <b>{rate(cap['rps_per_group'], unit)} "
+            f"{rate(sens.get('used_system'), unit)} ÷ {plural(r, 'replica')} = <b>{rate(cap['rps_per_group'], unit)} "
             f"per replica group</b> (the capacity per replica group C). Planning on the {other} instead is "
             "shown below.</p>")
     else:

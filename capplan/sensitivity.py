@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from .plan import Plan, make_plan, size
+from .plan_text import plural
 
 _REL = 1e-10
 
@@ -96,18 +97,18 @@ class Sensitivity:
         """The band and the steps, in words (the report's 'how sure' section)."""
         u, p = self.unit, self.plan_step
         hi = "and above" if math.isinf(self.high_rps_per_group) else f"to {self.high_system:.4g} {u}"
-        out = [f"The plan ({_n(p.groups, 'replica group')}, ${p.cost_usd_per_month:,.0f} per month) stays "
+        out = [f"The plan ({plural(p.groups, 'replica group')}, ${p.cost_usd_per_month:,.0f} per month) stays "
                f"the same for any C_SLO from {self.low_system:.4g} {hi} (per replica group "
                f"{self.low_rps_per_group:.4g}–{_num(self.high_rps_per_group)} {u}). It plans on the "
                f"{self.uses} {self.used_system:.4g} {u}: the true capacity may be {self.margin_below:.0%} "
                "lower before the plan is short"
                + ("." if math.isinf(self.margin_above) else
                   f"; {_pct(self.margin_above)} more capacity would already save a group.")]
-        out.append(f"Below {self.low_system:.4g} {u} the plan needs {_n(self.up.groups, 'replica group')} "
+        out.append(f"Below {self.low_system:.4g} {u} the plan needs {plural(self.up.groups, 'replica group')} "
                    f"({self.up.gpus} GPUs, {self.up.billed_gpus} billed): ${self.up.cost_usd_per_month:,.0f} "
                    f"per month ({_delta(self.up.cost_usd_per_month, p.cost_usd_per_month)}).")
         if self.down is not None:
-            out.append(f"From {self.high_system:.4g} {u} it needs {_n(self.down.groups, 'replica group')} "
+            out.append(f"From {self.high_system:.4g} {u} it needs {plural(self.down.groups, 'replica group')} "
                        f"({self.down.gpus} GPUs, {self.down.billed_gpus} billed): "
                        f"${self.down.cost_usd_per_month:,.0f} per month "
                        f"({_delta(self.down.cost_usd_per_month, p.cost_usd_per_month)}).")
@@ -118,7 +119,7 @@ class Sensitivity:
             same = o.groups == p.groups
             out.append(f"Planning on the {self.other_name} ({o.capacity_rps_per_group * self.replicas:.4g} {u}) "
                        f"instead would give " + ("the same plan." if same else
-                                                 f"{_n(o.groups, 'replica group')} ({o.gpus} GPUs): "
+                                                 f"{plural(o.groups, 'replica group')} ({o.gpus} GPUs): "
                                                  f"${o.cost_usd_per_month:,.0f} per month "
                                                  f"({_delta(o.cost_usd_per_month, p.cost_usd_per_month)})."))
         if self.knife_edge:
@@ -187,10 +188,6 @@ class Sensitivity:
                           yaxis_title="cost per month (USD)", legend=dict(orientation="h", y=-0.25))
         fig.update_yaxes(rangemode="tozero", tickprefix="$", tickformat=",.0f")
         return fig
-
-
-def _n(count, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _num(v: float) -> str:
