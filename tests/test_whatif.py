@@ -130,7 +130,7 @@ def test_impossible_limit_hides_the_plan_and_says_what_to_change(model):
     panel.ttft.value = min(panel.ttft.options, key=lambda o: o[1])[1]  # 600 ms: no tested rate meets it
     assert panel.state is None and panel.stale
     assert panel.table.value == "" and panel.quarters.value == ""  # no stale plan on screen
-    assert panel.figure not in panel.widget.children
+    assert panel.chart not in panel.widget.children
     msg = panel.status.value
     assert "No plan at these settings" in msg and "loosen the TTFT limit to 1,000 ms or more" in msg
     for cli_words in ("--capacity-rps", "capacity.use", "field:", "Traceback"):
@@ -139,7 +139,7 @@ def test_impossible_limit_hides_the_plan_and_says_what_to_change(model):
         whatif_state(model, panel.params())
     panel.ttft.value = start  # and the panel recovers
     assert "redrawn in" in panel.status.value and 'data-key="total_gpus"' in panel.table.value
-    assert panel.figure in panel.widget.children
+    assert panel.chart in panel.widget.children
 
 
 def test_no_reserve_never_costs_more_than_a_reserve(model):

@@ -47,7 +47,7 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def voila_command(notebook: Path, port: int, token: str, *, pool: int = 2, cull_after_s: int = 30) -> list[str]:
+def voila_command(notebook: Path, port: int, token: str, *, pool: int = 4, cull_after_s: int = 30) -> list[str]:
     """Voila on 127.0.0.1: no tracebacks to users, a pre-heated kernel pool, idle kernels of
     closed tabs culled (connected ones are kept)."""
     cmd = [sys.executable, "-m", "voila", str(notebook), "--no-browser", f"--port={port}",
@@ -56,7 +56,9 @@ def voila_command(notebook: Path, port: int, token: str, *, pool: int = 2, cull_
            f"--MappingKernelManager.cull_interval={max(5, int(cull_after_s) // 3)}",
            "--MappingKernelManager.cull_connected=False"]
     if pool > 0:
-        cmd += ["--preheat_kernel=True", f"--pool_size={int(pool)}"]
+        # refill the pool 20 s after a visitor takes a kernel, not 1 s: visitors arriving together
+        # are served before new kernels compete with them for the CPU
+        cmd += ["--preheat_kernel=True", f"--pool_size={int(pool)}", "--VoilaKernelManager.fill_delay=20"]
     return cmd
 
 
@@ -73,7 +75,7 @@ def voila_command(notebook: Path, port: int, token: str, *, pool: int = 2, cull_
               help="Bootstrap replicates of the one-off envelope fit [default: the spec's].")
 @click.option("--seed", type=int, default=None, help="Bootstrap seed [default: the spec's].")
 @click.option("--token", default=None, help="Access token [default: a random one, in the URL].")
-@click.option("--pool", type=click.IntRange(0, 16), default=2, show_default=True,
+@click.option("--pool", type=click.IntRange(0, 16), default=4, show_default=True,
               help="Kernels started and run in advance, so visitors get a finished page at once "
                    "(each holds the study in memory, ~0.4 GB).")
 @click.option("--cull-after", "cull_after", type=click.IntRange(10, 86400), default=30, show_default=True,

@@ -3,7 +3,8 @@
 :class:`WhatIfModel` does the slow part once — open the study, fit the envelope (the only step
 that reads events), read the plan spec — and can keep it on disk (``cache=``): the reduced
 statistics, fitted envelope and study facts are pickled under a key of everything they depend
-on (study content, SLO, replicates, seed, confidence, capplan version), so a second kernel (a
+on (study content, SLO, replicates, seed, confidence, capplan version and the code of the
+modules that compute them), so a second kernel (a
 second what-if user) starts in about a second instead of re-reading the study.
 
 :func:`whatif_state` is then a pure function of the model and a :class:`WhatIfParams`: the
@@ -287,10 +288,24 @@ class WhatIfModel:
 # ----------------------------------------------------------------------------- disk cache
 
 
+#: the modules whose code the cached statistics depend on (a change to any makes a new key)
+_CODE = ("envelope", "reduce", "bootstrap", "sketch", "diagnostics", "metrics", "cost", "slo", "study",
+         "contract", "earlystop")
+
+
+def _code_fingerprint() -> str:
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for name in _CODE:
+        p = root / f"{name}.py"
+        h.update(p.read_bytes() if p.is_file() else name.encode())
+    return h.hexdigest()[:16]
+
+
 def _key(study_hash, slo: SLO, reps, seed, confidence) -> str:
-    payload = json.dumps({"v": CACHE_VERSION, "capplan": __version__, "study": study_hash, "slo": str(slo),
-                          "reps": int(reps), "seed": int(seed), "confidence": float(confidence)},
-                         sort_keys=True)
+    payload = json.dumps({"v": CACHE_VERSION, "capplan": __version__, "code": _code_fingerprint(),
+                          "study": study_hash, "slo": str(slo), "reps": int(reps), "seed": int(seed),
+                          "confidence": float(confidence)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 

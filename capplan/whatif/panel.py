@@ -18,8 +18,8 @@ place. What a person sees:
 - a layout that keeps every slider and its value readable from about 800 px wide (JupyterLab
   at 1280 px with the file browser open).
 
-The FigureWidget is built with its data at construction (Voila renders a FigureWidget that was
-modified before display inside a VBox as an empty box).
+The chart is an Output widget showing plotly's mimetype (``panel.figure`` is the figure on
+screen): a FigureWidget would send all of plotly.js through the kernel to every page.
 """
 
 from __future__ import annotations
@@ -162,8 +162,9 @@ class WhatIfPanel:
         self.quarters = W.HTML()
         state = self._state(p)
         self.state = state
-        # data at construction: see the module docstring (Voila pitfall)
-        self.figure = go.FigureWidget(state.figure if state is not None else go.Figure())
+        self.chart = W.Output(layout=W.Layout(width="100%"))
+        self.figure = state.figure if state is not None else go.Figure()
+        self._draw(self.figure)
         self._show(state)
         self.controls = [c for c in (self.ttft, self.tpot, self.attainment, self.peak, self.uncertainty,
                                      self.policy, self.price, self.capacity_use) if c is not None]
@@ -174,7 +175,7 @@ class WhatIfPanel:
                       layout=W.Layout(flex="0 1 470px", min_width="380px"))
         right = W.VBox([self.status, self.table], layout=W.Layout(flex="1 1 380px", min_width="320px"))
         self.body = [W.HBox([left, right], layout=W.Layout(flex_flow="row wrap", width="100%")),
-                     W.HTML("<b>By quarter</b>"), self.quarters, self.figure]
+                     W.HTML("<b>By quarter</b>"), self.quarters, self.chart]
         if root is not None:
             root.children = self.body
             self.widget = root
@@ -261,8 +262,8 @@ class WhatIfPanel:
         """Take the chart off the page while there is no plan (and put it back after)."""
         if not getattr(self, "_placed", False):
             return
-        kids = [c for c in self.widget.children if c is not self.figure]
-        self.widget.children = tuple(kids + ([self.figure] if shown else []))
+        kids = [c for c in self.widget.children if c is not self.chart]
+        self.widget.children = tuple(kids + ([self.chart] if shown else []))
 
     def _show(self, state: WhatIfState | None) -> None:
         if state is None:
@@ -283,17 +284,22 @@ class WhatIfPanel:
             self.state = None
             return
         self.state = state
-        new = state.figure
-        with self.figure.batch_update():
-            if len(self.figure.data) == len(new.data) and all(
-                    a.type == b.type for a, b in zip(self.figure.data, new.data)):
-                for old, tr in zip(self.figure.data, new.data):
-                    old.update(tr.to_plotly_json(), overwrite=True)
-            else:
-                self.figure.data = ()
-                self.figure.add_traces(list(new.data))
-            self.figure.layout = new.layout
+        self._draw(state.figure)
         self._show(state)
+
+    def _draw(self, fig: go.Figure) -> None:
+        """Show ``fig`` in the chart area as plotly's own mimetype (drawn by the plotly extension
+        that JupyterLab and Voila load once per page), not as a FigureWidget, whose model carries
+        all of plotly.js (~5 MB) through the kernel to every page."""
+        import json
+
+        from IPython.display import display
+
+        self.figure = fig
+        self.chart.clear_output(wait=True)
+        with self.chart:
+            display({"application/vnd.plotly.v1+json": json.loads(fig.to_json()),
+                     "text/plain": "<plotly figure: the plan>"}, raw=True)
 
     def _on_save(self, _button=None) -> Path | None:
         """Write the scenario on screen and offer it for download."""
