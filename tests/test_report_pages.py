@@ -245,3 +245,34 @@ def test_same_numbers_in_notebooks_report_cli_and_whatif(demo_report, tmp_path, 
     shown = whatif_state(model, model.defaults()).table.set_index("key")["shown"]
     assert shown["cslo_estimate"] == want["estimate"] and shown["cslo_lower_bound"] == want["lower_bound"]
     assert shown["total_gpus"] == str(want["gpus"]) and shown["cost_usd_per_month"] == f"${want['cost']}"
+
+
+def test_notebook_errors_read_like_the_cli(tmp_path):
+    """A bad study in a notebook run by hand shows capplan's message — the problem, the path,
+    the fix — instead of a bare `StudyError: study directory does not exist`."""
+    from papermill.exceptions import PapermillExecutionError
+
+    import papermill as pm
+
+    missing = tmp_path / "no-such-study"
+    nb_error = None
+    try:
+        pm.execute_notebook(str(R.notebooks_dir() / "02-envelope.ipynb"), None,
+                            parameters={"study_path": str(missing)}, kernel_name=R.ensure_kernel(),
+                            progress_bar=False, cwd=str(tmp_path))
+    except PapermillExecutionError as exc:
+        nb_error = "\n".join(exc.traceback)
+        assert exc.ename == "StudyError"  # the report still sees capplan's error (exit 2)
+    assert nb_error is not None
+    assert str(missing) in nb_error and "fix:" in nb_error and "Traceback" not in nb_error
+
+
+def test_docs_plan_example_pastes(tmp_path, monkeypatch):
+    """The Python example in docs/plan.md runs as pasted, from any directory."""
+    doc = (Path(R.__file__).resolve().parents[1] / "docs" / "plan.md").read_text(encoding="utf-8")
+    block = re.search(r"In Python \(pasteable.*?```python\n(.*?)```", doc, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block.replace("print(", "(lambda *a: None)("), "docs/plan.md", "exec"), scope)  # noqa: S102
+    assert (tmp_path / "plan-out" / "plan.xlsx").is_file()
+    assert scope["plan"].value("total_gpus") > 0
