@@ -276,3 +276,16 @@ def test_docs_plan_example_pastes(tmp_path, monkeypatch):
     exec(compile(block.replace("print(", "(lambda *a: None)("), "docs/plan.md", "exec"), scope)  # noqa: S102
     assert (tmp_path / "plan-out" / "plan.xlsx").is_file()
     assert scope["plan"].value("total_gpus") > 0
+
+
+def test_bundled_baseline_offers_the_demo_workload():
+    """data/baseline (for trying 05-compare and --baseline) offers the demo's requests at the
+    same moments — a paired comparison — on another serving build."""
+    import capplan
+
+    base, demo = capplan.open_study(capplan.baseline_study_path()), capplan.open_study(capplan.demo_study_path())
+    assert [(r.run_id, r.offered_rps) for r in base.manifest.runs] == \
+        [(r.run_id, r.offered_rps) for r in demo.manifest.runs]
+    q = "SELECT run_id, request_id, scheduled_ns FROM events WHERE run_id = 'r07' ORDER BY scheduled_ns LIMIT 50"
+    assert base.sql(q).df().equals(demo.sql(q).df())
+    assert base.name != demo.name and base.content_hash() != demo.content_hash()
