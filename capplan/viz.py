@@ -395,20 +395,6 @@ def percentile_table(summary, metric: str) -> tuple[pd.DataFrame, str]:
 # ----------------------------------------------------------------------------- page tables
 
 
-def cslo_frame(c) -> pd.DataFrame:
-    """C_SLO (an ``envelope.CSLO``) as a short table people read: estimate, interval, lower
-    bound, status, what binds, rates to add."""
-    conf = f"{c.confidence:.0%}"
-    rows = [("C_SLO estimate (tested system)", c.estimate, c.unit),
-            (f"C_SLO {conf} interval, low end", c.ci_low, c.unit),
-            (f"C_SLO {conf} interval, high end", c.ci_high, c.unit),
-            ("C_SLO lower bound (one-sided, the planning number)", c.lower_bound, c.unit),
-            ("status", c.status, ""), ("limited by", c.binding or "nothing inside the tested range", "")]
-    if c.suggested_rates:
-        rows.append(("rates to add near C_SLO", ", ".join(f"{x:g}" for x in c.suggested_rates), c.unit))
-    return pd.DataFrame(rows, columns=["quantity", "value", "unit"])
-
-
 def _with_ci(v, lo, hi, fmt: str) -> str:
     if v is None or pd.isna(v):
         return "n/a"
