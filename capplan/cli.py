@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "report": "report",
     "whatif": "whatif",
     "compare": "compare",
+    "kv": "kv",
+    "mix": "mix",
 }
 
 

@@ -1090,3 +1090,22 @@ def _fit_summary_points(s: _Summary, target, *, confidence, reps, seed) -> Envel
              "requests the true interval is wider"]
     env = _finish(pts, runs, None, target, confidence, seed, s.closed, notes, iid=True)
     return replace(env, reps=reps, seed=seed, scheme=boot.IID(), _summary_points=s)
+
+
+# ============================================================================ for other analyses
+
+#: the per-run inputs of the sweep fit, for analyses that bring their own replicates
+#: (capplan.mix reweights per-cell attainment and fits the result here)
+RunPoints = _Points
+
+
+def envelope_from_points(points: RunPoints, runs: pd.DataFrame, slo, target: float, *, confidence: float,
+                         seed: int, closed: bool, notes=()) -> Envelope:
+    """The sweep fit — weighted isotonic curve, first down-crossing, interval, lower bound,
+    status — of per-run replicates an analysis computed itself (docs/mix.md, "Reweighting")."""
+    return _finish(points, runs, slo, target, confidence, seed, closed, list(notes))
+
+
+def json_value(v):
+    """A value made JSON-ready as the envelope's own output does (NaN → null, numpy → Python)."""
+    return _clean(v)

@@ -115,9 +115,12 @@ def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: d
                      else json.dumps(v, sort_keys=True, default=str)))
     prov.append(("spec (JSON)", json.dumps(plan.spec.to_dict(), sort_keys=True, default=str, ensure_ascii=False)))
     provenance = pd.DataFrame([(k, None if v is None else str(v)) for k, v in prov], columns=["Key", "Value"])
-    return {"Summary": summary, "Plan line items": items, "Checks": checks, "Assumptions": assumptions,
-            "Capacity with CI": capacity, "Cost by quarter": quarters, "Cost by month": months,
-            "Cost by year": years, "Provenance": provenance}
+    out = {"Summary": summary, "Plan line items": items, "Checks": checks, "Assumptions": assumptions,
+           "Capacity with CI": capacity, "Cost by quarter": quarters, "Cost by month": months,
+           "Cost by year": years, "Provenance": provenance}
+    for sheet, df in getattr(plan.capacity, "tables", ()):  # SLO classes, production mix (docs/mix.md)
+        out[sheet] = df
+    return out
 
 
 def plan_layouts(plan) -> dict[str, SheetLayout]:
@@ -141,9 +144,6 @@ def plan_layouts(plan) -> dict[str, SheetLayout]:
                                     widths={"Period": 26}),
         "Provenance": SheetLayout(widths={"Key": 30, "Value": 100}),
     }
-
-
-# ----------------------------------------------------------------------------- writers
 
 
 def _now() -> str:
@@ -184,7 +184,7 @@ def export_plan(plan, out_dir: str | os.PathLike, *, time: str | None = None, st
         write_xlsx(tables, tmp / XLSX_NAME, created=created, title=f"capplan plan: {plan.spec.name}",
                    layouts=layouts)
         for sheet, df in tables.items():
-            write_csv(df, tmp / CSV_NAMES[sheet], layouts.get(sheet))
+            write_csv(df, tmp / CSV_NAMES.get(sheet, sheet.lower().replace(" ", "_") + ".csv"), layouts.get(sheet))
         if figure:
             (tmp / "plan_groups.html").write_text(
                 plan.figure().to_html(include_plotlyjs=True, full_html=True, div_id="capplan-plan"),

@@ -167,6 +167,25 @@ def good_predicate(slo: SLO, alias: str = "") -> tuple[str, list]:
 
 
 
+
+def class_good_predicate(classes, alias: str = "") -> tuple[str, list]:
+    """'This request is SLO-good under its own class's SLO' (an ``SLOClasses``): a CASE on
+    ``slo_class`` over :func:`good_predicate` of each class, the default SLO for any other
+    class (FALSE when the file has no default). Docs: docs/mix.md, "SLO classes"."""
+    a = f"{alias}." if alias else ""
+    parts, params = [], []
+    for name, s in classes.classes:
+        pred, p = good_predicate(s, alias)
+        parts.append(f"WHEN {a}slo_class = ? THEN {pred}")
+        params += [name] + p
+    if classes.default is not None:
+        pred, p = good_predicate(classes.default, alias)
+        els = pred
+        params += p
+    else:
+        els = "FALSE"
+    return f"(CASE {' '.join(parts)} ELSE {els} END)", params
+
 # --------------------------------------------------------------------------------------------
 # Per-run summary
 # --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Mapping
 from . import spec as S
 from .errors import SpecError
 from .periods import parse_start
-from .slo import SLO
+from .slo import SLO, SLOClasses, load_slo_file
 
 POLICIES = ("node", "zone", "n_plus_k", "none")
 READY_PARTS = ("provision", "image", "weights", "rank_init", "compile", "warmup", "register")
@@ -49,7 +49,10 @@ class DemandSpec:
     growth_per_quarter: float = 0.0  # only without a history
     interval: float = 0.95  # forecast prediction-interval level; the plan uses its upper bound
     mean_to_peak: float | None = None  # mean offered rate / peak, for monthly volumes
-    output_tokens_per_request: float | None = None  # only used without a study
+    output_tokens_per_request: float | None = None  # without a study (or to override it)
+    #: demand as a daily token volume instead of a peak rate: {input: tokens/day, output: ...}
+    tokens_per_day: tuple[tuple[str, float], ...] = ()
+    input_tokens_per_request: float | None = None  # without a study (or to override it)
 
     def __post_init__(self):
         s = self.SECTION
@@ -61,9 +64,21 @@ class DemandSpec:
         if self.peak_rps and self.history:
             S.fail(f"{s}.history", "demand has both peak_rps and history",
                    "give either a peak (peak_rps) or a history to forecast from, not both")
-        if not self.peak_rps and not self.history:
-            S.fail(f"{s}.peak_rps", "demand needs peak_rps (req/s) or history (a file of request rates)",
-                   "add peak_rps: 380 (or peak_rps: {interactive: 300, batch: 80}), or history: demand.csv")
+        if not isinstance(self.tokens_per_day, tuple):
+            object.__setattr__(self, "tokens_per_day", _token_volume(self.tokens_per_day, f"{s}.tokens_per_day"))
+        given = [k for k, v in (("peak_rps", self.peak_rps), ("history", self.history),
+                                ("tokens_per_day", self.tokens_per_day)) if v]
+        if len(given) > 1:
+            S.fail(f"{s}.{given[1]}", f"demand has both {given[0]} and {given[1]}",
+                   "give one of peak_rps, history or tokens_per_day")
+        if not given:
+            S.fail(f"{s}.peak_rps", "demand needs peak_rps (req/s), history (a file of request rates) "
+                   "or tokens_per_day (a daily token volume)",
+                   "add peak_rps: 380 (or peak_rps: {interactive: 300, batch: 80}), history: demand.csv, "
+                   "or tokens_per_day: {input: 2.0e9, output: 4.0e8}")
+        if self.tokens_per_day and self.mean_to_peak is None:
+            S.fail(f"{s}.mean_to_peak", "a daily token volume needs mean_to_peak to turn the day's mean "
+                   "rate into a peak", "add mean_to_peak: 0.6 (mean offered rate / peak rate)")
         S.text(self.history, f"{s}.history")
         S.text(self.history_time_column, f"{s}.history_time_column", optional=False)
         S.text(self.history_rate_column, f"{s}.history_rate_column", optional=False)
@@ -82,10 +97,19 @@ class DemandSpec:
                  example="0.6")
         S.number(self.output_tokens_per_request, f"{s}.output_tokens_per_request", above=0.0,
                  optional=True, example="250")
+        S.number(self.input_tokens_per_request, f"{s}.input_tokens_per_request", above=0.0,
+                 optional=True, example="1200")
 
     @property
     def total_peak_rps(self) -> float:
         return float(sum(r for _, r in self.peak_rps))
+
+
+def _token_volume(value, field_: str) -> tuple[tuple[str, float], ...]:
+    if value is None or value == ():
+        return ()
+    d = S.mapping(value, field_, known=("input", "output"), example="{input: 2.0e9, output: 4.0e8}")
+    return tuple((k, S.number(v, S.join(field_, k), above=0.0, example="2.0e9")) for k, v in d.items())
 
 
 def _classes(value, field_: str) -> tuple[tuple[str, float], ...]:
@@ -288,13 +312,98 @@ class PriceSpec:
         S.number(self.gpu_power_w, f"{s}.gpu_power_w", above=0.0, optional=True, example="550")
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """The served model and GPU (catalogue names) for the KV-memory bound, and the forecast
+    context length per sequence; docs/mix.md, "KV memory"."""
+
+    SECTION: ClassVar[str] = "model"
+    name: str | None = None  # catalogue model; default the study's system.model when listed
+    gpu: str | None = None  # catalogue GPU; default the study's system.gpu when listed
+    context_tokens: int | None = None  # forecast context per sequence (input + output tokens)
+    kv_dtype: str = "bf16"
+    weight_bytes_per_param: float = 2.0
+    activation_reserve: float = 0.10  # fraction of GPU memory for activations, CUDA graphs, runtime
+    block_tokens: int = 16
+    catalogue: str | None = None  # default templates/catalogue.yaml
+    mean_e2e_s: float | None = None  # without a study: mean time in system at C_SLO (Little's law)
+
+    def __post_init__(self):
+        s = self.SECTION
+        S.text(self.name, f"{s}.name", example="llama-3.1-70b")
+        S.text(self.gpu, f"{s}.gpu", example="h100-80gb")
+        S.number(self.context_tokens, f"{s}.context_tokens", integer=True, minimum=1, optional=True,
+                 example="8192")
+        S.text(self.kv_dtype, f"{s}.kv_dtype", optional=False, example="bf16")
+        S.number(self.weight_bytes_per_param, f"{s}.weight_bytes_per_param", above=0.0, example="2")
+        S.number(self.activation_reserve, f"{s}.activation_reserve", minimum=0.0, below=1.0, example="0.1")
+        S.number(self.block_tokens, f"{s}.block_tokens", integer=True, minimum=1, example="16")
+        S.text(self.catalogue, f"{s}.catalogue")
+        S.number(self.mean_e2e_s, f"{s}.mean_e2e_s", above=0.0, optional=True, example="12")
+
+
+@dataclass(frozen=True)
+class PowerSpec:
+    """Peak power of the plan against a rack and/or row power cap; docs/mix.md, "Power"."""
+
+    SECTION: ClassVar[str] = "power"
+    gpu_peak_w: float | None = None  # default: the study's highest GPU power sample, else the GPU's TDP
+    node_overhead_w: float = 0.0  # CPUs, NICs, fans, … of a node at peak (not GPU boards)
+    rack_cap_kw: float | None = None
+    nodes_per_rack: int | None = None
+    row_cap_kw: float | None = None
+
+    def __post_init__(self):
+        s = self.SECTION
+        S.number(self.gpu_peak_w, f"{s}.gpu_peak_w", above=0.0, optional=True, example="700")
+        S.number(self.node_overhead_w, f"{s}.node_overhead_w", minimum=0.0, example="2000")
+        S.number(self.rack_cap_kw, f"{s}.rack_cap_kw", above=0.0, optional=True, example="40")
+        S.number(self.nodes_per_rack, f"{s}.nodes_per_rack", integer=True, minimum=1, optional=True,
+                 example="4")
+        S.number(self.row_cap_kw, f"{s}.row_cap_kw", above=0.0, optional=True, example="400")
+        if self.rack_cap_kw is not None and self.nodes_per_rack is None:
+            S.fail(f"{s}.nodes_per_rack", "a rack power cap needs nodes_per_rack",
+                   "add nodes_per_rack: 4 (nodes planned into one rack)")
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    """Plan at production's mix: the study reweighted to a target (docs/mix.md, "Reweighting")."""
+
+    SECTION: ClassVar[str] = "mix"
+    target: str | None = None  # production trace or bucket table (relative to the spec file)
+    period: str = "peak_hour"  # day | peak_hour (of a timestamped trace)
+    input_edges: tuple[float, ...] = (1024.0, 4096.0)
+    output_edges: tuple[float, ...] = ()
+    by: tuple[str, ...] = ()  # tenant, slo_class
+    plan_on: str = "target"  # target: plan with the reweighted C_SLO; tested: report it only
+    drop_untested: bool = False
+
+    def __post_init__(self):
+        s = self.SECTION
+        S.text(self.target, f"{s}.target", example="prod.parquet")
+        S.choice(self.period, f"{s}.period", ("day", "peak_hour"))
+        S.choice(self.plan_on, f"{s}.plan_on", ("target", "tested"))
+        S.flag(self.drop_untested, f"{s}.drop_untested")
+        for name in ("input_edges", "output_edges", "by"):
+            v = getattr(self, name)
+            if not isinstance(v, tuple):
+                v = tuple(S.sequence(v, f"{s}.{name}", example="[1024, 4096]"))
+                object.__setattr__(self, name, v)
+        for i, e in enumerate(self.input_edges + self.output_edges):
+            S.number(e, f"{s}.edges[{i}]", above=0.0, example="1024")
+        for i, d in enumerate(self.by):
+            S.choice(d, S.index(f"{s}.by", i), ("tenant", "slo_class"))
+
+
 _SECTIONS: dict[str, type] = {
     "demand": DemandSpec, "capacity": CapacitySpec, "replica_group": GroupSpec,
     "failure": FailureSpec, "rollout": RolloutSpec, "autoscaling": AutoscalingSpec,
-    "prices": PriceSpec,
+    "prices": PriceSpec, "model": ModelSpec, "power": PowerSpec, "mix": MixSpec,
 }
 _ATTR = {"demand": "demand", "capacity": "capacity", "replica_group": "group", "failure": "failure",
-         "rollout": "rollout", "autoscaling": "autoscaling", "prices": "prices"}
+         "rollout": "rollout", "autoscaling": "autoscaling", "prices": "prices", "model": "model",
+         "power": "power", "mix": "mix"}
 
 
 @dataclass(frozen=True)
@@ -313,6 +422,11 @@ class PlanSpec:
     slo: SLO | None = None
     start: Any = None  # first day of the plan (datetime.date); None: the next calendar quarter
     source: str | None = None  # file the spec was read from
+    model: ModelSpec = field(default_factory=ModelSpec)
+    power: PowerSpec = field(default_factory=PowerSpec)
+    mix: MixSpec = field(default_factory=MixSpec)
+    #: one SLO per slo_class (``slo_file:`` or ``slo_classes:`` in the YAML); docs/mix.md
+    slo_classes: SLOClasses | None = None
 
     # flat name -> (section attribute, field)
     ALIASES: ClassVar[dict[str, tuple[str, str]]] = {
@@ -334,6 +448,13 @@ class PlanSpec:
         "price_usd_per_gpu_hour": ("prices", "usd_per_gpu_hour"),
         "overhead_pct": ("prices", "overhead_pct"), "usd_per_kwh": ("prices", "usd_per_kwh"),
         "pue": ("prices", "pue"), "billing": ("prices", "billing"), "gpu_power_w": ("prices", "gpu_power_w"),
+        "tokens_per_day": ("demand", "tokens_per_day"),
+        "input_tokens_per_request": ("demand", "input_tokens_per_request"),
+        "context_tokens": ("model", "context_tokens"), "kv_dtype": ("model", "kv_dtype"),
+        "activation_reserve": ("model", "activation_reserve"),
+        "gpu_peak_w": ("power", "gpu_peak_w"), "node_overhead_w": ("power", "node_overhead_w"),
+        "rack_cap_kw": ("power", "rack_cap_kw"), "nodes_per_rack": ("power", "nodes_per_rack"),
+        "row_cap_kw": ("power", "row_cap_kw"),
     }
 
     def __post_init__(self):
@@ -345,14 +466,18 @@ class PlanSpec:
         if self.start is not None and self.demand.history:
             S.fail("start", "start is for a fixed peak; with a demand history the plan covers the "
                  "calendar quarters after its last observation", "remove start or demand.history")
+        if self.slo_classes is not None and not isinstance(self.slo_classes, SLOClasses):
+            object.__setattr__(self, "slo_classes", load_slo_file(self.slo_classes))
 
     def with_(self, **changes) -> "PlanSpec":
         """A copy with flat-named changes, validated again. ``peak_rps`` with several SLO
         classes scales every class in proportion; ``slo``/``name``/``tenant`` are top level.
         Example: ``spec.with_(peak_rps=500, policy="zone", price_usd_per_gpu_hour=2.1)``."""
-        top = {k: changes.pop(k) for k in ("slo", "name", "tenant", "start") if k in changes}
+        top = {k: changes.pop(k) for k in ("slo", "name", "tenant", "slo_classes", "start") if k in changes}
         if "slo" in top and top["slo"] is not None:
             top["slo"] = SLO.parse(top["slo"])
+        if "slo_classes" in top and top["slo_classes"] is not None:
+            top["slo_classes"] = load_slo_file(top["slo_classes"])
         by_section: dict[str, dict] = {}
         for key, value in changes.items():
             if key not in self.ALIASES:
@@ -388,12 +513,14 @@ class PlanSpec:
             out["slo"] = str(self.slo)
         if self.start is not None:
             out["start"] = self.start.isoformat()
+        if self.slo_classes is not None:
+            out["slo_classes"] = self.slo_classes.to_dict()
         for key, attr in _ATTR.items():
             sec = getattr(self, attr)
             d = {}
             for f in fields(sec):
                 v = getattr(sec, f.name)
-                if f.name in ("peak_rps", "ready_time_s"):
+                if f.name in ("peak_rps", "ready_time_s", "tokens_per_day"):
                     v = {a: b for a, b in v}
                 elif isinstance(v, tuple):
                     v = list(v)
@@ -417,7 +544,7 @@ class PlanSpec:
         return out
 
 
-_TOP_KEYS = ("name", "tenant", "slo", "start") + tuple(_SECTIONS)
+_TOP_KEYS = ("name", "tenant", "slo", "slo_file", "slo_classes", "start") + tuple(_SECTIONS)
 
 
 def load_plan_spec(path_or_dict, *, base_dir: str | os.PathLike | None = None) -> PlanSpec:
@@ -453,6 +580,12 @@ def _build(raw, base_dir) -> PlanSpec:
                 values["history"] = str(Path(base_dir) / h)
         if key == "demand" and "peak_rps" in values:
             values["peak_rps"] = _classes(values["peak_rps"], "demand.peak_rps")
+        if key == "mix" and isinstance(values.get("target"), str) and base_dir is not None \
+                and not os.path.isabs(values["target"]):
+            values["target"] = str(Path(base_dir) / values["target"])
+        if key == "model" and isinstance(values.get("catalogue"), str) and base_dir is not None \
+                and not os.path.isabs(values["catalogue"]):
+            values["catalogue"] = str(Path(base_dir) / values["catalogue"])
         if key == "capacity" and "source" not in values:
             values["source"] = "number" if values.get("rps_per_group") is not None else "study"
         kw[_ATTR[key]] = cls(**values)
@@ -463,5 +596,20 @@ def _build(raw, base_dir) -> PlanSpec:
         except SpecError as exc:
             S.fail("slo" + (f".{exc.field}" if exc.field else ""), exc.message,
                    exc.fix or "e.g. slo: 'ttft_ms=2000,tpot_ms=100,attainment=0.99'")
+    classes = None
+    if raw.get("slo_file") is not None and raw.get("slo_classes") is not None:
+        S.fail("slo_file", "the plan spec has both slo_file and slo_classes",
+               "give the class SLOs in one place: slo_file: slo.yaml, or slo_classes: {...}")
+    if raw.get("slo_file") is not None:
+        f = S.text(raw["slo_file"], "slo_file", optional=False, example="slo.yaml")
+        if base_dir is not None and not os.path.isabs(f):
+            f = str(Path(base_dir) / f)
+        classes = load_slo_file(f)  # errors name the SLO file and its line
+    elif raw.get("slo_classes") is not None:
+        sub = S.mapping(raw["slo_classes"], "slo_classes", example="{classes: {interactive: ...}}")
+        try:
+            classes = load_slo_file(sub)
+        except SpecError as exc:
+            S.fail("slo_classes" + (f".{exc.field}" if exc.field else ""), exc.message, exc.fix)
     return PlanSpec(name=raw.get("name", "plan") if raw.get("name") is not None else "plan",
-                    tenant=raw.get("tenant"), slo=slo, start=raw.get("start"), **kw)
+                    tenant=raw.get("tenant"), slo=slo, slo_classes=classes, start=raw.get("start"), **kw)

@@ -123,7 +123,11 @@ def assumptions(spec, cap, facts, mean_to_peak_default) -> list[tuple[str, Any, 
          ("mean / peak of the demand history" if mean_to_peak_default else
           "not given: the fleet is assumed busy at peak all month (optimistic cost per request)")),
     ]
-    if len(spec.demand.peak_rps) > 1:
+    if getattr(spec, "slo_classes", None) is not None:
+        out.append(("SLO classes", spec.slo_classes.describe(), "",
+                    "one pool sized so that every class meets its own SLO at the study's tested class mix; "
+                    "peak demand = Σ class peaks"))
+    elif len(spec.demand.peak_rps) > 1:
         out.append(("SLO classes", "one pool", "",
                     "all SLO classes share one pool sized at the spec's SLO; peak demand = Σ class peaks"))
     if facts is not None:

@@ -46,6 +46,7 @@ REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
     ("01-explore.ipynb", "Explore the study"),
     ("02-envelope.ipynb", "SLO capacity envelope"),
     ("03-plan.ipynb", "Capacity plan"),
+    ("07-mix.ipynb", "Production mix, SLO classes, KV and power"),
 )
 #: The comparison page, added when the report is given a baseline study.
 COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate")

@@ -112,3 +112,98 @@ def override_note(base: "SLO | None", given: "SLO") -> str | None:
     return (f"--slo replaces the spec's SLO ({base.describe()}): its {parts} "
             f"{'is' if len(dropped) == 1 else 'are'} not used; add {parts} to --slo to keep "
             f"{'it' if len(dropped) == 1 else 'them'}")
+# ----------------------------------------------------------------------------- SLO classes
+
+#: the class name that covers requests of any class the file does not name (or of none)
+DEFAULT_CLASS = "default"
+
+
+@dataclass(frozen=True)
+class SLOClasses:
+    """One SLO per ``slo_class`` (e.g. interactive: TTFT ≤ 1 s at 99 %; batch: E2E ≤ 10 min at
+    95 %), plus a ``default`` for requests of any other class and those without one. Read from
+    an SLO file (``load_slo_file``); docs/mix.md, "SLO classes"."""
+
+    classes: tuple[tuple[str, SLO], ...]
+    default: SLO | None = None
+    source: str | None = None
+
+    def __post_init__(self):
+        names = [c for c, _ in self.classes]
+        if len(set(names)) != len(names):
+            raise SpecError(f"SLO classes named twice: {sorted({c for c in names if names.count(c) > 1})}",
+                            field="classes", fix="give each class one SLO")
+        if not self.classes and self.default is None:
+            raise SpecError("an SLO file needs at least one class or a default",
+                            fix="e.g. classes: {interactive: {ttft_ms: 1000, attainment: 0.99}}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.classes)
+
+    def slo_for(self, slo_class: str | None) -> SLO | None:
+        """The SLO of a class (the default for a class the file does not name)."""
+        for c, s in self.classes:
+            if c == slo_class:
+                return s
+        return self.default
+
+    def describe(self) -> str:
+        parts = [f"{c}: {s.describe()}" for c, s in self.classes]
+        if self.default is not None:
+            parts.append(f"any other class: {self.default.describe()}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        out: dict = {}
+        if self.default is not None:
+            out[DEFAULT_CLASS] = self.default.to_dict()
+        out["classes"] = {c: s.to_dict() for c, s in self.classes}
+        return out
+
+    def __str__(self) -> str:
+        return "; ".join(f"{c}: {s}" for c, s in self.classes) + (
+            f"; {DEFAULT_CLASS}: {self.default}" if self.default is not None else "")
+
+
+def load_slo_file(source) -> SLOClasses:
+    """Read an SLO file (path or mapping), e.g.::
+
+        default: {ttft_ms: 2000, tpot_ms: 100, attainment: 0.99}
+        classes:
+          interactive: {ttft_ms: 1000, tpot_ms: 50, attainment: 0.99}
+          batch: "e2e_ms=600000,attainment=0.95"
+
+    Each SLO is a mapping of SLO keys or the ``key=value,…`` text ``--slo`` takes. Every bad
+    value raises SpecError with the field, the line and a fix."""
+    if isinstance(source, SLOClasses):
+        return source
+    from . import spec as S
+
+    doc = S.document(source, what="SLO classes", fix="start from templates/slo.yaml (docs/mix.md, SLO classes)")
+    with doc.located():
+        raw = S.mapping(doc.data, "", known=(DEFAULT_CLASS, "classes"), what="SLO file", optional=False,
+                        example="classes: {interactive: {ttft_ms: 1000, attainment: 0.99}}")
+        default = _slo_at(raw.get(DEFAULT_CLASS), DEFAULT_CLASS)
+        classes = tuple((str(c), _slo_at(v, S.join("classes", c), required=True))
+                        for c, v in S.mapping(raw.get("classes"), "classes").items())
+        if any(c == DEFAULT_CLASS for c, _ in classes):
+            S.fail(S.join("classes", DEFAULT_CLASS), f"'{DEFAULT_CLASS}' is not a class name here",
+                   f"write the default SLO at the top level ({DEFAULT_CLASS}: ...)")
+        return SLOClasses(classes=classes, default=default, source=doc.file)
+
+
+def _slo_at(value, field: str, required: bool = False) -> SLO | None:
+    from . import spec as S
+
+    if value is None:
+        if required:
+            S.fail(field, f"{field} has no SLO", "e.g. {ttft_ms: 1000, attainment: 0.99}")
+        return None
+    if not isinstance(value, (str, dict)):
+        S.fail(field, f"{field} must be an SLO mapping or text, got {S.describe(value)}",
+               "e.g. {ttft_ms: 1000, tpot_ms: 50, attainment: 0.99}")
+    try:
+        return SLO.parse(value)
+    except SpecError as exc:
+        S.fail(field + (f".{exc.field}" if exc.field else ""), exc.message, exc.fix)

@@ -33,13 +33,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "contract", "version", "io")),
     ("kit", ("spec", "slo", "sketch", "earlystop", "periods", "resources")),
     ("study", ("study", "telemetry", "importers")),
-    ("measures", ("metrics", "validate", "cost")),
+    ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "twin")),
-    ("plan", ("plan_spec", "plan_text", "plan", "forecast", "sensitivity", "candidates")),
+    ("plan", ("plan_spec", "plan_text", "plan", "forecast", "plan_bounds", "sensitivity", "candidates")),
     ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "provenance", "report_index",
-                      "report")),
+                      "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
 

@@ -15,8 +15,11 @@ from ..errors import SpecError
 
 @click.command("envelope")
 @click.argument("study", type=click.Path())
-@click.option("--slo", "slo_text", required=True,
+@click.option("--slo", "slo_text", default=None,
               help="SLO, e.g. ttft_ms=2000,tpot_ms=100,attainment=0.99")
+@click.option("--slo-file", "slo_file", default=None, type=click.Path(),
+              help="one SLO per slo_class (see templates/slo.yaml): C_SLO where every class meets its "
+                   "target, the binding class named")
 @click.option("--confidence", type=float, default=0.95, show_default=True,
               help="confidence of the interval and of the one-sided lower bound")
 @click.option("--reps", type=int, default=1000, show_default=True, help="bootstrap replicates")
@@ -28,11 +31,16 @@ from ..errors import SpecError
 @click.option("--warmup", default="manifest", show_default=True,
               help="manifest (else MSER-5), mser, none, or seconds")
 @click.option("--out", "out", type=click.Path(), default=None, help="write the result as JSON")
-def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, out) -> int:
+def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, out) -> int:
     """Fit the SLO capacity envelope of a load sweep."""
     from ..envelope import fit_envelope, fit_summary_table
     from ..slo import SLO
 
+    if (slo_text is None) == (slo_file is None):
+        raise SpecError("give the SLO with --slo, or one SLO per class with --slo-file (not both)",
+                        field="--slo", fix="e.g. --slo ttft_ms=2000,attainment=0.99, or --slo-file slo.yaml")
+    if slo_file is not None:
+        return _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out)
     slo = SLO.parse(slo_text)
     if not (0.5 < confidence < 1.0):
         raise SpecError(f"--confidence must be between 0.5 and 1, got {confidence}",
@@ -52,5 +60,27 @@ def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, out)
     click.echo(env.to_text())
     if out:
         env.to_json(out)
+        click.echo(f"\nwrote {out}")
+    return 0
+
+
+def _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out) -> int:
+    """`--slo-file`: the joint C_SLO over SLO classes (capplan.mix.classes)."""
+    from ..mix.classes import fit_classes
+
+    try:
+        w = float(warmup)
+    except ValueError:
+        w = warmup
+    fit = fit_classes(study, slo_file, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
+                      block_len=block_len, warmup=w)
+    click.echo(fit.to_text())
+    click.echo("")
+    pr = fit.per_run()
+    cols = [c for c in ("run_id", "slo_class", "x", "n", "attainment", "att_ci_low", "att_ci_high", "target",
+                        "usable") if c in pr.columns]
+    click.echo(pr[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if out:
+        fit.to_json(out)
         click.echo(f"\nwrote {out}")
     return 0

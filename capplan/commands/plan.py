@@ -50,12 +50,17 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
 
         st = open_study(study)
         study_hash = st.content_hash()
+    if slo is not None:  # --slo plans with that one SLO, not the spec's SLO classes
+        import dataclasses
+
+        spec = dataclasses.replace(spec, slo_classes=None)
     if time_:
         from ..export import created_time
 
         created_time(time_)  # a bad --time fails before the fit
-    plan = make_plan(spec, capacity=capacity_rps, study=st, slo=spec.slo, as_of=time_)
-    params = {"study": study, "spec": spec_path, "slo": str(spec.slo) if spec.slo else None,
+    plan = make_plan(spec, capacity=capacity_rps, study=st, as_of=time_)
+    params = {"study": study, "spec": spec_path,
+              "slo": (str(spec.slo) if spec.slo else None) if spec.slo_classes is None else str(spec.slo_classes),
               "capacity_rps": capacity_rps, "use": spec.capacity.use, "reps": spec.capacity.reps,
               "seed": spec.capacity.seed, "confidence": spec.capacity.confidence,
               "gpus_per_replica": gpus_per_replica}
