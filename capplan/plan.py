@@ -47,6 +47,7 @@ from . import plan_bounds
 from .errors import SpecError
 from .periods import Period, next_quarter_start, quarter_from_label, reference_day
 from .periods import quarters as quarters_from
+from . import plan_text
 from .plan_text import plural, policy_text  # noqa: F401  (policy_text re-exported)
 from .plan_text import assumptions as assumption_rows
 from .plan_spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
@@ -239,43 +240,16 @@ class Plan:
     def months_frame(self):
         """One row per month of the horizon (the fleet of its quarter): month, first day,
         quarter, billed GPUs, cost."""
-        import pandas as pd
-
-        from .periods import months_of
-
-        rows = []
-        for q in self.quarters:
-            if q.start is None:
-                continue
-            month = q.cost_usd_per_month if q.cost_usd_per_month is not None else q.cost_usd_per_quarter / 3
-            for m in months_of(_period(q)):
-                rows.append([m.label, m.start, m.end, q.label, q.billed_gpus, month])
-        return pd.DataFrame(rows, columns=["month", "start", "end", "quarter", "billed_gpus",
-                                           "cost_usd_per_month"])
+        return plan_text.months_frame(self)
 
     def years_frame(self):
-        """Totals per plan year (4 quarters from the start; a shorter last year is marked
-        incomplete) and over the whole horizon."""
-        import pandas as pd
-
-        rows = []
-        qs = list(self.quarters)
-        for i in range(0, len(qs), 4):
-            part = qs[i:i + 4]
-            label = f"year {i // 4 + 1}" + ("" if len(part) == 4 else f" ({plural(len(part), 'quarter')} of 4)")
-            rows.append([label, part[0].start, part[-1].end, len(part),
-                         sum(q.cost_usd_per_quarter for q in part)])
-        if len(rows) > 1:
-            rows.append(["whole horizon", qs[0].start, qs[-1].end, len(qs),
-                         sum(q.cost_usd_per_quarter for q in qs)])
-        return pd.DataFrame(rows, columns=["period", "start", "end", "quarters", "cost_usd"])
+        """Totals per plan year (4 quarters from the start; a shorter last year is labelled
+        so) and over the horizon."""
+        return plan_text.years_frame(self)
 
     def assumptions_frame(self):
         """assumption, value (a number or text), unit, note."""
-        import pandas as pd
-
-        return pd.DataFrame([{"assumption": a, "value": v, "unit": u, "note": n} for a, v, u, n in self.assumptions],
-                            columns=["assumption", "value", "unit", "note"])
+        return plan_text.assumptions_frame(self)
 
     @property
     def summary(self) -> str:
@@ -319,32 +293,7 @@ class Plan:
         """What the plan is, in words (label, text): name, tenant, period, SLO, capacity used,
         failure policy, rollout, prices, checks. Each report and export states these, so two
         plans with different specs never look alike."""
-        sp = self.spec
-        p = sp.prices
-        out = [("plan", sp.name)]
-        if sp.tenant:
-            out.append(("tenant", sp.tenant))
-        if self.quarters and self.quarters[0].start is not None:
-            q0, qn = self.quarters[0], self.quarters[-1]
-            out.append(("period", f"{q0.label} to {qn.label} ({q0.start.isoformat()} to {qn.end.isoformat()}, "
-                                  f"{plural(len(self.quarters), 'quarter')})" if len(self.quarters) > 1
-                        else f"{q0.label} ({q0.start.isoformat()} to {q0.end.isoformat()})"))
-        if self.slo is not None:
-            out.append(("SLO", self.slo.describe()))
-        out.append(("capacity used", f"{self.capacity.rps_per_group:.4g} req/s per replica group "
-                                     f"({self.capacity.source})"))
-        out.append(("failure policy", policy_text(sp)))
-        r = sp.rollout
-        out.append(("rollout", f"max surge {plural(r.max_surge, 'group')}, max unavailable "
-                               f"{plural(r.max_unavailable, 'group')}, canary {plural(r.canary_groups, 'group')}"))
-        price = (f"${p.usd_per_gpu_hour:,.2f} per GPU-hour + {p.overhead_pct:g} % overhead; "
-                 + ("whole nodes billed" if p.billing == "node" else "only the groups' GPUs billed"))
-        if p.usd_per_kwh:
-            price += f"; electricity ${p.usd_per_kwh:,.3g}/kWh at PUE {p.pue:g}"
-        out.append(("prices", price))
-        out.append(("checks", "all pass" if self.ok else
-                    "FAILED: " + "; ".join(c.sentence for c in self.checks if not c.ok)))
-        return out
+        return plan_text.about(self)
 
     def figure(self):
         """Waterfall of replica groups: traffic, failure, rollout, cold start, warm floor."""

@@ -134,3 +134,79 @@ def assumptions(spec, cap, facts, mean_to_peak_default) -> list[tuple[str, Any, 
         out.append(("operating point", "peak ÷ groups", "",
                     "good fraction, tokens and energy are read from the study at the peak spread over all groups"))
     return out
+
+
+def months_frame(plan):
+    """One row per month of the horizon (the fleet of its quarter): month, first day,
+    quarter, billed GPUs, cost."""
+    import pandas as pd
+
+    from .periods import Period, months_of
+
+    rows = []
+    for q in plan.quarters:
+        if q.start is None:
+            continue
+        month = q.cost_usd_per_month if q.cost_usd_per_month is not None else q.cost_usd_per_quarter / 3
+        for m in months_of(Period(q.label, q.start, q.end)):
+            rows.append([m.label, m.start, m.end, q.label, q.billed_gpus, month])
+    return pd.DataFrame(rows, columns=["month", "start", "end", "quarter", "billed_gpus",
+                                       "cost_usd_per_month"])
+
+
+def years_frame(plan):
+    """Totals per plan year (4 quarters from the start; a shorter last year is labelled
+    "year 2 (2 quarters of 4)") and over the whole horizon."""
+    import pandas as pd
+
+    rows = []
+    qs = list(plan.quarters)
+    for i in range(0, len(qs), 4):
+        part = qs[i:i + 4]
+        label = f"year {i // 4 + 1}" + ("" if len(part) == 4 else f" ({plural(len(part), 'quarter')} of 4)")
+        rows.append([label, part[0].start, part[-1].end, len(part),
+                     sum(q.cost_usd_per_quarter for q in part)])
+    if len(rows) > 1:
+        rows.append(["whole horizon", qs[0].start, qs[-1].end, len(qs),
+                     sum(q.cost_usd_per_quarter for q in qs)])
+    return pd.DataFrame(rows, columns=["period", "start", "end", "quarters", "cost_usd"])
+
+
+def assumptions_frame(plan):
+    """assumption, value (a number or text), unit, note."""
+    import pandas as pd
+
+    return pd.DataFrame([{"assumption": a, "value": v, "unit": u, "note": n} for a, v, u, n in plan.assumptions],
+                        columns=["assumption", "value", "unit", "note"])
+
+
+def about(plan) -> list[tuple[str, str]]:
+    """What the plan is, in words (label, text): name, tenant, period, SLO, capacity used,
+    failure policy, rollout, prices, checks. Each report and export states these, so two
+    plans with different specs never look alike."""
+    sp = plan.spec
+    p = sp.prices
+    out = [("plan", sp.name)]
+    if sp.tenant:
+        out.append(("tenant", sp.tenant))
+    if plan.quarters and plan.quarters[0].start is not None:
+        q0, qn = plan.quarters[0], plan.quarters[-1]
+        out.append(("period", f"{q0.label} to {qn.label} ({q0.start.isoformat()} to {qn.end.isoformat()}, "
+                              f"{plural(len(plan.quarters), 'quarter')})" if len(plan.quarters) > 1
+                    else f"{q0.label} ({q0.start.isoformat()} to {q0.end.isoformat()})"))
+    if plan.slo is not None:
+        out.append(("SLO", plan.slo.describe()))
+    out.append(("capacity used", f"{plan.capacity.rps_per_group:.4g} req/s per replica group "
+                                 f"({plan.capacity.source})"))
+    out.append(("failure policy", policy_text(sp)))
+    r = sp.rollout
+    out.append(("rollout", f"max surge {plural(r.max_surge, 'group')}, max unavailable "
+                           f"{plural(r.max_unavailable, 'group')}, canary {plural(r.canary_groups, 'group')}"))
+    price = (f"${p.usd_per_gpu_hour:,.2f} per GPU-hour + {p.overhead_pct:g} % overhead; "
+             + ("whole nodes billed" if p.billing == "node" else "only the groups' GPUs billed"))
+    if p.usd_per_kwh:
+        price += f"; electricity ${p.usd_per_kwh:,.3g}/kWh at PUE {p.pue:g}"
+    out.append(("prices", price))
+    out.append(("checks", "all pass" if plan.ok else
+                "FAILED: " + "; ".join(c.sentence for c in plan.checks if not c.ok)))
+    return out
