@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "compare": "compare",
     "kv": "kv",
     "mix": "mix",
+    "twin": "twin",
 }
 
 

@@ -50,6 +50,8 @@ REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
 )
 #: The comparison page, added when the report is given a baseline study.
 COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate")
+#: The twin page, added when the report is given a twin (capplan/twin; docs/twin.md).
+TWIN_NOTEBOOK: tuple[str, str] = ("06-twin.ipynb", "Twin: measured vs simulated")
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
@@ -306,6 +308,7 @@ class ReportParams:
     time: str = ""  # provenance time of the plan export (ISO, UTC)
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
+    twin: Path | None = None  # twin.yaml: adds the twin page (06-twin)
     notes: tuple[str, ...] = ()  # said out loud before the notebooks run (e.g. what --slo dropped)
 
     def provenance_rows(self, study_name: str, study_hash: str,
@@ -317,6 +320,8 @@ class ReportParams:
             if baseline:
                 rows += [("baseline name", baseline[0]), ("baseline sha256", baseline[1])]
             rows += [("gates", str(self.gates) if self.gates else "defaults")]
+        if self.twin is not None:
+            rows += [("twin", str(self.twin))]
         rows += [("plan spec", str(self.spec)), ("SLO", self.slo), ("confidence", f"{self.confidence:g}"),
                  ("bootstrap replicates", str(self.reps)), ("seed", str(self.seed)),
                  ("provenance time", self.time), ("capplan", __version__)]
@@ -336,9 +341,21 @@ class ReportParams:
         return {**self.notebook_parameters(artifacts_dir), "baseline": str(self.baseline),
                 "gates": str(self.gates) if self.gates else ""}
 
+    def twin_parameters(self, artifacts_dir: Path) -> dict:
+        """Notebook 6's parameters: the usual set plus the twin file."""
+        return {**self.notebook_parameters(artifacts_dir), "twin_path": str(self.twin)}
+
+    def parameters_for(self, name: str, artifacts_dir: Path) -> dict:
+        if name == COMPARE_NOTEBOOK[0]:
+            return self.compare_parameters(artifacts_dir)
+        if name == TWIN_NOTEBOOK[0]:
+            return self.twin_parameters(artifacts_dir)
+        return self.notebook_parameters(artifacts_dir)
+
     def notebooks(self) -> tuple[tuple[str, str], ...]:
         """(file name, page title) of the report's notebooks, in page order."""
-        return REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
+        return (REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
+                + ((TWIN_NOTEBOOK,) if self.twin else ()))
 
 
 @dataclass(frozen=True)
@@ -394,8 +411,19 @@ def _open_baseline(baseline) -> Path:
     return path
 
 
+def _resolve_twin(twin) -> Path | None:
+    """The twin file, read once so that a bad one fails before any kernel starts."""
+    if not twin:
+        return None
+    from .twin import load_twin
+
+    path = Path(twin).expanduser().resolve()
+    load_twin(path)
+    return path
+
+
 def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, confidence=None,
-                   time: str | None = None, baseline=None, gates=None):
+                   time: str | None = None, baseline=None, gates=None, twin=None):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
     SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
     ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
@@ -453,7 +481,7 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
             load_gates(gates_path)  # a bad gates file fails here, not in the kernel
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
-                          baseline=baseline_path, gates=gates_path, notes=notes)
+                          baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin), notes=notes)
     return params, opened
 
 
@@ -523,7 +551,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   seed: int | None = None, reps: int | None = None,
                   confidence: float | None = None, time: str | None = None,
                   notebooks: Path | None = None, jobs: int | None = None,
-                  baseline=None, gates=None, command: list[str] | None = None,
+                  baseline=None, gates=None, twin=None, command: list[str] | None = None,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
     spec's; ``time`` (ISO) is the provenance time of the plan and comparison exports (default:
@@ -534,8 +562,9 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     comparison's verdict is shown, it does not fail the report; studies that cannot be
     compared (different offered workload or SLO) raise NotebookInputError (exit 2).
     When several notebooks fail, a bad-input error (exit 2) is reported first, else the first
-    in page order. ``command`` (the argv that asked for the report) goes into the provenance
-    bundle and reproduce.md."""
+    in page order. ``twin`` (twin.yaml) adds the twin page (06-twin: the twin's parameters and
+    its check against the study, check.json under data/twin). ``command`` (the argv that asked
+    for the report) goes into the provenance bundle and reproduce.md."""
     from .glossary import glossary_html, link_terms
     from .io import atomic_dir, write_text_atomic
     from .provenance import write_bundle
@@ -545,7 +574,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     say = progress or (lambda _msg: None)
     params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
                                     confidence=confidence, time=time, baseline=baseline,
-                                    gates=gates)
+                                    gates=gates, twin=twin)
     report_nbs = params.notebooks()
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     missing = [n for n, _ in report_nbs if not (nb_dir / n).is_file()]
@@ -577,8 +606,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         (tmp / "notebooks").mkdir()
         (tmp / "data").mkdir()
         data = tmp / "data"
-        runs = [(name, params.compare_parameters(data) if (name, title) == COMPARE_NOTEBOOK
-                 else params.notebook_parameters(data)) for name, title in report_nbs]
+        runs = [(name, params.parameters_for(name, data)) for name, _title in report_nbs]
         executed = _execute_all(nb_dir, runs, kernel=kernel, cwd=tmp,
                                 jobs=jobs or len(runs), say=say, seconds=seconds)
         for (name, title), nb in zip(report_nbs, executed):
@@ -600,12 +628,18 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,
                 "time": params.time, "notes": list(params.notes), "command": command or [],
                 "pages": [p for p, _ in pages], "exports": exports}
+        if params.twin is not None:
+            import hashlib
+
+            meta.update({"twin": str(params.twin),
+                         "twin_sha256": hashlib.sha256(params.twin.read_bytes()).hexdigest()})
         if base_info:
             meta.update({"baseline": str(params.baseline), "baseline_name": base_info[0],
                          "baseline_sha256": base_info[1],
                          "gates": str(params.gates) if params.gates else None})
         write_text_atomic(tmp / "report.json", json.dumps(meta, indent=2) + "\n")
-        inputs = [params.study, params.spec] + [x for x in (params.baseline, params.gates) if x is not None]
+        inputs = [params.study, params.spec] + [x for x in (params.baseline, params.gates, params.twin)
+                                                if x is not None]
         write_bundle(tmp, inputs=inputs, command=command, study=params.study, study_hash=study_hash,
                      spec=params.spec, time=params.time, baseline=params.baseline)
     total = perf_counter() - t_start

@@ -31,12 +31,15 @@ from .. import report as R
 @click.option("--gates", type=click.Path(path_type=str), default=None,
               help="Gates YAML of the comparison (with --baseline) "
                    "[default: the templates/gates.yaml defaults].")
+@click.option("--twin", type=click.Path(path_type=str), default=None,
+              help="twin.yaml (capplan twin fit): adds the twin page (06-twin) with its check "
+                   "against STUDY, and data/twin/check.json.")
 @click.option("--notebooks", "notebooks", type=click.Path(path_type=str), default=None,
               help="Folder with your own 01-explore/02-envelope/03-plan (and 05-compare) "
                    "notebooks [default: the bundled ones].")
 @click.option("--jobs", type=click.IntRange(1, 8), default=None,
               help="Notebooks executed at once, one kernel each [default: all of them].")
-def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, notebooks, jobs):
+def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, twin, notebooks, jobs):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
     With --baseline, the comparison notebook runs too (baseline vs STUDY); its gate verdict
@@ -47,7 +50,7 @@ def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, n
     that cannot be compared, exit 2 with nothing written."""
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
                              confidence=confidence, time=time_, notebooks=notebooks,
-                             jobs=jobs, baseline=baseline, gates=gates,
+                             jobs=jobs, baseline=baseline, gates=gates, twin=twin,
                              command=(click.get_current_context().find_root().obj or {}).get("argv"))
     click.echo(f"report: {result.index}")
     return 0

@@ -12,7 +12,16 @@ Model (vLLM-like, one FIFO queue per replica):
   most recently admitted sequence is preempted *by recompute*: its blocks are freed and it
   returns to the front of the queue; on re-admission it prefills prompt + tokens generated so
   far, and its stream continues (the client sees one long gap);
-- the iteration time comes from a :class:`ServiceModel`.
+- the iteration time comes from a :class:`ServiceModel`;
+- ``prefill="separate"`` (the twin's choice when the data show that a prompt does not slow the
+  running decodes) moves prefill off the batch: an admitted sequence computes its prompt on a
+  prefill lane (``prefill_overhead_ms + prefill_ms_per_token × prompt``; ``prefill_lanes`` at
+  once, unbounded by default; each lane time × a per-request factor ``prefill_scale`` when
+  given, e.g. lognormal jitter), emits its first token when the lane finishes and joins the
+  decode batch at the next iteration boundary; decode iterations then take
+  ``decode_step_ms(decoding sequences)`` only and the token budget does not apply;
+- ``fault`` (open loop) marks requests the server fails whatever the load: 1 = an immediate
+  error, 2 = a stall (never served; the client gives up at its deadline).
 
 Speed: between scheduling events (arrival that can be admitted, completion, KV block shortage,
 client deadline, end of run) the batch is constant, so k decode iterations of equal length are
@@ -55,6 +64,9 @@ class ReplicaParams:
     max_model_len: int = 16_384
     queue_limit: int | None = 512
     service: ServiceModel = DEFAULT_SERVICE_MODEL
+    prefill: str = "mixed"  # "mixed": chunks inside the batch iteration | "separate": own lanes
+    prefill_lanes: int | None = None  # separate prefill: prompts computed at once (None: any)
+    prefill_jitter_cv: float = 0.0  # separate prefill: CV of a lognormal factor (mean 1) on each lane time
 
     def __post_init__(self):
         checks = [
@@ -65,10 +77,14 @@ class ReplicaParams:
             ("kv_watermark", 0.0 <= self.kv_watermark < 0.5),
             ("max_model_len", self.max_model_len >= 2),
             ("queue_limit", self.queue_limit is None or self.queue_limit >= 0),
+            ("prefill", self.prefill in ("mixed", "separate")),
+            ("prefill_lanes", self.prefill_lanes is None or self.prefill_lanes >= 1),
+            ("prefill_jitter_cv", 0.0 <= self.prefill_jitter_cv <= 5.0),
         ]
         for name, ok in checks:
             if not ok:
-                fix = {"token_budget": "token_budget must be ≥ max_batch (every running sequence decodes each iteration)"}
+                fix = {"token_budget": "token_budget must be ≥ max_batch (every running sequence decodes each iteration)",
+                       "prefill": "mixed (prompt chunks inside the batch iteration) or separate (own prefill lanes)"}
                 raise SpecError(f"replica.{name} is out of range: {getattr(self, name)!r}",
                                 field=f"replica.{name}", fix=fix.get(name, "see docs/synth.md"))
         usable = int(self.kv_blocks * (1.0 - self.kv_watermark)) * self.block_size
@@ -112,13 +128,17 @@ class SimResult:
     seg_k: list  # per replica: iterations in the segment
     seg_tok: list  # per replica: tokens computed per iteration (decode + prefill)
     stats: dict = field(default_factory=dict)
+    #: separate prefill: tokens emitted off the iteration grid (when a prefill lane finishes),
+    #: one row each: request and time. None in mixed mode.
+    xtok_rid: np.ndarray | None = None
+    xtok_ns: np.ndarray | None = None
 
 
 class _Rep:
     __slots__ = ("idx", "it", "wake", "t0", "step", "k", "kind", "tok", "waiting", "nwait",
                  "running", "ndec", "prefilling", "H", "used", "fin_heap", "dl_heap", "pf_done",
                  "seg_i0", "seg_t0", "seg_step", "seg_k", "seg_tok", "assigned", "done", "stopped",
-                 "preemptions", "max_wait")
+                 "preemptions", "max_wait", "pf_heap", "lanes_busy")
 
     def __init__(self, idx: int, bs: int):
         self.idx = idx
@@ -149,6 +169,8 @@ class _Rep:
         self.stopped = False
         self.preemptions = 0
         self.max_wait = 0
+        self.pf_heap: list = []  # separate prefill: (ready_ns, rid) of prompts on a lane
+        self.lanes_busy = 0
 
 
 def _needs(H, it, k, bs, n):
@@ -190,9 +212,12 @@ def _max_k(H, it, free, bs, n):
 def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s: float,
              sched_ns: np.ndarray | None = None, input_tokens: np.ndarray | None = None,
              output_tokens: np.ndarray | None = None, tenant: np.ndarray | None = None,
-             closed: ClosedLoop | None = None, draw=None, progress=None) -> SimResult:
+             closed: ClosedLoop | None = None, draw=None, progress=None,
+             fault: np.ndarray | None = None, prefill_scale: np.ndarray | None = None) -> SimResult:
     """Simulate one run. Open loop: pass sorted ``sched_ns`` with the lengths (and tenant
-    indices). Closed loop: pass ``closed`` and ``draw(n) -> (input, output, tenant)`` arrays.
+    indices, and optionally ``fault`` codes: 1 error, 2 stall, and ``prefill_scale``: a factor
+    on each request's prefill-lane time, separate prefill only). Closed loop: pass ``closed``
+    and ``draw(n) -> (input, output, tenant)`` arrays.
 
     Requests unresolved at ``end_s`` (the hard stop, normally duration + drain) get status
     ``timeout`` when their client deadline had passed by then, else ``cancelled``; tokens
@@ -212,6 +237,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     timeout_ns = int(round(timeout_s * 1e9))
     end_ns = int(round(end_s * 1e9))
     reps = [_Rep(i, bs) for i in range(n_replicas)]
+    sep = params.prefill == "separate"
+    lanes = params.prefill_lanes if params.prefill_lanes is not None else INF
+    if fault is not None and closed is not None:
+        raise SpecError("fault codes work only for open-loop simulations", field="fault")
 
     # per-request state (python lists: fast scalar access)
     if closed is None:
@@ -239,6 +268,14 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     adm = [-1] * n0
     rep_of = [-1] * n0
     st_rid, st_rep, st_p, st_cnt = [], [], [], []
+    flt = fault.tolist() if fault is not None else None
+    if prefill_scale is not None and (closed is not None or not sep):
+        raise SpecError("prefill_scale works only for open-loop runs with separate prefill", field="prefill_scale")
+    pfs = prefill_scale.tolist() if prefill_scale is not None else None
+    ready_t = [0] * n0  # separate prefill: when the prompt on its lane is done
+    lane_tok = [False] * n0  # separate prefill: the current stint's first token came off-grid
+    xt_rid: list = []
+    xt_ns: list = []
 
     # closed loop bookkeeping
     cheap: list = []
@@ -280,6 +317,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         ekey.append(0)
         adm.append(-1)
         rep_of.append(-1)
+        ready_t.append(0)
+        lane_tok.append(False)
         user_of.append(u)
         reissued.append(False)
         rid = len(sched) - 1
@@ -297,6 +336,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             seqno[0] += 1
 
     def stint(rid, r, p, cnt):
+        if lane_tok[rid]:  # its first token was sent when the prefill lane finished
+            lane_tok[rid] = False
+            p += 1
+            cnt -= 1
         if cnt > 0:
             st_rid.append(rid)
             st_rep.append(r)
@@ -332,6 +375,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.prefilling.remove(rid)
             del R.running[rid]
             R.assigned -= rem[rid] + (out[rid] - gen[rid] - 1)
+            if sep:
+                R.lanes_busy -= 1
         state[rid] = DONE
         status[rid] = end_status(rid)  # called at the deadline or at the end of the run
         resolved(rid, now)
@@ -368,12 +413,16 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.prefilling.remove(rid)
             del R.running[rid]
             R.assigned += plen[rid] - rem[rid]
+            if sep:
+                R.lanes_busy -= 1
         state[rid] = WAITING
         R.waiting.appendleft(rid)
         R.nwait += 1
         R.preemptions += 1
 
-    def plan(R, now):
+    def make_room(R, now):
+        """Drop expired queued requests and preempt until the next decode step's KV blocks fit;
+        returns the blocks that step needs."""
         purge(R, now)
         it = R.it
         H = R.H
@@ -381,6 +430,90 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         while R.ndec and R.used + need1 > kv_total:
             preempt_one(R)
             need1 = H[(-it) % bs] if R.ndec else 0
+        return need1
+
+    def go_idle(R):
+        if R.nwait:
+            raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
+                               "(max_model_len larger than the KV cache?)")
+        R.kind = 0
+        R.k = 0
+        R.wake = INF
+
+    def admit_head(R, now, need1):
+        """Admit the head of the queue (FIFO) when the KV cache can hold its prompt; returns
+        its index, or −1 when the queue is empty or the head must wait."""
+        w = R.waiting
+        while R.nwait:
+            h = w[0]
+            if state[h] != WAITING:
+                w.popleft()
+                continue
+            if dl[h] <= now:
+                w.popleft()
+                expire_waiting(R, h, now)
+                continue
+            L = inp[h] + gen[h]
+            need = -(-L // bs)
+            if R.used + need + need1 > admit_cap:
+                return -1
+            w.popleft()
+            R.nwait -= 1
+            state[h] = PREFILL
+            plen[h] = L
+            rem[h] = L
+            R.used += need
+            R.running[h] = 1
+            R.prefilling.append(h)
+            if adm[h] < 0:
+                adm[h] = now
+            heapq.heappush(R.dl_heap, (dl[h], h))
+            return h
+        return -1
+
+    def decode_span(R, now, until):
+        """Commit k decode-only iterations: up to the next finish, client deadline, end of
+        run, KV block shortage or ``until`` (a prefill lane finishing), whichever comes first."""
+        it = R.it
+        n_dec = R.ndec
+        step = table[n_dec]
+        fh = R.fin_heap
+        while True:
+            f, rid = fh[0]
+            if state[rid] == DECODE and fin[rid] == f:
+                break
+            heapq.heappop(fh)
+        k = f - it + 1
+        dh = R.dl_heap
+        while dh and state[dh[0][1]] not in (PREFILL, DECODE):
+            heapq.heappop(dh)
+        if dh:
+            kd = -(-(dh[0][0] - now) // step)
+            if kd < k:
+                k = kd
+        if until < INF:
+            kr = -(-(until - now) // step)
+            if kr < k:
+                k = kr
+        ke = -(-(end_ns - now) // step)
+        if ke < k:
+            k = ke
+        free = kv_total - R.used
+        if bs * (free // n_dec) < k:
+            kk = _max_k(R.H, it, free, bs, n_dec)
+            if kk < k:
+                k = kk
+        if k < 1:
+            k = 1
+        R.kind = 1
+        R.k = k
+        R.t0 = now
+        R.step = step
+        R.tok = n_dec
+        R.wake = now + k * step
+
+    def plan(R, now):
+        need1 = make_room(R, now)
         n_dec = R.ndec
         budget = budget_tok - n_dec
         P = 0
@@ -395,32 +528,12 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             chunks.append((rid, c))
             P += c
             nseq += 1
-        w = R.waiting
         running = R.running
         while R.nwait and len(running) < max_batch and P < budget:
-            h = w[0]
-            if state[h] != WAITING:
-                w.popleft()
-                continue
-            if dl[h] <= now:
-                w.popleft()
-                expire_waiting(R, h, now)
-                continue
-            L = inp[h] + gen[h]
-            need = -(-L // bs)
-            if R.used + need + need1 > admit_cap:
+            h = admit_head(R, now, need1)
+            if h < 0:
                 break
-            w.popleft()
-            R.nwait -= 1
-            state[h] = PREFILL
-            plen[h] = L
-            rem[h] = L
-            R.used += need
-            running[h] = 1
-            R.prefilling.append(h)
-            if adm[h] < 0:
-                adm[h] = now
-            heapq.heappush(R.dl_heap, (dl[h], h))
+            L = plen[h]
             c = L if L < budget - P else budget - P
             chunks.append((h, c))
             P += c
@@ -444,44 +557,95 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.tok = n_dec + P
             R.wake = now + step
         elif n_dec:
-            step = table[n_dec]
-            fh = R.fin_heap
-            while True:
-                f, rid = fh[0]
-                if state[rid] == DECODE and fin[rid] == f:
-                    break
-                heapq.heappop(fh)
-            k = f - it + 1
+            decode_span(R, now, INF)
+        else:
+            go_idle(R)
+
+    def plan_sep(R, now):
+        """plan() for separate prefill: admit onto free prefill lanes, then run decode-only
+        iterations, cut at the next lane completion so that a finished prompt joins the batch
+        at the following boundary; with no decoding sequence, wait for a lane (kind 3)."""
+        need1 = make_room(R, now)
+        running = R.running
+        while R.nwait and len(running) < max_batch and R.lanes_busy < lanes:
+            h = admit_head(R, now, need1)
+            if h < 0:
+                break
+            L = plen[h]
+            lane_ns = kp_ns * L + over_ns
+            if pfs is not None:
+                lane_ns *= pfs[h]
+            r = now + max(1000, int(round(lane_ns / 1000.0)) * 1000)
+            ready_t[h] = r
+            heapq.heappush(R.pf_heap, (r, h))
+            R.lanes_busy += 1
+        ph = R.pf_heap
+        while ph and (state[ph[0][1]] != PREFILL or ready_t[ph[0][1]] != ph[0][0]):
+            heapq.heappop(ph)
+        if R.ndec:
+            decode_span(R, now, ph[0][0] if ph else INF)
+        elif ph:
+            t = ph[0][0]
             dh = R.dl_heap
             while dh and state[dh[0][1]] not in (PREFILL, DECODE):
                 heapq.heappop(dh)
-            if dh:
-                kd = -(-(dh[0][0] - now) // step)
-                if kd < k:
-                    k = kd
-            ke = -(-(end_ns - now) // step)
-            if ke < k:
-                k = ke
-            free = kv_total - R.used
-            if bs * (free // n_dec) < k:
-                kk = _max_k(H, it, free, bs, n_dec)
-                if kk < k:
-                    k = kk
-            if k < 1:
-                k = 1
-            R.kind = 1
-            R.k = k
-            R.t0 = now
-            R.step = step
-            R.tok = n_dec
-            R.wake = now + k * step
-        else:
-            if R.nwait:
-                raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
-                                   "(max_model_len larger than the KV cache?)")
-            R.kind = 0
+            if dh and dh[0][0] < t:
+                t = dh[0][0] if dh[0][0] > now else now
+            if t > end_ns:
+                t = end_ns if end_ns > now else now
+            R.kind = 3
             R.k = 0
-            R.wake = INF
+            R.t0 = now
+            R.step = 0
+            R.tok = 0
+            R.wake = t
+        else:
+            go_idle(R)
+
+    def lanes_done(R, now):
+        """Separate prefill: prompts whose lane finished by ``now`` send their (first) token at
+        the lane's finish time and join the decode batch from iteration ``R.it`` on."""
+        ph = R.pf_heap
+        while ph and ph[0][0] <= now:
+            r, rid = heapq.heappop(ph)
+            if state[rid] != PREFILL or ready_t[rid] != r:
+                continue
+            cutoff = dl[rid] if dl[rid] < end_ns else end_ns
+            if r > cutoff:
+                continue  # its deadline (or the end) came first: cut with the deadlines below
+            R.lanes_busy -= 1
+            R.prefilling.remove(rid)
+            R.done += rem[rid]
+            rem[rid] = 0
+            xt_rid.append(rid)
+            xt_ns.append(r)
+            lane_tok[rid] = True
+            prompt_done(R, rid, now, True)  # books as if a prefill iteration had just ended
+
+    def prompt_done(R, rid, now, on_time):
+        """rid's prompt is computed by iteration R.it − 1 (its token counts when ``on_time``):
+        it is done when it wanted one token, else it decodes from iteration R.it on."""
+        it = R.it
+        p = it - 1
+        pst[rid] = p
+        left = out[rid] - gen[rid]
+        if left <= 1:
+            cnt = 1 if on_time else 0
+            stint(rid, R.idx, p, cnt)
+            R.used -= -(-plen[rid] // bs)
+            del R.running[rid]
+            state[rid] = DONE
+            status[rid] = OK if cnt else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
+            resolved(rid, now)
+        else:
+            state[rid] = DECODE
+            e = (plen[rid] - it) % bs
+            ekey[rid] = e
+            R.H[e] += 1
+            R.ndec += 1
+            f = p + left - 1
+            fin[rid] = f
+            heapq.heappush(R.fin_heap, (f, rid))
 
     def record(R, t0, step, k, tok):
         if k <= 0:
@@ -510,28 +674,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         it = R.it
         if kind == 2 and R.pf_done:
             for rid in R.pf_done:
-                p = it - 1
-                pst[rid] = p
-                left = out[rid] - gen[rid]
-                if left <= 1:
-                    cutoff = dl[rid] if dl[rid] < end_ns else end_ns
-                    cnt = 1 if now <= cutoff else 0
-                    stint(rid, R.idx, p, cnt)
-                    R.used -= -(-plen[rid] // bs)
-                    del R.running[rid]
-                    state[rid] = DONE
-                    status[rid] = OK if cnt else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
-                    resolved(rid, now)
-                else:
-                    state[rid] = DECODE
-                    e = (plen[rid] - it) % bs
-                    ekey[rid] = e
-                    R.H[e] += 1
-                    R.ndec += 1
-                    f = p + left - 1
-                    fin[rid] = f
-                    heapq.heappush(R.fin_heap, (f, rid))
+                prompt_done(R, rid, now, now <= (dl[rid] if dl[rid] < end_ns else end_ns))
             R.pf_done = []
+        if sep and R.pf_heap:
+            lanes_done(R, now)
         fh = R.fin_heap
         while fh and fh[0][0] <= it - 1:
             f, rid = heapq.heappop(fh)
@@ -563,9 +709,16 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.kind = 0
             R.wake = INF
             return
-        plan(R, now)
+        if sep:
+            plan_sep(R, now)
+        else:
+            plan(R, now)
 
     def arrive(rid, t):
+        if flt is not None and flt[rid]:  # a fault: the server fails it whatever the load
+            state[rid] = DONE
+            status[rid] = ERROR if flt[rid] == 1 else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
+            return
         if inp[rid] + out[rid] > max_len:
             state[rid] = DONE
             status[rid] = ERROR
@@ -581,7 +734,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             if R.nwait >= qlim:
                 continue
             w = R.assigned - R.done
-            if R.kind:
+            if R.kind == 1 or R.kind == 2:
                 j = (t - R.t0) // R.step
                 w -= (j if j < R.k else R.k) * R.tok
             if w < bw:
@@ -603,11 +756,13 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         if R.kind == 0:
             R.wake = t
         elif R.kind == 1 and was_empty and len(R.running) < max_batch \
-                and R.used + -(-inp[rid] // bs) <= admit_cap:
+                and R.used + -(-inp[rid] // bs) <= admit_cap and R.lanes_busy < lanes:
             j = -(-(t - R.t0) // R.step)
             if j < R.k:
                 R.k = j
                 R.wake = R.t0 + j * R.step
+        elif R.kind == 3 and was_empty and len(R.running) < max_batch and R.lanes_busy < lanes:
+            R.wake = t  # prefill lanes work off the batch: admit at once
 
     # ---- main loop ----
     ai = 0
@@ -674,4 +829,6 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         stint_first_iter=np.asarray(st_p, dtype=np.int64), stint_count=np.asarray(st_cnt, dtype=np.int64),
         seg_i0=seg("seg_i0"), seg_t0=seg("seg_t0"), seg_step=seg("seg_step"), seg_k=seg("seg_k"), seg_tok=seg("seg_tok"),
         stats=stats,
+        xtok_rid=np.asarray(xt_rid, dtype=np.int64) if sep else None,
+        xtok_ns=np.asarray(xt_ns, dtype=np.int64) if sep else None,
     )
