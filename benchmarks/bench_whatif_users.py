@@ -63,16 +63,21 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def kernels(pid: int) -> int:
-    n = 0
+def kernel_pids(pid: int) -> set[int]:
+    """The kernel processes under the server."""
+    out = set()
     for p in descendants(pid):
         try:
             cmd = Path(f"/proc/{p}/cmdline").read_bytes()
         except OSError:
             continue
         if b"ipykernel_launcher" in cmd or b"ipykernel" in cmd and b"-f" in cmd:
-            n += 1
-    return n
+            out.add(p)
+    return out
+
+
+def kernels(pid: int) -> int:
+    return len(kernel_pids(pid))
 
 
 def rss_mb(pid: int) -> float:
@@ -102,12 +107,19 @@ async def visit_and_leave(url: str, users: int, how: str, server_pid: int, pool:
             t0 = time.perf_counter()
             await page.goto(url, timeout=300_000)  # the page (HTML, scripts) has loaded
             t_page = time.perf_counter() - t0
-            await page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=300_000)
+            try:
+                await page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=300_000)
+            except Exception:
+                print("a page never showed the plan table; it shows:\n"
+                      + (await page.inner_text("body"))[:2000], file=sys.stderr)
+                raise
             return time.perf_counter() - t0, t_page
 
         both = await asyncio.gather(*(one(p) for p in pages))
         times, page_times = [b[0] for b in both], [b[1] for b in both]
-        during, mem = kernels(server_pid), rss_mb(server_pid)
+        # the visitors' kernels: the ones alive now (a refill started later is not theirs)
+        visitors = kernel_pids(server_pid)
+        during, mem = len(visitors), rss_mb(server_pid)
         for p in pages:
             await p.close(run_before_unload=(how == "unload"))
         if how == "crash":  # the browser goes away without saying goodbye
@@ -115,9 +127,10 @@ async def visit_and_leave(url: str, users: int, how: str, server_pid: int, pool:
         t_closed = time.perf_counter()
         trace, reclaimed = [], None
         while time.perf_counter() - t_closed < watch_s:
-            k = kernels(server_pid)
-            trace.append((round(time.perf_counter() - t_closed), k))
-            if k <= max(pool, 0) and reclaimed is None:
+            alive = kernel_pids(server_pid)
+            left = len(alive & visitors)
+            trace.append((round(time.perf_counter() - t_closed), len(alive), left))
+            if left == 0 and reclaimed is None:
                 reclaimed = time.perf_counter() - t_closed
             if reclaimed is not None and time.perf_counter() - t_closed > reclaimed + 4:
                 break
@@ -125,7 +138,7 @@ async def visit_and_leave(url: str, users: int, how: str, server_pid: int, pool:
         if how == "unload":
             await browser.close()
     return {"times": list(times), "page_times": page_times, "kernels_during": during, "rss_mb": mem, "trace": trace,
-            "reclaimed_after_s": reclaimed}
+            "reclaimed_after_s": reclaimed, "visitors": visitors}
 
 
 def run_variant(name: str, python: str, pool: int, args) -> dict:
@@ -161,9 +174,14 @@ def run_variant(name: str, python: str, pool: int, args) -> dict:
         before = kernels(proc.pid)
         seen = asyncio.run(visit_and_leave(f"http://127.0.0.1:{port}/?token={token}", args.users, args.close,
                                            proc.pid, pool, args.watch))
-        left = kernels(proc.pid)
+        alive = kernel_pids(proc.pid)
+        left = len(alive)
         return {"name": name, "pool": pool, "port_s": t_port, "ready_s": t_ready, "kernels_before": before,
-                "kernels_left": left, "user_kernels_left": max(0, left - max(pool, 0)), **seen}
+                "kernels_left": left, "user_kernels_left": len(alive & seen["visitors"]), **seen}
+    except Exception:
+        print(f"{name}: server log (last 3000 characters):\n"
+              + (work / "server.log").read_text(errors="replace")[-3000:], file=sys.stderr)
+        raise
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -207,7 +225,7 @@ def main() -> int:
         ps = ", ".join(f"{t:.1f}" for t in sorted(r["page_times"]))
         rec = "—" if r["reclaimed_after_s"] is None else f"{r['reclaimed_after_s']:.0f}"
         print(f"| {r['name']} | {r['ready_s']:.1f} | {ps} | {ts} | {max(r['times']):.1f} | {r['kernels_during']} "
-              f"| {r['rss_mb']:,.0f} | {r['user_kernels_left']} (of {r['kernels_left']}; pool {max(r['pool'], 0)}) "
+              f"| {r['rss_mb']:,.0f} | {r['user_kernels_left']} (of {r['kernels_left']} running; pool {max(r['pool'], 0)}) "
               f"| {rec} |")
     base = next((r for r in results if r["name"] == "baseline"), None)
     if base:
@@ -216,7 +234,7 @@ def main() -> int:
                 print(f"{r['name']}: slowest user {max(base['times']) / max(r['times']):.1f}× faster than the "
                       "baseline")
     for r in results:
-        print(f"{r['name']}: kernels after close (s, count): {r['trace']}")
+        print(f"{r['name']}: after close (s, kernels, of them the visitors'): {r['trace']}")
     return 0
 
 
