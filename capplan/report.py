@@ -12,7 +12,7 @@ papermill and publish an offline HTML report.
    CDN, plotly.js inlined once per page, so every chart draws with the network blocked;
 4. write ``index.html`` linking the pages and the plan export (CSV/XLSX, written by notebook 3
    through ``capplan.export``; with ``baseline`` also the comparison export written by notebook 5
-   through ``capplan.compare.export_comparison``), and ``report.json`` with the parameters and
+   through ``capplan.export.export_comparison``), and ``report.json`` with the parameters and
    study hashes;
 5. save each executed notebook under ``notebooks/`` *slimmed*: figures kept as plotly JSON
    (``application/vnd.plotly.v1+json``, drawn natively by JupyterLab), without the ~4.8 MB
@@ -53,6 +53,8 @@ COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate"
 #: The twin page, added when the report is given a twin (capplan/twin; docs/twin.md).
 TWIN_NOTEBOOK: tuple[str, str] = ("06-twin.ipynb", "Twin: measured vs simulated")
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
+#: The timelines page, added when the study has system events (timeline/; docs/timeline.md).
+TIMELINE_NOTEBOOK: tuple[str, str] = ("07-timelines.ipynb", "Timelines")
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -309,6 +311,7 @@ class ReportParams:
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
     twin: Path | None = None  # twin.yaml: adds the twin page (06-twin)
+    timelines: bool = False  # the study has system events: adds the timelines page (07)
     notes: tuple[str, ...] = ()  # said out loud before the notebooks run (e.g. what --slo dropped)
 
     def provenance_rows(self, study_name: str, study_hash: str,
@@ -350,12 +353,16 @@ class ReportParams:
             return self.compare_parameters(artifacts_dir)
         if name == TWIN_NOTEBOOK[0]:
             return self.twin_parameters(artifacts_dir)
+        if name == TIMELINE_NOTEBOOK[0]:  # with a twin, the plan's checks are simulated on it
+            return {**self.notebook_parameters(artifacts_dir),
+                    "twin_path": str(self.twin) if self.twin else ""}
         return self.notebook_parameters(artifacts_dir)
 
     def notebooks(self) -> tuple[tuple[str, str], ...]:
         """(file name, page title) of the report's notebooks, in page order."""
         return (REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
-                + ((TWIN_NOTEBOOK,) if self.twin else ()))
+                + ((TWIN_NOTEBOOK,) if self.twin else ())
+                + ((TIMELINE_NOTEBOOK,) if self.timelines or self.twin else ()))
 
 
 @dataclass(frozen=True)
@@ -481,7 +488,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
             load_gates(gates_path)  # a bad gates file fails here, not in the kernel
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
-                          baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin), notes=notes)
+                          baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin),
+                          timelines=bool(opened.timeline_files), notes=notes)
     return params, opened
 
 

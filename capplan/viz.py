@@ -457,3 +457,10 @@ def checks_frame(plan) -> pd.DataFrame:
     return pd.DataFrame({"ok": ["FAILS" if not c.ok else ("holds, with a caveat" if c.caveat else "holds")
                                 for c in rows],
                          "check": [c.sentence for c in rows], "caveat": [for_readers(c.caveat) for c in rows]})
+def replace_figure(widget, fig) -> None:
+    """Put a new figure's traces and layout into a displayed ``go.FigureWidget`` in one update
+    (panels redraw in place this way)."""
+    with widget.batch_update():
+        widget.data = ()
+        widget.add_traces(list(fig.data))
+        widget.layout = fig.layout

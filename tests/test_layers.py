@@ -37,9 +37,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("statistics", ("diagnostics", "bootstrap", "reduce")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "twin")),
-    ("plan", ("plan_spec", "plan_text", "plan", "forecast", "plan_bounds", "sensitivity", "candidates")),
-    ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "provenance", "report_index",
-                      "report", "mix.panel", "mix.page")),
+    ("plan", ("plan_spec", "plan_text", "plan", "plan_dynamics", "forecast", "plan_bounds", "sensitivity",
+              "candidates")),
+    ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",
+                      "report_index", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
 

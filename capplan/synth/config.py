@@ -14,6 +14,8 @@ from pathlib import Path
 from .. import contract as C
 from .. import spec as S
 from ..errors import SpecError
+from .control import ControlSpec
+from .demand import RateProfile
 from .engine import ReplicaParams
 from .lengths import LengthDist
 from .service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
@@ -84,6 +86,10 @@ class SynthConfig:
     repeats: int = 1
     faults: FaultSpec | None = None
     raw: dict = field(default_factory=dict, compare=False, hash=False)
+    #: demand that changes during each run (open loop; replaces the constant rate), and what
+    #: the fleet does (failures, rollout, autoscaler) — set by the twin's scenario parts
+    demand: RateProfile | None = None
+    control: ControlSpec | None = None
 
     @property
     def drain(self) -> float:

@@ -224,7 +224,7 @@ class WhatIfPanel:
 
         class Failed:
             widget = root
-            panel = None
+            model = None
 
         return Failed()
 
