@@ -61,7 +61,10 @@ def app():
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        rv = app.main(args=argv, prog_name="capplan", standalone_mode=False)
+        args = list(sys.argv[1:] if argv is None else argv)
+        # the exact command, for provenance (capplan report records it)
+        rv = app.main(args=args, prog_name="capplan", standalone_mode=False,
+                      obj={"argv": ["capplan", *args]})
         if isinstance(rv, int):
             return rv
     except CapplanError as exc:

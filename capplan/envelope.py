@@ -99,18 +99,70 @@ class Surface:
     def to_frame(self) -> pd.DataFrame:
         return self.frame.copy()
 
-    def figure(self, value: str = "lower_bound"):
+    def figure(self, value: str = "lower_bound", current: tuple[float | None, float | None] | None = None):
+        """Heat map of C_SLO (``value``: lower_bound or estimate) over the limits grid, limits as
+        readable categories (ms), each cell labelled; limits where no tested rate meets the
+        target ("no capacity") are grey and say so instead of being coloured as 0; ``current``
+        (TTFT, TPOT/ITL limit) marks the SLO in use."""
         import plotly.graph_objects as go
 
         piv = self.frame.pivot(index="y_ms", columns="x_ms", values=value)
-        fig = go.Figure(go.Heatmap(z=piv.to_numpy(), x=piv.columns, y=piv.index,
-                                   colorbar={"title": "req/s"}, colorscale="Viridis"))
-        fig.update_layout(title=f"C_SLO ({value.replace('_', ' ')}) at attainment "
-                                f"{self.target:g}",
+        status = self.frame.pivot(index="y_ms", columns="x_ms", values="status")
+        z = piv.to_numpy(dtype=float)
+        none = (status.to_numpy() == STATUS_BELOW) | ~np.isfinite(z) | (z <= 0)
+        xs = [_limit_text(v) for v in piv.columns]
+        ys = [_limit_text(v) for v in piv.index]
+        label = "lower bound" if value == "lower_bound" else value.replace("_", " ")
+        fig = go.Figure(go.Heatmap(
+            z=np.where(none, np.nan, z), x=xs, y=ys, colorscale="Viridis", hoverongaps=False,
+            colorbar={"title": f"C_SLO {label}<br>(req/s)"}, name=f"C_SLO {label}",
+            hovertemplate=f"{self.x_metric.upper()} ≤ %{{x}} ms<br>{self.y_metric.upper()} ≤ %{{y}} ms<br>"
+                          f"C_SLO {label} %{{z:.3g}} req/s<extra></extra>"))
+        if none.any():
+            fig.add_trace(go.Heatmap(
+                z=np.where(none, 1.0, np.nan), x=xs, y=ys, colorscale=[[0, "#d0d0d0"], [1, "#d0d0d0"]],
+                showscale=False, hoverongaps=False, name="no capacity",
+                hovertemplate=f"{self.x_metric.upper()} ≤ %{{x}} ms<br>{self.y_metric.upper()} ≤ %{{y}} ms<br>"
+                              "no capacity: even the lowest tested rate misses the target<extra></extra>"))
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="grey: no capacity "
+                                     "(even the lowest tested rate misses the target)",
+                                     marker={"symbol": "square", "size": 12, "color": "#d0d0d0"}))
+        if current is not None and current[0] is not None and current[1] is not None:
+            cx = xs[int(np.argmin(np.abs(np.log(np.asarray(piv.columns, float) / current[0]))))]
+            cy = ys[int(np.argmin(np.abs(np.log(np.asarray(piv.index, float) / current[1]))))]
+            fig.add_trace(go.Scatter(x=[cx], y=[cy], mode="markers", name=(
+                f"current SLO ({self.x_metric.upper()} ≤ {current[0]:g} ms, {self.y_metric.upper()} ≤ "
+                f"{current[1]:g} ms)"), marker={"symbol": "star", "size": 16, "color": "crimson",
+                                                "line": {"color": "white", "width": 1}}))
+        fig.update_layout(title=f"C_SLO {label} for other latency limits, at attainment {self.target:g}",
                           xaxis_title=f"{self.x_metric.upper()} limit (ms)",
-                          yaxis_title=f"{self.y_metric.upper()} limit (ms)",
-                          xaxis_type="log", yaxis_type="log")
+                          yaxis_title=f"{self.y_metric.upper()} limit (ms)", template="plotly_white",
+                          legend={"orientation": "h", "y": -0.22}, height=520)
+        fig.update_xaxes(type="category", tickangle=-45)
+        fig.update_yaxes(type="category")
         return fig
+
+
+def _limit_text(v: float) -> str:
+    """A grid limit as a readable tick: 3 significant digits, thousands spaced (1 653, 82.6)."""
+    if not math.isfinite(v):
+        return "none"
+    r = float(f"{v:.3g}")
+    return f"{r:,.0f}".replace(",", " ") if r >= 100 else f"{r:g}"
+
+
+def _attainment_axis(values, floor: float = 0.01, ceil: float = 0.99999):
+    """Attainment on a logit scale (clipped to [floor, ceil], so 0 and 1 can be drawn)."""
+    a = np.clip(np.asarray(values, dtype=float), floor, ceil)
+    return np.log(a) - np.log1p(-a)
+
+
+_ATT_TICKS = (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999)
+
+
+def _misses(attainment: float) -> str:
+    m = float(f"{(1 - attainment) * 1000:.4g}")
+    return f"{m:g} miss" + ("" if m == 1 else "es")
 
 
 @dataclass(frozen=True)
@@ -226,36 +278,63 @@ class Envelope:
         return "concurrency" if self.cslo.closed_loop else "offered rate (req/s)"
 
     def figure(self):
-        """Attainment vs load with per-run CIs, the isotonic fit, the target and C_SLO."""
+        """Attainment vs load on a logit scale (0.9 → 0.99 → 0.999 equally tall, so the region
+        where the decision is made is visible; 0 and 1 are drawn at the edges), per-run
+        attainment with its CI, the isotonic fit with its CI band, the target, and C_SLO: the
+        estimate, the lower bound the plan uses and the confidence interval — all in the
+        legend."""
         import plotly.graph_objects as go
 
         r = self.runs[self.runs["usable"]]
         lv = self.levels
-        fig = go.Figure()
-        fig.add_trace(go.Scatter(
-            x=lv["x"], y=lv["ci_high"], mode="lines", line={"width": 0}, showlegend=False,
-            hoverinfo="skip"))
-        fig.add_trace(go.Scatter(
-            x=lv["x"], y=lv["ci_low"], mode="lines", line={"width": 0}, fill="tonexty",
-            fillcolor="rgba(31,119,180,0.2)", name=f"{self.confidence:.0%} CI"))
-        fig.add_trace(go.Scatter(
-            x=r["x"], y=r["attainment"], mode="markers", name="runs",
-            error_y={"type": "data", "symmetric": False,
-                     "array": (r["att_ci_high"] - r["attainment"]).clip(lower=0),
-                     "arrayminus": (r["attainment"] - r["att_ci_low"]).clip(lower=0)}))
-        fig.add_trace(go.Scatter(x=lv["x"], y=lv["fitted"], mode="lines",
-                                 name="isotonic fit"))
-        fig.add_hline(y=self.target, line_dash="dash", annotation_text=f"target {self.target:g}")
         c = self.cslo
+        L = _attainment_axis
+        fig = go.Figure()
+        conf = f"{self.confidence:.0%}"
+        fig.add_trace(go.Scatter(x=lv["x"], y=L(lv["ci_high"]), mode="lines", line={"width": 0},
+                                 showlegend=False, hoverinfo="skip", legendgroup="band"))
+        fig.add_trace(go.Scatter(x=lv["x"], y=L(lv["ci_low"]), mode="lines", line={"width": 0},
+                                 fill="tonexty", fillcolor="rgba(31,119,180,0.2)", legendgroup="band",
+                                 name=f"{conf} CI of the fitted curve", hoverinfo="skip"))
+        att = r["attainment"].to_numpy(float)
+        misses = (1 - att) * 1000
+        fig.add_trace(go.Scatter(
+            x=r["x"], y=L(att), mode="markers", name="runs (attainment with its CI)",
+            marker={"size": 8, "symbol": ["triangle-up" if a >= 1 else ("triangle-down" if a <= 0.01 else "circle")
+                                          for a in att]},
+            customdata=np.stack([att, misses, r["n"].to_numpy(float)], axis=1),
+            hovertemplate="%{x:.3f} " + ("" if c.closed_loop else "req/s") + "<br>attainment %{customdata[0]:.4f}"
+                          " (%{customdata[1]:.3g} misses per 1 000)<br>%{customdata[2]:,.0f} requests<extra></extra>",
+            error_y={"type": "data", "symmetric": False,
+                     "array": np.clip(L(r["att_ci_high"]) - L(att), 0, None),
+                     "arrayminus": np.clip(L(att) - L(r["att_ci_low"]), 0, None)}))
+        fig.add_trace(go.Scatter(x=lv["x"], y=L(lv["fitted"]), mode="lines", name="isotonic fit"))
+        x_lo, x_hi = float(np.nanmin(lv["x"])), float(np.nanmax(lv["x"]))
+        fig.add_trace(go.Scatter(x=[x_lo, x_hi], y=L([self.target] * 2), mode="lines",
+                                 line={"dash": "dash", "color": "crimson"},
+                                 name=f"target {self.target:g} ({_misses(self.target)} per 1 000)"))
+        y0, y1 = float(L([0.01])[0]), float(L([0.99999])[0])
+        if not c.closed_loop and c.ci_low == c.ci_low and c.ci_high == c.ci_high:
+            fig.add_trace(go.Scatter(x=[c.ci_low, c.ci_high, c.ci_high, c.ci_low, c.ci_low],
+                                     y=[y0, y0, y1, y1, y0], fill="toself", fillcolor="rgba(44,160,44,0.12)",
+                                     mode="lines",
+                                     line={"width": 0}, hoverinfo="skip",
+                                     name=f"C_SLO {conf} interval {c.ci_low:.3g}–{c.ci_high:.3g} {c.unit}"))
         xc = c.load_at_capacity if c.closed_loop else c.estimate
         if xc == xc:
-            fig.add_vline(x=xc, line_color="green",
-                          annotation_text=f"C_SLO {c.estimate:.3g} {c.unit} ({c.status})")
-        if not c.closed_loop and c.ci_low == c.ci_low:
-            fig.add_vrect(x0=c.ci_low, x1=c.ci_high, fillcolor="green", opacity=0.1,
-                          line_width=0)
+            fig.add_trace(go.Scatter(x=[xc, xc], y=[y0, y1], mode="lines", line={"color": "green"},
+                                     name=f"C_SLO estimate {c.estimate:.3g} {c.unit} ({c.status})"))
+        if not c.closed_loop and c.lower_bound == c.lower_bound and c.lower_bound > 0:
+            fig.add_trace(go.Scatter(x=[c.lower_bound, c.lower_bound], y=[y0, y1], mode="lines",
+                                     line={"color": "black", "dash": "dot", "width": 2},
+                                     name=f"C_SLO lower bound {c.lower_bound:.3g} {c.unit} (the planning number)"))
         fig.update_layout(title=f"SLO attainment — {self.slo.describe() if self.slo else ''}",
-                          xaxis_title=self.x_label, yaxis_title="attainment")
+                          xaxis_title=self.x_label, template="plotly_white", height=520,
+                          yaxis_title="SLO attainment (stretched near 1)",
+                          legend={"orientation": "h", "y": -0.2})
+        fig.update_yaxes(tickvals=list(L(_ATT_TICKS)), range=[y0 - 0.3, y1 + 0.3],
+                         ticktext=[f"{t:g}" + (f" ({_misses(t)} per 1 000)" if t >= 0.9 else "")
+                                   for t in _ATT_TICKS])
         return fig
 
     def goodput_figure(self):
@@ -265,9 +344,10 @@ class Envelope:
         lv = self.levels
         fig = go.Figure()
         fig.add_trace(go.Scatter(x=lv["x"], y=lv["throughput_rps"], mode="lines+markers",
-                                 name="throughput"))
+                                 name="throughput at the offered rate (completed share × offered rate)"))
         fig.add_trace(go.Scatter(
-            x=lv["x"], y=lv["goodput_rps"], mode="lines+markers", name="goodput",
+            x=lv["x"], y=lv["goodput_rps"], mode="lines+markers",
+            name="goodput at the offered rate (attainment × offered rate), with its CI",
             error_y={"type": "data", "symmetric": False,
                      "array": (lv["goodput_ci_high"] - lv["goodput_rps"]).clip(lower=0),
                      "arrayminus": (lv["goodput_rps"] - lv["goodput_ci_low"]).clip(lower=0)}))
@@ -277,8 +357,8 @@ class Envelope:
                                      marker={"size": 12, "symbol": "star"}, name="max goodput"))
         if self.knee.get("x") == self.knee.get("x"):
             fig.add_vline(x=self.knee["x"], line_dash="dot", annotation_text="knee")
-        fig.update_layout(title="Goodput and throughput", xaxis_title=self.x_label,
-                          yaxis_title="req/s")
+        fig.update_layout(title="Goodput and throughput at the offered rate", xaxis_title=self.x_label,
+                          yaxis_title="req/s", template="plotly_white", legend={"orientation": "h", "y": -0.2})
         return fig
 
     # ------------------------------------------------------------------ what-if

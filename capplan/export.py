@@ -1,15 +1,24 @@
 """Exports for people: a plan as ``plan.xlsx`` (finance) and a comparison as
 ``compare.xlsx`` (release gates), each plus the same tables as CSV, written atomically.
 
-The files are written by the spreadsheet-safe writers of :mod:`capplan.io` (``write_xlsx``,
-``write_csv``: no formula or URL is ever run, numbers stay numbers, CSV with CRLF and a BOM).
-Deterministic bytes: the workbook's creation time is the provenance time (a parameter that
-tests fix), so two exports of the same plan at the same time are byte-identical.
+What a finance reader gets (docs/plan.md "Finance export"):
+- numbers in numeric cells with a format per unit — whole numbers for groups, GPUs and nodes,
+  currency with 2 decimals, percentages, req/s with 3 decimals, dates as dates — and text in
+  text columns (a table never mixes the two in one column: key–value tables have a ``Value``
+  column for numbers and a ``Text`` column for words);
+- the plan dated: cost by quarter (first and last day), by month and by plan year;
+- a print setup on every sheet: landscape, one page wide, the header row repeated on each page,
+  a print area; the Summary sheet prints on one page;
+- CSVs rounded to a stated precision (``CSV_PRECISION``: money to the cent, req/s to 0.0001,
+  fractions to 6 decimals, percentages to 0.01, counts whole, other numbers to 6 significant
+  digits) so they carry no float noise; the workbook keeps full precision.
 
-Plan sheets / CSV files: Summary (summary.csv), Plan line items (line_items.csv), Checks
-(checks.csv), Assumptions (assumptions.csv), Capacity with CI (capacity.csv), Cost by quarter
-(cost_by_quarter.csv), Provenance (provenance.csv). Comparison sheets: Comparison, Buckets,
-Fairness, Workload, Verdict, Provenance (``COMPARE_CSV_NAMES``).
+The files are written by the spreadsheet-safe writers of :mod:`capplan.io` (``write_xlsx``,
+``write_csv``: no formula or URL is ever run, numbers stay numbers, CSV with CRLF and a BOM),
+given this module's :func:`plan_layouts` for the plan. Deterministic bytes: the workbook's
+creation time is the provenance time (a parameter that tests fix), so two exports of the same
+plan at the same time are byte-identical. Comparison sheets: Comparison, Buckets, Fairness,
+Workload, Verdict, Provenance (``COMPARE_CSV_NAMES``).
 """
 
 from __future__ import annotations
@@ -21,59 +30,129 @@ from pathlib import Path
 
 import pandas as pd
 
-from .version import __version__
 from .errors import SpecError
-from .io import atomic_dir, write_csv, write_xlsx
+from .io import SheetLayout, atomic_dir, write_csv, write_xlsx
+from .version import __version__
 
 XLSX_NAME = "plan.xlsx"
 SHEETS = ("Summary", "Plan line items", "Checks", "Assumptions", "Capacity with CI", "Cost by quarter",
-          "Provenance")
+          "Cost by month", "Cost by year", "Provenance")
 CSV_NAMES = {"Summary": "summary.csv", "Plan line items": "line_items.csv", "Checks": "checks.csv",
              "Assumptions": "assumptions.csv", "Capacity with CI": "capacity.csv",
-             "Cost by quarter": "cost_by_quarter.csv", "Provenance": "provenance.csv"}
+             "Cost by quarter": "cost_by_quarter.csv", "Cost by month": "cost_by_month.csv",
+             "Cost by year": "cost_by_year.csv", "Provenance": "provenance.csv"}
+
+#: what each kind's CSV precision is, in words (stated in Provenance and docs/plan.md)
+CSV_PRECISION = ("CSV numbers are rounded: money (USD) to 0.01, rates (req/s) to 0.0001, fractions to "
+                 "0.000001, percentages to 0.01, counts (groups, GPUs, nodes, requests) to whole numbers, "
+                 "energy (Wh, kW) to 0.0001, tokens to 0.1, other numbers to 6 significant digits; plan.xlsx keeps full "
+                 "precision and shows it rounded by its number formats")
+
+# ----------------------------------------------------------------------------- the plan's tables
+
+
+def _split_value(df: pd.DataFrame, col: str = "value") -> pd.DataFrame:
+    """A key–value table with numbers and words in one column → numbers in ``Value``, words
+    in ``Text``."""
+    vals = df[col].tolist()
+    num = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in vals]
+    txt = [None if isinstance(v, (int, float)) and not isinstance(v, bool) else
+           (("yes" if v else "no") if isinstance(v, bool) else v) for v in vals]
+    out = df.drop(columns=[col]).copy()
+    out.insert(list(df.columns).index(col), "Value", pd.Series(num, dtype=object))
+    out.insert(list(df.columns).index(col) + 1, "Text", pd.Series(txt, dtype=object))
+    return out
+
+
+QUARTER_COLUMNS = {
+    "quarter": "Quarter", "start": "First day", "end": "Last day", "peak_rps": "Peak demand (req/s)",
+    "demand_rps": "Planned demand incl. uncertainty (req/s)", "groups": "Replica groups",
+    "gpus": "GPUs in groups", "billed_gpus": "Billed GPUs", "nodes": "Nodes",
+    "cost_usd_per_month": "Cost per month (USD)", "cost_usd_per_quarter": "Cost per quarter (USD)",
+    "cost_usd_per_year": "Cost per year at this size (USD)",
+    "cost_usd_per_1k_good_requests": "Cost per 1 000 SLO-meeting requests (USD)",
+    "forecast_mean_rps": "Forecast mean peak (req/s)", "forecast_lower_rps": "Forecast interval low (req/s)",
+}
+_QUARTER_KINDS = {"First day": "date", "Last day": "date", "Peak demand (req/s)": "rate",
+                  "Planned demand incl. uncertainty (req/s)": "rate", "Replica groups": "int",
+                  "GPUs in groups": "int", "Billed GPUs": "int", "Nodes": "int",
+                  "Cost per month (USD)": "usd", "Cost per quarter (USD)": "usd",
+                  "Cost per year at this size (USD)": "usd",
+                  "Cost per 1 000 SLO-meeting requests (USD)": "usd",
+                  "Forecast mean peak (req/s)": "rate", "Forecast interval low (req/s)": "rate"}
 
 
 def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: dict | None = None
                 ) -> dict[str, pd.DataFrame]:
-    """The export's tables (unsanitised), keyed by sheet name, with units in the headers."""
+    """The export's tables (unsanitised), keyed by sheet name, with units in the headers or a
+    unit column."""
     items = plan.to_frame().rename(columns={"item": "Line item", "value": "Value", "unit": "Unit",
                                             "formula": "Formula", "inputs": "Inputs", "key": "Key"})
-    checks = plan.checks_frame().rename(columns={"check": "Check", "ok": "Holds", "key": "Key"})
-    summary = plan.summary_frame().rename(columns={"quantity": "Quantity", "value": "Value", "unit": "Unit"})
-    assumptions = plan.assumptions_frame().rename(columns={"assumption": "Assumption", "value": "Value",
-                                                           "note": "Note"})
+    checks = plan.checks_frame().rename(columns={"check": "Check", "ok": "Holds", "caveat": "Caveat",
+                                                 "key": "Key"})
+    summary = plan.summary_frame().rename(columns={"quantity": "Quantity", "value": "Value", "unit": "Unit",
+                                                   "key": "Key"})
+    assumptions = plan.assumptions_frame()
     for note in plan.notes:
-        assumptions.loc[len(assumptions)] = ["note", note, "stated by the plan (what it could not compute, or a warning)"]
+        assumptions.loc[len(assumptions)] = ["note", note, "", "stated by the plan (a default it used, what "
+                                             "it could not compute, or a warning)"]
+    assumptions = _split_value(assumptions).rename(columns={"assumption": "Assumption", "unit": "Unit",
+                                                            "note": "Note"})
     capacity = plan.capacity.to_frame().rename(columns={"quantity": "Quantity", "value": "Value",
-                                                        "unit": "Unit", "note": "Note", "status": "Status"})
-    quarters = plan.quarters_frame().rename(columns={
-        "quarter": "Quarter", "peak_rps": "Planned peak (req/s)", "forecast_mean_rps": "Forecast mean peak (req/s)",
-        "groups": "Replica groups", "gpus": "GPUs", "nodes": "Nodes", "billed_gpus": "Billed GPUs",
-        "cost_usd_per_quarter": "Cost (USD/quarter)",
-        "cost_usd_per_1k_good_requests": "Cost per 1 000 SLO-meeting requests (USD)",
-        "forecast_lower_rps": "Forecast interval low (req/s)"})
+                                                        "unit": "Unit", "note": "Note"})
+    quarters = plan.quarters_frame().rename(columns=QUARTER_COLUMNS)
+    months = plan.months_frame().rename(columns={
+        "month": "Month", "start": "First day", "end": "Last day", "quarter": "Quarter",
+        "billed_gpus": "Billed GPUs", "cost_usd_per_month": "Cost (USD)"})
+    years = plan.years_frame().rename(columns={
+        "period": "Period", "start": "First day", "end": "Last day", "quarters": "Quarters",
+        "cost_usd": "Cost (USD)"})
     prov = [("capplan version", __version__), ("plan", plan.spec.name), ("tenant", plan.spec.tenant),
             ("spec file", plan.spec.source), ("study", plan.capacity.study_name),
             ("study content hash (sha256)", study_hash or plan.capacity.study_hash),
             ("SLO", str(plan.slo) if plan.slo is not None else None),
-            ("capacity source", plan.capacity.source), ("time", time)]
+            ("capacity source", plan.capacity.source), ("time", time), ("CSV precision", CSV_PRECISION)]
     for k, v in sorted((parameters or {}).items()):
-        prov.append((f"parameter {k}", v if isinstance(v, (int, float, str, bool)) or v is None
+        prov.append((f"parameter {k}", v if isinstance(v, str) or v is None
                      else json.dumps(v, sort_keys=True, default=str)))
     prov.append(("spec (JSON)", json.dumps(plan.spec.to_dict(), sort_keys=True, default=str, ensure_ascii=False)))
-    provenance = pd.DataFrame(prov, columns=["Key", "Value"])
+    provenance = pd.DataFrame([(k, None if v is None else str(v)) for k, v in prov], columns=["Key", "Value"])
     out = {"Summary": summary, "Plan line items": items, "Checks": checks, "Assumptions": assumptions,
-           "Capacity with CI": capacity, "Cost by quarter": quarters, "Provenance": provenance}
+           "Capacity with CI": capacity, "Cost by quarter": quarters, "Cost by month": months,
+           "Cost by year": years, "Provenance": provenance}
     for sheet, df in getattr(plan.capacity, "tables", ()):  # SLO classes, production mix (docs/mix.md)
         out[sheet] = df
     return out
+
+
+def plan_layouts(plan) -> dict[str, SheetLayout]:
+    """Number formats and print setup of the plan's sheets."""
+    unit = ("Value", "Unit")
+    return {
+        "Summary": SheetLayout(unit_column=unit, about=tuple(plan.about()), one_page=True,
+                               widths={"Quantity": 58, "Value": 16, "Unit": 12, "Key": 30}, hidden=("Key",)),
+        "Plan line items": SheetLayout(unit_column=unit, widths={"Line item": 34, "Value": 14, "Unit": 11,
+                                                                 "Formula": 60, "Inputs": 52, "Key": 24}),
+        "Checks": SheetLayout(widths={"Check": 90, "Holds": 7, "Caveat": 60, "Key": 16}),
+        "Assumptions": SheetLayout(unit_column=unit, widths={"Assumption": 44, "Value": 14, "Text": 64,
+                                                             "Unit": 10, "Note": 44}),
+        "Capacity with CI": SheetLayout(unit_column=unit, one_page=True,
+                                        widths={"Quantity": 46, "Value": 12, "Unit": 9, "Note": 70}),
+        "Cost by quarter": SheetLayout(kinds=dict(_QUARTER_KINDS), widths={"Quarter": 22}),
+        "Cost by month": SheetLayout(kinds={"First day": "date", "Last day": "date", "Billed GPUs": "int",
+                                            "Cost (USD)": "usd"}, widths={"Month": 18, "Quarter": 22}),
+        "Cost by year": SheetLayout(kinds={"First day": "date", "Last day": "date", "Quarters": "int",
+                                           "Cost (USD)": "usd"}, one_page=True,
+                                    widths={"Period": 26}),
+        "Provenance": SheetLayout(widths={"Key": 30, "Value": 100}),
+    }
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def _created(time: str) -> _dt.datetime:
+def created_time(time: str) -> _dt.datetime:
     try:
         t = _dt.datetime.fromisoformat(time)
     except ValueError:
@@ -92,12 +171,14 @@ def export_plan(plan, out_dir: str | os.PathLike, *, time: str | None = None, st
     or holds an earlier export; otherwise SpecError (nothing of the user's is deleted)."""
     out = check_export_dir(out_dir, XLSX_NAME, "plan")
     time = time or _now()
-    created = _created(time)
+    created = created_time(time)
     tables = plan_tables(plan, time=time, study_hash=study_hash, parameters=parameters)
+    layouts = plan_layouts(plan)
     with atomic_dir(out) as tmp:
-        write_xlsx(tables, tmp / XLSX_NAME, created=created)
+        write_xlsx(tables, tmp / XLSX_NAME, created=created, title=f"capplan plan: {plan.spec.name}",
+                   layouts=layouts)
         for sheet, df in tables.items():
-            write_csv(df, tmp / CSV_NAMES.get(sheet, sheet.lower().replace(" ", "_") + ".csv"))
+            write_csv(df, tmp / CSV_NAMES.get(sheet, sheet.lower().replace(" ", "_") + ".csv"), layouts.get(sheet))
         if figure:
             (tmp / "plan_groups.html").write_text(
                 plan.figure().to_html(include_plotlyjs=True, full_html=True, div_id="capplan-plan"),
@@ -163,7 +244,7 @@ def export_comparison(cmp, out_dir, *, time: str | None = None,
     time = time or _now()
     tables = comparison_tables(cmp, time=time, hashes=hashes)
     with atomic_dir(out) as tmp:
-        write_xlsx(tables, tmp / COMPARE_XLSX, created=_created(time), title="capplan comparison")
+        write_xlsx(tables, tmp / COMPARE_XLSX, created=created_time(time), title="capplan comparison")
         for sheet, df in tables.items():
             write_csv(df, tmp / COMPARE_CSV_NAMES[sheet])
     return out

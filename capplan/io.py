@@ -4,7 +4,9 @@ spreadsheet-safe table writers.
 Nothing is ever half-written: a failure leaves either the old file or no file.
 
 Tables meant for spreadsheets (plan and comparison exports) go through ``write_xlsx`` and
-``write_csv``, which are safe to open in Excel or LibreOffice:
+``write_csv``, which are safe to open in Excel or LibreOffice (and, given a
+:class:`SheetLayout` per sheet, format numbers per unit, print sensibly and round CSVs — the
+plan export's layouts are in :mod:`capplan.export`):
 - xlsxwriter with ``strings_to_formulas``/``strings_to_urls`` off, and every text cell or
   header that starts with ``= + - @`` tab, CR, LF (or full-width ``＝ ＋ － ＠``) gets a leading
   ``'`` so no spreadsheet runs it (CSV/formula injection); numbers are written as numbers,
@@ -21,6 +23,7 @@ import math
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -154,6 +157,44 @@ def write_study(dest: str | os.PathLike, manifest: dict, events, *, resources=No
 
 DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠")
 
+#: number kinds: spreadsheet format, and the CSV rounding (decimals; None = 6 significant digits)
+KINDS: dict[str, tuple[str, int | None]] = {
+    "int": ("#,##0", 0),
+    "usd": ('"$"#,##0.00', 2),
+    "pct": ("0.0", 2),  # the value is in percent (36.15 → "36.2", unit "%" beside it)
+    "fraction": ("0.0000", 6),
+    "rate": ("#,##0.000", 4),
+    "energy": ("#,##0.000", 4),
+    "tokens": ("#,##0.0", 1),
+    "number": ("General", None),
+    "date": ("yyyy-mm-dd", None),
+}
+_UNIT_KINDS = {"usd": "usd", "usd/month": "usd", "usd/quarter": "usd", "usd/year": "usd",
+               "%": "pct", "fraction": "fraction", "req/s": "rate", "wh": "energy", "kw": "energy",
+               "groups": "int", "gpus": "int", "nodes": "int", "requests": "int", "replicas": "int",
+               "quarters": "int", "replicates": "int", "tokens": "tokens"}
+
+
+def kind_for_unit(unit) -> str:
+    """The number kind of a unit ('USD/month' → usd, 'GPUs' → int, '%' → pct, …)."""
+    return _UNIT_KINDS.get(str(unit or "").strip().lower(), "number")
+
+
+@dataclass(frozen=True)
+class SheetLayout:
+    """How one sheet is formatted and printed. ``kinds``: column → number kind (KINDS);
+    ``unit_column``: (value column, unit column) — the value's kind follows the row's unit;
+    ``about``: (label, text) rows printed above the table (the Summary's plan description);
+    ``one_page``: the sheet prints on one page (else one page wide); ``widths``: column →
+    width in characters (text wraps)."""
+
+    kinds: dict = field(default_factory=dict)
+    unit_column: tuple[str, str] | None = None
+    about: tuple[tuple[str, str], ...] = ()
+    one_page: bool = False
+    widths: dict = field(default_factory=dict)
+    hidden: tuple[str, ...] = ()  # columns kept for machines (CSV) but hidden and not printed
+
 
 def safe_text(value: str) -> str:
     """Text a spreadsheet will not run as a formula: a leading ``'`` before = + - @ tab CR LF
@@ -163,12 +204,15 @@ def safe_text(value: str) -> str:
 
 
 def _cell(value):
-    """Normalise a value for both writers: numbers stay numbers, None/NaN blank, text safe."""
+    """Normalise a value for both writers: numbers stay numbers, dates stay dates, None/NaN
+    blank, text safe."""
     if value is None:
         return None
     if isinstance(value, bool):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, (_dt.date, _dt.datetime)):
+        return value
+    if isinstance(value, (int, float)):
         v = float(value) if not isinstance(value, int) else value
         if isinstance(v, float) and math.isnan(v):
             return None
@@ -177,6 +221,8 @@ def _cell(value):
         return v
     if hasattr(value, "item") and not isinstance(value, str):  # numpy scalar
         return _cell(value.item())
+    if value is pd.NaT:
+        return None
     return safe_text(value)
 
 
@@ -186,36 +232,138 @@ def _safe_frame(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(data, columns=cols)
 
 
+def _column_kind(col: str, values: list, layout: SheetLayout) -> str | None:
+    """The kind of a whole column (None: per row, from the unit column, or text)."""
+    if col in layout.kinds:
+        return layout.kinds[col]
+    if layout.unit_column and col == layout.unit_column[0]:
+        return None
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if nums and all(float(v).is_integer() for v in nums):
+        return "int"
+    return "number" if nums else None
+
+
 def write_xlsx(tables: dict[str, pd.DataFrame], path: str | os.PathLike, *, created: _dt.datetime,
-               title: str = "capplan plan") -> None:
-    """Write the tables with xlsxwriter: formulas and URLs off, text made safe, numbers as numbers."""
+               title: str = "capplan plan", layouts: dict[str, SheetLayout] | None = None) -> None:
+    """Write the tables with xlsxwriter: formulas and URLs off, text made safe, numbers as
+    numbers with a format per unit, dates as dates, and a print setup on every sheet
+    (landscape, one page wide — ``one_page`` sheets one page in all —, header row repeated,
+    print area)."""
     import xlsxwriter
 
+    layouts = layouts or {}
     wb = xlsxwriter.Workbook(str(path), {"strings_to_formulas": False, "strings_to_urls": False,
                                          "strings_to_numbers": False, "nan_inf_to_errors": False})
     wb.set_properties({"title": title, "author": "capplan", "created": created})
-    head = wb.add_format({"bold": True, "text_wrap": True, "valign": "top"})
+    head = wb.add_format({"bold": True, "text_wrap": True, "valign": "top", "bottom": 1})
     wrap = wb.add_format({"text_wrap": True, "valign": "top"})
-    num = wb.add_format({"num_format": "#,##0.########", "valign": "top"})
+    label = wb.add_format({"bold": True, "valign": "top"})
+    fmts = {k: wb.add_format({"num_format": f, "valign": "top"}) for k, (f, _) in KINDS.items()}
     for sheet, df in tables.items():
+        lay = layouts.get(sheet, SheetLayout())
         ws = wb.add_worksheet(sheet)
         safe = _safe_frame(df)
-        for j, col in enumerate(safe.columns):
-            ws.write_string(0, j, col, head)
-            width = max([len(str(col))] + [len(str(v)) for v in safe[col].tolist() if v is not None] + [8])
-            ws.set_column(j, j, min(width + 2, 80))
-            for i, v in enumerate(safe[col].tolist(), start=1):
+        row0 = 0
+        if lay.about:  # the description block above the table: label | text
+            ws.write_string(0, 0, safe_text(title), label)
+            for i, (k, v) in enumerate(lay.about, start=1):
+                ws.write_string(i, 0, safe_text(k), label)
+                if len(safe.columns) > 2:
+                    ws.merge_range(i, 1, i, len(safe.columns) - 1, safe_text(v), wrap)
+                else:
+                    ws.write_string(i, 1, safe_text(v), wrap)
+                ws.set_row(i, 15 * max(1, math.ceil(len(str(v)) / 75)))
+            row0 = len(lay.about) + 2
+        units = None
+        if lay.unit_column and lay.unit_column[1] in df.columns:
+            units = [kind_for_unit(u) for u in df[lay.unit_column[1]].tolist()]
+        lines = [1] * (len(safe) + 1)  # text lines per row (wrapped), for explicit row heights
+        for j, col in enumerate(df.columns):
+            scol = safe.columns[j]
+            values = safe[scol].tolist()
+            ws.write_string(row0, j, scol, head)
+            kind = _column_kind(col, values, lay)
+            width = lay.widths.get(col) or min(max([len(str(scol))] + [len(_shown(v)) for v in values] + [8]) + 2, 60)
+            ws.set_column(j, j, width, None, {"hidden": True} if col in lay.hidden else None)
+            if col not in lay.hidden:
+                for i, v in enumerate([scol] + values):
+                    if isinstance(v, str):
+                        lines[i] = max(lines[i], math.ceil(len(v) * 1.1 / max(width - 1, 1)))
+            for i, v in enumerate(values, start=row0 + 1):
                 if v is None:
                     ws.write_blank(i, j, None)
                 elif isinstance(v, bool):
                     ws.write_boolean(i, j, v)
+                elif isinstance(v, (_dt.date, _dt.datetime)):
+                    d = v if isinstance(v, _dt.datetime) else _dt.datetime(v.year, v.month, v.day)
+                    ws.write_datetime(i, j, d, fmts["date"])
                 elif isinstance(v, (int, float)):
-                    ws.write_number(i, j, v, num)
+                    k = kind or (units[i - row0 - 1] if units else "number")
+                    ws.write_number(i, j, v, fmts[k])
                 else:
                     ws.write_string(i, j, v, wrap)
-        ws.freeze_panes(1, 0)
+        for i, n in enumerate(lines):
+            if n > 1:
+                ws.set_row(row0 + i, 15 * n)
+        shown = [j for j, c in enumerate(df.columns) if c not in lay.hidden]
+        last_row, last_col = row0 + len(safe), max(max(shown, default=1), 1)
+        ws.freeze_panes(row0 + 1, 0)
+        ws.set_landscape()
+        ws.set_paper(9)  # A4; fit-to-width keeps Letter printouts on one page wide too
+        ws.set_margins(left=0.4, right=0.4, top=0.6, bottom=0.6)
+        ws.fit_to_pages(1, 1 if lay.one_page else 0)
+        ws.repeat_rows(row0)
+        ws.print_area(0, 0, last_row, last_col)
+        ws.set_header(f"&L{_header_text(title)}&R{_header_text(sheet)}")
+        ws.set_footer("&CPage &P of &N")
     wb.close()
 
 
-def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    _safe_frame(df).to_csv(path, index=False, lineterminator="\r\n", encoding="utf-8-sig")
+def _header_text(text: str) -> str:
+    return str(text).replace("&", "&&")[:100]
+
+
+def _shown(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return "" if v is None else str(v)
+
+
+def _round(v: float, decimals: int | None) -> str:
+    if decimals is None:
+        x = float(f"{v:.6g}")
+        return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
+    if decimals == 0:
+        return str(int(round(v)))
+    return f"{round(v, decimals):.{decimals}f}"
+
+
+def csv_frame(df: pd.DataFrame, layout: SheetLayout | None) -> pd.DataFrame:
+    """The table as CSV text cells: numbers rounded per kind (``CSV_PRECISION``), dates ISO."""
+    if layout is None:
+        return df
+    units = None
+    if layout.unit_column and layout.unit_column[1] in df.columns:
+        units = [kind_for_unit(u) for u in df[layout.unit_column[1]].tolist()]
+    out = {}
+    for col in df.columns:
+        values = df[col].tolist()
+        kind = _column_kind(col, values, layout)
+        cells = []
+        for i, v in enumerate(values):
+            if isinstance(v, (_dt.date, _dt.datetime)):
+                cells.append(v.isoformat())
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+                k = kind or (units[i] if units else "number")
+                cells.append(_round(float(v), KINDS[k][1]))
+            else:
+                cells.append(v)
+        out[col] = pd.Series(cells, dtype=object)
+    return pd.DataFrame(out, columns=list(df.columns))
+
+
+def write_csv(df: pd.DataFrame, path: str | os.PathLike, layout: SheetLayout | None = None) -> None:
+    """CSV with a UTF-8 BOM and CRLF line ends; text made safe; with a ``layout`` numbers are
+    rounded to the stated precision (``CSV_PRECISION``)."""
+    _safe_frame(csv_frame(df, layout)).to_csv(path, index=False, lineterminator="\r\n", encoding="utf-8-sig")

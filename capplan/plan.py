@@ -45,6 +45,11 @@ from typing import Any
 from . import cost as K
 from . import plan_bounds
 from .errors import SpecError
+from .periods import Period, next_quarter_start, quarter_from_label, reference_day
+from .periods import quarters as quarters_from
+from . import plan_text
+from .plan_text import plural, policy_text  # noqa: F401  (policy_text re-exported)
+from .plan_text import assumptions as assumption_rows
 from .plan_spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
     BILLING, CAPACITY_USES, POLICIES, READY_PARTS, AutoscalingSpec, CapacitySpec, DemandSpec,
     FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, load_plan_spec)
@@ -75,11 +80,13 @@ class LineItem:
 
 @dataclass(frozen=True)
 class Check:
-    """A condition the plan must meet, stated as a sentence."""
+    """A condition the plan must meet, stated as a sentence. ``caveat``: why a check that holds
+    may still mislead (e.g. a capacity bound that can be too high), shown beside it."""
 
     key: str
     sentence: str
     ok: bool
+    caveat: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,20 +113,23 @@ class CapacityInfo:
         import pandas as pd
 
         r = self.study_replicas or 1
-        rows = [
-            ("C_SLO used per replica group", self.rps_per_group, self.unit, self.source),
-            ("C_SLO estimate (study system)", self.estimate, self.unit, ""),
-            ("CI low (study system)", self.ci_low, self.unit,
-             f"{self.confidence:.3g} two-sided" if self.confidence else ""),
-            ("CI high (study system)", self.ci_high, self.unit, ""),
-            ("one-sided lower bound (study system)", self.lower_bound, self.unit,
-             f"{self.confidence:.3g} one-sided" if self.confidence else ""),
-            ("replicas in the study system", float(r), "replicas", "study values ÷ replicas = per group"),
-            ("confidence", self.confidence, "fraction", ""),
-        ]
-        df = pd.DataFrame(rows, columns=["quantity", "value", "unit", "note"])
-        df["status"] = self.status or ""
-        return df
+        conf = f"{self.confidence:.0%}" if self.confidence else ""
+        rows = [("capacity per replica group C (used by the plan)", self.rps_per_group, self.unit,
+                 self.source)]
+        if self.estimate is not None or self.lower_bound is not None:
+            rows += [
+                ("C_SLO estimate (study system)", self.estimate, self.unit,
+                 f"status: {self.status}" if self.status else ""),
+                (f"C_SLO {conf} interval, low end (study system)", self.ci_low, self.unit,
+                 f"two-sided: 2.5th percentile of the bootstrap" if conf == "95%" else "two-sided"),
+                (f"C_SLO {conf} interval, high end (study system)", self.ci_high, self.unit, "two-sided"),
+                ("C_SLO lower bound (study system)", self.lower_bound, self.unit,
+                 f"one-sided {conf}: the planning number; above the interval's low end because only "
+                 "one side is excluded"),
+                ("replicas in the study system", float(r), "replicas",
+                 "study system values ÷ replicas = per replica group"),
+            ]
+        return pd.DataFrame(rows, columns=["quantity", "value", "unit", "note"])
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,8 @@ class Sizing:
 
 @dataclass(frozen=True)
 class QuarterPlan:
+    """The plan of one quarter (dated: ``start``/``end``, the first and last day)."""
+
     label: str
     peak_rps: float
     forecast_mean_rps: float | None
@@ -150,6 +162,10 @@ class QuarterPlan:
     cost_usd_per_quarter: float
     cost_usd_per_1k_good_requests: float
     forecast_lower_rps: float | None = None  # lower end of the forecast interval of the peak
+    start: Any = None  # datetime.date
+    end: Any = None  # datetime.date (inclusive)
+    demand_rps: float | None = None  # planned demand: peak × (1 + uncertainty)
+    cost_usd_per_month: float | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +182,11 @@ class Plan:
     notes: tuple[str, ...] = ()
     slo: SLO | None = None
     forecast: Any = None
+    #: what a re-plan needs (study facts, GPUs per group, the day the dates count from), so
+    #: ``capplan.sensitivity`` can redo this plan at other capacities
+    facts: Any = field(default=None, repr=False, compare=False)
+    gpus_per_group: int | None = None
+    as_of: Any = None  # datetime.date the default start was counted from
 
     def item(self, key: str) -> LineItem:
         for it in self.items:
@@ -192,37 +213,64 @@ class Plan:
     def checks_frame(self):
         import pandas as pd
 
-        return pd.DataFrame([{"check": c.sentence, "ok": c.ok, "key": c.key} for c in self.checks],
-                            columns=["check", "ok", "key"])
+        return pd.DataFrame([{"check": c.sentence, "ok": c.ok, "caveat": c.caveat, "key": c.key}
+                             for c in self.checks], columns=["check", "ok", "caveat", "key"])
 
     def quarters_frame(self):
+        """One row per quarter, dated: peak and planned demand, groups, GPUs (in groups and
+        billed), nodes, cost per month/quarter/year (the year at this quarter's size), cost per
+        1 000 SLO-meeting requests; with a forecast also its mean and interval low."""
         import pandas as pd
 
-        cols = ["quarter", "peak_rps", "forecast_mean_rps", "groups", "gpus", "nodes", "billed_gpus",
-                "cost_usd_per_quarter", "cost_usd_per_1k_good_requests", "forecast_lower_rps"]
-        return pd.DataFrame([[q.label, q.peak_rps, q.forecast_mean_rps, q.groups, q.gpus, q.nodes,
-                              q.billed_gpus, q.cost_usd_per_quarter, q.cost_usd_per_1k_good_requests,
-                              q.forecast_lower_rps]
-                             for q in self.quarters], columns=cols)
+        cols = ["quarter", "start", "end", "peak_rps", "demand_rps", "groups", "gpus", "billed_gpus",
+                "nodes", "cost_usd_per_month", "cost_usd_per_quarter", "cost_usd_per_year",
+                "cost_usd_per_1k_good_requests"]
+        if self.forecast is not None:
+            cols += ["forecast_mean_rps", "forecast_lower_rps"]
+        rows = []
+        for q in self.quarters:
+            month = q.cost_usd_per_month if q.cost_usd_per_month is not None else q.cost_usd_per_quarter / 3
+            row = [q.label, q.start, q.end, q.peak_rps, q.demand_rps, q.groups, q.gpus, q.billed_gpus,
+                   q.nodes, month, q.cost_usd_per_quarter, 12 * month, q.cost_usd_per_1k_good_requests]
+            if self.forecast is not None:
+                row += [q.forecast_mean_rps, q.forecast_lower_rps]
+            rows.append(row)
+        return pd.DataFrame(rows, columns=cols)
+
+    def months_frame(self):
+        """One row per month of the horizon (the fleet of its quarter): month, first day,
+        quarter, billed GPUs, cost."""
+        return plan_text.months_frame(self)
+
+    def years_frame(self):
+        """Totals per plan year (4 quarters from the start; a shorter last year is labelled
+        so) and over the horizon."""
+        return plan_text.years_frame(self)
 
     def assumptions_frame(self):
-        import pandas as pd
-
-        return pd.DataFrame([{"assumption": a, "value": v, "note": n} for a, v, n in self.assumptions],
-                            columns=["assumption", "value", "note"])
+        """assumption, value (a number or text), unit, note."""
+        return plan_text.assumptions_frame(self)
 
     @property
     def summary(self) -> str:
         """A few sentences a reviewer reads first."""
         g = self.value("total_groups")
+        billed, gpus = self.value("billed_gpus"), self.value("total_gpus")
+        when = ""
+        if self.quarters and self.quarters[0].start is not None:
+            q = self.quarters[0]
+            when = f" in {q.label} ({_period(q).text})"
         lines = [
-            f"{self.spec.name}: {g:.0f} replica groups ({self.value('total_gpus'):.0f} GPUs on "
-            f"{self.value('nodes'):.0f} nodes) for a planned peak of {self.value('peak_rps'):.4g} req/s "
-            f"(+{self.spec.demand.uncertainty:.0%} uncertainty) at {self.capacity.rps_per_group:.4g} req/s "
-            f"per group ({self.capacity.source}).",
+            f"{self.spec.name}{when}: {plural(g, 'replica group')} of {self.value('gpus_per_group'):.0f} GPUs = "
+            f"{gpus:.0f} GPUs on {plural(self.value('nodes'), 'node')}"
+            + (f" ({billed:.0f} GPUs billed: whole nodes)" if billed != gpus else "")
+            + f", for a peak demand of {self.value('peak_rps'):.4g} req/s planned at "
+            f"{self.value('demand_rps'):.4g} req/s (+{self.spec.demand.uncertainty:.0%} uncertainty), "
+            f"at {self.capacity.rps_per_group:.4g} req/s per group ({self.capacity.source}).",
             f"Cost ${self.value('cost_usd_per_month'):,.0f} per month, "
-            f"${self.value('cost_usd_per_quarter'):,.0f} per quarter; "
-            f"${self.value('cost_usd_per_1k_good_requests'):.4g} per 1 000 SLO-meeting requests.",
+            f"${self.value('cost_usd_per_quarter'):,.0f} per quarter, "
+            f"${self.value('cost_usd_per_year'):,.0f} per year at this size; "
+            f"${self.value('cost_usd_per_1k_good_requests'):,.2f} per 1 000 SLO-meeting requests.",
             f"Utilisation at peak {self.value('utilisation_at_peak_pct'):.1f} %; "
             + ("all checks pass." if self.ok else
                "FAILED checks: " + "; ".join(c.sentence for c in self.checks if not c.ok)),
@@ -232,23 +280,20 @@ class Plan:
     def summary_frame(self):
         import pandas as pd
 
-        keys = ["peak_rps", "demand_rps", "capacity_rps_per_group", "total_groups", "total_gpus", "nodes",
-                "utilisation_at_peak_pct", "cost_usd_per_month", "cost_usd_per_quarter",
-                "cost_usd_per_1k_good_requests", "cost_usd_per_1m_good_output_tokens",
-                "energy_wh_per_good_request"]
-        rows = [{"quantity": "plan", "value": self.spec.name, "unit": ""}]
-        if self.spec.tenant:
-            rows.append({"quantity": "tenant", "value": self.spec.tenant, "unit": ""})
-        if self.slo is not None:
-            rows.append({"quantity": "SLO", "value": self.slo.describe(), "unit": ""})
-        for k in keys:
+        rows = []
+        for k in SUMMARY_KEYS:
             try:
                 it = self.item(k)
             except KeyError:
                 continue
-            rows.append({"quantity": it.name, "value": it.value, "unit": it.unit})
-        rows.append({"quantity": "all checks pass", "value": "yes" if self.ok else "NO", "unit": ""})
-        return pd.DataFrame(rows, columns=["quantity", "value", "unit"])
+            rows.append({"quantity": it.name, "value": it.value, "unit": it.unit, "key": it.key})
+        return pd.DataFrame(rows, columns=["quantity", "value", "unit", "key"])
+
+    def about(self) -> list[tuple[str, str]]:
+        """What the plan is, in words (label, text): name, tenant, period, SLO, capacity used,
+        failure policy, rollout, prices, checks. Each report and export states these, so two
+        plans with different specs never look alike."""
+        return plan_text.about(self)
 
     def figure(self):
         """Waterfall of replica groups: traffic, failure, rollout, cold start, warm floor."""
@@ -273,15 +318,32 @@ class Plan:
         for it in self.items:
             out.append(f"  {it.name:<{w}}  {_fmt(it.value):>14} {it.unit:<16} = {it.formula}")
         out += ["", "Checks:"]
-        out += [f"  [{'ok' if c.ok else 'FAIL'}] {c.sentence}" for c in self.checks]
-        if len(self.quarters) > 1:
+        out += [f"  [{'ok' if c.ok else 'FAIL'}] {c.sentence}" + (f" (caveat: {c.caveat})" if c.caveat else "")
+                for c in self.checks]
+        if self.quarters:
             out += ["", "By quarter:"]
             for q in self.quarters:
-                out.append(f"  {q.label}: peak {q.peak_rps:.4g} req/s → {q.groups} groups, {q.gpus} GPUs, "
-                           f"${q.cost_usd_per_quarter:,.0f}")
+                dates = f" ({_period(q).text})" if q.start is not None else ""
+                out.append(f"  {q.label}{dates}: peak {q.peak_rps:.4g} req/s → {plural(q.groups, 'group')}, "
+                           f"{q.gpus} GPUs ({q.billed_gpus} billed), {plural(q.nodes, 'node')}, "
+                           f"${q.cost_usd_per_quarter:,.0f} per quarter")
         if self.notes:
             out += ["", "Notes:"] + [f"  - {n}" for n in self.notes]
         return "\n".join(out)
+
+
+#: the line items of the Summary sheet and the plan's headline, in order
+SUMMARY_KEYS = ("peak_rps", "demand_rps", "capacity_rps_per_group", "total_groups", "total_gpus",
+                "billed_gpus", "nodes", "utilisation_at_peak_pct", "cost_usd_per_month",
+                "cost_usd_per_quarter", "cost_usd_per_year", "cost_usd_per_1k_good_requests",
+                "cost_usd_per_1m_good_output_tokens", "energy_wh_per_good_request",
+                "fleet_energy_wh_per_good_request")
+
+
+
+
+def _period(q: QuarterPlan) -> Period:
+    return Period(q.label, q.start, q.end)
 
 
 def _fmt(v) -> str:
@@ -293,6 +355,8 @@ def _fmt(v) -> str:
         if math.isinf(v) or math.isnan(v):
             return str(v)
         if v.is_integer() and abs(v) < 1e15:
+            return f"{v:.0f}"
+        if abs(v) >= 1e5:
             return f"{v:.0f}"
         return f"{v:.6g}"
     return str(v)
@@ -490,12 +554,15 @@ def capacity_at_mix(spec: PlanSpec, study, slo: SLO, fit=None) -> CapacityInfo:
 
 
 def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=None, facts=None,
-              forecast=None, gpus_per_group: int | None = None, system: dict | None = None) -> Plan:
+              forecast=None, gpus_per_group: int | None = None, system: dict | None = None,
+              as_of=None) -> Plan:
     """Build the plan. ``capacity``: req/s per replica group (number or CapacityInfo);
     otherwise from ``envelope`` or a fit on ``study``. ``facts`` (``cost.study_facts``) and
     ``forecast`` (``forecast.forecast_peaks``) may be passed precomputed so repeated calls
     (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history.
-    ``system``: the study's ``system`` mapping (model, gpu) when ``study`` is not passed."""
+    ``system``: the study's ``system`` mapping (model, gpu) when ``study`` is not passed.
+    Quarters are dated from the spec's ``start``, else from the calendar quarter after
+    ``as_of`` (date or ISO time, e.g. the export time; default today, UTC)."""
     spec = load_plan_spec(spec)
     slo = _plan_slo(spec, slo, envelope)
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
@@ -529,6 +596,7 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
                                                 rate_column=d.history_rate_column,
                                                 horizon_quarters=d.horizon_quarters, interval=d.interval)
         q_labels = list(forecast.labels)
+        q_periods = [quarter_from_label(x) for x in q_labels]
         q_peaks = [float(x) for x in forecast.upper]
         q_means = [float(x) for x in forecast.mean]
         q_lows = [float(x) for x in forecast.lower]
@@ -537,7 +605,12 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
         peak_inputs = {"quarter": q_labels[0], "forecast_mean_rps": q_means[0], "interval": d.interval}
         mean_to_peak_default = forecast.mean_to_peak
     else:
-        q_labels = [f"Q{i + 1}" for i in range(d.horizon_quarters)]
+        first = spec.start or next_quarter_start(reference_day(as_of))
+        if spec.start is None:
+            notes.append(f"the plan starts on {first.isoformat()}, the first day of the calendar quarter "
+                         f"after {reference_day(as_of).isoformat()} (set start: in the spec to choose)")
+        q_periods = list(quarters_from(first, d.horizon_quarters))
+        q_labels = [q.label for q in q_periods]
         base_peak = d.total_peak_rps
         if d.tokens_per_day:  # work units: a daily token volume → requests (docs/mix.md)
             base_peak, peak_formula, peak_inputs, tok_notes = plan_bounds.peak_from_tokens(d, facts)
@@ -546,7 +619,7 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
             peak_formula = "Σ class peaks (" + " + ".join(f"{c} {r:g}" for c, r in d.peak_rps) + ")"
             peak_inputs = {f"peak_rps.{c}": r for c, r in d.peak_rps}
         else:
-            peak_formula = "peak offered rate from the spec"
+            peak_formula = "peak demand from the spec"
             peak_inputs = {"peak_rps": d.total_peak_rps}
         q_peaks = [base_peak * (1.0 + d.growth_per_quarter) ** i for i in range(d.horizon_quarters)]
         q_means = [None] * d.horizon_quarters
@@ -559,16 +632,20 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     items, checks = _items_for(ctx, q_peaks[0], peak_formula, peak_inputs, notes,
                                      mean_to_peak_default)
     quarters = []
-    for label, peak, mean, low in zip(q_labels, q_peaks, q_means, q_lows):
-        s = size(peak * (1 + d.uncertainty), C, spec, g)
+    for period, peak, mean, low in zip(q_periods, q_peaks, q_means, q_lows):
+        D_q = peak * (1 + d.uncertainty)
+        s = size(D_q, C, spec, g)
         c = _costs(ctx, s, peak, mean_to_peak_default)
-        quarters.append(QuarterPlan(label=label, peak_rps=peak, forecast_mean_rps=mean, groups=s.total,
+        quarters.append(QuarterPlan(label=period.label, peak_rps=peak, forecast_mean_rps=mean, groups=s.total,
                                     gpus=s.total * g, nodes=s.nodes, billed_gpus=c["billed_gpus"],
                                     cost_usd_per_quarter=c["cost_month"] * K.MONTHS_PER_QUARTER,
-                                    cost_usd_per_1k_good_requests=c["per_1k"], forecast_lower_rps=low))
-    assumptions = _assumptions(ctx, mean_to_peak_default, notes)
+                                    cost_usd_per_1k_good_requests=c["per_1k"], forecast_lower_rps=low,
+                                    start=period.start, end=period.end, demand_rps=D_q,
+                                    cost_usd_per_month=c["cost_month"]))
+    assumptions = assumption_rows(spec, cap, facts, mean_to_peak_default)
     return Plan(spec=spec, capacity=cap, items=tuple(items), checks=tuple(checks), quarters=tuple(quarters),
-                assumptions=tuple(assumptions), notes=tuple(dict.fromkeys(notes)), slo=slo, forecast=forecast)
+                assumptions=tuple(assumptions), notes=tuple(dict.fromkeys(notes)), slo=slo, forecast=forecast,
+                facts=facts, gpus_per_group=g, as_of=reference_day(as_of))
 
 
 def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, slo=None) -> dict:
@@ -618,6 +695,12 @@ class _Ctx:
     system: dict | None = None  # the study's system (model, gpu) for the KV and power bounds
 
 
+def gpus_per_group(spec: PlanSpec, study) -> int:
+    """GPUs per replica group: the study's (a spec that says otherwise is a SpecError naming the
+    field), else the spec's. ``capplan report`` calls it before any notebook starts."""
+    return _gpus_per_group(spec, study)
+
+
 def _gpus_per_group(spec: PlanSpec, study) -> int:
     g_spec = spec.group.gpus
     if study is not None:
@@ -648,7 +731,9 @@ def _costs(ctx: _Ctx, s: Sizing, peak: float, mean_to_peak_default) -> dict:
     power_w = fa.mean_power_w_per_gpu if fa is not None and fa.mean_power_w_per_gpu is not None else p.gpu_power_w
     power_src = ("study telemetry" if fa is not None and fa.mean_power_w_per_gpu is not None
                  else ("prices.gpu_power_w" if p.gpu_power_w is not None else None))
-    energy_month = K.energy_cost_usd_per_month(power_w * billed, p.pue, p.usd_per_kwh) if power_w else 0.0
+    powered = s.total * ctx.g  # GPUs in replica groups draw power; unused billed GPUs are not counted
+    fleet_kw = power_w * powered * p.pue / 1000.0 if power_w else 0.0
+    energy_month = K.energy_cost_usd_per_month(power_w * powered, p.pue, p.usd_per_kwh) if power_w else 0.0
     cost_month = gpu_month + energy_month
     mtp = spec.demand.mean_to_peak or mean_to_peak_default or 1.0
     mean_rps = peak * mtp
@@ -657,7 +742,7 @@ def _costs(ctx: _Ctx, s: Sizing, peak: float, mean_to_peak_default) -> dict:
     per_1k = K.usd_per_unit(cost_month, good_month, 1000.0)
     tokens, tok_src = _good_tokens(ctx, fa)
     per_1m = K.usd_per_unit(cost_month, good_month * tokens, 1e6) if tokens else None
-    return dict(billed_gpus=billed, gpu_month=gpu_month, power_w=power_w, power_src=power_src,
+    return dict(billed_gpus=billed, gpu_month=gpu_month, power_w=power_w, power_src=power_src, fleet_kw=fleet_kw,
                 energy_month=energy_month, cost_month=cost_month, mtp=mtp, mean_rps=mean_rps,
                 good_fraction=good_fraction, gf_src=gf_src, good_month=good_month, per_1k=per_1k,
                 tokens=tokens, tok_src=tok_src, per_1m=per_1m, facts_at=fa)
@@ -706,30 +791,31 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
     def add(key, name, value, unit, formula, inputs):
         items.append(LineItem(name, value, unit, formula, inputs, key))
 
-    add("peak_rps", "peak offered rate λ_peak", peak, "req/s", peak_formula, peak_inputs)
-    add("demand_rps", "planned demand D = λ_peak·(1+u)", D, "req/s", "λ_peak × (1 + u)",
+    add("peak_rps", "peak demand λ_peak", peak, "req/s", peak_formula, peak_inputs)
+    add("demand_rps", "planned demand D (peak + uncertainty)", D, "req/s", "λ_peak × (1 + u)",
         {"λ_peak": peak, "u": u})
     cap_inputs = {"source": cap.source}
     if cap.lower_bound is not None or cap.estimate is not None:
         cap_inputs.update({"estimate": cap.estimate, "ci_low": cap.ci_low, "ci_high": cap.ci_high,
                            "lower_bound": cap.lower_bound, "replicas_in_study": cap.study_replicas})
-    add("capacity_rps_per_group", "capacity per replica group C_SLO", C, "req/s",
-        ("C_SLO " + ("one-sided lower bound" if "lower" in cap.source else "estimate")
-         + " of the study ÷ replicas in the study system") if cap.estimate is not None or cap.lower_bound is not None
-        else "given", cap_inputs)
+    r_study = cap.study_replicas or 1
+    add("capacity_rps_per_group", "capacity per replica group C", C, "req/s",
+        (("C_SLO " + ("lower bound" if "lower" in cap.source else "estimate") + " of the study system"
+          + (f" ÷ its {r_study} replicas" if r_study != 1 else " (one replica group)"))
+         if cap.estimate is not None or cap.lower_bound is not None else "given"), cap_inputs)
     add("gpus_per_group", "GPUs per replica group", float(g), "GPUs",
         "TP × PP (gpus_per_replica)", {"gpus_per_replica": g, "gpus_per_node": n})
-    add("traffic_groups", "traffic groups R_traffic", float(s.need_traffic), "groups", "⌈D / C_SLO⌉",
-        {"D": D, "C_SLO": C})
+    add("traffic_groups", "traffic groups R_traffic", float(s.need_traffic), "groups", "⌈D / C⌉",
+        {"D": D, "C": C})
     fail_desc = _failure_desc(fail)
     add("failure_reserve_groups", "failure reserve", float(s.n_failure - s.need_traffic), "groups",
-        f"smallest N ≥ R_traffic with (N − L(N))·C_SLO ≥ D, L(N) = groups lost with {fail_desc} "
+        f"smallest N ≥ R_traffic with (N − L(N))·C ≥ D, L(N) = groups lost with {fail_desc} "
         "(groups spread evenly over zones, then over the nodes of a zone; a group spanning several "
         "nodes is lost with any of them); reserve = N − R_traffic",
         {"R_traffic": s.need_traffic, "N": s.n_failure, "L(N)": failure_loss(s.n_failure, fail, g, n),
          "policy": fail.policy, "zones": len(fail.zones), "k": fail.k, "gpus_per_group": g, "gpus_per_node": n})
     add("rollout_overlap_groups", "rollout overlap", float(s.n_rollout - s.n_failure), "groups",
-        "smallest N ≥ N_failure + r with (N − L(N) − r)·C_SLO ≥ D, r = max(max_unavailable, canary_groups − "
+        "smallest N ≥ N_failure + r with (N − L(N) − r)·C ≥ D, r = max(max_unavailable, canary_groups − "
         "max_surge) groups out of service in the worst rollout step; overlap = N − N_failure",
         {"N_failure": s.n_failure, "r": roll.loss_groups, "max_unavailable": roll.max_unavailable,
          "max_surge": roll.max_surge, "canary_groups": roll.canary_groups, "N": s.n_rollout})
@@ -741,9 +827,9 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
         {f"{p}_s": x for p, x in auto.ready_time_s})
     cold_seed = _ceil_div(b * T, C) if b * T > 0 else 0
     add("cold_start_reserve_groups", "cold-start reserve", float(s.n_cold - s.n_rollout), "groups",
-        "⌈b·T / C_SLO⌉ (demand growth while a new replica starts), more if the bigger fleet enlarges the "
-        "largest failure domain: smallest N ≥ N_rollout + ⌈b·T/C_SLO⌉ with (N − L(N) − r)·C_SLO ≥ D + b·T",
-        {"b_rps_per_s": b, "T_s": T, "b·T": b * T, "C_SLO": C, "⌈b·T/C_SLO⌉": cold_seed, "N_rollout": s.n_rollout,
+        "⌈b·T / C⌉ (demand growth while a new replica starts), more if the bigger fleet enlarges the "
+        "largest failure domain: smallest N ≥ N_rollout + ⌈b·T/C⌉ with (N − L(N) − r)·C ≥ D + b·T",
+        {"b_rps_per_s": b, "T_s": T, "b·T": b * T, "C": C, "⌈b·T/C⌉": cold_seed, "N_rollout": s.n_rollout,
          "N": s.n_cold})
     add("warm_floor_topup_groups", "warm-floor top-up", float(s.total - s.n_cold), "groups",
         "max(0, warm_floor − N_cold)", {"warm_floor": auto.warm_floor_groups, "N_cold": s.n_cold})
@@ -757,11 +843,11 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
         "Σ over zones of ⌈groups in zone / ⌊n/g⌋⌉ (groups fit a node) or groups in zone × ⌈g/n⌉ (groups span nodes)",
         {"groups_per_zone": ", ".join(f"{z}: {k}" for z, k in zip(fail.zones, s.zone_groups)),
          "g": g, "n": n})
-    add("capacity_total_rps", "fleet capacity N·C_SLO", s.total * C, "req/s", "N × C_SLO", {"N": s.total, "C_SLO": C})
+    add("capacity_total_rps", "fleet capacity N·C", s.total * C, "req/s", "N × C", {"N": s.total, "C": C})
     add("utilisation_at_peak_pct", "utilisation at peak", 100.0 * peak / (s.total * C), "%",
-        "100 × λ_peak / (N·C_SLO)", {"λ_peak": peak, "N": s.total, "C_SLO": C})
-    add("headroom_at_peak_rps", "headroom at peak", s.total * C - peak, "req/s", "N·C_SLO − λ_peak",
-        {"N·C_SLO": s.total * C, "λ_peak": peak})
+        "100 × λ_peak / (N·C)", {"λ_peak": peak, "N": s.total, "C": C})
+    add("headroom_at_peak_rps", "headroom at peak", s.total * C - peak, "req/s", "N·C − λ_peak",
+        {"N·C": s.total * C, "λ_peak": peak})
 
     c = _costs(ctx, s, peak, mean_to_peak_default)
     billed = c["billed_gpus"]
@@ -773,12 +859,15 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
         {"billed_gpus": billed, "usd_per_gpu_hour": prices.usd_per_gpu_hour, "hours": K.HOURS_PER_MONTH,
          "overhead_pct": prices.overhead_pct})
     if c["power_w"]:
-        add("fleet_power_kw", "fleet facility power", c["power_w"] * billed * prices.pue / 1000.0, "kW",
-            "mean board power per GPU × billed GPUs × PUE / 1000",
-            {"power_w_per_gpu": c["power_w"], "source": c["power_src"], "billed_gpus": billed, "pue": prices.pue})
+        powered = s.total * g
+        unused = f"; the {billed - powered} billed GPUs outside any group are not counted" if billed > powered else ""
+        add("fleet_power_kw", "fleet facility power", c["fleet_kw"], "kW",
+            "mean board power per GPU at the operating point × GPUs in replica groups × PUE / 1000" + unused,
+            {"power_w_per_gpu": c["power_w"], "source": c["power_src"], "gpus_in_groups": powered,
+             "pue": prices.pue})
         add("energy_cost_usd_per_month", "energy cost per month", c["energy_month"], "USD/month",
             f"fleet facility power (kW) × {K.HOURS_PER_MONTH:g} h × $/kWh",
-            {"fleet_power_kw": c["power_w"] * billed * prices.pue / 1000.0, "hours": K.HOURS_PER_MONTH,
+            {"fleet_power_kw": c["fleet_kw"], "hours": K.HOURS_PER_MONTH,
              "usd_per_kwh": prices.usd_per_kwh})
     else:
         notes.append("energy cost not included: the study has no power samples and prices.gpu_power_w "
@@ -787,6 +876,9 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
         "GPU cost per month + energy cost per month", {"gpu": c["gpu_month"], "energy": c["energy_month"]})
     add("cost_usd_per_quarter", "total cost per quarter", c["cost_month"] * K.MONTHS_PER_QUARTER, "USD/quarter",
         "cost per month × 3", {"cost_usd_per_month": c["cost_month"]})
+    add("cost_usd_per_year", "total cost per year (at this size)", c["cost_month"] * 12, "USD/year",
+        "cost per month × 12 (the first quarter's fleet kept a whole year; the plan's quarters are in "
+        "the cost-by-quarter table)", {"cost_usd_per_month": c["cost_month"]})
     add("mean_offered_rps", "mean offered rate", c["mean_rps"], "req/s", "λ_peak × mean_to_peak",
         {"λ_peak": peak, "mean_to_peak": c["mtp"]})
     add("good_fraction", "SLO-meeting fraction of offered requests", c["good_fraction"], "fraction",
@@ -811,11 +903,20 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
     fa = c["facts_at"]
     if fa is not None and fa.energy_j_per_good_request is not None:
         e_wh = fa.energy_j_per_good_request * prices.pue / K.J_PER_WH
-        add("energy_wh_per_good_request", "energy per SLO-meeting request (facility)", e_wh, "Wh",
+        add("energy_wh_per_good_request", "energy per SLO-meeting request, measured at the operating point",
+            e_wh, "Wh",
             "∫ GPU power dt over the study's run windows / SLO-meeting requests in them × PUE / 3600 "
-            f"({fa.how})", {"board_j_per_good_request": fa.energy_j_per_good_request, "pue": prices.pue})
+            f"({fa.how}): the energy the tested GPUs used per good request at this load, without "
+            "reserve groups, idle hours or unused GPUs", {"board_j_per_good_request": fa.energy_j_per_good_request,
+                                                         "pue": prices.pue})
     elif ctx.facts is not None:
         notes.append("energy per SLO-meeting request not computed: the study has no usable power samples")
+    if c["power_w"] and c["good_month"] > 0:
+        add("fleet_energy_wh_per_good_request", "fleet energy per SLO-meeting request",
+            c["fleet_kw"] * K.HOURS_PER_MONTH * 1000.0 / c["good_month"], "Wh",
+            "fleet facility power (kW) × 730 h × 1000 / SLO-meeting requests per month: everything the "
+            "energy cost pays for (reserve groups, off-peak hours at peak power) per good request",
+            {"fleet_power_kw": c["fleet_kw"], "good_requests_per_month": c["good_month"]})
 
     # checks
     checks = _checks(ctx, s, peak, D, C, c)
@@ -844,25 +945,26 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
     L = s.loss_failure
     r = s.loss_rollout
     out = []
-    out.append(Check("traffic", f"{N} groups × {C:.4g} req/s = {N * C:.4g} req/s ≥ planned peak "
-                                f"{D:.4g} req/s{at}", N * C >= D * (1 - _EPS)))
+    need = f"planned demand {D:.4g} req/s"
+    out.append(Check("traffic", f"{plural(N, 'group')} × {C:.4g} req/s = {N * C:.4g} req/s ≥ {need}{at}",
+                     N * C >= D * (1 - _EPS)))
     if fail.policy == "zone":
-        what = f"losing zone {fail.zones[0]} ({L} of {N} groups)"
+        what = f"losing zone {fail.zones[0]} ({L} of {plural(N, 'group')})"
     elif fail.policy == "node":
-        what = f"losing one node ({L} of {N} groups)"
+        what = f"losing one node ({L} of {plural(N, 'group')})"
     elif fail.policy == "n_plus_k":
-        what = f"losing any {L} of {N} groups"
+        what = f"losing any {L} of {plural(N, 'group')}"
     else:
         what = None
     if what:
-        out.append(Check("failure", f"after {what}, capacity {(N - L) * C:.4g} req/s ≥ planned peak "
-                                    f"{D:.4g} req/s{at}", (N - L) * C >= D * (1 - _EPS)))
+        out.append(Check("failure", f"after {what}, capacity {(N - L) * C:.4g} req/s ≥ {need}{at}",
+                         (N - L) * C >= D * (1 - _EPS)))
     lost = L + r
     out.append(Check("rollout",
-                     f"during the worst rollout step ({r} group(s) out of service; max surge {roll.max_surge}, "
+                     f"during the worst rollout step ({plural(r, 'group')} out of service; max surge {roll.max_surge}, "
                      f"max unavailable {roll.max_unavailable}, canary {roll.canary_groups}"
                      + (f"; while {what}" if what else "")
-                     + f"), capacity {(N - lost) * C:.4g} req/s ≥ planned peak {D:.4g} req/s{at}",
+                     + f"), capacity {(N - lost) * C:.4g} req/s ≥ {need}{at}",
                      (N - lost) * C >= D * (1 - _EPS)))
     bT = auto.burst_growth_rps_per_s * auto.ready_s
     if bT > 0:
@@ -871,7 +973,7 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
                          f"{bT:.4g} req/s to {D + bT:.4g} req/s and capacity {(N - lost) * C:.4g} req/s "
                          f"still covers it{at}", (N - lost) * C >= (D + bT) * (1 - _EPS)))
     if auto.warm_floor_groups:
-        out.append(Check("warm_floor", f"{N} groups ≥ warm floor {auto.warm_floor_groups} groups",
+        out.append(Check("warm_floor", f"{plural(N, 'group')} ≥ warm floor {plural(auto.warm_floor_groups, 'group')}",
                          N >= auto.warm_floor_groups))
     if fail.nodes_available is not None:
         out.append(Check("nodes_available", f"planned nodes {s.nodes} ≤ nodes available {fail.nodes_available}",
@@ -880,9 +982,11 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
         raise SpecError(f"rollout.max_surge ({roll.max_surge}) is larger than the planned fleet ({N} groups)",
                         field="rollout.max_surge", fix=f"use max_surge ≤ {N}")
     status = ctx.cap.status
+    caveat = "; ".join(n for n in ctx.cap.notes if "bracket" in n or "too high" in n)
     if status:
         if status == "bracketed":
-            out.append(Check("capacity_status", "the study's C_SLO is bracketed by the tested offered rates", True))
+            out.append(Check("capacity_status", "the study's C_SLO is bracketed by the tested offered rates", True,
+                             caveat=caveat))
         elif status.startswith("≥"):
             out.append(Check("capacity_status", "every tested rate met the SLO, so C_SLO is at least the largest "
                                                 "tested rate: the plan is conservative (test higher rates to tighten it)",
@@ -891,162 +995,3 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
             out.append(Check("capacity_status", f"the study's C_SLO is bracketed by the tested rates (status: {status})",
                              False))
     return out
-
-
-def _assumptions(ctx: _Ctx, mean_to_peak_default, notes) -> list[tuple[str, Any, str]]:
-    spec = ctx.spec
-    out: list[tuple[str, Any, str]] = []
-    for k, v in spec.flat().items():
-        if v is None:
-            continue
-        out.append((k, v if isinstance(v, (int, float, str, bool)) else str(v), ""))
-    out += [
-        ("hours per month", K.HOURS_PER_MONTH, "8 760 h / 12"),
-        ("fleet provisioning", "peak all month", "the planned fleet is paid for all month (reserved capacity)"),
-        ("mean_to_peak used", spec.demand.mean_to_peak or mean_to_peak_default or 1.0,
-         "from the spec" if spec.demand.mean_to_peak else
-         ("mean / peak of the demand history" if mean_to_peak_default else
-          "not given: the fleet is assumed busy at peak all month (optimistic cost per request)")),
-        (("SLO classes", "one pool", "all SLO classes share one pool sized at the spec's SLO; λ_peak = Σ class peaks")
-         if spec.slo_classes is None else
-         ("SLO classes", spec.slo_classes.describe(),
-          "one pool sized so that every class meets its own SLO at the study's tested class mix; λ_peak = Σ class "
-          "peaks")),
-        ("operating point", "λ_peak / N per group",
-         "good fraction, tokens and energy are read from the study at the peak spread over all groups"),
-    ]
-    return out
-
-
-# ----------------------------------------------------------------------------- candidates
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One serving configuration to compare (e.g. TP2 vs TP4, two GPU types): its own spec
-    (prices, replica group) and capacity (a number, an envelope, or a study to fit)."""
-
-    name: str
-    spec: PlanSpec
-    capacity: Any = None  # req/s per group or CapacityInfo
-    study: Any = None
-    envelope: Any = None
-    facts: Any = None
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Candidates side by side. ``best``: the cheapest per 1 000 SLO-meeting requests among
-    those whose plan meets every check; ``settled``: False when another passing candidate's
-    cost interval (the plan redone at the ends of its capacity CI) overlaps the best's."""
-
-    rows: tuple[dict, ...]
-    best: str | None
-    settled: bool
-    verdict: str
-    plans: dict = field(default_factory=dict, compare=False, hash=False)
-
-    def to_frame(self):
-        import pandas as pd
-
-        return pd.DataFrame(list(self.rows))
-
-    def figure(self):
-        import plotly.graph_objects as go
-
-        rows = [r for r in self.rows if r.get("cost_usd_per_1k_good_requests") is not None]
-        y = [r["cost_usd_per_1k_good_requests"] for r in rows]
-        fig = go.Figure(go.Bar(
-            x=[r["candidate"] for r in rows], y=y,
-            error_y={"type": "data", "symmetric": False,
-                     "array": [r["cost_high_usd_per_1k"] - v for r, v in zip(rows, y)],
-                     "arrayminus": [v - r["cost_low_usd_per_1k"] for r, v in zip(rows, y)]},
-            marker_color=["#2ca02c" if r["candidate"] == self.best else "#1f77b4" for r in rows]))
-        fig.update_layout(title="Cost per 1 000 SLO-meeting requests (bars: planned at the C_SLO lower bound; "
-                                "whiskers: plan at the CI ends)", yaxis_title="USD", template="plotly_white")
-        return fig
-
-
-def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
-
-
-def compare_candidates(candidates, *, slo=None) -> Comparison:
-    """Plan every candidate; pick the cheapest per SLO-meeting request that meets the SLO and
-    every plan check, and say when the choice is not settled because the capacity intervals
-    (translated into cost by re-planning at each CI end) overlap."""
-    rows, plans = [], {}
-    for cand in candidates:
-        row: dict = {"candidate": cand.name}
-        try:
-            c_slo = SLO.parse(slo) if slo is not None else load_plan_spec(cand.spec).slo
-            facts = cand.facts
-            if facts is None and cand.study is not None and c_slo is not None:
-                facts = K.study_facts(cand.study, c_slo)
-            plan = make_plan(cand.spec, cand.capacity, study=cand.study, envelope=cand.envelope, slo=slo,
-                             facts=facts)
-        except SpecError as exc:
-            row.update({"meets_slo": False, "reason": str(exc)})
-            rows.append(row)
-            continue
-        plans[cand.name] = plan
-        cap = plan.capacity
-        r = cap.study_replicas or 1
-        lo_c = cap.ci_low / r if cap.ci_low and cap.ci_low > 0 and math.isfinite(cap.ci_low) else cap.rps_per_group
-        hi_c = cap.ci_high / r if cap.ci_high and math.isfinite(cap.ci_high) else cap.rps_per_group
-        lo_c = min(lo_c, cap.rps_per_group)
-        hi_c = max(hi_c, cap.rps_per_group)
-        at = {}
-        for tag, c in (("pessimistic", lo_c), ("optimistic", hi_c)):
-            p = make_plan(plan.spec, dataclasses.replace(cap, rps_per_group=c), study=cand.study, slo=slo,
-                          facts=facts, forecast=plan.forecast)
-            at[tag] = p.value("cost_usd_per_1k_good_requests")
-        g = plan.value("gpus_per_group")
-        row.update({
-            "meets_slo": plan.ok,
-            "reason": "" if plan.ok else "; ".join(c.sentence for c in plan.checks if not c.ok),
-            "capacity_rps_per_group": cap.rps_per_group,
-            "capacity_ci_low_rps_per_group": lo_c, "capacity_ci_high_rps_per_group": hi_c,
-            "capacity_per_gpu_low_rps": lo_c / g, "capacity_per_gpu_high_rps": hi_c / g,
-            "gpus_per_group": g, "total_gpus": plan.value("total_gpus"),
-            "cost_usd_per_month": plan.value("cost_usd_per_month"),
-            "cost_usd_per_1k_good_requests": plan.value("cost_usd_per_1k_good_requests"),
-            "cost_low_usd_per_1k": min(at["optimistic"], at["pessimistic"]),
-            "cost_high_usd_per_1k": max(at["optimistic"], at["pessimistic"]),
-        })
-        rows.append(row)
-    passing = [r for r in rows if r.get("meets_slo")]
-    if not passing:
-        return Comparison(rows=tuple(rows), best=None, settled=False, plans=plans,
-                          verdict="no candidate meets the SLO and every plan check")
-    best = min(passing, key=lambda r: (r["cost_usd_per_1k_good_requests"], r["candidate"]))
-    b_int = (best["cost_low_usd_per_1k"], best["cost_high_usd_per_1k"])
-    b_cap = (best["capacity_per_gpu_low_rps"], best["capacity_per_gpu_high_rps"])
-    rivals = []
-    for r in rows:
-        r["cost_interval_overlaps_best"] = None
-        r["capacity_per_gpu_overlaps_best"] = None
-        if r is best or not r.get("meets_slo"):
-            continue
-        r["cost_interval_overlaps_best"] = _overlap(b_int, (r["cost_low_usd_per_1k"], r["cost_high_usd_per_1k"]))
-        r["capacity_per_gpu_overlaps_best"] = _overlap(b_cap, (r["capacity_per_gpu_low_rps"],
-                                                              r["capacity_per_gpu_high_rps"]))
-        if r["cost_interval_overlaps_best"]:
-            rivals.append(r)
-    settled = not rivals
-    head = (f"{best['candidate']} is cheapest: ${best['cost_usd_per_1k_good_requests']:.4g} per 1 000 SLO-meeting "
-            f"requests (${b_int[0]:.4g}–{b_int[1]:.4g} across its C_SLO interval)")
-    if settled:
-        verdict = head + "; the choice is settled: no other passing candidate's interval overlaps it"
-    else:
-        parts = []
-        for r in rivals:
-            cap_note = (" (their capacity-per-GPU intervals overlap too)" if r["capacity_per_gpu_overlaps_best"]
-                        else "")
-            parts.append(f"{r['candidate']} ${r['cost_low_usd_per_1k']:.4g}–{r['cost_high_usd_per_1k']:.4g}{cap_note}")
-        verdict = (head + "; NOT settled: its interval overlaps " + ", ".join(parts)
-                   + " — run longer or repeat the sweeps near C_SLO to narrow the intervals")
-    for r in rows:
-        r["best"] = r is best
-    return Comparison(rows=tuple(rows), best=best["candidate"], settled=settled, verdict=verdict, plans=plans)
-

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Mapping
 
 from . import spec as S
 from .errors import SpecError
+from .periods import parse_start
 from .slo import SLO, SLOClasses, load_slo_file
 
 POLICIES = ("node", "zone", "n_plus_k", "none")
@@ -423,6 +424,7 @@ class PlanSpec:
     name: str = "plan"
     tenant: str | None = None
     slo: SLO | None = None
+    start: Any = None  # first day of the plan (datetime.date); None: the next calendar quarter
     source: str | None = None  # file the spec was read from
     model: ModelSpec = field(default_factory=ModelSpec)
     power: PowerSpec = field(default_factory=PowerSpec)
@@ -464,6 +466,10 @@ class PlanSpec:
         S.text(self.tenant, "tenant")
         if self.slo is not None and not isinstance(self.slo, SLO):
             object.__setattr__(self, "slo", SLO.parse(self.slo))
+        object.__setattr__(self, "start", parse_start(self.start))
+        if self.start is not None and self.demand.history:
+            S.fail("start", "start is for a fixed peak; with a demand history the plan covers the "
+                 "calendar quarters after its last observation", "remove start or demand.history")
         if self.slo_classes is not None and not isinstance(self.slo_classes, SLOClasses):
             object.__setattr__(self, "slo_classes", load_slo_file(self.slo_classes))
 
@@ -471,7 +477,7 @@ class PlanSpec:
         """A copy with flat-named changes, validated again. ``peak_rps`` with several SLO
         classes scales every class in proportion; ``slo``/``name``/``tenant`` are top level.
         Example: ``spec.with_(peak_rps=500, policy="zone", price_usd_per_gpu_hour=2.1)``."""
-        top = {k: changes.pop(k) for k in ("slo", "name", "tenant", "slo_classes") if k in changes}
+        top = {k: changes.pop(k) for k in ("slo", "name", "tenant", "slo_classes", "start") if k in changes}
         if "slo" in top and top["slo"] is not None:
             top["slo"] = SLO.parse(top["slo"])
         if "slo_classes" in top and top["slo_classes"] is not None:
@@ -509,6 +515,8 @@ class PlanSpec:
             out["tenant"] = self.tenant
         if self.slo is not None:
             out["slo"] = str(self.slo)
+        if self.start is not None:
+            out["start"] = self.start.isoformat()
         if self.slo_classes is not None:
             out["slo_classes"] = self.slo_classes.to_dict()
         for key, attr in _ATTR.items():
@@ -540,7 +548,7 @@ class PlanSpec:
         return out
 
 
-_TOP_KEYS = ("name", "tenant", "slo", "slo_file", "slo_classes") + tuple(_SECTIONS)
+_TOP_KEYS = ("name", "tenant", "slo", "slo_file", "slo_classes", "start") + tuple(_SECTIONS)
 
 
 def load_plan_spec(path_or_dict, *, base_dir: str | os.PathLike | None = None) -> PlanSpec:
@@ -609,4 +617,4 @@ def _build(raw, base_dir) -> PlanSpec:
         except SpecError as exc:
             S.fail("slo_classes" + (f".{exc.field}" if exc.field else ""), exc.message, exc.fix)
     return PlanSpec(name=raw.get("name", "plan") if raw.get("name") is not None else "plan",
-                    tenant=raw.get("tenant"), slo=slo, slo_classes=classes, **kw)
+                    tenant=raw.get("tenant"), slo=slo, slo_classes=classes, start=raw.get("start"), **kw)

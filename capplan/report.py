@@ -37,6 +37,9 @@ from typing import Callable
 
 from .version import __version__
 from .errors import CapplanError, SpecError
+from .notebook import DEFAULT_SLO  # noqa: F401  (re-exported)
+from .resources import (baseline_study_path, bundled, default_spec_path,  # noqa: F401
+                        demo_study_path, notebooks_dir, templates_dir)
 
 #: Notebooks of the static report, in page order: (file name, page title).
 REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
@@ -56,7 +59,6 @@ MIX_NOTEBOOK = "07-mix.ipynb"
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
-DEFAULT_SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"  # when neither --slo nor the spec has one
 DEFAULT_REPS = 200
 DEFAULT_SEED = 0
 DEFAULT_CONFIDENCE = 0.95
@@ -69,48 +71,6 @@ class ReportError(CapplanError):
     """A notebook failed while the report rendered (exit code 1: the input was fine)."""
 
     exit_code = 1
-
-
-# --------------------------------------------------------------------------------------------
-# Locating the bundled notebooks, templates and demo study (works from any directory)
-# --------------------------------------------------------------------------------------------
-
-def _package_dir() -> Path:
-    return Path(__file__).resolve().parent
-
-
-def _bundled(rel: str) -> Path:
-    """A bundled resource: inside the package (wheel installs ship copies there) or beside it
-    at the repository root (editable installs). Independent of the working directory."""
-    pkg = _package_dir()
-    for base in (pkg, pkg.parent):
-        p = base / rel
-        if p.exists():
-            return p
-    raise SpecError(f"bundled resource {rel!r} not found next to the capplan package ({pkg})",
-                    fix="install capplan from its repository with `pip install -e .`")
-
-
-def notebooks_dir() -> Path:
-    return _bundled("notebooks")
-
-
-def templates_dir() -> Path:
-    return _bundled("templates")
-
-
-def demo_study_path() -> Path:
-    """The bundled demo study (``capplan synth --preset demo --out data/sample``)."""
-    try:
-        return _bundled("data/sample")
-    except SpecError:
-        raise SpecError("the bundled demo study data/sample is missing",
-                        fix="regenerate it: capplan synth --preset demo --out data/sample "
-                            "(from the repository root), or pass a STUDY directory") from None
-
-
-def default_spec_path() -> Path:
-    return _bundled("templates/plan.yaml")
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,6 +134,15 @@ def strip_cdn_scripts(text: str) -> str:
     return _CDN_SCRIPT.sub("", text)
 
 
+def _base_templates() -> list[str]:
+    """nbconvert's own templates (``lab``, ``base``) under the base interpreter's prefix, where
+    a venv made with ``--system-site-packages`` does not look (empty when not needed)."""
+    base = Path(sys.base_prefix) / "share" / "jupyter" / "nbconvert" / "templates"
+    if Path(sys.prefix) != Path(sys.base_prefix) and base.is_dir():
+        return [str(base)]
+    return []
+
+
 def _offline_exporter():
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import Preprocessor
@@ -195,7 +164,8 @@ def _offline_exporter():
             return cell, resources
 
     exporter = HTMLExporter(
-        extra_template_basedirs=[str(templates_dir() / "nbconvert")],
+        extra_template_basedirs=[str(templates_dir() / "nbconvert"), *_base_templates()],
+        extra_template_paths=_base_templates(),
         template_name=OFFLINE_TEMPLATE,
         exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True,
     )
@@ -343,6 +313,23 @@ class ReportParams:
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
     twin: Path | None = None  # twin.yaml: adds the twin page (06-twin); the mix page runs its target mix through it
     timelines: bool = False  # the study has system events: adds the timelines page
+    notes: tuple[str, ...] = ()  # said out loud before the notebooks run (e.g. what --slo dropped)
+
+    def provenance_rows(self, study_name: str, study_hash: str,
+                        baseline: tuple[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+        """(label, value) rows of the index's provenance table."""
+        rows = [("study", str(self.study)), ("study name", study_name), ("study sha256", study_hash)]
+        if self.baseline is not None:
+            rows += [("baseline study", str(self.baseline))]
+            if baseline:
+                rows += [("baseline name", baseline[0]), ("baseline sha256", baseline[1])]
+            rows += [("gates", str(self.gates) if self.gates else "defaults")]
+        if self.twin is not None:
+            rows += [("twin", str(self.twin))]
+        rows += [("plan spec", str(self.spec)), ("SLO", self.slo), ("confidence", f"{self.confidence:g}"),
+                 ("bootstrap replicates", str(self.reps)), ("seed", str(self.seed)),
+                 ("provenance time", self.time), ("capplan", __version__)]
+        return tuple(rows)
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -407,123 +394,8 @@ def _nav_html(current: str, notebooks=REPORT_NOTEBOOKS) -> str:
             links.append(f"<strong>{html.escape(title)}</strong>")
         else:
             links.append(f'<a href="{page}">{html.escape(title)}</a>')
+    links.append('<a href="glossary.html">Glossary</a>')
     return " ".join(links)
-
-
-def headline_rows(data_dir: Path) -> list[tuple[str, str, str]]:
-    """(quantity, value, unit) for the front page, read back from the report's own exports
-    (envelope.json, plan/summary.csv and, with a baseline, compare/verdict.csv), so the index
-    shows exactly the exported numbers."""
-    import csv
-
-    from .viz import format_number
-
-    rows: list[tuple[str, str, str]] = []
-    env_path = data_dir / "envelope.json"
-    if env_path.is_file():
-        c = json.loads(env_path.read_text(encoding="utf-8")).get("cslo", {})
-        unit = c.get("unit") or "req/s"
-        conf = c.get("confidence")
-        for key, label in (("estimate", "C_SLO estimate"), ("ci_low", "C_SLO CI low"),
-                           ("ci_high", "C_SLO CI high"),
-                           ("lower_bound", "C_SLO one-sided lower bound")):
-            if c.get(key) is not None:
-                rows.append((label + (f" ({conf:.0%})" if conf and key != "estimate" else ""),
-                             format_number(float(c[key])), unit))
-        if c.get("status"):
-            rows.append(("C_SLO status", str(c["status"]), ""))
-    summary = data_dir / "plan" / "summary.csv"
-    if summary.is_file():
-        for r in csv.DictReader(summary.read_text(encoding="utf-8-sig").splitlines()):
-            v = r.get("Value", "")
-            try:
-                v = format_number(float(v))
-            except ValueError:
-                pass
-            rows.append((r.get("Quantity", ""), v, r.get("Unit", "")))
-    verdict = data_dir / "compare" / "verdict.csv"
-    if verdict.is_file():
-        items = list(csv.DictReader(verdict.read_text(encoding="utf-8-sig").splitlines()))
-        passed = any(r.get("item") == "passed" and r.get("text") == "True" for r in items)
-        failed = [r for r in items if r.get("item") == "gate failed"]
-        flagged = [r for r in items if r.get("item") == "bucket regressed"]
-        rows.append(("comparison vs baseline", "PASS" if passed else "FAIL",
-                     "every gate passes" if passed else
-                     f"{len(failed)} gate(s) failed, {len(flagged)} bucket(s) regressed"))
-    return rows
-
-
-def index_html(params: ReportParams, study_name: str, study_hash: str,
-               pages: list[tuple[str, str]], exports: list[str],
-               headline: list[tuple[str, str, str]] | None = None,
-               baseline: tuple[str, str] | None = None) -> str:
-    """The report's front page: headline numbers, links to the pages and exports, parameters
-    and provenance. ``baseline``: (name, sha256) of the baseline study, when compared."""
-    e = html.escape
-    rows = [("study", str(params.study)), ("study name", study_name),
-            ("study sha256", study_hash)]
-    if params.baseline is not None:
-        rows += [("baseline study", str(params.baseline))]
-        if baseline:
-            rows += [("baseline name", baseline[0]), ("baseline sha256", baseline[1])]
-        rows += [("gates", str(params.gates) if params.gates else "defaults")]
-    rows += [("plan spec", str(params.spec)), ("SLO", params.slo),
-             ("confidence", f"{params.confidence:g}"), ("bootstrap reps", str(params.reps)),
-             ("seed", str(params.seed)), ("export time", params.time), ("capplan", __version__)]
-    page_items = "\n".join(f'<li><a href="{e(p)}">{e(t)}</a></li>' for p, t in pages)
-
-    def links(items):
-        return "\n".join(f'<li><a href="{e(x)}">{e(x)}</a></li>' for x in items) or \
-            "<li>(none)</li>"
-
-    plan_files = [x for x in exports if x.startswith("data/plan/")]
-    compare_files = [x for x in exports if x.startswith("data/compare/")]
-    other_files = [x for x in exports if not x.startswith(("data/plan/", "data/compare/"))]
-    compare_section = (f"""<h2>Comparison export (baseline vs this study)</h2>
-<ul>
-{links(compare_files)}
-</ul>
-""" if params.baseline is not None else "")
-    param_rows = "\n".join(f"<tr><th>{e(k)}</th><td><code>{e(v)}</code></td></tr>"
-                           for k, v in rows)
-    head_rows = "\n".join(
-        f'<tr><th>{e(q)}</th><td class="num">{e(v)}</td><td>{e(u)}</td></tr>'
-        for q, v, u in (headline or []))
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>capplan report: {e(study_name)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; max-width: 900px; margin: 2em auto; color: #222; }}
-th {{ text-align: left; padding-right: 1em; font-weight: 600; }}
-td.num {{ text-align: right; padding-right: .6em; font-variant-numeric: tabular-nums; }}
-td code {{ word-break: break-all; }}
-</style></head>
-<body>
-<h1>capplan report: {e(study_name)}</h1>
-<h2>Pages</h2>
-<ul>
-{page_items}
-</ul>
-<h2>Headline</h2>
-<table class="headline">
-{head_rows}
-</table>
-<h2>Plan export (for finance)</h2>
-<ul>
-{links(plan_files)}
-</ul>
-{compare_section}<h2>Other data</h2>
-<ul>
-{links(other_files)}
-</ul>
-<h2>Parameters and provenance</h2>
-<table>
-{param_rows}
-</table>
-<p>Re-render with the same study, spec, SLO, seed and reps to get the same numbers.
-Executed notebooks (with their parameters) are in <code>notebooks/</code>; their figures are kept
-as plotly JSON, which JupyterLab draws (the pages above carry plotly.js).</p>
-</body></html>
-"""
 
 
 def _now_utc() -> str:
@@ -567,8 +439,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
     directory) adds the comparison; ``gates`` (YAML) sets its gates. Raises StudyError /
     SpecError (exit 2)."""
-    from .plan import load_plan_spec
-    from .slo import SLO
+    from .plan import gpus_per_group, load_plan_spec
+    from .slo import SLO, override_note
     from .study import open_study
 
     study_path = Path(study).expanduser().resolve() if study else demo_study_path()
@@ -578,7 +450,9 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
         raise SpecError("plan spec not found", file=str(spec_path),
                         fix="pass --spec PATH to a plan YAML (see templates/plan.yaml)")
     plan_spec = load_plan_spec(spec_path)
+    gpus_per_group(plan_spec, opened)  # a spec that disagrees with the study fails here, not in a kernel
     slo_obj = SLO.parse(slo) if slo else (plan_spec.slo or SLO.parse(DEFAULT_SLO))
+    notes = tuple(n for n in (override_note(plan_spec.slo, slo_obj) if slo else None,) if n)
     cap = plan_spec.capacity
     reps = cap.reps if reps is None else int(reps)
     seed = cap.seed if seed is None else int(seed)
@@ -618,7 +492,7 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
                           baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin),
-                          timelines=bool(opened.timeline_files))
+                          timelines=bool(opened.timeline_files), notes=notes)
     return params, opened
 
 
@@ -688,7 +562,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   seed: int | None = None, reps: int | None = None,
                   confidence: float | None = None, time: str | None = None,
                   notebooks: Path | None = None, jobs: int | None = None,
-                  baseline=None, gates=None, twin=None,
+                  baseline=None, gates=None, twin=None, command: list[str] | None = None,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
     spec's; ``time`` (ISO) is the provenance time of the plan and comparison exports (default:
@@ -700,8 +574,12 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     compared (different offered workload or SLO) raise NotebookInputError (exit 2).
     When several notebooks fail, a bad-input error (exit 2) is reported first, else the first
     in page order. ``twin`` (twin.yaml) adds the twin page (06-twin: the twin's parameters and
-    its check against the study, check.json under data/twin)."""
+    its check against the study, check.json under data/twin). ``command`` (the argv that asked
+    for the report) goes into the provenance bundle and reproduce.md."""
+    from .glossary import glossary_html, link_terms
     from .io import atomic_dir, write_text_atomic
+    from .provenance import write_bundle
+    from .report_index import IndexInputs, index_html, read_records
 
     t_start = perf_counter()
     say = progress or (lambda _msg: None)
@@ -733,6 +611,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         + (f"baseline {base_info[0]} ({params.baseline}); " if base_info else "")
         + f"SLO: {SLO.parse(params.slo).describe()}; seed {params.seed}, reps {params.reps}; "
         f"→ {out_dir}")
+    for note in params.notes:
+        say(f"note: {note}")
     with atomic_dir(out_dir) as tmp:
         (tmp / "notebooks").mkdir()
         (tmp / "data").mkdir()
@@ -744,18 +624,21 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
             # the pages carry plotly.js; the saved notebooks keep each figure once, as JSON
             nbformat.write(slim_notebook(nb), str(tmp / "notebooks" / name))
             page = _page_name(name)
-            (tmp / page).write_text(notebook_to_html(nb, f"{title} — {opened.name}",
-                                                     _nav_html(page, report_nbs)),
+            (tmp / page).write_text(link_terms(notebook_to_html(nb, f"{title} — {opened.name}",
+                                                                _nav_html(page, report_nbs))),
                                     encoding="utf-8")
             pages.append((page, title))
+        (tmp / "glossary.html").write_text(glossary_html(f"Glossary — {opened.name}"), encoding="utf-8")
         exports = sorted(str(p.relative_to(tmp)) for p in data.rglob("*") if p.is_file())
-        (tmp / "index.html").write_text(
-            index_html(params, opened.name, study_hash, pages, exports,
-                       headline_rows(data), baseline=base_info), encoding="utf-8")
+        info = IndexInputs(study_name=opened.name, study_hash=study_hash, pages=tuple(pages),
+                           exports=tuple(exports), parameters=params.provenance_rows(
+                               opened.name, study_hash, base_info), baseline=params.baseline is not None)
+        (tmp / "index.html").write_text(index_html(info, *read_records(data)), encoding="utf-8")
         meta = {"capplan": __version__, "study": str(params.study), "study_name": opened.name,
                 "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,
-                "time": params.time, "pages": [p for p, _ in pages], "exports": exports}
+                "time": params.time, "notes": list(params.notes), "command": command or [],
+                "pages": [p for p, _ in pages], "exports": exports}
         if params.twin is not None:
             import hashlib
 
@@ -766,6 +649,10 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                          "baseline_sha256": base_info[1],
                          "gates": str(params.gates) if params.gates else None})
         write_text_atomic(tmp / "report.json", json.dumps(meta, indent=2) + "\n")
+        inputs = [params.study, params.spec] + [x for x in (params.baseline, params.gates, params.twin)
+                                                if x is not None]
+        write_bundle(tmp, inputs=inputs, command=command, study=params.study, study_hash=study_hash,
+                     spec=params.spec, time=params.time, baseline=params.baseline)
     total = perf_counter() - t_start
     say(f"report written in {total:.1f} s")
     return ReportResult(out_dir=out_dir, index=out_dir / "index.html",
@@ -775,7 +662,12 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
 
 
 def whatif_env(study: Path) -> dict:
-    """Environment for a Voila process serving the what-if notebook on ``study``."""
+    """Environment for a Voila process serving the what-if notebook on ``study`` (in a venv made
+    with ``--system-site-packages``, Voila's and nbconvert's templates under the base
+    interpreter's prefix are added to JUPYTER_PATH, where Voila would not look)."""
     env = dict(os.environ)
     env["CAPPLAN_STUDY"] = str(study)
+    base = Path(sys.base_prefix) / "share" / "jupyter"
+    if Path(sys.prefix) != Path(sys.base_prefix) and base.is_dir():
+        env["JUPYTER_PATH"] = os.pathsep.join([p for p in (env.get("JUPYTER_PATH"), str(base)) if p])
     return env

@@ -99,6 +99,19 @@ class SLO:
         return ",".join(f"{k}={v}" for k, v in self.to_dict().items())
 
 
+def override_note(base: "SLO | None", given: "SLO") -> str | None:
+    """What an SLO given on the command line (which replaces the spec's SLO whole) leaves out of
+    the spec's SLO, in words, or None when it keeps every limit."""
+    if base is None:
+        return None
+    dropped = [k for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "max_error_rate")
+               if getattr(base, k) is not None and getattr(given, k) is None]
+    if not dropped:
+        return None
+    parts = ", ".join(f"{k}={getattr(base, k):g}" for k in dropped)
+    return (f"--slo replaces the spec's SLO ({base.describe()}): its {parts} "
+            f"{'is' if len(dropped) == 1 else 'are'} not used; add {parts} to --slo to keep "
+            f"{'it' if len(dropped) == 1 else 'them'}")
 # ----------------------------------------------------------------------------- SLO classes
 
 #: the class name that covers requests of any class the file does not name (or of none)

@@ -10,6 +10,7 @@ keeps its tail), so a report page stays small.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -17,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .contract import pct_label
+from .glossary import for_readers
 
 #: Funnel stages: (summary column, label), in order.
 FUNNEL_STAGES: tuple[tuple[str, str], ...] = (
@@ -190,10 +192,12 @@ def latency_timeseries_figure(frames: Mapping[str, pd.DataFrame], metric: str = 
 
 def breakdown_figure(table: pd.DataFrame, key: str, value: str = "attainment_offered", *,
                      run_order: list[str] | None = None, title: str | None = None,
-                     fmt: str = ".3f") -> go.Figure:
+                     fmt: str = ".3f", min_n: int = 100) -> go.Figure:
     """Heat map of ``value`` per run (columns) and ``key`` group (rows) from a
     ``metrics.breakdown`` frame: where in the mix (long prompts, one tenant) the SLO breaks
-    first. Cell text shows the value and N."""
+    first. Cell text shows the value and N. Cells with fewer than ``min_n`` requests (default
+    100: below it one miss moves attainment by more than the 0.99 target's 1 % budget) are
+    grey and marked "too few" instead of coloured as if certain."""
     if key not in table:
         raise KeyError(f"breakdown frame has no column {key!r}")
     runs = run_order or list(dict.fromkeys(table["run_id"]))
@@ -202,25 +206,42 @@ def breakdown_figure(table: pd.DataFrame, key: str, value: str = "attainment_off
                           sort=False).reindex(index=keys, columns=runs)
     n = table.pivot_table(index=key, columns="run_id", values="n_offered", aggfunc="first",
                           sort=False).reindex(index=keys, columns=runs)
+    zv, nv = z.to_numpy(float), n.to_numpy(float)
+    few = np.isfinite(zv) & (np.nan_to_num(nv, nan=0.0) < min_n)
     text = [[("" if pd.isna(v) else format(v, fmt)) + ("" if pd.isna(c) else f"<br>N={int(c)}")
-             for v, c in zip(zr, cr)] for zr, cr in zip(z.to_numpy(), n.to_numpy())]
+             + (" (too few)" if f else "")
+             for v, c, f in zip(zr, cr, fr)] for zr, cr, fr in zip(zv, nv, few)]
     scale = "RdYlGn" if value.startswith("attainment") else "Viridis"
-    fig = go.Figure(go.Heatmap(z=z.to_numpy(float), x=runs, y=[str(k) for k in keys],
-                               text=text, texttemplate="%{text}", colorscale=scale,
-                               colorbar=dict(title=value),
-                               hovertemplate="run %{x}<br>" + key + " %{y}<br>"
-                                             + value + " %{z:" + fmt + "}<extra></extra>"))
-    fig.update_layout(**LAYOUT, title=title or f"{value} by {key} and run",
-                      xaxis_title="run", yaxis_title=key)
+    label = HEADERS.get(value, human(value))
+    fig = go.Figure(go.Heatmap(z=np.where(few, np.nan, zv), x=runs, y=[str(k) for k in keys],
+                               colorscale=scale, colorbar=dict(title=label), hoverongaps=False,
+                               customdata=nv, name=label,
+                               hovertemplate="run %{x}<br>" + key + " %{y}<br>" + label
+                                             + " %{z:" + fmt + "}<br>N = %{customdata}<extra></extra>"))
+    if few.any():  # too few requests to read a colour into: grey, hatched, marked in the text
+        fig.add_trace(go.Heatmap(z=np.where(few, 1.0, np.nan), x=runs, y=[str(k) for k in keys],
+                                 colorscale=[[0, "#d9d9d9"], [1, "#d9d9d9"]], showscale=False,
+                                 hoverongaps=False, customdata=nv, name="too few requests",
+                                 hovertemplate="run %{x}<br>" + key + " %{y}<br>N = %{customdata}: "
+                                               "too few requests to judge<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[r for r in runs for _ in keys], y=[str(k) for _ in runs for k in keys],
+                             mode="text", text=[text[i][j] for j in range(len(runs)) for i in range(len(keys))],
+                             textfont=dict(size=10), hoverinfo="skip", showlegend=False))
+    fig.update_layout(**LAYOUT, title=title or f"{label} by {human(key)} and run",
+                      xaxis_title="run", yaxis_title=human(key))
+    if few.any():
+        fig.add_annotation(x=0, y=-0.18, xref="paper", yref="paper", showarrow=False, xanchor="left",
+                           text=f"grey: fewer than {min_n:,} requests — too few for a single miss not to "
+                                "decide the cell; its value is in the cell text", font=dict(size=11))
     fig.update_yaxes(type="category")
     fig.update_xaxes(type="category")
     return fig
 
 
 def quarters_figure(quarters: pd.DataFrame) -> go.Figure:
-    """Plan by quarter (``Plan.quarters_frame()``): GPUs as bars, planned peak (and the
-    forecast mean, when the demand came from a forecast) as lines on a second axis; hover
-    shows cost per quarter."""
+    """Plan by quarter (``Plan.quarters_frame()``): GPUs in groups as bars, peak demand and the
+    planned demand (peak + uncertainty, what the plan sizes for; and the forecast mean, when
+    the demand came from a forecast) as lines on a second axis; hover shows cost per quarter."""
     from plotly.subplots import make_subplots
 
     fig = make_subplots(specs=[[{"secondary_y": True}]])
@@ -229,13 +250,16 @@ def quarters_figure(quarters: pd.DataFrame) -> go.Figure:
                 text=quarters["gpus"], textposition="outside",
                 hovertemplate="%{x}: %{y} GPUs<br>$%{customdata:,.0f} per quarter<extra></extra>",
                 secondary_y=False)
-    fig.add_scatter(x=q, y=quarters["peak_rps"], name="planned peak (req/s)",
+    fig.add_scatter(x=q, y=quarters["peak_rps"], name="peak demand (req/s)",
                     mode="lines+markers", secondary_y=True)
+    if "demand_rps" in quarters:
+        fig.add_scatter(x=q, y=quarters["demand_rps"], name="planned demand incl. uncertainty (req/s)",
+                        mode="lines+markers", line=dict(dash="dash"), secondary_y=True)
     mean = quarters.get("forecast_mean_rps")
     if mean is not None and pd.Series(mean).notna().any():
         fig.add_scatter(x=q, y=mean, name="forecast mean (req/s)", mode="lines+markers",
                         line=dict(dash="dot"), secondary_y=True)
-    fig.update_layout(**LAYOUT, title="Plan by quarter: GPUs and planned peak demand")
+    fig.update_layout(**LAYOUT, title="Plan by quarter: GPUs in replica groups, peak and planned demand")
     fig.update_yaxes(title_text="GPUs", secondary_y=False, rangemode="tozero")
     fig.update_yaxes(title_text="req/s", secondary_y=True, rangemode="tozero", showgrid=False)
     return fig
@@ -264,9 +288,79 @@ def format_number(v) -> str:
     return str(v)
 
 
-def styled(df: pd.DataFrame):
-    """A report table: no index, numbers through :func:`format_number`, text left-aligned."""
+#: page headers for columns people read (the frames and exports keep snake_case names)
+HEADERS = {
+    "run_id": "run", "offered_rps": "offered rate, nominal (req/s)", "concurrency": "concurrency",
+    "measured_rps": "offered rate, measured (req/s)", "measured_offered_rps": "offered rate, measured (req/s)",
+    "measured/nominal": "measured / nominal", "rate_ratio": "measured / nominal",
+    "window_s": "steady window (s)", "achieved_rps": "achieved rate (req/s)",
+    "output_tok_s": "output tokens/s", "total_tok_s": "tokens/s (in + out)",
+    "computed_tok_s": "tokens/s computed (prefix cache misses)", "first_token": "first token",
+    "excluded_warmup": "in warm-up (left out)", "good": "SLO-meeting",
+    "attain_offered": "attainment (of offered)", "attain_admitted": "attainment (of admitted)",
+    "attainment_offered": "attainment (of offered)",
+    "goodput_rps": "goodput over the window (req/s)", "error_rate": "error rate", "meets_slo": "meets SLO",
+    "n": "requests", "n_good": "SLO-meeting", "attainment": "attainment", "n_eff": "N_eff",
+    "warmup_s": "warm-up (s)", "warmup_source": "warm-up from", "gen_lag_p99_ms": "generator lag p99 (ms)",
+    "littles_ratio": "Little's law ratio", "overloaded": "overloaded", "too_short": "too short",
+    "usable": "usable", "reason": "why not usable", "warnings": "warnings",
+    "item": "line item", "value": "value", "unit": "unit", "formula": "formula", "inputs": "inputs",
+    "quantity": "quantity", "note": "note", "check": "check", "ok": "status ok", "caveat": "caveat",
+    "assumption": "assumption", "quarter": "quarter", "start": "first day", "end": "last day",
+    "peak_rps": "peak demand (req/s)", "demand_rps": "planned demand incl. uncertainty (req/s)",
+    "groups": "replica groups", "gpus": "GPUs in groups", "billed_gpus": "billed GPUs", "nodes": "nodes",
+    "cost_usd_per_month": "cost per month (USD)", "cost_usd_per_quarter": "cost per quarter (USD)",
+    "cost_usd_per_year": "cost per year at this size (USD)",
+    "cost_usd_per_1k_good_requests": "cost per 1 000 SLO-meeting requests (USD)",
+    "forecast_mean_rps": "forecast mean peak (req/s)", "forecast_lower_rps": "forecast interval low (req/s)",
+    "input_tokens_bucket": "prompt length (tokens)", "output_tokens_bucket": "output length (tokens)",
+    "tenant": "tenant", "case": "case", "c_slo_rps": "C_SLO (req/s)",
+    "capacity_rps_per_group": "capacity per replica group (req/s)",
+}
+_UNITS = (("_rps", " (req/s)"), ("_ms", " (ms)"), ("_pct", " (%)"), ("_usd", " (USD)"), ("_s", " (s)"),
+          ("_w", " (W)"), ("_wh", " (Wh)"))
+
+
+def human(col) -> str:
+    """A readable header for a column name: the HEADERS entry, else words with the unit
+    suffix in brackets (``ttft_p99_ms`` → 'ttft p99 (ms)'); other text passes through."""
+    c = str(col)
+    if c in HEADERS:
+        return HEADERS[c]
+    if "_" not in c:
+        return c
+    unit = ""
+    for suffix, text in _UNITS:
+        if c.endswith(suffix):
+            c, unit = c[: -len(suffix)], text
+            break
+    words = c.replace("_", " ")
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        if words.startswith(metric + " "):
+            words = metric.upper() + words[len(metric):]
+    if words.startswith("n "):
+        words = "N " + words[2:]
+    words = re.sub(r"\bp(\d+) (\d+)\b", r"p\1.\2", words)  # p99_9 → p99.9
+    return words + unit
+
+
+def format_usd(v) -> str:
+    """Money on a page: $1,027,585 (whole dollars from $1 000), $6.79 (cents below)."""
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "n/a"
+    return f"${v:,.0f}" if abs(v) >= 1000 else f"${v:,.2f}"
+
+
+def styled(df: pd.DataFrame, *, headers: dict | None = None):
+    """A report table: no index, human headers (:func:`human`, ``headers`` overrides), numbers
+    through :func:`format_number`, text left-aligned."""
+    names = {c: (headers or {}).get(c, human(c)) for c in df.columns}
+    if len(set(names.values())) == len(names):
+        df = df.rename(columns=names)
     st = df.style.hide(axis="index").format(format_number)
+    money = [c for c in df.columns if "(USD" in str(c) and pd.api.types.is_numeric_dtype(df[c])]
+    if money:
+        st = st.format(format_usd, subset=money)
     text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])
             or pd.api.types.is_bool_dtype(df[c])]
     if text:
@@ -274,6 +368,95 @@ def styled(df: pd.DataFrame):
     return st
 
 
+def percentile_table(summary, metric: str) -> tuple[pd.DataFrame, str]:
+    """One latency metric's percentiles (ms) per run from a ``metrics.summarize`` result, and a
+    footnote for the cells the sample cannot support: they show — instead of repeating the
+    reason in every row."""
+    import re
+
+    funnel = summary.display_frame("funnel")
+    out = funnel[[c for c in ("run_id", "offered_rps", "concurrency") if c in funnel]].copy()
+    need: set[int] = set()
+    for p in summary.percentiles:
+        cells = []
+        for _, r in summary.table.iterrows():
+            text = summary.cell_text(r, metric, p)
+            m = re.search(r"need ([\d,]+)", text) if text.startswith("insufficient") else None
+            if m:
+                need.add(int(m.group(1).replace(",", "")))
+                text = "—"
+            cells.append(text)
+        out[f"{pct_label(p)} (ms)"] = cells
+    note = ("— : too few completed requests in the run for that percentile (a p99 needs about "
+            f"{min(need):,}; rarer percentiles need more)." if need else "")
+    return out, note
+
+
+# ----------------------------------------------------------------------------- page tables
+
+
+def _with_ci(v, lo, hi, fmt: str) -> str:
+    if v is None or pd.isna(v):
+        return "n/a"
+    s = format(v, fmt)
+    if lo is not None and hi is not None and not (pd.isna(lo) or pd.isna(hi)):
+        s += f" ({format(lo, fmt)}–{format(hi, fmt)})"
+    return s
+
+
+def envelope_runs_frame(env) -> pd.DataFrame:
+    """The envelope's per-run table trimmed to what the page's question needs (the whole table
+    is in envelope.json): run, rates, requests, SLO-meeting, attainment with its CI, N_eff,
+    TTFT p99 with its CI, and why a run is not used."""
+    r = env.runs
+    out = pd.DataFrame({"run_id": r["run_id"]})
+    if "offered_rps" in r and r["offered_rps"].notna().any():
+        out["offered_rps"] = r["offered_rps"]
+    if "measured_rps" in r:
+        out["measured_rps"] = r["measured_rps"]
+    out["n"] = r["n"]
+    out["n_good"] = r["n_good"]
+    out["attainment (CI)"] = [_with_ci(a, lo, hi, ".4f") for a, lo, hi in
+                              zip(r["attainment"], r["att_ci_low"], r["att_ci_high"])]
+    if "n_eff" in r:
+        out["n_eff"] = r["n_eff"]
+    if "ttft_p99_ms" in r:
+        out["TTFT p99 from the histogram, ms (CI)"] = [
+            _with_ci(v, lo, hi, ".0f") for v, lo, hi in
+            zip(r["ttft_p99_ms"], r.get("ttft_p99_ci_low", [None] * len(r)), r.get("ttft_p99_ci_high", [None] * len(r)))]
+    out["reason"] = [("" if u else str(x)) for u, x in zip(r["usable"], r["reason"])]
+    return out
+
+
+def pooling_note(env) -> str:
+    """Why the C_SLO estimate can sit above a run that missed the target (the isotonic fit
+    pooled it with its neighbours), or "" when no usable run below the estimate missed it."""
+    c = env.cslo
+    if c.closed_loop or not (c.estimate == c.estimate):
+        return ""
+    r = env.runs[env.runs["usable"]]
+    below = r[(r["x"] < c.estimate) & (r["attainment"] < env.target)]
+    if below.empty:
+        return ""
+    runs = ", ".join(f"{row.run_id} ({row.x:.3g} req/s, attainment {row.attainment:.4f})" for row in below.itertuples())
+    return (f"**Why the estimate {c.estimate:.4g} sits above a run that missed the target** ({runs}): the "
+            "fit makes attainment non-increasing in load, so a run that did worse than a faster one is pooled "
+            "with it into one level (isotonic fit), weighted by how much each run can be trusted; the interval "
+            "and lower bound allow for that run's result.")
+
+
+def about_frame(plan) -> pd.DataFrame:
+    """What the plan is, in words (``Plan.about``): label, text."""
+    return pd.DataFrame(plan.about(), columns=["setting", "text"])
+
+
+def checks_frame(plan) -> pd.DataFrame:
+    """The plan's checks for a page: failing first, then caveated, then the rest; the result in
+    words."""
+    rows = sorted(plan.checks, key=lambda c: (c.ok, not c.caveat))
+    return pd.DataFrame({"ok": ["FAILS" if not c.ok else ("holds, with a caveat" if c.caveat else "holds")
+                                for c in rows],
+                         "check": [c.sentence for c in rows], "caveat": [for_readers(c.caveat) for c in rows]})
 def replace_figure(widget, fig) -> None:
     """Put a new figure's traces and layout into a displayed ``go.FigureWidget`` in one update
     (panels redraw in place this way)."""

@@ -1,6 +1,8 @@
-"""Real browser against the what-if app: `capplan whatif` serves notebook 4 with Voila on
-127.0.0.1, Playwright drives Debian's chromium, moves the peak-demand slider with the
-keyboard and waits for the plan table to show the plan the library computes for that peak."""
+"""Real browser (Playwright driving Debian's chromium): the report's index read as a planner
+reads it (next quarter's dated GPUs and cost, the sensitivity band), and the what-if app —
+`capplan whatif` serving notebook 4 with Voila on 127.0.0.1 — moved with the keyboard: the
+peak-demand slider redraws the plan the library computes; an impossible TTFT limit hides the
+plan and says in plain words what to change."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import time
 import pytest
 
 from capplan import report as R
-from capplan.whatif import WhatIfModel, _slider_range, whatif_state
+from capplan.whatif import WhatIfModel, slider_range, whatif_state
+from test_report import demo_report  # noqa: F401  (shared fixture)
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -45,16 +48,23 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) 
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
 
 
-@pytest.fixture
-def whatif_app(tmp_path):
+def _skip_without_chromium():
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+
+
+@pytest.fixture(scope="module")
+def whatif_app(tmp_path_factory):
+    """One app for the module's tests (each opens its own page, so gets its own kernel)."""
+    _skip_without_chromium()
+    tmp_path = tmp_path_factory.mktemp("whatif")
     port, token = _free_port(), "capplan-test"
     log = open(tmp_path / "whatif.log", "wb")
+    env = dict(os.environ, CAPPLAN_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "capplan", "whatif", "--port", str(port), "--reps", str(REPS),
-         "--seed", "0", "--token", token],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
+         "--seed", "0", "--token", token, "--pool", "2"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env)
     try:
         _wait_for_port(port, proc)
         yield f"http://127.0.0.1:{port}/?token={token}"
@@ -83,7 +93,7 @@ def test_slider_moves_the_rendered_plan(whatif_app):
     # what the table must show after PRESSES steps of the peak slider, computed here
     model = WhatIfModel.build(R.demo_study_path(), reps=REPS, seed=0)
     start = model.defaults()
-    _, _, step = _slider_range(start.peak_rps, 0.1, 3.0)
+    _, _, step = slider_range(start.peak_rps, 0.1, 3.0)
     final = whatif_state(model, start.with_(peak_rps=start.peak_rps + PRESSES * step))
     shown = final.table.set_index("key")["shown"]
     want_peak, want_gpus = shown["peak_rps"], shown["total_gpus"]
@@ -113,5 +123,65 @@ def test_slider_moves_the_rendered_plan(whatif_app):
             page.wait_for_function(
                 "t => [...document.querySelectorAll('.js-plotly-plot .waterfalllayer text')]"
                 ".some(e => e.textContent === t)", arg=total, timeout=30_000)
+        finally:
+            browser.close()
+
+
+def test_impossible_ttft_hides_the_plan_and_names_the_fix(whatif_app):
+    """The strictest TTFT limit no tested rate meets: the plan table and chart go away (no stale
+    plan left on screen) and the message says, in plain words, which control to move."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(whatif_app)
+            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=120_000)
+            row = page.locator(".widget-slider", has_text="TTFT limit")
+            row.locator(".noUi-handle").focus()
+            for _ in range(12):  # to the slider's left end: 600 ms
+                page.keyboard.press("ArrowLeft")
+            page.wait_for_selector("#whatif-problem", timeout=60_000)
+            msg = page.inner_text("#whatif-problem")
+            assert "No plan at these settings" in msg
+            assert "loosen the TTFT limit to 1,000 ms or more" in msg
+            for cli_words in ("--capacity-rps", "capacity.use", "field:", "Traceback"):
+                assert cli_words not in msg
+            page.wait_for_function("() => !document.querySelector('#plan-table')", timeout=30_000)
+            assert page.locator("#quarters-table").count() == 0
+            assert page.locator(".waterfalllayer").count() == 0  # the chart is off the page too
+        finally:
+            browser.close()
+
+
+def test_index_shows_next_quarter_and_the_band(demo_report):  # noqa: F811
+    """The index read in chromium: the answer names next quarter with its dates, the GPUs, the
+    billed GPUs and the monthly cost, and the sensitivity band, as the plan export has them."""
+    import json
+
+    from playwright.sync_api import sync_playwright
+
+    _skip_without_chromium()
+    rec = json.loads((demo_report / "data" / "plan.json").read_text(encoding="utf-8"))
+    q, sens = rec["quarters"][0], rec["sensitivity"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto((demo_report / "index.html").as_uri())
+            answer = page.inner_text("#answer-text")
+            import datetime as dt
+
+            start = dt.date.fromisoformat(q["start"])
+            assert f"For {q['quarter']} ({start.day} {start:%b}" in answer
+            assert f"{q['groups']} replica groups = {q['gpus']} GPUs" in answer
+            assert f"{q['billed_gpus']} billed GPUs" in answer
+            assert f"${q['cost_usd_per_month']:,.0f} per month" in answer
+            row = page.locator(f'#quarters tr[data-quarter="{q["quarter"]}"]')
+            assert row.locator('td[data-col="gpus"]').inner_text() == str(q["gpus"])
+            band = page.inner_text("#sensitivity")
+            assert f"from {sens['low_system']:.4g} to {sens['high_system']:.4g} req/s" in band
+            assert page.is_visible("#honesty") and page.is_visible("#checks")
         finally:
             browser.close()

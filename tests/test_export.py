@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import math
+import re
+import shutil
+import subprocess
 
 import openpyxl
 import pandas as pd
@@ -56,8 +59,8 @@ def test_round_trip_numbers_and_sheets(tmp_path):
         assert isinstance(got[it.key], (int, float)) and not isinstance(got[it.key], bool)
         assert got[it.key] == pytest.approx(it.value, rel=1e-12)
     head, rows = read_sheet(wb["Cost by quarter"])
-    assert "Cost (USD/quarter)" in head and "Planned peak (req/s)" in head
-    col = head.index("Cost (USD/quarter)")
+    assert "Cost per quarter (USD)" in head and "Peak demand (req/s)" in head
+    col = head.index("Cost per quarter (USD)")
     assert [r[col] for r in rows] == pytest.approx([q.cost_usd_per_quarter for q in plan.quarters])
     prov = dict(read_sheet(wb["Provenance"])[1])
     assert prov["time"] == T and prov["study content hash (sha256)"] == "abc123"
@@ -81,9 +84,12 @@ def test_injection_written_as_text(tmp_path, evil):
     out = export_plan(plan, tmp_path / "x", time=T)
     wb = openpyxl.load_workbook(out / "plan.xlsx")
     # xlsxwriter stores CR as the OOXML escape _x000D_ (Excel shows a CR; openpyxl keeps the escape)
-    summary = dict((r[0], r[1].replace("_x000D_", "\r") if isinstance(r[1], str) else r[1])
-                   for r in read_sheet(wb["Summary"])[1])
-    assert summary["plan"] == "'" + evil and summary["tenant"] == "'" + evil
+    about = dict((r[0], r[1].replace("_x000D_", "\r") if isinstance(r[1], str) else r[1])
+                 for r in wb["Summary"].iter_rows(values_only=True) if r[0] in ("plan", "tenant"))
+    assert about["plan"] == "'" + evil and about["tenant"] == "'" + evil
+    prov = dict((r[0], r[1].replace("_x000D_", "\r") if isinstance(r[1], str) else r[1])
+                for r in read_sheet(wb["Provenance"])[1])
+    assert prov["plan"] == "'" + evil and prov["tenant"] == "'" + evil
     for ws in wb.worksheets:
         for row in ws.iter_rows():
             for cell in row:
@@ -91,10 +97,10 @@ def test_injection_written_as_text(tmp_path, evil):
                 if isinstance(cell.value, str):
                     assert not cell.value.startswith(("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠"))
     # CSV: the evil text comes back whole (one row, prefixed), nothing split by the bare CR
-    text = (out / "summary.csv").read_bytes().decode("utf-8-sig")
+    text = (out / "provenance.csv").read_bytes().decode("utf-8-sig")
     df = pd.read_csv(io.StringIO(text), keep_default_na=False)
-    assert df.set_index("Quantity").loc["tenant", "Value"] == "'" + evil
-    assert list(df.columns) == ["Quantity", "Value", "Unit"]
+    assert df.set_index("Key").loc["tenant", "Value"] == "'" + evil
+    assert list(df.columns) == ["Key", "Value"]
 
 
 def test_safe_text_rules():
@@ -172,3 +178,111 @@ def test_cli_capacity_only(tmp_path, capsys):
     assert main(["plan", "--capacity-rps", "50", "--spec", str(spec), "--out", str(tmp_path / "o"),
                  "--time", "yesterday"]) == 2
     assert "not an ISO timestamp" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ formats and print setup
+
+
+def _fmt(ws, coord):
+    return ws[coord].number_format
+
+
+def test_number_formats_numeric_cells_and_print_setup(tmp_path):
+    """Integers without decimals, money with 2 decimals and a currency sign, percentages and
+    rates with fixed decimals, dates as dates; numbers in numeric cells and words in text
+    columns; every sheet landscape, one page wide, header row repeated, with a print area;
+    the Summary on one page."""
+    import datetime as dt
+
+    plan = make_plan(load_plan_spec({**SPEC, "start": "2026-Q2"}), capacity=50.0)
+    out = export_plan(plan, tmp_path / "x", time=T)
+    wb = openpyxl.load_workbook(out / "plan.xlsx")
+    for ws in wb.worksheets:
+        assert ws.page_setup.orientation == "landscape", ws.title
+        # fit to pages, one page wide (OOXML's default width and height are 1: left out when 1)
+        assert ws.sheet_properties.pageSetUpPr.fitToPage and ws.page_setup.fitToWidth in (None, 1), ws.title
+        assert ws.print_title_rows, ws.title  # header row repeated on every page
+        assert ws.print_area, ws.title
+    assert wb["Summary"].page_setup.fitToHeight in (None, 1) and wb["Plan line items"].page_setup.fitToHeight == 0
+
+    def rows(name):
+        ws = wb[name]
+        values = list(ws.iter_rows())
+        start = next(i for i, r in enumerate(values) if r[0].value in ("Quantity", "Line item", "Quarter",
+                                                                      "Assumption", "Month", "Period"))
+        head = [c.value for c in values[start]]
+        return head, values[start + 1:]
+
+    head, body = rows("Summary")
+    by = {r[0].value: r for r in body}
+    v, u = head.index("Value"), head.index("Unit")
+    assert by["total GPUs"][v].data_type == "n" and _fmt(wb["Summary"], by["total GPUs"][v].coordinate) == "#,##0"
+    assert by["total cost per month"][v].number_format == '"$"#,##0.00'
+    assert by["utilisation at peak"][u].value == "%" and by["utilisation at peak"][v].number_format == "0.0"
+    assert by["peak demand λ_peak"][v].number_format == "#,##0.000"
+    assert all(r[v].data_type == "n" for r in body)  # Summary values: numbers only
+    # the plan's words sit above the table, as text
+    about = {r[0].value: r[1].value for r in wb["Summary"].iter_rows(max_row=12) if r[0].value}
+    assert about["failure policy"].startswith("survive losing the largest of 3 zones")
+    assert about["period"].startswith("2026Q2 to 2026Q4 (2026-04-01 to 2026-12-31")
+    # text and numbers never share a column
+    head, body = rows("Assumptions")
+    v, t = head.index("Value"), head.index("Text")
+    assert all(r[v].value is None or r[v].data_type == "n" for r in body)
+    assert all(r[t].value is None or r[t].data_type == "s" for r in body)
+    assert all(r[v].value is not None or r[t].value is not None for r in body)
+    texts = [r[t].value for r in body if r[t].value]
+    assert "a, b, c" in texts and not [x for x in texts if x.startswith("[") or x.startswith("{")]
+    # assumptions the plan did not use are left out (k is for n_plus_k; PUE and gpu power are used here)
+    assert not [r for r in body if r[0].value and r[0].value.startswith("groups that may fail at once")]
+    # dates, and monthly / quarterly / annual totals
+    head, body = rows("Cost by quarter")
+    assert [r[0].value for r in body] == ["2026Q2", "2026Q3", "2026Q4"]
+    first = body[0][head.index("First day")]
+    assert first.is_date and first.value == dt.datetime(2026, 4, 1) and first.number_format == "yyyy-mm-dd"
+    assert body[0][head.index("Replica groups")].number_format == "#,##0"
+    assert body[0][head.index("Cost per quarter (USD)")].number_format == '"$"#,##0.00'
+    head, months = rows("Cost by month")
+    assert len(months) == 9 and months[0][0].value == "2026-04"
+    q_cost = sum(r[head.index("Cost (USD)")].value for r in months[:3])
+    assert q_cost == pytest.approx(plan.quarters[0].cost_usd_per_quarter)
+    head, years = rows("Cost by year")
+    assert years[0][0].value == "year 1 (3 quarters of 4)"
+    assert years[0][head.index("Cost (USD)")].value == pytest.approx(sum(q.cost_usd_per_quarter for q in plan.quarters))
+
+
+def test_csvs_are_rounded_to_the_stated_precision(tmp_path):
+    plan = make_plan(load_plan_spec({**SPEC, "demand": {**SPEC["demand"], "peak_rps": 8.0}}), capacity=2.7660679936927552)
+    out = export_plan(plan, tmp_path / "x", time=T)
+    text = "".join((out / n).read_text(encoding="utf-8-sig") for n in CSV_NAMES.values())
+    assert not re.search(r"\d\.\d{7,}", text.replace((out / "provenance.csv").read_text(encoding="utf-8-sig"), ""))
+    q = pd.read_csv(out / "cost_by_quarter.csv", encoding="utf-8-sig", dtype=str)
+    assert q["Peak demand (req/s)"].tolist() == ["8.0000", "8.8000", "9.6800"]  # not 9.680000000000001
+    assert all(re.fullmatch(r"\d+\.\d\d", x) for x in q["Cost per quarter (USD)"])
+    assert all(re.fullmatch(r"\d+", x) for x in q["Replica groups"])
+    prov = pd.read_csv(out / "provenance.csv", encoding="utf-8-sig").set_index("Key")["Value"]
+    assert "money (USD) to 0.01" in prov["CSV precision"]
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice (soffice) is not installed")
+def test_summary_prints_on_one_page_in_libreoffice(tmp_path):
+    """Rendered through LibreOffice headless: the Summary sheet alone is one page, and the
+    whole workbook a handful (it was 23 pages, columns split across pages)."""
+    import datetime as dt
+
+    from capplan.export import plan_layouts, plan_tables, write_xlsx
+
+    plan = make_plan(load_plan_spec(SPEC), capacity=50.0)
+    tables, layouts = plan_tables(plan, time=T), plan_layouts(plan)
+    write_xlsx({"Summary": tables["Summary"]}, tmp_path / "summary.xlsx", created=dt.datetime(2026, 1, 1),
+               layouts=layouts)
+    export_plan(plan, tmp_path / "x", time=T)
+
+    def pages(xlsx):
+        subprocess.run(["soffice", "--headless", "--convert-to", "pdf", "--outdir", str(tmp_path), str(xlsx)],
+                       check=True, capture_output=True, timeout=180)
+        pdf = (tmp_path / xlsx.with_suffix(".pdf").name).read_bytes()
+        return len(re.findall(rb"/Type\s*/Page[^s]", pdf))
+
+    assert pages(tmp_path / "summary.xlsx") == 1
+    assert pages(tmp_path / "x" / "plan.xlsx") <= 14

@@ -108,6 +108,31 @@ def test_guidellm_v2_counts_rates_and_latencies_match_source(tmp_path):
     assert all(v == 0 for _, v in mins)
 
 
+def test_guidellm_output_folder_imports_like_its_report(tmp_path):
+    """`capplan import auto DIR` on the folder GuideLLM wrote (benchmarks.json.gz beside the
+    CSV and HTML views) gives the same study as the report file itself."""
+    import shutil
+
+    folder = tmp_path / "guidellm-out"
+    folder.mkdir()
+    shutil.copy(GL_POISSON, folder / "benchmarks.json.gz")
+    (folder / "benchmarks.csv").write_text("a,b\n1,2\n", encoding="utf-8")
+    (folder / "benchmarks.html").write_text("<html></html>", encoding="utf-8")
+    assert detect(folder) == "guidellm"
+    by_dir = import_paths("auto", [folder])
+    by_file = import_paths("guidellm", [GL_POISSON])
+    assert [r["run_id"] for r in by_dir.manifest["runs"]] == \
+        [r["run_id"] for r in by_file.manifest["runs"]]
+    assert by_dir.events.num_rows == by_file.events.num_rows
+    assert by_dir.status_counts() == by_file.status_counts()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.json").write_text("{}", encoding="utf-8")
+    from capplan.errors import StudyError
+    with pytest.raises(StudyError, match="no GuideLLM report"):
+        import_paths("guidellm", [empty])
+
+
 def test_guidellm_startup_burst_detected_in_real_output(tmp_path):
     src = _json(GL_POISSON)
     burst = {f"poisson@{b['config']['strategy']['rate']:g}":

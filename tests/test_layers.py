@@ -31,14 +31,16 @@ DOC = ROOT / "docs" / "architecture.md"
 #: matching name wins. "capplan" is the package itself (its __init__, the public facade).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "contract", "version", "io")),
-    ("kit", ("spec", "slo", "sketch", "earlystop")),
+    ("kit", ("spec", "slo", "sketch", "earlystop", "periods", "resources")),
     ("study", ("study", "telemetry", "importers")),
     ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "twin")),
-    ("plan", ("plan_spec", "plan", "plan_dynamics", "forecast", "plan_bounds")),
-    ("presentation", ("viz", "export", "whatif", "whatif_fleet", "report", "mix.panel", "mix.page")),
+    ("plan", ("plan_spec", "plan_text", "plan", "plan_dynamics", "forecast", "plan_bounds", "sensitivity",
+              "candidates")),
+    ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",
+                      "report_index", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
 

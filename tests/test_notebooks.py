@@ -93,7 +93,7 @@ def test_explore_outputs_match_metrics(demo_report):  # noqa: F811
         assert needle in titles, needle
     text = _text(nb)
     assert "Study" in text and study.name in text
-    assert "warmup_source" in text  # the diagnostics table
+    assert "warm-up from" in text and "warmup_source" not in text  # the diagnostics table, human headers
 
 
 def test_envelope_outputs_match_fit(demo_report):  # noqa: F811
@@ -111,11 +111,14 @@ def test_envelope_outputs_match_fit(demo_report):  # noqa: F811
     c = env.cslo
     assert [float(x) for x in m.groups()] == [float(f"{v:.4g}") for v in
                                               (c.estimate, c.ci_low, c.ci_high, c.lower_bound)]
-    assert env.to_text(tables=False) in text  # the text `capplan envelope` prints
+    from capplan.glossary import for_readers
+
+    # the text `capplan envelope` prints (without pointers to files a report reader lacks)
+    assert for_readers(env.to_text(tables=False)) in text
     figs = _figures(nb)
     assert any(t.startswith("SLO attainment") for t in figs)
-    assert "Goodput and throughput" in figs
-    assert any(t.startswith("C_SLO (lower bound)") for t in figs), sorted(figs)
+    assert "Goodput and throughput at the offered rate" in figs
+    assert any(t.startswith("C_SLO lower bound for other latency limits") for t in figs), sorted(figs)
     saved = json.loads((demo_report / "data" / "envelope.json").read_text(encoding="utf-8"))
     assert saved["cslo"]["estimate"] == pytest.approx(c.estimate, rel=1e-12)
 
@@ -131,7 +134,7 @@ def test_plan_outputs_match_export(demo_report):  # noqa: F811
     quarters = next(f for t, f in figs.items() if t.startswith("Plan by quarter"))
     gpus = _arr([d for d in quarters["data"] if d.get("type") == "bar"][0]["y"])
     by_q = (demo_report / "data" / "plan" / "cost_by_quarter.csv").read_text(encoding="utf-8-sig")
-    assert [float(r["GPUs"]) for r in csv.DictReader(by_q.splitlines())] == gpus
+    assert [float(r["GPUs in groups"]) for r in csv.DictReader(by_q.splitlines())] == gpus
     text = _text(nb)
     assert "replica groups" in text and "holds" in text
 

@@ -36,7 +36,7 @@ def test_traffic_groups_ceil_with_uncertainty():
     assert plan.value("traffic_groups") == 4
     assert plan.value("total_groups") == 4
     it = plan.item("traffic_groups")
-    assert it.formula == "⌈D / C_SLO⌉" and it.inputs == {"D": pytest.approx(120.0), "C_SLO": 30.0}
+    assert it.formula == "⌈D / C⌉" and it.inputs == {"D": pytest.approx(120.0), "C": 30.0}
     # 380 / 47.5 = 8 exactly in decimal; float division must not round up to 9
     assert make_plan(spec_of(demand__peak_rps=380.0), capacity=47.5).value("traffic_groups") == 8
 
@@ -55,7 +55,7 @@ def test_zone_loss_with_uneven_spread():
     assert plan.value("total_gpus") == 44
     failure = [c for c in plan.checks if c.key == "failure"][0]
     assert failure.ok
-    assert failure.sentence.startswith("after losing zone a (4 of 11 groups), capacity 350 req/s ≥ planned peak 320 req/s")
+    assert failure.sentence.startswith("after losing zone a (4 of 11 groups), capacity 350 req/s ≥ planned demand 320 req/s")
     # an SLO given: the sentence says under which SLO
     plan2 = make_plan(spec_of(demand__peak_rps=320.0, failure={"policy": "zone", "zones": 3},
                               slo="ttft_ms=2000,attainment=0.99"), capacity=50.0)
@@ -95,7 +95,7 @@ def test_group_spanning_two_nodes_is_lost_with_either():
     assert plan.value("total_gpus") == 80
     assert plan.value("billed_gpus") == 80
     c = [c for c in plan.checks if c.key == "failure"][0]
-    assert c.sentence.startswith("after losing one node (1 of 5 groups), capacity 120 req/s ≥ planned peak 100 req/s")
+    assert c.sentence.startswith("after losing one node (1 of 5 groups), capacity 120 req/s ≥ planned demand 100 req/s")
     # a 12-GPU group also spans two 8-GPU nodes (4 GPUs of the second idle, stated in a note)
     plan12 = make_plan(spec_of(replica_group={"gpus_per_replica": 12, "gpus_per_node": 8}), capacity=30.0)
     assert plan12.value("nodes") == 2 * plan12.value("total_groups")
@@ -123,7 +123,7 @@ def test_rollout_surge_vs_unavailable(rollout, r, overlap):
     assert plan.value("total_groups") == 5 + overlap
     assert plan.value("rollout_surge_gpus") == rollout["max_surge"] * 4
     roll = [c for c in plan.checks if c.key == "rollout"][0]
-    assert roll.ok and f"({r} group(s) out of service" in roll.sentence
+    assert roll.ok and f"({r} group{'' if r == 1 else 's'} out of service" in roll.sentence
 
 
 def test_cold_start_reserve_and_warm_floor():
@@ -146,7 +146,7 @@ def test_cold_start_grows_with_the_largest_zone():
     auto = {"ready_time_s": {"provision": 100}, "burst_growth_rps_per_s": 0.5}
     plan = make_plan(spec_of(failure={"policy": "zone", "zones": 2}, autoscaling=auto), capacity=50.0)
     assert plan.value("failure_reserve_groups") == 2
-    assert plan.item("cold_start_reserve_groups").inputs["⌈b·T/C_SLO⌉"] == 1
+    assert plan.item("cold_start_reserve_groups").inputs["⌈b·T/C⌉"] == 1
     assert plan.value("cold_start_reserve_groups") == 2
     assert all(c.ok for c in plan.checks)
 
@@ -257,7 +257,7 @@ def test_capacity_from_envelope_lower_bound_or_estimate():
     assert plan.item("capacity_rps_per_group").inputs["ci_low"] == 50.0
     assert "lower bound" in plan.capacity.source
     df = plan.capacity.to_frame()
-    assert df.loc[df.quantity == "CI high (study system)", "value"].item() == 70.0
+    assert df.loc[df.quantity == "C_SLO 95% interval, high end (study system)", "value"].item() == 70.0
     est = make_plan(spec_of(capacity={"use": "estimate"}), envelope=fake_envelope())
     assert est.capacity.rps_per_group == 60.0
     bad = make_plan(spec_of(), envelope=fake_envelope(status="below_range"))
@@ -281,7 +281,7 @@ def test_plan_frames_and_figure():
     plan = make_plan(spec_of(), capacity=30.0)
     df = plan.to_frame()
     assert list(df.columns) == ["item", "value", "unit", "formula", "inputs", "key"]
-    assert df.set_index("key").loc["traffic_groups", "inputs"] == "D = 100; C_SLO = 30"
+    assert df.set_index("key").loc["traffic_groups", "inputs"] == "D = 100; C = 30"
     assert plan.checks_frame()["ok"].all()
     fig = plan.figure()
     assert list(fig.data[0].y) == [4, 0, 0, 0, 0, 4]

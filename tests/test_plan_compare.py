@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from capplan.plan import Candidate, compare_candidates, load_plan_spec
+from capplan.candidates import Candidate, compare_candidates
+from capplan.plan import load_plan_spec
 
 MONTH_S = 730 * 3600
 

@@ -92,10 +92,11 @@ def test_plan_reads_the_study_at_the_operating_point(study_dir):
     assert plan.value("good_output_tokens_per_good_request") == pytest.approx(15.0)
     e_j = (250.0 + 4000.0 / 6) / 2
     assert plan.value("energy_wh_per_good_request") == pytest.approx(e_j * 1.2 / 3600)
-    # one 8-GPU node billed; power 150 W per GPU (interpolated) × 8 × PUE 1.2
+    # one 8-GPU node billed; power 150 W per GPU (interpolated) × the 4 GPUs in groups × PUE 1.2
+    # (the 4 billed GPUs outside any group are not counted in the energy)
     assert plan.value("billed_gpus") == 8
-    assert plan.value("fleet_power_kw") == pytest.approx(150 * 8 * 1.2 / 1000)
-    month = 8 * 2.0 * 730 + 150 * 8 * 1.2 / 1000 * 730 * 0.1
+    assert plan.value("fleet_power_kw") == pytest.approx(150 * 4 * 1.2 / 1000)
+    month = 8 * 2.0 * 730 + 150 * 4 * 1.2 / 1000 * 730 * 0.1
     assert plan.value("cost_usd_per_month") == pytest.approx(month)
     good = 6.0 * 0.5 * 730 * 3600 * 0.7
     assert plan.value("cost_usd_per_1k_good_requests") == pytest.approx(month / good * 1000)
@@ -152,8 +153,10 @@ def test_cli_plan_fits_the_envelope(sweep_dir, tmp_path, capsys):
     env = fit_envelope(open_study(sweep_dir), SLO, confidence=0.95, reps=50, seed=1)
     assert env.cslo.status == "bracketed"
     cap = pd.read_csv(out / "capacity.csv", encoding="utf-8-sig").set_index("Quantity")["Value"]
-    assert float(cap["C_SLO used per replica group"]) == pytest.approx(env.cslo.lower_bound)
-    assert float(cap["CI high (study system)"]) == pytest.approx(env.cslo.ci_high)
+    # the CSV rounds req/s to 0.0001 (capplan.export.CSV_PRECISION)
+    assert float(cap["capacity per replica group C (used by the plan)"]) == \
+        pytest.approx(env.cslo.lower_bound, abs=5e-5)
+    assert float(cap["C_SLO 95% interval, high end (study system)"]) == pytest.approx(env.cslo.ci_high, abs=5e-5)
     items = pd.read_csv(out / "line_items.csv", encoding="utf-8-sig").set_index("Key")["Value"]
     assert float(items["traffic_groups"]) == -(-20.0 // env.cslo.lower_bound)
     assert "[ok] the study's C_SLO is bracketed" in captured.out

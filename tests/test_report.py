@@ -95,7 +95,9 @@ def _tiny_study(make_study) -> Path:
 
     rows = [ev("r1", scheduled_ms=i * 100.0, ttft_ms=100.0 + i, e2e_ms=900.0 + i)
             for i in range(40)]
-    return make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "duration_s": 4.0}])
+    # a TP4 system like the bundled spec's (a spec that disagrees is refused before any kernel)
+    return make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "duration_s": 4.0}],
+                      system={"gpu": "H100", "gpus_per_replica": 4, "tp": 4, "pp": 1, "replicas": 1})
 
 
 # ------------------------------------------------------------------------- bad input: exit 2
@@ -215,15 +217,18 @@ def test_demo_report_layout(demo_report):
     for target in ("01-explore.html", "02-envelope.html", "03-plan.html",
                    "data/plan/plan.xlsx", "data/plan/line_items.csv"):
         assert f'href="{target}"' in index
-    # the headline repeats the exported numbers
-    from capplan.viz import format_number
-
-    summary = {r["Quantity"]: r["Value"] for r in csv.DictReader(
-        (demo_report / "data/plan/summary.csv").read_text(encoding="utf-8-sig").splitlines())}
-    gpus = format_number(float(summary["total GPUs"]))
-    assert f'<th>total GPUs</th><td class="num">{gpus}</td>' in index
+    # the answer repeats the exported numbers: next quarter's GPUs, billed GPUs, cost
+    q = list(csv.DictReader((demo_report / "data/plan/cost_by_quarter.csv").read_text(
+        encoding="utf-8-sig").splitlines()))[0]
+    answer = re.search(r'<p class="answer" id="answer-text">(.*?)</p>', index, re.S).group(1)
+    assert f"{int(q['GPUs in groups'])} GPUs" in re.sub("<[^>]+>", "", answer)
+    assert f"{int(q['Billed GPUs'])} billed GPUs" in re.sub("<[^>]+>", "", answer)
+    assert f"${float(q['Cost per month (USD)']):,.0f} per month" in re.sub("<[^>]+>", "", answer)
     lb = json.loads((demo_report / "data/envelope.json").read_text(encoding="utf-8"))
-    assert format_number(lb["cslo"]["lower_bound"]) in index
+    assert f"{lb['cslo']['lower_bound']:.4g} req/s" in index
+    for section in ('id="how-sure"', 'id="sensitivity"', 'id="honesty"', 'id="checks"', 'id="settings"',
+                    'href="glossary.html"', 'href="reproduce.md"'):
+        assert section in index, section
     meta = json.loads((demo_report / "report.json").read_text(encoding="utf-8"))
     assert meta["seed"] == 0 and meta["reps"] == REPS and meta["time"] == TIME
     assert meta["study_name"] and len(meta["study_sha256"]) == 64
@@ -398,8 +403,7 @@ def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
         assert f'href="{target}"' in index, target
     verdict = (d / "data/compare/verdict.csv").read_text(encoding="utf-8-sig")
     assert "passed,False" in verdict and "gate failed" in verdict
-    assert re.search(r"<th>comparison vs baseline</th><td class=\"num\">FAIL</td><td>\d+ gate\(s\) "
-                     r"failed", index)
+    assert re.search(r"Comparison with the baseline: <b>FAIL</b> \(\d+ gates? failed", index)
     meta = json.loads((d / "report.json").read_text(encoding="utf-8"))
     assert Path(meta["baseline"]) == small_sweeps["a"] and Path(meta["study"]) == small_sweeps["d"]
     assert len(meta["baseline_sha256"]) == 64 and meta["baseline_sha256"] != meta["study_sha256"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from capplan import report as R
-from capplan.whatif import (WhatIfModel, WhatIfPanel, WhatIfParams, model_settings,
-                            plan_table, whatif_state)
+from capplan.whatif import (NoCapacity, WhatIfModel, WhatIfPanel, WhatIfParams, slider_range,
+                            model_settings, plan_table, whatif_state)
 
 REPS = 50
 
@@ -57,8 +57,9 @@ def test_each_control_moves_the_plan_the_right_way(model):
     none = whatif_state(model, p.with_(policy="none"))
     assert _v(none, "failure_reserve_groups") == 0
     assert _v(none, "total_groups") <= _v(base, "total_groups")
-    # a looser TTFT limit can only raise C_SLO (more requests are good at every rate)
-    grid = model.limit_choices("x", p.ttft_ms)
+    # a looser TTFT limit can only raise C_SLO (more requests are good at every rate): on the
+    # reduction's grid both come from the same statistics
+    grid = [float(v) for v in model.envelope.stats.grid_spec.limits("x")]
     looser = whatif_state(model, p.with_(ttft_ms=grid[grid.index(p.ttft_ms) + 4]))
     assert _v(looser, "cslo_estimate") >= _v(base, "cslo_estimate")
     est = whatif_state(model, p.with_(capacity_use="estimate"))
@@ -70,6 +71,10 @@ def test_bad_policy_is_a_spec_error(model):
 
     with pytest.raises(SpecError, match="failure policy"):
         whatif_state(model, model.defaults().with_(policy="pray"))
+
+
+def _runs_y(panel):
+    return [t for t in panel.figure.data if str(t.name).startswith("runs")][0].y
 
 
 def test_panel_wiring_headless(model):
@@ -86,22 +91,98 @@ def test_panel_wiring_headless(model):
     waterfall = [t for t in panel.figure.data if t.type == "waterfall"][0]
     assert waterfall.y[-1] == _v(panel.state, "total_groups")
     assert panel.figure.to_dict() != fig0
+    # the quarters view is dated and follows the plan
+    q0 = panel.state.quarters.iloc[0]
+    assert f'data-quarter="{q0.quarter}"' in panel.quarters.value and f"{q0.start:%d %b %Y}" in panel.quarters.value
     # an SLO slider re-fits: the attainment markers of the figure move
-    runs0 = [t for t in panel.figure.data if t.name == "runs"][0].y
-    panel.ttft.index = max(0, panel.ttft.index - 6)
-    runs1 = [t for t in panel.figure.data if t.name == "runs"][0].y
-    assert tuple(runs1) != tuple(runs0)
+    runs0 = _runs_y(panel)
+    panel.ttft.value = 1500.0
+    assert tuple(_runs_y(panel)) != tuple(runs0)
     assert "redrawn in" in panel.status.value
+    # the legend names the estimate, the interval and the lower bound
+    names = " | ".join(str(t.name) for t in panel.figure.data)
+    assert "C_SLO estimate" in names and "C_SLO lower bound" in names and "interval" in names
 
 
-def test_panel_shows_an_error_instead_of_raising(model):
+def test_round_limits_are_choosable_and_exact(model):
+    """TTFT 1 000 and 1 500 ms are slider positions; off the reduction's grid the envelope is
+    fitted exactly at that limit (the number `capplan report --slo ttft_ms=1500` gives)."""
+    from capplan.envelope import fit_envelope
+
+    p = model.defaults()
+    ttft = model.limit_choices("x", p.ttft_ms)
+    tpot = model.limit_choices("y", p.tpot_ms)
+    assert {1000.0, 1500.0, 2000.0} <= set(ttft) and all(float(v).is_integer() for v in ttft)
+    assert {50.0, 100.0, 150.0} <= set(tpot)
+    st = whatif_state(model, p.with_(ttft_ms=1500.0))
+    direct = fit_envelope(model.study, p.slo(model.slo).with_(ttft_ms=1500.0), reps=REPS, seed=0)
+    assert _v(st, "cslo_lower_bound") == pytest.approx(direct.cslo.lower_bound, rel=1e-12)
+    assert st.envelope.slo.ttft_ms == 1500.0
+    # round slider steps for the other controls, the default among them
+    for value, lo_f in ((8.0, 0.1), (2.5, 0.25), (11.0, 0.1)):
+        lo, hi, step = slider_range(value, lo_f, 3.0)
+        assert abs(value / step - round(value / step)) < 1e-9 and step in (0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5)
+
+
+def test_impossible_limit_hides_the_plan_and_says_what_to_change(model):
     panel = WhatIfPanel(model)
-    before, start = panel.table.value, panel.ttft.index
-    panel.ttft.index = 0  # strictest TTFT on the grid: even the lowest tested rate fails
-    assert "no usable C_SLO" in panel.status.value and "ERROR" in panel.status.value
-    assert panel.table.value == before  # the last good plan stays on screen
-    panel.ttft.index = start  # and the panel recovers
-    assert "ERROR" not in panel.status.value and "redrawn in" in panel.status.value
+    start = panel.ttft.value
+    panel.ttft.value = min(panel.ttft.options, key=lambda o: o[1])[1]  # 600 ms: no tested rate meets it
+    assert panel.state is None and panel.stale
+    assert panel.table.value == "" and panel.quarters.value == ""  # no stale plan on screen
+    assert panel.chart not in panel.widget.children
+    msg = panel.status.value
+    assert "No plan at these settings" in msg and "loosen the TTFT limit to 1,000 ms or more" in msg
+    for cli_words in ("--capacity-rps", "capacity.use", "field:", "Traceback"):
+        assert cli_words not in msg
+    with pytest.raises(NoCapacity, match="lower request rates"):
+        whatif_state(model, panel.params())
+    panel.ttft.value = start  # and the panel recovers
+    assert "redrawn in" in panel.status.value and 'data-key="total_gpus"' in panel.table.value
+    assert panel.chart in panel.widget.children
+
+
+def test_no_reserve_never_costs_more_than_a_reserve(model):
+    """Fewer groups on the same billed nodes: the energy is that of the GPUs in groups, so no
+    reserve cannot cost more than N + k (it did when idle billed GPUs were charged busy power)."""
+    p = model.defaults()
+    none = whatif_state(model, p.with_(policy="none"))
+    nk = whatif_state(model, p.with_(policy="n_plus_k"))
+    assert _v(none, "total_groups") < _v(nk, "total_groups")
+    assert _v(none, "cost_usd_per_month") <= _v(nk, "cost_usd_per_month")
+
+
+def test_save_scenario_round_trips(model, tmp_path, monkeypatch):
+    """Save scenario writes a spec that load_plan_spec reads back, and `make_plan` on it with the
+    study gives the plan on screen; the workbook is the finance export of that plan."""
+    import openpyxl
+
+    from capplan.plan import load_plan_spec, make_plan
+
+    monkeypatch.setenv("CAPPLAN_SCENARIO_DIR", str(tmp_path))
+    panel = WhatIfPanel(model)
+    panel.peak.value = 12.0
+    panel.policy.value = "node"
+    folder = panel._on_save()
+    assert folder is not None and 'download="plan.yaml"' in panel.saved.value
+    assert 'download="plan.xlsx"' in panel.saved.value
+    spec = load_plan_spec(folder / "plan.yaml")
+    assert spec.demand.total_peak_rps == pytest.approx(12.0) and spec.failure.policy == "node"
+    again = make_plan(spec, study=model.study, slo=spec.slo)
+    assert again.value("total_gpus") == panel.state.plan.value("total_gpus")
+    assert again.value("cost_usd_per_month") == pytest.approx(panel.state.plan.value("cost_usd_per_month"))
+    wb = openpyxl.load_workbook(folder / "export" / "plan.xlsx")
+    assert "Summary" in wb.sheetnames
+
+
+def test_disk_cache_serves_a_second_model(tmp_path):
+    """The second build reads the cached statistics (no events) and gives the same numbers."""
+    a = WhatIfModel.build(R.demo_study_path(), reps=20, seed=0, cache=tmp_path)
+    assert list(tmp_path.glob("whatif-*.pkl"))
+    b = WhatIfModel.build(R.demo_study_path(), reps=20, seed=0, cache=tmp_path)
+    assert b.envelope.cslo.to_dict() == a.envelope.cslo.to_dict()
+    sa, sb = whatif_state(a, a.defaults()), whatif_state(b, b.defaults())
+    assert sa.table.equals(sb.table)
 
 
 def test_model_settings_env_wins_and_blanks_mean_the_spec():

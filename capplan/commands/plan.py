@@ -22,7 +22,9 @@ from ..errors import SpecError
 @click.option("--gpus-per-replica", type=int, default=None,
               help="GPUs per replica group (TP × PP) when neither the spec nor a study gives it")
 @click.option("--strict", is_flag=True, help="exit 1 when a plan check fails (files are still written)")
-@click.option("--time", "time_", default=None, help="provenance time (ISO); default now (UTC)")
+@click.option("--time", "time_", default=None,
+              help="provenance time (ISO; default now, UTC); without start: in the spec the plan starts "
+                   "with the calendar quarter after it")
 @click.option("--twin", "twin", default=None, type=click.Path(),
               help="simulate the failure, rollout and cold-start checks at the planned size on this "
                    "twin (or synth config); writes plan-simulated.csv (docs/timeline.md)")
@@ -42,6 +44,12 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
     from ..plan import load_plan_spec, make_plan
 
     spec = load_plan_spec(spec_path)
+    if slo is not None:
+        from ..slo import SLO, override_note
+
+        note = override_note(spec.slo, SLO.parse(slo))
+        if note:
+            click.echo(f"note: {note}", err=True)
     spec = _apply_overrides(spec, slo=slo, use=use, reps=reps, seed=seed, confidence=confidence)
     if gpus_per_replica is not None:
         spec = spec.with_(gpus_per_replica=gpus_per_replica)
@@ -59,7 +67,11 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
         import dataclasses
 
         spec = dataclasses.replace(spec, slo_classes=None)
-    plan = make_plan(spec, capacity=capacity_rps, study=st)
+    if time_:
+        from ..export import created_time
+
+        created_time(time_)  # a bad --time fails before the fit
+    plan = make_plan(spec, capacity=capacity_rps, study=st, as_of=time_)
     if twin is not None and not 1 <= quarter <= len(plan.quarters):  # before anything is written
         raise SpecError(f"--quarter {quarter} is not in the plan (it has {len(plan.quarters)})",
                         field="--quarter", fix=f"use 1 … {len(plan.quarters)}")

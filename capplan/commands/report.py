@@ -50,6 +50,7 @@ def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, t
     that cannot be compared, exit 2 with nothing written."""
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
                              confidence=confidence, time=time_, notebooks=notebooks,
-                             jobs=jobs, baseline=baseline, gates=gates, twin=twin)
+                             jobs=jobs, baseline=baseline, gates=gates, twin=twin,
+                             command=(click.get_current_context().find_root().obj or {}).get("argv"))
     click.echo(f"report: {result.index}")
     return 0

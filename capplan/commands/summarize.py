@@ -73,6 +73,9 @@ def cmd(study: str, slo_text: str | None, slo_file: str | None, out: str | None,
     click.echo(result.to_text())
     if slo_file is not None:
         _class_table(st, slo_file, warmup_s)
+    if slo is None and slo_file is None:
+        click.echo("\n(no SLO given, so no attainment or goodput: add e.g. "
+                   "--slo ttft_ms=2000,tpot_ms=100,attainment=0.99)")
     if out is not None:
         path = write_table(result.to_frame(), out)
         click.echo(f"wrote {path}")

@@ -4,6 +4,13 @@ The study and spec reach the notebook through environment variables (CAPPLAN_STU
 CAPPLAN_SPEC, CAPPLAN_SLO, CAPPLAN_REPS, CAPPLAN_SEED, CAPPLAN_CONFIDENCE) that its second
 cell reads; the notebook is served from a temp copy whose kernelspec runs this interpreter.
 Voila listens on 127.0.0.1 only.
+
+For several people at once: the envelope is fitted here, once, and cached on disk
+(CAPPLAN_CACHE_DIR), so each kernel loads it in about a second; ``--pool`` kernels are started
+and run in advance (Voila's pre-heated pool), so the first visitors get a finished page; the
+kernel of a closed tab is shut down when the page unloads, and any left over (a crashed
+browser) is culled after ``--cull-after`` idle seconds; users see plain messages, never
+tracebacks.
 """
 
 from __future__ import annotations
@@ -40,10 +47,19 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def voila_command(notebook: Path, port: int, token: str) -> list[str]:
-    return [sys.executable, "-m", "voila", str(notebook), "--no-browser", f"--port={port}",
-            "--Voila.ip=127.0.0.1", f"--token={token}",
-            "--VoilaConfiguration.show_tracebacks=True"]
+def voila_command(notebook: Path, port: int, token: str, *, pool: int = 4, cull_after_s: int = 30) -> list[str]:
+    """Voila on 127.0.0.1: no tracebacks to users, a pre-heated kernel pool, idle kernels of
+    closed tabs culled (connected ones are kept)."""
+    cmd = [sys.executable, "-m", "voila", str(notebook), "--no-browser", f"--port={port}",
+           "--Voila.ip=127.0.0.1", f"--token={token}", "--VoilaConfiguration.show_tracebacks=False",
+           f"--MappingKernelManager.cull_idle_timeout={int(cull_after_s)}",
+           f"--MappingKernelManager.cull_interval={max(5, int(cull_after_s) // 3)}",
+           "--MappingKernelManager.cull_connected=False"]
+    if pool > 0:
+        # refill the pool 20 s after a visitor takes a kernel, not 1 s: visitors arriving together
+        # are served before new kernels compete with them for the CPU
+        cmd += ["--preheat_kernel=True", f"--pool_size={int(pool)}", "--VoilaKernelManager.fill_delay=20"]
+    return cmd
 
 
 @click.command("whatif")
@@ -59,7 +75,14 @@ def voila_command(notebook: Path, port: int, token: str) -> list[str]:
               help="Bootstrap replicates of the one-off envelope fit [default: the spec's].")
 @click.option("--seed", type=int, default=None, help="Bootstrap seed [default: the spec's].")
 @click.option("--token", default=None, help="Access token [default: a random one, in the URL].")
-def cmd(study, spec, port, slo, reps, seed, token):
+@click.option("--pool", type=click.IntRange(0, 16), default=4, show_default=True,
+              help="Kernels started and run in advance, so visitors get a finished page at once "
+                   "(each holds the study in memory, ~0.4 GB).")
+@click.option("--cull-after", "cull_after", type=click.IntRange(10, 86400), default=30, show_default=True,
+              help="Seconds an unconnected kernel (a closed or crashed tab) may idle before it is shut down.")
+@click.option("--scenarios", type=click.Path(path_type=str), default=None,
+              help="Folder for saved scenarios [default: ./capplan-scenarios].")
+def cmd(study, spec, port, slo, reps, seed, token, pool, cull_after, scenarios):
     """Serve the what-if panel for STUDY (default: the bundled demo study) on 127.0.0.1
     until Ctrl-C. Prints the URL to open."""
     if importlib.util.find_spec("voila") is None:
@@ -75,7 +98,17 @@ def cmd(study, spec, port, slo, reps, seed, token):
     env = R.whatif_env(params.study)
     env.update({"CAPPLAN_SPEC": str(params.spec), "CAPPLAN_REPS": str(params.reps),
                 "CAPPLAN_SEED": str(params.seed), "CAPPLAN_SLO": params.slo,
-                "CAPPLAN_CONFIDENCE": str(params.confidence)})
+                "CAPPLAN_CONFIDENCE": str(params.confidence), "CAPPLAN_WHATIF_APP": "1",
+                "CAPPLAN_SCENARIO_DIR": str(Path(scenarios or "capplan-scenarios").resolve())})
+    for note in params.notes:
+        click.echo(f"note: {note}", err=True)
+    # fit once here and keep it on disk: every kernel (every visitor) then loads it in ~1 s
+    from ..whatif import WhatIfModel, cache_dir
+
+    env.setdefault("CAPPLAN_CACHE_DIR", str(cache_dir()))
+    click.echo(f"preparing the study (cached in {env['CAPPLAN_CACHE_DIR']}) …", err=True)
+    WhatIfModel.build(params.study, params.spec, params.slo, reps=params.reps, seed=params.seed,
+                      confidence=params.confidence, cache=Path(env["CAPPLAN_CACHE_DIR"]))
     tmp = Path(tempfile.mkdtemp(prefix="capplan-whatif-"))
     try:
         nb = json.loads(source.read_text(encoding="utf-8"))
@@ -86,7 +119,8 @@ def cmd(study, spec, port, slo, reps, seed, token):
         url = f"http://127.0.0.1:{port}/?token={token}"
         click.echo(f"what-if panel for {params.study}: {url}  (Ctrl-C stops it)")
         sys.stdout.flush()
-        proc = subprocess.Popen(voila_command(served, port, token), env=env, cwd=tmp)
+        proc = subprocess.Popen(voila_command(served, port, token, pool=pool, cull_after_s=cull_after),
+                                env=env, cwd=tmp)
 
         def _stop(signum, frame):  # SIGTERM: stop Voila and clean up like Ctrl-C
             raise KeyboardInterrupt

@@ -10,12 +10,15 @@ length each request asked for (``max_output_tokens``) comes from the body in ``r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .. import contract as C
 from ..errors import StudyError
 from .common import (EPOCH_S_MIN, RunData, add_row, load_json, new_columns, parse_rate,
                      requested_output_tokens, s_to_ns, status_from_error, to_int)
 
 TOOL = "guidellm"
+REPORT_SUFFIXES = (".json", ".json.gz", ".yaml", ".yml", ".yaml.gz", ".yml.gz")
 EXPECTED = "a GuideLLM benchmark report (JSON/YAML with 'benchmarks': [...])"
 BUCKETS = (("successful", C.Status.OK.value), ("errored", None), ("incomplete", C.Status.CANCELLED.value))
 
@@ -37,9 +40,28 @@ def format_version(obj: dict) -> int:
     return 1
 
 
+def find_files(path: Path) -> list[Path]:
+    """The GuideLLM reports in an output folder (``benchmarks.json`` / ``.yaml``, gzipped or
+    not; the CSV and HTML views GuideLLM writes beside them are skipped)."""
+    files = []
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.name.endswith(REPORT_SUFFIXES):
+            try:
+                if sniff(load_json(p, EXPECTED)):
+                    files.append(p)
+            except StudyError:
+                continue
+    if not files:
+        raise StudyError("no GuideLLM report in this folder", file=str(path),
+                         fix="pass the folder given to `guidellm run --output-path`, or the "
+                             "benchmarks.json file in it")
+    return files
+
+
 def parse(paths: list[str]) -> list[RunData]:
     runs: list[RunData] = []
-    for path in paths:
+    files = [f for p in paths for f in (find_files(Path(p)) if Path(p).is_dir() else [p])]
+    for path in files:
         obj = load_json(path, EXPECTED)
         if not sniff(obj):
             raise StudyError(f"not a GuideLLM report: expected {EXPECTED} with "

@@ -1,0 +1,100 @@
+"""What every capplan notebook does first, in one call, so the notebooks stay thin and print
+the same numbers as ``capplan report``, ``capplan plan`` and the what-if panel.
+
+``setup`` resolves the inputs exactly as the command line does — study (default: the bundled
+demo), plan spec (default: templates/plan.yaml), and the SLO, bootstrap replicates, seed and
+confidence from the spec unless the notebook's parameters set them — sets plotly's renderer
+(figures draw in JupyterLab, survive papermill and draw offline in HTML), and makes capplan's
+input errors show as the command line prints them (what is wrong, the file or field, the fix)
+instead of a traceback::
+
+    from capplan import notebook
+    nb = notebook.setup(study_path=study_path, spec_path=spec_path, slo=slo, seed=seed,
+                        reps=reps, confidence=confidence)
+    nb.study, nb.spec, nb.slo, nb.reps, nb.seed, nb.confidence
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CapplanError, SpecError
+from .resources import default_spec_path, demo_study_path
+from .slo import SLO
+
+DEFAULT_SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"  # when neither --slo nor the spec has one
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A notebook's resolved inputs."""
+
+    study: object
+    spec: object
+    slo: SLO
+    seed: int
+    reps: int
+    confidence: float
+    spec_path: Path
+
+    def header(self) -> str:
+        """'**Study** `name` (13 runs, open loop) · **SLO** …' (markdown)."""
+        st = self.study
+        return (f"**Study** `{st.name}` ({len(st.manifest.runs)} runs, {st.load_model} loop) · "
+                f"**SLO** {self.slo.describe()} · bootstrap: {self.reps} replicates, seed {self.seed}")
+
+
+def resolve(study_path=None, spec_path=None, slo=None, *, seed=None, reps=None, confidence=None) -> Inputs:
+    """Open the study and spec; SLO, reps, seed and confidence default to the spec's (empty,
+    None, 0 or a negative value means "the spec's"). The same rule as ``capplan report`` and
+    ``capplan plan``, so a notebook run by hand shows the report's numbers."""
+    from .plan_spec import load_plan_spec
+    from .study import open_study
+
+    study = open_study(study_path or demo_study_path())
+    spec_file = Path(spec_path) if spec_path else default_spec_path()
+    spec = load_plan_spec(spec_file)
+    slo_obj = SLO.parse(slo) if slo else (spec.slo or SLO.parse(DEFAULT_SLO))
+    cap = spec.capacity
+    seed = cap.seed if seed is None or seed < 0 else int(seed)
+    reps = cap.reps if not reps or reps <= 0 else int(reps)
+    confidence = cap.confidence if not confidence or confidence <= 0 else float(confidence)
+    if reps < 10:
+        raise SpecError(f"reps must be ≥ 10, got {reps}", field="reps")
+    return Inputs(study=study, spec=spec, slo=slo_obj, seed=seed, reps=reps, confidence=confidence,
+                  spec_path=spec_file)
+
+
+def show_errors_plainly(shell=None) -> None:
+    """In IPython, show a capplan input error (StudyError, SpecError, …) as the command line
+    prints it — the problem, the file or field, the fix — instead of a traceback. The cell
+    still fails (papermill and ``capplan report`` see the error)."""
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+    if shell is None:
+        return
+
+    def handler(self, etype, value, tb, tb_offset=None):
+        text = value.format() if isinstance(value, CapplanError) else str(value)
+        stb = [f"{etype.__name__}: capplan could not use this input", *text.splitlines()]
+        self._showtraceback(etype, value, stb)
+        return stb
+
+    shell.set_custom_exc((CapplanError,), handler)
+
+
+def setup(*, study_path: str = "", spec_path: str = "", slo=None, seed: int = -1, reps: int = 0,
+          confidence: float = 0.0) -> Inputs:
+    """Error display and plotly renderer, then :func:`resolve` (see the module docstring)."""
+    import plotly.io as pio
+
+    show_errors_plainly()
+    # mimetype for JupyterLab, inline HTML (plotly.js once per page) for papermill and offline HTML
+    pio.renderers.default = "plotly_mimetype+notebook"
+    return resolve(study_path or None, spec_path or None, slo or None, seed=seed, reps=reps,
+                   confidence=confidence)

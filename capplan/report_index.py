@@ -1,0 +1,345 @@
+"""The report's front page: the answer first, then how sure it is, then the checks.
+
+``index_html`` is a pure function of what the report's notebooks exported — ``data/plan.json``
+(``capplan.sensitivity.plan_record``: the plan's words, dated quarters, checks, sensitivity),
+``data/envelope.json`` (C_SLO, its interval, notes, and the bound's honesty when the envelope
+gives one) and, with a baseline, ``data/compare/verdict.csv`` — so it shows exactly the
+exported numbers. Order, as a planner reads it:
+
+1. the answer in words (next quarter's groups, GPUs and billed GPUs, nodes, cost per
+   month/quarter/year, cost per 1 000 SLO-meeting requests) and a dated table per quarter;
+2. **how sure**: the C_SLO interval, what the plan assumes (lower bound or estimate), the
+   sensitivity band, and whether the lower bound can be trusted with the runs to add;
+3. the checks, failing and caveated ones first;
+4. what the plan assumes (policy, rollout, prices), links, parameters and provenance.
+
+Every term's first use links to the glossary page.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .glossary import for_readers, link_terms
+from .plan_text import plural
+
+e = html.escape
+
+
+@dataclass(frozen=True)
+class IndexInputs:
+    """What the index shows besides the exported records."""
+
+    study_name: str
+    study_hash: str
+    pages: tuple[tuple[str, str], ...]  # (file, title)
+    exports: tuple[str, ...]  # relative paths under the report
+    parameters: tuple[tuple[str, str], ...]  # (label, value) for the provenance table
+    baseline: bool = False
+
+
+def read_records(data_dir: Path) -> tuple[dict | None, dict | None, dict | None]:
+    """(plan record, envelope dict, comparison verdict) from a report's data folder."""
+    plan = env = verdict = None
+    p = data_dir / "plan.json"
+    if p.is_file():
+        plan = json.loads(p.read_text(encoding="utf-8"))
+    p = data_dir / "envelope.json"
+    if p.is_file():
+        env = json.loads(p.read_text(encoding="utf-8"))
+    p = data_dir / "compare" / "verdict.csv"
+    if p.is_file():
+        items = list(csv.DictReader(p.read_text(encoding="utf-8-sig").splitlines()))
+        verdict = {"passed": any(r.get("item") == "passed" and r.get("text") == "True" for r in items),
+                   "failed": [r.get("text", "") for r in items if r.get("item") == "gate failed"],
+                   "regressed": [r.get("text", "") for r in items if r.get("item") == "bucket regressed"]}
+    return plan, env, verdict
+
+
+# ----------------------------------------------------------------------------- number words
+
+
+def usd(v, cents: bool = False) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return f"${v:,.2f}" if cents else f"${v:,.0f}"
+
+
+def rate(v, unit: str = "req/s") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return f"{v:.4g} {unit}"
+
+
+def _date_text(start: str, end: str) -> str:
+    import datetime as dt
+
+    a, b = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
+    if a.year == b.year:
+        return f"{a.day} {a:%b} – {b.day} {b:%b %Y}"
+    return f"{a.day} {a:%b %Y} – {b.day} {b:%b %Y}"
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def answer_section(plan: dict, verdict: dict | None) -> str:
+    q = plan["quarters"][0]
+    about = dict(plan["about"])
+    billed, gpus = q["billed_gpus"], q["gpus"]
+    when = f"{q['quarter']} ({_date_text(q['start'], q['end'])})"
+    billed_text = (f" (<b>{billed:,} billed GPUs</b>: {'whole nodes are paid' if billed > gpus else 'as used'})"
+                   if billed != gpus else "")
+    words = (f'<p class="answer" id="answer-text">For <b>{e(when)}</b> the plan needs '
+             f"<b>{plural(q['groups'], 'replica group')} = {gpus:,} GPUs</b> on {plural(q['nodes'], 'node')}{billed_text}, "
+             f"costing <b>{usd(q['cost_usd_per_month'])} per month</b> ({usd(q['cost_usd_per_quarter'])} per "
+             f"quarter, {usd(q['cost_usd_per_year'])} per year at this size) — "
+             f"<b>{usd(q['cost_usd_per_1k_good_requests'], cents=True)} per 1 000 SLO-meeting requests</b>. "
+             f"It serves a peak demand of {rate(q['peak_rps'])}, planned at {rate(q['demand_rps'])} with the "
+             f"demand uncertainty, at {e(about.get('SLO', 'the SLO'))}, and is sized to "
+             f"{e(about.get('failure policy', ''))}.</p>")
+    warn = []
+    failed = [c for c in plan["checks"] if not c["ok"]]
+    if failed:
+        warn.append("<b>The plan fails " + plural(len(failed), "check") + "</b>: "
+                    + "; ".join(e(c["sentence"]) for c in failed) + ".")
+    sens = plan.get("sensitivity") or {}
+    if sens.get("knife_edge"):
+        up, down = sens.get("up") or {}, sens.get("down") or {}
+        warn.append("<b>Knife-edge</b>: the capacity interval reaches past the range where this plan holds "
+                    f"(C_SLO {rate(sens['low_system'])} to {rate(sens.get('high_system'))}); "
+                    + (f"{plural(down['groups'], 'group')} would do at the top of the interval, " if down else "")
+                    + (f"{plural(up['groups'], 'group')} would be needed below it" if up else "") + " — see how sure.")
+    caveats = [c for c in plan["checks"] if c["ok"] and c.get("caveat")]
+    if caveats:
+        warn.append("<b>Caveat</b>: " + "; ".join(e(_first_sentence(for_readers(c["caveat"]))) for c in caveats)
+                    + " — see how sure.")
+    if verdict is not None:
+        warn.append(("Comparison with the baseline: <b>PASS</b> (every gate passes)." if verdict["passed"] else
+                     f"Comparison with the baseline: <b>FAIL</b> ({plural(len(verdict['failed']), 'gate')} failed, "
+                     f"{plural(len(verdict['regressed']), 'bucket')} regressed: "
+                     + "; ".join(e(x) for x in verdict["failed"] + verdict["regressed"]) + ")."))
+    warn_html = "".join(f'<p class="warn">{w}</p>' for w in warn)
+    return f'<section id="answer">\n{words}\n{warn_html}\n{quarters_table(plan)}\n</section>'
+
+
+def _first_sentence(text: str) -> str:
+    parts = [p.strip() for p in text.split(";") if p.strip()]
+    short = [p for p in parts if "too high" in p] or parts
+    return short[0]
+
+
+#: the quarter table's columns: (record key, header, format)
+QUARTER_VIEW = (
+    ("peak_rps", "Peak demand (req/s)", "rate"),
+    ("demand_rps", "Planned demand incl. uncertainty (req/s)", "rate"),
+    ("groups", "Replica groups", "int"), ("gpus", "GPUs in groups", "int"),
+    ("billed_gpus", "Billed GPUs", "int"), ("nodes", "Nodes", "int"),
+    ("cost_usd_per_month", "Cost per month (USD)", "usd"),
+    ("cost_usd_per_quarter", "Cost per quarter (USD)", "usd"),
+    ("cost_usd_per_year", "Cost per year at this size (USD)", "usd"),
+    ("cost_usd_per_1k_good_requests", "Cost per 1 000 SLO-meeting requests (USD)", "usd2"),
+)
+
+
+def _cell(v, fmt: str) -> str:
+    if v is None:
+        return "n/a"
+    if fmt == "int":
+        return f"{int(v):,}"
+    if fmt == "usd":
+        return usd(v)
+    if fmt == "usd2":
+        return usd(v, cents=True)
+    return f"{v:.4g}"
+
+
+def quarters_table(plan: dict) -> str:
+    head = "".join(f'<th class="num">{e(h)}</th>' for _, h, _ in QUARTER_VIEW)
+    rows = []
+    for q in plan["quarters"]:
+        cells = "".join(f'<td class="num" data-col="{k}">{_cell(q.get(k), f)}</td>' for k, _, f in QUARTER_VIEW)
+        rows.append(f'<tr data-quarter="{e(q["quarter"])}"><th>{e(q["quarter"])}<br>'
+                    f'<small>{e(_date_text(q["start"], q["end"]))}</small></th>{cells}</tr>')
+    years = "".join(
+        f'<tr class="total"><th>{e(y["period"])}<br><small>{e(_date_text(y["start"], y["end"]))}</small></th>'
+        f'<td colspan="7"></td><td class="num" data-col="cost_usd_total">{usd(y["cost_usd"])}</td>'
+        f'<td colspan="2"><small>total cost</small></td></tr>'
+        for y in plan.get("years", []))
+    return (f'<div class="scroll"><table id="quarters" class="grid"><caption>The plan by quarter (dated; '
+            f'the first row is the answer above)</caption>\n<thead><tr><th>Quarter</th>{head}</tr></thead>\n'
+            f'<tbody>{"".join(rows)}{years}</tbody></table></div>')
+
+
+def how_sure_section(plan: dict, env: dict | None) -> str:
+    cap = plan["capacity"]
+    sens = plan.get("sensitivity") or {}
+    unit = cap.get("unit") or "req/s"
+    out = ['<section id="how-sure"><h2>How sure is this?</h2>']
+    if cap.get("estimate") is not None:
+        conf = cap.get("confidence") or 0.95
+        r = cap.get("replicas") or 1
+        out.append(
+            f'<h3>The capacity measured</h3><p id="capacity-interval">C_SLO of the tested system '
+            f"({plural(r, 'replica')}): estimate <b>{rate(cap['estimate'], unit)}</b>; {conf:.0%} confidence "
+            f"interval <b>{rate(cap['ci_low'], unit)} to {rate(cap['ci_high'], unit)}</b>; lower bound "
+            f"<b>{rate(cap['lower_bound'], unit)}</b> (status: {e(str(cap.get('status') or ''))}).</p>"
+            f'<p class="def">The lower bound ({conf:.0%}, one-sided) can sit above the interval\'s low end: it '
+            f"leaves all {1 - conf:.0%} of the doubt on the low side, where the two-sided interval leaves "
+            f"{(1 - conf) / 2:.1%} on each side.</p>")
+        other = "estimate" if cap.get("uses") == "lower bound" else "lower bound"
+        out.append(
+            f'<h3>What the plan assumes</h3><p id="plan-assumes">The plan uses the C_SLO <b>{e(cap["uses"])}</b>: '
+            f"{rate(sens.get('used_system'), unit)} ÷ {plural(r, 'replica')} = <b>{rate(cap['rps_per_group'], unit)} "
+            f"per replica group</b> (the capacity per replica group C). Planning on the {other} instead is "
+            "shown below.</p>")
+    else:
+        out.append(f'<h3>What the plan assumes</h3><p id="plan-assumes">A given capacity of '
+                   f"<b>{rate(cap['rps_per_group'], unit)} per replica group</b> ({e(cap['source'])}); no "
+                   "confidence interval comes with it.</p>")
+    if sens:
+        sentences = "".join(f"<li>{e(s)}</li>" for s in sens.get("sentences", []))
+        out.append(f'<h3>Sensitivity band</h3><div id="sensitivity"><ul>{sentences}</ul>{_steps_table(sens, unit)}'
+                   "</div>")
+    out.append(honesty_block(env, cap))
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _steps_table(sens: dict, unit: str) -> str:
+    cases = [("this plan", sens.get("plan")), ("C_SLO below the band", sens.get("up")),
+             ("C_SLO at the band's top", sens.get("down")),
+             (f"planned on the {sens.get('other_name', '')}", sens.get("other"))]
+    rows = []
+    for name, s in cases:
+        if not s:
+            continue
+        rows.append(f"<tr><th>{e(name)}</th><td class=\"num\">{s['groups']}</td><td class=\"num\">{s['gpus']}</td>"
+                    f"<td class=\"num\">{s['billed_gpus']}</td><td class=\"num\">{s['nodes']}</td>"
+                    f"<td class=\"num\">{usd(s['cost_usd_per_month'])}</td></tr>")
+    band = (f"the band: C_SLO {rate(sens['low_system'], unit)} to "
+            + (rate(sens['high_system'], unit) if sens.get("high_system") is not None else "any higher value"))
+    return (f'<table class="grid" id="steps"><caption>{e(band)}</caption><thead><tr><th>Case</th>'
+            '<th class="num">Replica groups</th><th class="num">GPUs in groups</th><th class="num">Billed GPUs</th>'
+            '<th class="num">Nodes</th><th class="num">Cost per month (USD)</th></tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table>")
+
+
+def honesty_block(env: dict | None, cap: dict) -> str:
+    """Can the lower bound be trusted, and which runs would make it so. Shows the envelope's
+    ``honesty`` (status, estimand, sentence, runs to add) when it has one; otherwise the
+    envelope's own caveats about the bracketing runs and its suggested rates."""
+    h = (env or {}).get("honesty")
+    parts = ['<h3 id="honesty">Can the lower bound be trusted?</h3><div id="honesty-body">']
+    if isinstance(h, dict):
+        status = h.get("status")
+        if status:
+            parts.append(f'<p><b>Status: {e(str(status))}</b>'
+                         + (f" — estimand: {e(str(h['estimand']))}" if h.get("estimand") else "") + "</p>")
+        if h.get("sentence"):
+            parts.append(f"<p>{e(for_readers(str(h['sentence'])))}</p>")
+        runs = h.get("runs_to_add") or h.get("runs") or []
+        if runs:
+            parts.append("<p>Runs capplan recommends next:</p><ul>"
+                         + "".join(f"<li>{e(_run_text(x))}</li>" for x in runs) + "</ul>")
+    else:
+        notes = [n for n in (env or {}).get("notes", []) if "bracket" in n or "too high" in n]
+        if notes:
+            parts.append("<ul>" + "".join(f"<li>{e(for_readers(n))}</li>" for n in notes) + "</ul>")
+        else:
+            parts.append("<p>The envelope reports no reason to doubt its interval.</p>")
+        rates = ((env or {}).get("cslo") or {}).get("suggested_rates") or []
+        if rates:
+            parts.append("<p>Runs to add: offered rates " + ", ".join(f"{x:g}" for x in rates)
+                         + f" {e(cap.get('unit') or 'req/s')}, each repeated (≥ 3 runs) near C_SLO.</p>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _run_text(x) -> str:
+    if isinstance(x, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x.items())
+    return str(x)
+
+
+def checks_section(plan: dict) -> str:
+    rows = []
+    for c in plan["checks"]:
+        state = "FAILS" if not c["ok"] else ("holds, with a caveat" if c.get("caveat") else "holds")
+        cls = "fail" if not c["ok"] else ("caveat" if c.get("caveat") else "ok")
+        rows.append(f'<tr class="{cls}" data-check="{e(c["key"])}"><td>{state}</td><td>{e(c["sentence"])}'
+                    + (f'<br><small>{e(for_readers(c["caveat"]))}</small>' if c.get("caveat") else "") + "</td></tr>")
+    return ('<section id="checks"><h2>Checks</h2><p>Failing and caveated checks first.</p>'
+            '<table class="grid"><thead><tr><th>Result</th><th>Check</th></tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table></section>")
+
+
+def settings_section(plan: dict) -> str:
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in plan["about"] if k != "checks")
+    return (f'<section id="settings"><h2>What this plan is</h2><p>Its policy, rollout and prices, so two '
+            f"reports with different specs never look alike.</p><table>{rows}</table></section>")
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 1.5em auto; padding: 0 1em; color: #222;
+       line-height: 1.45; }
+h1 { margin-bottom: .2em; } .sub { color: #555; margin-top: 0; }
+.answer { font-size: 1.15em; background: #f3f7fb; border-left: 4px solid #1f77b4; padding: .7em 1em; }
+.warn { background: #fff7e0; border-left: 4px solid #e6a100; padding: .5em 1em; }
+table { border-collapse: collapse; margin: .5em 0 1em; }
+table.grid th, table.grid td { border-bottom: 1px solid #ddd; padding: .3em .5em; vertical-align: top; }
+th { text-align: left; font-weight: 600; }
+thead th { font-size: .9em; vertical-align: bottom; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.total th, tr.total td { border-top: 2px solid #999; }
+caption { text-align: left; color: #555; font-size: .9em; }
+.def { color: #444; font-size: .95em; }
+tr.fail td { color: #b00; font-weight: 600; } tr.caveat td:first-child { color: #b36b00; font-weight: 600; }
+.scroll { overflow-x: auto; }
+td code { word-break: break-all; }
+a.glossary { color: inherit; text-decoration: underline dotted; }
+"""
+
+
+def index_html(info: IndexInputs, plan: dict | None, env: dict | None, verdict: dict | None) -> str:
+    """The whole front page (see the module docstring)."""
+    about = dict(plan["about"]) if plan else {}
+    title = f"Capacity plan: {about.get('plan', info.study_name)}"
+    sub = f"Study <code>{e(info.study_name)}</code>" + (f" · SLO: {e(about['SLO'])}" if "SLO" in about else "")
+    body = [f"<h1>{e(title)}</h1>", f'<p class="sub">{sub}</p>']
+    if plan:
+        body += [answer_section(plan, verdict), how_sure_section(plan, env), checks_section(plan),
+                 settings_section(plan)]
+    else:
+        body.append('<p class="warn">This report has no plan export.</p>')
+    pages = "".join(f'<li><a href="{e(p)}">{e(t)}</a></li>' for p, t in info.pages)
+    body.append(f'<section id="pages"><h2>Pages</h2><ul>{pages}'
+                '<li><a href="glossary.html">Glossary</a> (every term used here)</li></ul></section>')
+
+    def links(items):
+        return "".join(f'<li><a href="{e(x)}">{e(x)}</a></li>' for x in items) or "<li>(none)</li>"
+
+    plan_files = [x for x in info.exports if x.startswith("data/plan/")]
+    compare_files = [x for x in info.exports if x.startswith("data/compare/")]
+    other = [x for x in info.exports if not x.startswith(("data/plan/", "data/compare/"))]
+    body.append(f'<section id="exports"><h2>Plan export (for finance)</h2><p><code>plan.xlsx</code> has every '
+                "sheet with number formats and a print setup; the CSVs hold the same tables, rounded to the "
+                f"precision stated in their Provenance.</p><ul>{links(plan_files)}</ul>"
+                + (f"<h2>Comparison export (baseline vs this study)</h2><ul>{links(compare_files)}</ul>"
+                   if info.baseline else "")
+                + f"<h2>Other data</h2><ul>{links(other)}</ul></section>")
+    prov = "".join(f"<tr><th>{e(k)}</th><td><code>{e(v)}</code></td></tr>" for k, v in info.parameters)
+    body.append(f'<section id="provenance"><h2>Parameters and provenance</h2><table>{prov}</table>'
+                '<p>How to regenerate this report, with the sha256 of every input and output: '
+                '<a href="reproduce.md">reproduce.md</a> and <code>provenance/</code>. Executed notebooks (with '
+                "their parameters) are in <code>notebooks/</code>.</p></section>")
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{e(title)} — {e(info.study_name)}</title><style>{_STYLE}</style></head>\n<body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+    return link_terms(page)

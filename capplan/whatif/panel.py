@@ -1,0 +1,330 @@
+"""The what-if panel: ipywidgets wired to :func:`~capplan.whatif.model.whatif_state`.
+
+Every control has ``continuous_update=False`` and ``.observe(..., names="value")``; a change
+recomputes the state and updates the plan table, the quarters and a ``go.FigureWidget`` in
+place. What a person sees:
+
+- **first paint at once**: :meth:`WhatIfPanel.start` shows a progress bar and what is being
+  done (opening the study, reading cached statistics or fitting them) while the model loads,
+  then swaps in the controls (in Voila, pre-heated kernels have done this before a visitor
+  arrives);
+- **never a stale plan**: when a position has no plan (e.g. a TTFT limit no tested rate
+  meets), the table, quarters and chart are hidden and a message says in plain words what to
+  change; moving a control back restores them;
+- **round slider values** (TTFT 1 000 or 1 500 ms can be chosen; off the reduction's grid the
+  envelope is fitted exactly, once, with a note while it reads);
+- **save scenario**: the plan spec (YAML) and the finance workbook of what is on screen, as
+  files in a folder and as download links;
+- a layout that keeps every slider and its value readable from about 800 px wide (JupyterLab
+  at 1280 px with the file browser open).
+
+The chart is an Output widget showing plotly's mimetype (``panel.figure`` is the figure on
+screen): a FigureWidget would send all of plotly.js through the kernel to every page.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import math
+import os
+import traceback
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from ..errors import CapplanError
+from .model import (ATTAINMENT_CHOICES, CAPACITY_USES, POLICY_LABELS, NoCapacity, WhatIfModel,
+                    WhatIfParams, WhatIfState, save_scenario, whatif_state)
+
+_CSS = """<style>
+.capplan-whatif td.value{text-align:right;font-variant-numeric:tabular-nums;padding:0 .6em}
+.capplan-whatif th{text-align:left;font-weight:500;padding-right:1em}
+.capplan-whatif .failed{color:#b00}
+.capplan-q{border-collapse:collapse;font-size:.9em}
+.capplan-q th,.capplan-q td{padding:.15em .45em;border-bottom:1px solid #ddd;text-align:right}
+.capplan-q th:first-child,.capplan-q td:first-child{text-align:left}
+.capplan-problem{background:#fff1f0;border-left:4px solid #c00;padding:.6em 1em;max-width:60em}
+.capplan-busy{color:#555;font-style:italic}
+</style>"""
+
+
+def slider_range(value: float, lo_factor: float = 0.25, hi_factor: float = 3.0,
+                  positions: int = 30) -> tuple[float, float, float]:
+    """(min, max, step) around a default: a round step (1, 2, 2.5 or 5 × 10^k) of which the
+    default is a multiple, so every position, the default included, is a round number."""
+    span = value * (hi_factor - lo_factor)
+    raw = span / positions
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    steps = [m * mag * 10 ** k for k in (-1, 0, 1) for m in (1, 2, 2.5, 5)]
+    ok = [s for s in steps if abs(value / s - round(value / s)) < 1e-9 and span / s <= 4 * positions]
+    step = min((s for s in ok if s >= raw), default=max(ok) if ok else min(steps))
+    lo = max(step, math.floor(value * lo_factor / step) * step)
+    hi = math.ceil(value * hi_factor / step) * step
+    return float(f"{lo:.10g}"), float(f"{hi:.10g}"), float(f"{step:.10g}")
+
+
+def table_html(table, plan=None) -> str:
+    """HTML of the plan table; each row carries ``data-key`` so a browser test can read it."""
+    e = html.escape
+    rows = "\n".join(
+        f'<tr data-key="{e(r.key)}"><th>{e(r.quantity)}</th>'
+        f'<td class="value">{e(r.shown)}</td><td class="unit">{e(r.unit)}</td></tr>'
+        for r in table.itertuples())
+    failed = ""
+    if plan is not None and not plan.ok:
+        failed = "<ul class='failed'>" + "".join(
+            f"<li>{e(c.sentence)}</li>" for c in plan.checks if not c.ok) + "</ul>"
+    return f'{_CSS}<table class="capplan-whatif" id="plan-table">{rows}</table>{failed}'
+
+
+def quarters_html(quarters) -> str:
+    """The plan by quarter (dated), for the panel."""
+    e = html.escape
+    head = ("<tr><th>quarter</th><th>dates</th><th>peak (req/s)</th><th>planned (req/s)</th><th>groups</th>"
+            "<th>GPUs (billed)</th><th>nodes</th><th>per month</th><th>per quarter</th>"
+            "<th>per 1 000 good</th></tr>")
+    rows = "".join(
+        f'<tr data-quarter="{e(str(q.quarter))}"><td>{e(str(q.quarter))}</td>'
+        f"<td>{q.start:%d %b %Y} – {q.end:%d %b %Y}</td><td>{q.peak_rps:.4g}</td><td>{q.demand_rps:.4g}</td>"
+        f"<td>{q.groups}</td><td>{q.gpus} ({q.billed_gpus})</td><td>{q.nodes}</td>"
+        f"<td>${q.cost_usd_per_month:,.0f}</td><td>${q.cost_usd_per_quarter:,.0f}</td>"
+        f"<td>${q.cost_usd_per_1k_good_requests:,.2f}</td></tr>"
+        for q in quarters.itertuples())
+    return f'{_CSS}<table class="capplan-q" id="quarters-table">{head}{rows}</table>'
+
+
+def problem_html(message: str) -> str:
+    return f'{_CSS}<div class="capplan-problem" id="whatif-problem"><b>No plan.</b> {html.escape(message)}</div>'
+
+
+def _download_link(path: Path, mime: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (f'<a download="{html.escape(path.name)}" href="data:{mime};base64,{data}">'
+            f"{html.escape(path.name)}</a>")
+
+
+class WhatIfPanel:
+    """The ipywidgets panel. ``panel.widget`` is what a notebook displays; controls are
+    attributes (``panel.peak``, ``panel.ttft`` …) so a test can set ``.value`` headless."""
+
+    def __init__(self, model: WhatIfModel, params: WhatIfParams | None = None, *, root=None):
+        import ipywidgets as W
+
+        self.model = model
+        p = params or model.defaults()
+        style = {"description_width": "150px"}
+        layout = W.Layout(width="100%", max_width="460px")
+
+        def fslider(desc, value, lo_f=0.25, hi_f=3.0):
+            lo, hi, step = slider_range(value, lo_f, hi_f)
+            # as many decimals as the step has (a step of 1 shows 8, of 0.25 shows 2.50)
+            decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
+            fmt = f".{decimals + (1 if abs(step * 10 ** decimals - round(step * 10 ** decimals)) > 1e-9 else 0)}f"
+            return W.FloatSlider(value=value, min=lo, max=hi, step=step, description=desc,
+                                 continuous_update=False, readout_format=fmt, style=style, layout=layout)
+
+
+        def limit_slider(desc, value, axis):
+            """Round limits (1 000, 1 500, 2 000 ms …); each position is fitted exactly."""
+            if not value:
+                return None
+            options = model.limit_choices(axis, value)
+            if options is None:
+                return fslider(desc, value)
+            return W.SelectionSlider(options=[(f"{v:,.0f}" if v >= 100 else f"{v:g}", v) for v in options],
+                                     value=value, description=desc, continuous_update=False, style=style,
+                                     layout=layout)
+
+        self.ttft = limit_slider("TTFT limit (ms)", p.ttft_ms, "x")
+        self.tpot = limit_slider("TPOT limit (ms)", p.tpot_ms, "y")
+        choices = sorted(set(ATTAINMENT_CHOICES) | {p.attainment})
+        self.attainment = W.SelectionSlider(
+            options=[(f"{a:.4g}", a) for a in choices], value=p.attainment,
+            description="attainment target", continuous_update=False, style=style, layout=layout)
+        self.peak = fslider("peak demand (req/s)", p.peak_rps, 0.1, 3.0)
+        self.uncertainty = W.FloatSlider(value=p.uncertainty, min=0.0, max=1.0, step=0.05,
+                                         description="demand uncertainty", continuous_update=False,
+                                         readout_format=".0%", style=style, layout=layout)
+        self.policy = W.Dropdown(options=[(v, k) for k, v in POLICY_LABELS.items()], value=p.policy,
+                                 description="failure policy", style=style, layout=layout)
+        price = p.price_usd_per_gpu_hour or 2.0
+        self.price = fslider("$ per GPU-hour", price, 0.25, 3.0)
+        self.capacity_use = W.ToggleButtons(options=[(v, k) for k, v in CAPACITY_USES.items()],
+                                            value=p.capacity_use, description="plan on",
+                                            style={"description_width": "150px", "button_width": "140px"})
+        self.save = W.Button(description="Save scenario", icon="download",
+                             tooltip="write the plan spec (YAML) and the finance workbook (XLSX)")
+        self.saved = W.HTML()
+        self.status = W.HTML()
+        self.table = W.HTML()
+        self.quarters = W.HTML()
+        state = self._state(p)
+        self.state = state
+        self.chart = W.Output(layout=W.Layout(width="100%"))
+        self.figure = state.figure if state is not None else go.Figure()
+        self._draw(self.figure)
+        self._show(state)
+        self.controls = [c for c in (self.ttft, self.tpot, self.attainment, self.peak, self.uncertainty,
+                                     self.policy, self.price, self.capacity_use) if c is not None]
+        for c in self.controls:
+            c.observe(self._on_change, names="value")
+        self.save.on_click(self._on_save)
+        left = W.VBox(self.controls + [W.HBox([self.save]), self.saved],
+                      layout=W.Layout(flex="0 1 470px", min_width="380px"))
+        right = W.VBox([self.status, self.table], layout=W.Layout(flex="1 1 380px", min_width="320px"))
+        self.body = [W.HBox([left, right], layout=W.Layout(flex_flow="row wrap", width="100%")),
+                     W.HTML("<b>By quarter</b>"), self.quarters, self.chart]
+        if root is not None:
+            root.children = self.body
+            self.widget = root
+        else:
+            self.widget = W.VBox(self.body)
+        self._placed = True
+        if state is None:
+            self._place_figure(False)
+
+    # ------------------------------------------------------------------ starting
+    @classmethod
+    def start(cls, settings: dict, *, show: bool = True, cache=None):
+        """Show the panel at once with a progress bar and what is being done (opening the study,
+        reading the cached statistics or fitting them), then load the model and swap in the
+        controls — in the same cell, so Voila's pre-heated kernels hand visitors a finished
+        page, and JupyterLab shows the progress live. ``settings``: ``model_settings(...)``.
+        Reduced statistics are kept on disk (``cache``; default: in the app, or when
+        CAPPLAN_CACHE_DIR is set). A bad study or spec shows capplan's message, no traceback.
+        Returns the panel (or, when loading failed, an object whose ``widget`` shows why)."""
+        import ipywidgets as W
+        from IPython.display import display
+
+        if cache is None:
+            cache = bool(os.environ.get("CAPPLAN_WHATIF_APP")) or bool(os.environ.get("CAPPLAN_CACHE_DIR"))
+        bar = W.IntProgress(value=0, min=0, max=4, description="loading", layout=W.Layout(width="420px"))
+        text = W.HTML("<span class='capplan-busy'>starting…</span>")
+        root = W.VBox([W.HTML("<b>What-if panel</b> — loading the study"), bar, text])
+
+        def progress(step, what):
+            bar.value = step
+            text.value = f"<span class='capplan-busy'>step {step} of 4: {html.escape(what)} …</span>"
+
+        if show:
+            display(root)
+        try:
+            model = WhatIfModel.build(**settings, cache=cache, progress=progress)
+            progress(4, "drawing the plan")
+            return cls(model, root=root)
+        except CapplanError as exc:
+            root.children = [W.HTML(problem_html(_plain(exc)))]
+        except Exception as exc:  # noqa: BLE001 - a person reads this, not a traceback
+            root.children = [W.HTML(problem_html(
+                f"The panel could not start ({type(exc).__name__}: {exc}). Check the study and spec "
+                "given to capplan whatif; the server log has the details."))]
+            traceback.print_exc()
+
+        class Failed:
+            widget = root
+            model = None
+
+        return Failed()
+
+    # ------------------------------------------------------------------ state
+    def params(self) -> WhatIfParams:
+        return WhatIfParams(
+            ttft_ms=self.ttft.value if self.ttft else None,
+            tpot_ms=self.tpot.value if self.tpot else None,
+            attainment=float(self.attainment.value), peak_rps=float(self.peak.value),
+            uncertainty=float(self.uncertainty.value), policy=self.policy.value,
+            price_usd_per_gpu_hour=float(self.price.value),
+            capacity_use=self.capacity_use.value)
+
+    def _busy(self, what: str) -> None:
+        self.status.value = f"{_CSS}<span class='capplan-busy'>{html.escape(what)} …</span>"
+
+    def _state(self, params: WhatIfParams):
+        try:
+            return whatif_state(self.model, params, progress=self._busy)
+        except NoCapacity as exc:
+            self._problem(str(exc))
+        except CapplanError as exc:
+            self._problem(_plain(exc) + " Move the control back, or change another setting.")
+        return None
+
+    def _problem(self, message: str) -> None:
+        """No plan for this position: hide the plan, say why and what to change."""
+        self.status.value = problem_html(message)
+        self.table.value = ""
+        self.quarters.value = ""
+        self._place_figure(False)
+        self.stale = True
+
+    def _place_figure(self, shown: bool) -> None:
+        """Take the chart off the page while there is no plan (and put it back after)."""
+        if not getattr(self, "_placed", False):
+            return
+        kids = [c for c in self.widget.children if c is not self.chart]
+        self.widget.children = tuple(kids + ([self.chart] if shown else []))
+
+    def _show(self, state: WhatIfState | None) -> None:
+        if state is None:
+            return
+        slo = getattr(state.envelope, "slo", None)
+        self.status.value = (f"<small>SLO: {html.escape(slo.describe() if slo else '')} · "
+                             f"capacity: {html.escape(state.plan.capacity.source)} · "
+                             f"redrawn in {state.seconds * 1000:.0f} ms</small>")
+        self.table.value = table_html(state.table, state.plan)
+        self.quarters.value = quarters_html(state.quarters)
+        self._place_figure(True)
+        self.stale = False
+
+    def _on_change(self, change) -> None:
+        self.saved.value = ""
+        state = self._state(self.params())
+        if state is None:
+            self.state = None
+            return
+        self.state = state
+        self._draw(state.figure)
+        self._show(state)
+
+    def _draw(self, fig: go.Figure) -> None:
+        """Show ``fig`` in the chart area as plotly's own mimetype (drawn by the plotly extension
+        that JupyterLab and Voila load once per page), not as a FigureWidget, whose model carries
+        all of plotly.js (~5 MB) through the kernel to every page."""
+        import json
+
+        from IPython.display import display
+
+        self.figure = fig
+        self.chart.clear_output(wait=True)
+        with self.chart:
+            display({"application/vnd.plotly.v1+json": json.loads(fig.to_json()),
+                     "text/plain": "<plotly figure: the plan>"}, raw=True)
+
+    def _on_save(self, _button=None) -> Path | None:
+        """Write the scenario on screen and offer it for download."""
+        if self.state is None:
+            self.saved.value = "<small>Nothing to save: these settings give no plan.</small>"
+            return None
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        folder = Path(os.environ.get("CAPPLAN_SCENARIO_DIR") or Path.cwd() / "capplan-scenarios") / stamp
+        try:
+            paths = save_scenario(self.model, self.state, folder)
+        except (OSError, CapplanError) as exc:
+            self.saved.value = problem_html(f"Could not save the scenario: {exc}")
+            return None
+        xlsx_mime = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+        self.saved.value = (
+            f"<small>Saved in <code>{html.escape(str(folder))}</code>: "
+            f"{_download_link(paths['spec'], 'application/x-yaml')} · "
+            f"{_download_link(paths['xlsx'], xlsx_mime)}. Same plan from the command line: "
+            f"<code>capplan plan {html.escape(str(self.model.study.root))} --spec "
+            f"{html.escape(str(paths['spec']))} --out plan-out/</code></small>")
+        return folder
+
+
+def _plain(exc: CapplanError) -> str:
+    """A capplan error as one paragraph for the panel (the problem and its fix, no traceback)."""
+    text = exc.format() if hasattr(exc, "format") else str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " ".join(ln.replace("ERROR: ", "").replace("fix:", "To fix it:") for ln in lines)
