@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "report": "report",
     "whatif": "whatif",
     "compare": "compare",
+    "design": "design",
 }
 
 

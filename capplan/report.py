@@ -335,6 +335,8 @@ class ReportParams:
     time: str = ""  # provenance time of the plan export (ISO, UTC)
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
+    #: plan with a lower bound the study cannot support honestly (the plan says so)
+    accept_optimistic: bool = False
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -342,7 +344,8 @@ class ReportParams:
         return {"study_path": str(self.study), "spec_path": str(self.spec),
                 "slo": SLO.parse(self.slo).to_dict(), "seed": int(self.seed),
                 "reps": int(self.reps), "confidence": float(self.confidence),
-                "artifacts_dir": str(artifacts_dir), "report_time": self.time}
+                "artifacts_dir": str(artifacts_dir), "report_time": self.time,
+                "accept_optimistic": bool(self.accept_optimistic)}
 
     def compare_parameters(self, artifacts_dir: Path) -> dict:
         """Notebook 5's parameters: the usual set (the study is the candidate) plus the
@@ -524,7 +527,8 @@ def _open_baseline(baseline) -> Path:
 
 
 def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, confidence=None,
-                   time: str | None = None, baseline=None, gates=None):
+                   time: str | None = None, baseline=None, gates=None,
+                   accept_optimistic: bool = False):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
     SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
     ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
@@ -580,7 +584,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
             load_gates(gates_path)  # a bad gates file fails here, not in the kernel
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
-                          baseline=baseline_path, gates=gates_path)
+                          baseline=baseline_path, gates=gates_path,
+                          accept_optimistic=bool(accept_optimistic))
     return params, opened
 
 
@@ -650,7 +655,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   seed: int | None = None, reps: int | None = None,
                   confidence: float | None = None, time: str | None = None,
                   notebooks: Path | None = None, jobs: int | None = None,
-                  baseline=None, gates=None,
+                  baseline=None, gates=None, accept_optimistic: bool = False,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
     spec's; ``time`` (ISO) is the provenance time of the plan and comparison exports (default:
@@ -668,7 +673,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     say = progress or (lambda _msg: None)
     params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
                                     confidence=confidence, time=time, baseline=baseline,
-                                    gates=gates)
+                                    gates=gates, accept_optimistic=accept_optimistic)
     report_nbs = params.notebooks()
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     missing = [n for n, _ in report_nbs if not (nb_dir / n).is_file()]

@@ -26,7 +26,7 @@ class ArrivalSpec:
     cv: float = 1.0
     path: str | None = None
     format: str = "auto"
-    start_row: int = 0
+    start_row: int | str = 0  # or "random": a row drawn per run from the run's own stream
 
 
 @dataclass(frozen=True)
@@ -183,8 +183,11 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
     fmt = str(ar.get("format", "auto"))
     if fmt not in ("auto", "azure", "mooncake"):
         raise SpecError(f"unknown trace format {fmt!r}", field="workload.arrival.format", fix="auto, azure or mooncake")
+    start_row = ar.get("start_row", 0)
+    if start_row != "random":  # "random": each run replays its own stretch of the trace
+        start_row = _num(ar, "start_row", "workload.arrival", 0, int, lo=0)
     arrival = ArrivalSpec(process, _num(ar, "cv", "workload.arrival", 1.0, lo=0.0, lo_open=True),
-                          path, fmt, _num(ar, "start_row", "workload.arrival", 0, int, lo=0))
+                          path, fmt, start_row)
     lengths = LengthDist.from_dict(wl.get("lengths", {}) or {})
     tenants = []
     traw = wl.get("tenants") or []

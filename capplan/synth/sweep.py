@@ -98,7 +98,10 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
                         draw=draw, **common)
     if cfg.arrival.process == "replay":
         tr = _trace(cfg.arrival.path, cfg.arrival.format)
-        sched, inp, out = A.replay_schedule(tr, level, dur, cfg.arrival.start_row)
+        row = cfg.arrival.start_row
+        if row == "random":  # each run its own stretch: independent workload samples
+            row = int(r_arr.integers(tr.n))
+        sched, inp, out = A.replay_schedule(tr, level, dur, row)
         ten = _tenants_for(cfg, len(sched), r_ten)
     else:
         sched = A.arrival_times_ns(cfg.arrival.process, level, dur, r_arr, cfg.arrival.cv)
