@@ -489,7 +489,7 @@ def _crossing(F: np.ndarray, x: np.ndarray, target: float, eps: np.ndarray):
 
 def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
                goodput_rep: np.ndarray | None, goodput: np.ndarray | None,
-               contain_estimate: bool = False):
+               run_effect: bool = False):
     est_x, est_flag, est_i = sw["est"]
     x = sw["x"]
     rep_x, rep_flag, rep_i = sw["rep_x"], sw["rep_flag"], sw["rep_i"]
@@ -506,7 +506,7 @@ def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
         load = math.nan
     lo, hi = boot.percentile_ci(vals, confidence)
     lb = boot.lower_bound(vals, confidence)
-    if contain_estimate and est == est and not (lo <= est <= hi and lb <= est):
+    if run_effect and est == est and not (lo <= est <= hi and lb <= est):
         # the estimate is a plausible value by construction: an interval of replicate
         # crossings that excludes it (replicates skewed by a bound near 0 or 1) is widened
         notes.append(f"the percentile interval [{lo:.3g}, {hi:.3g}] excluded the estimate "
@@ -534,7 +534,7 @@ def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
                 notes.append(f"the bracket [{x[i - 1]:.3g}, {x[i]:.3g}] is wide: interpolation "
                              "error between tested rates is not in the CI; add rates "
                              + ", ".join(f"{v:g}" for v in suggested))
-    if status == STATUS_BRACKETED and not closed_loop and "n_runs" in sw:
+    if status == STATUS_BRACKETED and not closed_loop and "n_runs" in sw and not run_effect:
         i = est_i + 1
         single = [x[j] for j in (i - 1, i) if sw["n_runs"][j] < 2]
         if single:
@@ -919,7 +919,7 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
     goodput = sw["att"] * x_rate
     goodput_rep = sw["A"] * x_rate[None, :]
     cs, more, vals = _cslo_from(sw, target, confidence, closed, goodput_rep, goodput,
-                                contain_estimate=new)
+                                run_effect=new)
     # throughput per level (ok share × rate), from the run table
     thr = []
     for lv in sw["levels"]:
@@ -943,6 +943,12 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
         levels["error_rate"] = sw["err"]
         levels["error_ci_low"], levels["error_ci_high"] = elo, ehi
         levels["error_fitted"] = sw["err_fitted"]
+    if new and not closed:
+        # the table shows what was measured; the fit used each level's mean-run attainment
+        ok = runs[runs["usable"]].groupby("load_level")[["n_good", "n"]].sum()
+        levels["mean_run_attainment"] = levels["attainment"]
+        levels["attainment"] = [float(ok.loc[lv, "n_good"] / ok.loc[lv, "n"]) for lv in
+                                levels["load_level"]]
     fit_map = dict(zip(sw["levels"], sw["fitted"]))
     runs = runs.copy()
     runs["fitted"] = [fit_map.get(lv, math.nan) if u else math.nan

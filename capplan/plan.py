@@ -383,6 +383,13 @@ def capacity_from_envelope(envelope, spec: PlanSpec, *, replicas: int = 1, study
     c = envelope.cslo
     use = spec.capacity.use
     value = getattr(c, use, None)
+    if value is None or not (value > 0) or not math.isfinite(value):
+        status = getattr(c, "status", "unknown")
+        raise SpecError(
+            f"the study gives no usable C_SLO {use.replace('_', ' ')} (status: {status}, value: {value})",
+            field="capacity.use",
+            fix="test lower and higher offered rates so the SLO crossing is bracketed, or pass "
+                "--capacity-rps / capacity.rps_per_group")
     h = getattr(envelope, "honesty", None)
     notes = tuple(getattr(envelope, "notes", ()) or ())
     label = f"study C_SLO {'lower bound' if use == 'lower_bound' else 'estimate'}"
@@ -400,13 +407,6 @@ def capacity_from_envelope(envelope, spec: PlanSpec, *, replicas: int = 1, study
         label += f" ({h.status}: accepted with accept_optimistic)"
         notes = notes + (f"the C_SLO lower bound is {h.status} — {h.sentence}; planned with "
                          "it anyway (accept_optimistic)",) + tuple(h.reasons)
-    if value is None or not (value > 0) or not math.isfinite(value):
-        status = getattr(c, "status", "unknown")
-        raise SpecError(
-            f"the study gives no usable C_SLO {use.replace('_', ' ')} (status: {status}, value: {value})",
-            field="capacity.use",
-            fix="test lower and higher offered rates so the SLO crossing is bracketed, or pass "
-                "--capacity-rps / capacity.rps_per_group")
     return CapacityInfo(
         notes=notes,
         rps_per_group=float(value) / replicas,

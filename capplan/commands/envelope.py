@@ -31,8 +31,12 @@ def _fmt(v: float, nd: int = 4) -> str:
               help="block length in requests (default: Politis–White per run)")
 @click.option("--warmup", default="manifest", show_default=True,
               help="manifest (else MSER-5), mser, none, or seconds")
+@click.option("--method", type=click.Choice(["run-effect", "within-run"]), default="run-effect",
+              show_default=True,
+              help="interval: with the between-run variation (default) or the within-run "
+                   "bootstrap alone (optimistic near saturation; docs/envelope.md)")
 @click.option("--out", "out", type=click.Path(), default=None, help="write the result as JSON")
-def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, out) -> int:
+def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, method, out) -> int:
     """Fit the SLO capacity envelope of a load sweep."""
     from ..envelope import fit_envelope, fit_summary_table
     from ..slo import SLO
@@ -52,9 +56,12 @@ def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, out)
         env = fit_summary_table(p, slo, confidence=confidence, reps=reps, seed=seed)
     else:
         env = fit_envelope(p, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
-                           block_len=block_len, warmup=w)
+                           block_len=block_len, warmup=w, method=method)
     c = env.cslo
     unit = c.unit
+    if env.honesty is not None:
+        click.echo(env.honesty.to_text())
+        click.echo("")
     click.echo(f"SLO: {slo.describe()}")
     kind = "closed loop (capacity = goodput at the highest passing concurrency)" \
         if c.closed_loop else "open loop"
@@ -64,6 +71,8 @@ def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, out)
     click.echo(f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}")
     if c.closed_loop:
         click.echo(f"at concurrency:   {_fmt(c.load_at_capacity)}")
+    if env.run_effect is not None:
+        click.echo(env.run_effect.sentence())
     if c.suggested_rates:
         click.echo("suggested rates to add: " + ", ".join(f"{v:g}" for v in c.suggested_rates))
     click.echo("")
