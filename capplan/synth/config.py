@@ -68,6 +68,8 @@ class SynthConfig:
     requests_per_run: int | None = None
     warmup_s: float = 0.0
     repeats: int = 1
+    #: runs at particular levels (level → runs), e.g. repeats near capacity; others: ``repeats``
+    repeats_at: tuple[tuple[float, int], ...] = ()
     raw: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -78,6 +80,13 @@ class SynthConfig:
         if self.requests_per_run is not None and self.load_model == "open":
             return self.requests_per_run / float(level)
         return float(self.duration_s)
+
+    def repeats_for(self, level: float) -> int:
+        """Runs at ``level``: ``repeats_at`` where it names the level, else ``repeats``."""
+        for lv, k in self.repeats_at:
+            if abs(float(lv) - float(level)) < 1e-9:
+                return int(k)
+        return int(self.repeats)
 
     def with_(self, **kw) -> "SynthConfig":
         from dataclasses import replace
@@ -250,6 +259,7 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
     if rpr is not None and rates and warmup_s >= rpr / max(rates):
         raise SpecError(f"sweep.warmup_s ({warmup_s:g}) must be shorter than the shortest run "
                         f"({rpr / max(rates):g} s = requests_per_run / highest rate)", field="sweep.warmup_s")
+    repeats, repeats_at = _repeats(sw.get("repeats", 1), rates or conc)
     cfg = SynthConfig(
         name=str(d.get("name", "synthetic")), description=str(d.get("description", "") or ""), seed=_num(d, "seed", "config", 0, int, lo=0), system=system,
         replicas=replicas, replica=replica, timeout_s=timeout_s, drain_s=drain_s,
@@ -257,7 +267,7 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         ramp_s=_num(cl, "ramp_s", "client", 0.0, lo=0.0), arrival=arrival, lengths=lengths,
         tenants=tuple(tenants), power=power, itl=itl, load_model=load_model, rates=rates, concurrency=conc,
         duration_s=duration_s, requests_per_run=rpr, warmup_s=warmup_s,
-        repeats=_num(sw, "repeats", "sweep", 1, int, lo=1), raw=dict(raw),
+        repeats=repeats, repeats_at=repeats_at, raw=dict(raw),
     )
     longest = max([cfg.lengths.max_total] + [t.lengths.max_total for t in cfg.tenants if t.lengths])
     if arrival.process != "replay" and longest > replica.max_model_len:
@@ -266,6 +276,21 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
                         fix="lower the input/output max caps or raise replica.max_model_len "
                             "(replayed rows longer than max_model_len become status 'error')")
     return cfg
+
+
+def _repeats(v, levels) -> tuple[int, tuple[tuple[float, int], ...]]:
+    """``sweep.repeats``: runs per level (an integer), or a mapping level → runs for the
+    levels named (the others get one run), e.g. ``{5.5: 3, 6.0: 3}``: repeats near capacity."""
+    if not isinstance(v, dict):
+        return _num({"repeats": v}, "repeats", "sweep", 1, int, lo=1), ()
+    out = []
+    for lv, k in v.items():
+        lvf = _num({"level": lv}, "level", "sweep.repeats", None, lo=0.0, lo_open=True)
+        if not any(abs(lvf - float(x)) < 1e-9 for x in levels):
+            raise SpecError(f"sweep.repeats names level {lv:g}, which is not in the sweep",
+                            field="sweep.repeats", fix="use levels from sweep.rates (or concurrency)")
+        out.append((lvf, _num({str(lv): k}, str(lv), "sweep.repeats", None, int, lo=1)))
+    return 1, tuple(sorted(out))
 
 
 def load_config(path: str | os.PathLike) -> SynthConfig:

@@ -49,7 +49,7 @@ def plan_runs(cfg: SynthConfig) -> tuple[RunPlan, ...]:
     levels = cfg.rates if cfg.load_model == "open" else cfg.concurrency
     out, i = [], 0
     for lv in levels:
-        for rep in range(cfg.repeats):
+        for rep in range(cfg.repeats_for(lv)):
             rid = f"r{i + 1:02d}"
             out.append(RunPlan(i, rid, float(lv), rep, cfg.run_duration_s(lv)))
             i += 1
