@@ -33,10 +33,21 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SLO_TEXT = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
+SHAPES = ("constant", "poisson")
+#: the SLO of each shape: the constant-rate sweep has TTFT and TPOT limits, the M/M/1 sweep
+#: TTFT only (its TPOT is not load dependent)
+SLO_TEXTS = {"constant": "ttft_ms=2000,tpot_ms=100,attainment=0.99",
+             "poisson": "ttft_ms=150,attainment=0.99"}
+SLO_TEXT = SLO_TEXTS["constant"]
 
 
-def build_study(dest: Path, runs: int, rows: int, seed: int) -> Path:
+def build_study(dest: Path, runs: int, rows: int, seed: int, shape: str = "constant") -> Path:
+    """The sweep of one shape (cached): ``constant`` — constant-rate arrivals at 20·k req/s,
+    AR(1) log TTFT growing with load, sequential string ids, row groups of 2^20 rows;
+    ``poisson`` — an M/M/1 queue (Poisson arrivals at 8·k req/s, exponential service of mean
+    10 ms, FIFO; TTFT = waiting + service by Lindley's recursion, so dependence grows towards
+    saturation: ρ = 0.08 … 0.96), random hexadecimal string request ids, one row group per
+    file, rows written in completion order (not scheduled order)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -54,14 +65,27 @@ def build_study(dest: Path, runs: int, rows: int, seed: int) -> Path:
     mruns = []
     for k in range(runs):
         run_id = f"r{k + 1:02d}"
-        rate = 20.0 * (k + 1)
-        mruns.append({"run_id": run_id, "offered_rps": rate, "arrival": "constant",
-                      "duration_s": round(rows / rate, 3), "warmup_s": 0.0})
-        sched = (np.arange(rows) * (1e9 / rate)).astype(np.int64)
-        phi = 0.98
-        z = signal.lfilter([1.0], [1.0, -phi], rng.standard_normal(rows) * np.sqrt(1 - phi**2))
         load = (k + 1) / runs
-        ttft_ms = 400 * np.exp(0.45 * z + 2.2 * load**2)
+        if shape == "poisson":
+            rate = 8.0 * (k + 1)
+            gaps = rng.exponential(1.0 / rate, rows)
+            sched_s = np.cumsum(gaps) - gaps[0]
+            svc = rng.exponential(0.010, rows)
+            # Lindley: W_n = X_n − min_{k≤n} X_k, X_n = Σ_{k≤n} (S_{k−1} − A_k), X_0 = 0
+            x = np.concatenate([[0.0], np.cumsum(svc[:-1] - gaps[1:])])
+            wait = x - np.minimum.accumulate(np.minimum(x, 0.0))
+            sched = np.rint(sched_s * 1e9).astype(np.int64)
+            ttft_ms = (wait + svc) * 1e3
+            arrival = "poisson"
+        else:
+            rate = 20.0 * (k + 1)
+            sched = (np.arange(rows) * (1e9 / rate)).astype(np.int64)
+            phi = 0.98
+            z = signal.lfilter([1.0], [1.0, -phi], rng.standard_normal(rows) * np.sqrt(1 - phi**2))
+            ttft_ms = 400 * np.exp(0.45 * z + 2.2 * load**2)
+            arrival = "constant"
+        mruns.append({"run_id": run_id, "offered_rps": rate, "arrival": arrival,
+                      "duration_s": round(rows / rate, 3), "warmup_s": 0.0})
         tpot_ms = rng.lognormal(np.log(30 * (1 + load)), 0.3, rows)
         out_tok = np.maximum(2, rng.geometric(1 / 150, rows)).astype(np.int64)
         first = sched + (ttft_ms * 1e6).astype(np.int64)
@@ -69,20 +93,26 @@ def build_study(dest: Path, runs: int, rows: int, seed: int) -> Path:
         st = rng.choice(3, rows, p=[0.998, 0.001, 0.001])
         status = np.array(["ok", "timeout", "rejected"])[st]
         fail = st != 0
+        if shape == "poisson":
+            ids = np.char.add(f"{run_id}-", np.char.mod("%016x", rng.integers(0, 2**62, rows)))
+            order = np.argsort(np.where(fail, sched, last), kind="stable")  # completion order
+        else:
+            ids = np.char.add(f"{run_id}-", np.arange(rows).astype("U9"))
+            order = np.arange(rows)
         tbl = pa.table({
             "run_id": pa.array(np.full(rows, run_id)),
-            "request_id": pa.array(np.char.add(f"{run_id}-", np.arange(rows).astype("U9"))),
+            "request_id": pa.array(ids),
             "scheduled_ns": sched, "sent_ns": sched,
             "first_token_ns": pa.array(first, mask=fail),
             "last_token_ns": pa.array(last, mask=fail),
             "input_tokens": rng.integers(50, 2000, rows, dtype=np.int64),
             "output_tokens": np.where(fail, 0, out_tok),
             "status": pa.array(status),
-        })
+        }).take(pa.array(order))
         pq.write_table(tbl, tmp / C.EVENTS_DIR / f"{run_id}.parquet", compression="zstd",
-                       row_group_size=1 << 20)
-    (tmp / C.MANIFEST_NAME).write_text(yaml.safe_dump(manifest_dict("bench-envelope", mruns),
-                                                      sort_keys=False))
+                       row_group_size=rows if shape == "poisson" else 1 << 20)
+    (tmp / C.MANIFEST_NAME).write_text(yaml.safe_dump(
+        manifest_dict(f"bench-envelope-{shape}", mruns), sort_keys=False))
     os.replace(tmp, dest)
     return dest
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .contract import CONTRACT_VERSION, Status  # noqa: E402
-from .errors import CapplanError, SpecError, StudyError  # noqa: E402
-from .slo import SLO  # noqa: E402
-from .study import Study, open_study  # noqa: E402
+from .version import __version__
+from .contract import CONTRACT_VERSION, Status
+from .errors import CapplanError, SpecError, StudyError
+from .slo import SLO
+from .study import Study, open_study
 
 
 def __getattr__(name: str):
@@ -16,6 +15,7 @@ def __getattr__(name: str):
         "fit_envelope": ("capplan.envelope", "fit_envelope"),
         "summarize": ("capplan.metrics", "summarize"),
         "validate_study": ("capplan.validate", "validate_study"),
+        "open_checked": ("capplan.validate", "open_checked"),
         "make_plan": ("capplan.plan", "make_plan"),
         "load_plan_spec": ("capplan.plan", "load_plan_spec"),
         "compare": ("capplan.compare", "compare"),

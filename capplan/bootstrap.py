@@ -1,43 +1,62 @@
-"""Block bootstrap on per-block sufficient statistics, vectorised with numpy.
+"""Block bootstrap on per-unit sufficient statistics: one resampling path for every consumer.
 
-A replicate is a vector of how many times each *unit* (a run's sub-block of consecutive
-requests, or a single request) is drawn. With the (reps × units) count matrix ``C`` every
-additive statistic of every replicate is one matrix product ``C @ S`` where ``S`` is
-(units × stats): good counts, request counts, histogram bins. Ratios (attainment) and quantiles
-(read from replicate histograms) follow from those sums. This replaces calling a Python
-statistic once per replicate (the reference ``arch.bootstrap`` design), which is 10²–10³× slower
-at our sizes (STATISTICS.md §2).
+A *unit* is a run's sub-block of consecutive requests (``capplan.reduce``: by request count or
+by scheduled-time width); a replicate is a draw of blocks of consecutive units. Every additive
+statistic of every replicate is a sum over the drawn units, computed as block sums from prefix
+sums (``Resample.sums``) — good counts, request counts, per-cell counts, histogram bins — and
+ratios (attainment) and quantiles (read from replicate histograms) follow from those sums. This
+replaces calling a Python statistic once per replicate (the reference ``arch.bootstrap``
+design), which is 10²–10³× slower at our sizes (docs/statistics.md#block-bootstrap).
 
-Schemes (units are consecutive in time; blocks wrap around the end):
-- ``circular``: ⌈n/L⌉ block starts drawn uniformly, each covering L units, the last one cut so
-  a replicate holds exactly n units (Politis & Romano 1992). Index generation is the same
-  as ``arch.bootstrap.CircularBlockBootstrap`` so that, with one request per unit and the same
-  seed, replicates are identical (the oracle test relies on it).
-- ``stationary``: geometric block lengths with mean L (Politis & Romano 1994), same draws as
-  ``arch.bootstrap.StationaryBootstrap``.
-- ``iid``: L = 1 circular (used to show that ignoring dependence under-covers).
+Schemes are objects, one class each, as in ``arch`` (``StationaryBootstrap`` overrides one
+method of ``CircularBlockBootstrap``): ``Circular``, ``Stationary`` (overrides ``_draw``) and
+``IID`` (block length 1). A name becomes an object once, at the edge (CLI option,
+``fit_envelope(scheme=...)``): ``scheme_from_name("circular", block_len=None)``. Each scheme
+knows its block length (the override in requests, else the run's Politis–White length for
+that scheme) and draws its replicates; the draws are arch's, so that with one request per unit
+and the same seed the replicates are identical (the oracle tests rely on it).
+
+Getting the replicates of one run (what the envelope and compare do)::
+
+    from capplan import bootstrap as boot
+    from capplan.reduce import reduce_study, TimeUnits, Cells
+    stats = reduce_study(study, slo, warmup=window)          # or units=TimeUnits(...), cells=...
+    scheme = boot.scheme_from_name("circular")               # once, at the edge
+    run = stats.runs[i]
+    R = stats.resample(run, scheme, reps=1000, seed=0)       # cached; stream [seed, run_idx]
+    # (or, without the cache: scheme.resample(run.n_units,
+    #      scheme.block_units(run.block_len, run.unit_size), reps, rng))
+    good = R.sums(run.units["n_good"])                       # (reps,)
+    att = good / R.sums(run.units["n"])                      # replicate attainment
+    per_cell = R.sums(run.cells.sums["n_good"])              # (reps × cells) with Cells
+    p99 = boot.quantile_replicates(R, hist, k0, 0.99, below=below)
+
+Paired designs (two studies replaying the same trace on the same time grid, so their runs
+have the same units) use the *same* ``Resample`` on both sides: ``R.sums(a) - R.sums(b)``.
+``R.counts()`` gives the equivalent (reps × units) count matrix where a matrix product is
+handier (the SLO surface).
 
 Lattice sub-blocks: when a unit holds s requests and L = b/s units form a block, block starts
-fall on a lattice of step s; with s ≈ b/4 this stays close to the request-level circular
-bootstrap (STATISTICS.md §3) while the count matrix stays small.
+fall on a lattice of step s; with s ≈ b/4 or finer this stays close to the request-level
+circular bootstrap (docs/statistics.md#block-bootstrap) while the arrays stay small.
 
 Block length: Politis & White (2004) with the Patton, Politis & White (2009) correction, as
 computed by ``arch.bootstrap.optimal_block_length`` (same tuning constants, same finite-sample
-conventions), with the autocovariances by FFT so that it is O(n log n) instead of O(n^1.5).
+conventions), with the autocovariances by FFT so that it is O(n log n) instead of O(n^1.5)
+(docs/statistics.md#block-length). Which series it is computed on is ``capplan.reduce``'s rule.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 from scipy import stats as _st
 
 from . import sketch
-
-SCHEMES = ("circular", "stationary", "iid")
-
+from .errors import SpecError
 
 def as_rng(seed) -> np.random.Generator:
     """A numpy Generator from an int seed (``default_rng``, as arch does) or a Generator."""
@@ -54,9 +73,6 @@ class BlockLength:
 
     stationary: float
     circular: float
-
-    def for_scheme(self, scheme: str) -> float:
-        return self.stationary if scheme == "stationary" else self.circular
 
 
 def autocovariances(x, max_lag: int) -> np.ndarray:
@@ -129,69 +145,7 @@ def optimal_block_length(x) -> BlockLength:
     return BlockLength(float(min(b_sb, b_max)), float(min(b_cb, b_max)))
 
 
-# ----------------------------------------------------------------------------- count matrices
-
-def circular_starts(n_units: int, block_units: int, reps: int, rng) -> np.ndarray:
-    """(reps × ⌈n/L⌉) block starts, drawn exactly as arch's CircularBlockBootstrap draws them."""
-    rng = as_rng(rng)
-    nb = -(-n_units // block_units)
-    return rng.integers(n_units, size=(reps, nb), dtype=np.int64)
-
-
-def circular_counts(n_units: int, block_units: int, reps: int, rng, *,
-                    dtype=np.float64) -> np.ndarray:
-    """(reps × n_units) draw counts of the circular block bootstrap (see module docstring)."""
-    L = max(1, int(block_units))
-    L = min(L, n_units)
-    starts = circular_starts(n_units, L, reps, rng)
-    idx = (starts[:, :, None] + np.arange(L, dtype=np.int64)).reshape(reps, -1)[:, :n_units]
-    idx %= n_units
-    return _counts_from_indices(idx, n_units, dtype)
-
-
-def stationary_counts(n_units: int, mean_block_units: float, reps: int, rng, *,
-                      dtype=np.float64) -> np.ndarray:
-    """(reps × n_units) draw counts of the stationary bootstrap with mean block length L,
-    with arch's StationaryBootstrap draws (start indices, then uniforms, per replicate)."""
-    rng = as_rng(rng)
-    n = n_units
-    out_idx = np.empty((reps, n), dtype=np.int64)
-    pos = np.arange(n)
-    for r, (start_draw, new) in enumerate(_stationary_draws(n, mean_block_units, reps, rng)):
-        last = np.maximum.accumulate(np.where(new, pos, 0))
-        out_idx[r] = (start_draw[last] + (pos - last)) % n
-    return _counts_from_indices(out_idx, n, dtype)
-
-
-def _stationary_draws(n: int, mean_block_units: float, reps: int, rng):
-    """Per replicate, arch's StationaryBootstrap draws: n start indices, then n uniforms; a
-    block starts where the uniform is ≤ 1/L (and at position 0). Yields (start_draw, new)."""
-    p = 1.0 / max(float(mean_block_units), 1.0)
-    for _ in range(reps):
-        start_draw = rng.integers(n, size=n, dtype=np.int64)
-        new = rng.random(n) <= p
-        new[0] = True
-        yield start_draw, new
-
-
-def _counts_from_indices(idx: np.ndarray, n_units: int, dtype) -> np.ndarray:
-    reps = idx.shape[0]
-    flat = (idx + (np.arange(reps, dtype=np.int64) * n_units)[:, None]).ravel()
-    # float64 by default: float32 counts are exact only up to 2^24 (STATISTICS.md §2)
-    return np.bincount(flat, minlength=reps * n_units).reshape(reps, n_units).astype(dtype)
-
-
-def block_counts(n_units: int, block_units: float, reps: int, rng, scheme: str = "circular",
-                 *, dtype=np.float64) -> np.ndarray:
-    """Count matrix for ``scheme`` in {'circular', 'stationary', 'iid'}."""
-    if scheme == "circular":
-        return circular_counts(n_units, max(1, int(round(block_units))), reps, rng, dtype=dtype)
-    if scheme == "stationary":
-        return stationary_counts(n_units, block_units, reps, rng, dtype=dtype)
-    if scheme == "iid":
-        return circular_counts(n_units, 1, reps, rng, dtype=dtype)
-    raise ValueError(f"unknown bootstrap scheme {scheme!r}; use one of {SCHEMES}")
-
+# ----------------------------------------------------------------------------- replicates
 
 @dataclass(frozen=True)
 class Resample:
@@ -199,14 +153,16 @@ class Resample:
     than as a count matrix: sums over a replicate are then block sums from prefix sums,
     gathered and added — exact, O(blocks × stats), and free of BLAS threading (which on a
     shared, oversubscribed machine can make a small matrix product 100× slower).
-    ``counts()`` gives the equivalent (reps × units) count matrix."""
+    ``counts()`` gives the equivalent (reps × units) count matrix. ``regular``: every
+    replicate has the same number of blocks, all of one length but the last (circular
+    schemes), which ``sums`` gathers without a loop over blocks."""
 
     n_units: int
     reps: int
     rep: np.ndarray      # (blocks,) replicate of each block, non-decreasing
     start: np.ndarray    # (blocks,) first unit
     length: np.ndarray   # (blocks,) units in the block (wrapping circularly)
-    scheme: str = "circular"
+    regular: bool = False
 
     def counts(self, dtype=np.float64) -> np.ndarray:
         """(reps × n_units) draw counts (float64 by default: float32 is exact only < 2^24)."""
@@ -234,8 +190,8 @@ class Resample:
         pref = np.zeros((2 * n + 1, k))
         np.cumsum(np.concatenate([v2, v2]), axis=0, out=pref[1:])
         total = pref[n]
-        if self.scheme in ("circular", "iid") and self.reps and self.start.size % self.reps == 0:
-            # regular layout: nb blocks of L units per replicate, the last one cut short
+        if self.regular and self.reps and self.start.size % self.reps == 0:
+            # nb blocks of L units per replicate, the last one cut short
             nb = self.start.size // self.reps
             st = self.start.reshape(self.reps, nb)
             L, last = int(self.length[0]), int(self.length[nb - 1])
@@ -263,34 +219,119 @@ class Resample:
         return out[:, 0] if vec else out
 
 
-def resample(n_units: int, block_units: float, reps: int, rng, scheme: str = "circular") -> Resample:
-    """Draw ``reps`` replicates of ``scheme`` ('circular', 'stationary', 'iid') over
-    ``n_units`` units with (mean) block length ``block_units``; the draws are arch's."""
-    rng = as_rng(rng)
-    n = int(n_units)
-    if scheme == "iid":
-        scheme_, L = "circular", 1
-    elif scheme in ("circular", "stationary"):
-        scheme_, L = scheme, block_units
-    else:
-        raise ValueError(f"unknown bootstrap scheme {scheme!r}; use one of {SCHEMES}")
-    if scheme_ == "circular":
-        L = min(max(1, int(round(L))), n)
-        starts = circular_starts(n, L, reps, rng)
-        nb = starts.shape[1]
-        length = np.full((reps, nb), L, dtype=np.int64)
-        length[:, -1] = n - (nb - 1) * L
+# ----------------------------------------------------------------------------- schemes
+
+@dataclass(frozen=True)
+class Circular:
+    """Circular block bootstrap (Politis & Romano 1992): ⌈n/L⌉ block starts drawn uniformly,
+    each block covering L consecutive units (wrapping round the end), the last one cut so a
+    replicate holds exactly n units. The draws are those of
+    ``arch.bootstrap.CircularBlockBootstrap``: with one request per unit and the same
+    generator, the replicates are identical.
+
+    ``block_len``: block length in requests; None ⇒ each run's Politis–White length for this
+    scheme (``BlockLength``)."""
+
+    block_len: float | None = None
+    name: ClassVar[str] = "circular"
+    #: which Politis–White length the scheme uses (they differ by the constant D)
+    pw_field: ClassVar[str] = "circular"
+    #: requests independent (iid): consumers may resample requests instead of units
+    independent: ClassVar[bool] = False
+
+    def __str__(self) -> str:
+        return self.name
+
+    def pw_length(self, pw: BlockLength | None) -> float:
+        """The Politis–White length (requests) this scheme reads from a run's lengths."""
+        return 1.0 if pw is None else float(getattr(pw, self.pw_field))
+
+    def block_requests(self, pw: BlockLength | None) -> float:
+        """The block length in requests: the override, else the run's Politis–White one."""
+        return float(self.block_len) if self.block_len is not None else self.pw_length(pw)
+
+    def block_units(self, pw: BlockLength | None, unit_size: float) -> float:
+        """Block length in units (≥ 1) of a run whose units hold ``unit_size`` requests on
+        average (lattice sub-blocks: docs/statistics.md#block-bootstrap)."""
+        return max(1.0, self.block_requests(pw) / max(float(unit_size), 1e-12))
+
+    def resample(self, n_units: int, block_units: float, reps: int, rng) -> Resample:
+        """``reps`` replicates over ``n_units`` units with (mean) block length
+        ``block_units``."""
+        return self._draw(int(n_units), float(block_units), int(reps), as_rng(rng))
+
+    def _draw(self, n: int, L: float, reps: int, rng: np.random.Generator) -> Resample:
+        L_ = min(max(1, int(round(L))), n)
+        nb = -(-n // L_)
+        starts = rng.integers(n, size=(reps, nb), dtype=np.int64)
+        length = np.full((reps, nb), L_, dtype=np.int64)
+        length[:, -1] = n - (nb - 1) * L_
         rep = np.repeat(np.arange(reps, dtype=np.int64), nb)
-        return Resample(n, reps, rep, starts.ravel(), length.ravel(), scheme)
-    reps_l, starts_l, len_l = [], [], []
-    pos = np.arange(n)
-    for r, (start_draw, new) in enumerate(_stationary_draws(n, L, reps, rng)):
-        at = pos[new]
-        starts_l.append(start_draw[at])
-        len_l.append(np.diff(np.append(at, n)))
-        reps_l.append(np.full(at.size, r, dtype=np.int64))
-    return Resample(n, reps, np.concatenate(reps_l), np.concatenate(starts_l),
-                    np.concatenate(len_l).astype(np.int64), scheme)
+        return Resample(n, reps, rep, starts.ravel(), length.ravel(), regular=True)
+
+
+@dataclass(frozen=True)
+class Stationary(Circular):
+    """Stationary bootstrap (Politis & Romano 1994): geometric block lengths with mean L.
+    Per replicate arch's ``StationaryBootstrap`` draws n start indices, then n uniforms; a
+    block starts where the uniform is ≤ 1/L (and at position 0). Same draws as arch."""
+
+    name: ClassVar[str] = "stationary"
+    pw_field: ClassVar[str] = "stationary"
+
+    def _draw(self, n: int, L: float, reps: int, rng: np.random.Generator) -> Resample:
+        p = 1.0 / max(float(L), 1.0)
+        reps_l, starts_l, len_l = [], [], []
+        pos = np.arange(n)
+        for r in range(reps):
+            start_draw = rng.integers(n, size=n, dtype=np.int64)
+            new = rng.random(n) <= p
+            new[0] = True
+            at = pos[new]
+            starts_l.append(start_draw[at])
+            len_l.append(np.diff(np.append(at, n)))
+            reps_l.append(np.full(at.size, r, dtype=np.int64))
+        return Resample(n, reps, np.concatenate(reps_l), np.concatenate(starts_l),
+                        np.concatenate(len_l).astype(np.int64))
+
+
+@dataclass(frozen=True)
+class IID(Circular):
+    """Independent draws (block length 1): what ignoring time dependence gives; used to show
+    that it under-covers. Consumers that hold request-level counts may draw binomials
+    instead (``independent``)."""
+
+    name: ClassVar[str] = "iid"
+    independent: ClassVar[bool] = True
+
+    def block_requests(self, pw: BlockLength | None) -> float:
+        return 1.0
+
+
+Scheme = Circular  # the base class every scheme derives from
+SCHEMES: dict[str, type[Circular]] = {c.name: c for c in (Circular, Stationary, IID)}
+
+
+def scheme_from_name(name: str | Circular, block_len: float | None = None) -> Circular:
+    """The scheme object for a name ("circular", "stationary", "iid"); call it once, at the
+    edge (CLI, ``fit_envelope``). A scheme object passes through (``block_len`` then must be
+    None or equal to its own)."""
+    if isinstance(name, Circular):
+        if block_len is not None and block_len != name.block_len:
+            return replace(name, block_len=float(block_len))
+        return name
+    cls = SCHEMES.get(str(name).strip().lower()) if isinstance(name, str) else None
+    if cls is None:
+        raise SpecError(f"unknown bootstrap scheme {name!r}", field="scheme",
+                        fix="use one of " + ", ".join(SCHEMES))
+    if block_len is not None:
+        if not (isinstance(block_len, (int, float)) and math.isfinite(block_len)
+                and block_len >= 1):
+            raise SpecError(f"block length must be a number ≥ 1 (requests), got {block_len!r}",
+                            field="block_len", fix="e.g. --block-len 50, or leave it out for "
+                            "Politis–White per run")
+        return cls(block_len=float(block_len))
+    return cls()
 
 
 # ----------------------------------------------------------------------------- statistics

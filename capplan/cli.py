@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from . import __version__
+from .version import __version__
 from .errors import CapplanError
 
 # name -> module under capplan.commands (each defines `cmd`)
@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "report": "report",
     "whatif": "whatif",
     "compare": "compare",
+    "kv": "kv",
+    "mix": "mix",
     "design": "design",
 }
 

@@ -38,7 +38,7 @@ from . import contract as C
 from . import sketch
 from .earlystop import n_min
 from .errors import Problem, SpecError, StudyError
-from .metrics import create_request_view, good_predicate, measured_rate_rps
+from .metrics import Window, good_predicate, measured_rate_rps, request_view
 from .slo import SLO
 from .study import Study, open_study
 
@@ -507,6 +507,7 @@ class _Side:
     good_series: list[np.ndarray] = field(default_factory=list)
     tok_hist: dict[str, pd.DataFrame] = field(default_factory=dict)
     warmup_s: dict[str, float] = field(default_factory=dict)  # the aligned steady windows
+    view: str = ""  # the request view of those windows (``metrics.request_view``)
 
 
 def _gpus(study: Study) -> int:
@@ -554,21 +555,21 @@ def _check_slo(b: Study, c: Study) -> None:
 
 def _facts(side: _Side, pairs_ids: list[str]) -> pd.DataFrame:
     """Per run of the steady window: n, schedule span, measured rate, inter-arrival CV."""
-    df = side.study.sql("""
+    df = side.study.sql(f"""
         WITH r AS (
             SELECT run_id, scheduled_ns,
                    scheduled_ns - lag(scheduled_ns) OVER (PARTITION BY run_id ORDER BY scheduled_ns)
                        AS gap
-            FROM request_metrics WHERE in_window)
+            FROM {side.view} WHERE in_window)
         SELECT run_id, count(*) AS n, min(scheduled_ns) AS first_ns, max(scheduled_ns) AS last_ns,
                stddev_pop(gap) / nullif(avg(gap), 0) AS cv
         FROM r GROUP BY run_id
     """).df().set_index("run_id")
-    ends = side.study.sql("""
+    ends = side.study.sql(f"""
         SELECT run_id, count_if(status = 'ok') AS n_ok,
                max(greatest(scheduled_ns, sent_ns, admitted_ns, first_token_ns, last_token_ns))
                    AS end_ns
-        FROM request_metrics GROUP BY run_id
+        FROM {side.view} GROUP BY run_id
     """).df().set_index("run_id")
     rows = []
     for pair, rid in enumerate(pairs_ids):
@@ -587,10 +588,10 @@ def _facts(side: _Side, pairs_ids: list[str]) -> pd.DataFrame:
 
 def _token_hist(side: _Side) -> None:
     s = side.study
-    side.tok_hist["input"] = s.sql("""SELECT run_id, input_tokens AS v, count(*) AS c
-        FROM request_metrics WHERE in_window GROUP BY ALL""").df()
-    side.tok_hist["output"] = s.sql("""SELECT run_id, output_tokens AS v, count(*) AS c
-        FROM request_metrics WHERE in_window AND status = 'ok' GROUP BY ALL""").df()
+    side.tok_hist["input"] = s.sql(f"""SELECT run_id, input_tokens AS v, count(*) AS c
+        FROM {side.view} WHERE in_window GROUP BY ALL""").df()
+    side.tok_hist["output"] = s.sql(f"""SELECT run_id, output_tokens AS v, count(*) AS c
+        FROM {side.view} WHERE in_window AND status = 'ok' GROUP BY ALL""").df()
 
 
 def _check_workload(b: _Side, c: _Side, pairs: list[tuple[str, str]], rules: WorkloadRules) -> None:
@@ -662,7 +663,7 @@ def _pairing(b: _Side, c: _Side, pairs: list[tuple[str, str]], mode: str) -> tup
     baseline, not in the candidate) and extra requests. Keys: request_id, scheduled_ns,
     input_tokens within matched runs (joined in DuckDB)."""
     keys = b.study.con.sql(
-        "SELECT run_id, request_id, scheduled_ns, input_tokens FROM request_metrics "
+        f"SELECT run_id, request_id, scheduled_ns, input_tokens FROM {b.view} "
         "WHERE in_window").to_arrow_table()
     runmap = pd.DataFrame({"b_run": [p[0] for p in pairs], "c_run": [p[1] for p in pairs],
                            "pair": range(len(pairs))})
@@ -670,11 +671,11 @@ def _pairing(b: _Side, c: _Side, pairs: list[tuple[str, str]], mode: str) -> tup
     con.register("_cmp_base_keys", keys)
     con.register("_cmp_runmap", runmap)
     try:
-        df = con.execute("""
+        df = con.execute(f"""
             WITH bk AS (SELECT m.pair, k.request_id, k.scheduled_ns, k.input_tokens
                         FROM _cmp_base_keys k JOIN _cmp_runmap m ON k.run_id = m.b_run),
                  ck AS (SELECT m.pair, q.request_id, q.scheduled_ns, q.input_tokens
-                        FROM request_metrics q JOIN _cmp_runmap m ON q.run_id = m.c_run
+                        FROM {c.view} q JOIN _cmp_runmap m ON q.run_id = m.c_run
                         WHERE q.in_window)
             SELECT coalesce(bk.pair, ck.pair) AS pair,
                    count_if(bk.request_id IS NOT NULL AND ck.request_id IS NOT NULL) AS matched,
@@ -740,7 +741,7 @@ def _dependence_series(side: _Side, slo: SLO) -> None:
     pred, params = good_predicate(slo)
     ttft = "ttft_ms" if slo.ttft_from == "scheduled" else "ttft_sent_ms"
     s = side.study.sql(f"SELECT run_id, CAST({pred} AS TINYINT) AS g, {ttft} AS ttft, tpot_ms "
-                       "FROM request_metrics WHERE in_window "
+                       f"FROM {side.view} WHERE in_window "
                        "ORDER BY run_id, scheduled_ns, request_id", params).fetchnumpy()
     rid = np.asarray(s["run_id"])
     cols = {k: np.asarray(s[k], dtype=np.float64) for k in ("g", "ttft", "tpot_ms")}
@@ -785,7 +786,7 @@ def _reduce(side: _Side, slo: SLO, grid: pd.DataFrame, in_edges, out_edges, spli
                         THEN greatest({ttft_col}, q.queue_ms)
                     WHEN q.status IN ('timeout', 'cancelled', 'ok')
                         THEN (g.end_ns - q.scheduled_ns) / 1e6 END AS age_ms
-        FROM request_metrics q JOIN _cmp_grid g USING (run_id)
+        FROM {side.view} q JOIN _cmp_grid g USING (run_id)
         WHERE q.in_window"""
     r_params = [*in_edges, *out_edges, float(split_in), float(split_out), NONE_LABEL, NONE_LABEL,
                 *gparams]
@@ -910,7 +911,8 @@ def _arrays(side: _Side, cell_index: pd.DataFrame, grid: pd.DataFrame) -> _Array
 
 def _count_matrix(grid: pd.DataFrame, reps: int, rng) -> np.ndarray:
     """Stratified circular block bootstrap: each run's sub-blocks resampled on their own."""
-    parts = [B.block_counts(int(r.units), int(r.block_units), reps, rng, "circular")
+    scheme = B.Circular()
+    parts = [scheme.resample(int(r.units), int(r.block_units), reps, rng).counts()
              for r in grid.itertuples()]
     return np.hstack(parts)
 
@@ -1173,12 +1175,10 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
         if warmup_s is not None:
             w = float(warmup_s)
         warm_b[rb], warm_c[rc] = w, w
-    create_request_view(sb, warm_b)
-    create_request_view(sc, warm_c)
     b = _Side("baseline", sb, [p[0] for p in pairs], pd.DataFrame(), _gpus(sb), sb.has("itl_ns"),
-              warmup_s=warm_b)
+              warmup_s=warm_b, view=request_view(sb, Window.of(sb, warm_b)))
     c = _Side("candidate", sc, [p[1] for p in pairs], pd.DataFrame(), _gpus(sc), sc.has("itl_ns"),
-              warmup_s=warm_c)
+              warmup_s=warm_c, view=request_view(sc, Window.of(sc, warm_c)))
     for side in (b, c):
         side.facts = _facts(side, side.runs)
         _token_hist(side)
@@ -1636,7 +1636,7 @@ def comparison_tables(cmp: Comparison, *, time: str, hashes: tuple[str, str] | N
         [("passed", str(v.passed))] + [("gate failed", f) for f in v.failed]
         + [("bucket regressed", f) for f in v.flagged_buckets] + [("note", n) for n in v.notes],
         columns=["item", "text"])
-    from . import __version__
+    from .version import __version__
 
     prov = [("capplan version", __version__), ("baseline", cmp.baseline_name),
             ("candidate", cmp.candidate_name), ("SLO", str(cmp.slo)),
@@ -1669,11 +1669,10 @@ def check_out_dir(out_dir) -> Path:
 def export_comparison(cmp: Comparison, out_dir, *, time: str | None = None,
                       hashes: tuple[str, str] | None = None) -> Path:
     """Write compare.xlsx and one CSV per sheet, built in a temp directory and renamed (never
-    half-written). Text cells are formula-injection safe (capplan.export writers)."""
+    half-written). Text cells are formula-injection safe (capplan.io writers)."""
     import datetime as _dt
 
-    from .export import write_csv, write_xlsx
-    from .io import atomic_dir
+    from .io import atomic_dir, write_csv, write_xlsx
 
     out = check_out_dir(out_dir)
     time = time or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()

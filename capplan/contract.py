@@ -115,6 +115,38 @@ PERCENTILE_DEFINITION = (
     "empirical quantile, Hyndman & Fan type 7 (linear interpolation between order statistics)"
 )
 
+
+def _pct_digits(p: float) -> str:
+    """0.99 → '99', 0.999 → '99.9', 0.5 → '50' (the percent, shortest exact text)."""
+    if not (0.0 < float(p) < 1.0):
+        raise ValueError(f"a percentile is a probability in (0, 1), got {p!r}")
+    return f"{float(p) * 100:.10g}"
+
+
+def pct_name(p: float) -> str:
+    """The percentile's token in column and key names: ``pct_name(0.99) == "p99"``,
+    ``pct_name(0.999) == "p99_9"``. An underscore stands for the decimal point so the name is
+    a plain identifier everywhere it travels (SQL, Spark, pandas attributes, CSV, parquet and
+    JSON); people read ``pct_label``."""
+    return "p" + _pct_digits(p).replace(".", "_")
+
+
+def pct_label(p: float) -> str:
+    """The percentile as people write it: ``pct_label(0.999) == "p99.9"`` (headings, titles)."""
+    return "p" + _pct_digits(p)
+
+
+def pct_col(metric: str, p: float, unit: str = "ms") -> str:
+    """The column of a percentile of a metric: ``pct_col("ttft", 0.999) == "ttft_p99_9_ms"``;
+    ``unit=""`` leaves the unit off (``"ttft_p99"``, the stem of CI columns)."""
+    return f"{metric}_{pct_name(p)}" + (f"_{unit}" if unit else "")
+
+
+def ci_cols(stem: str) -> tuple[str, str]:
+    """The two columns of a confidence interval: ``ci_cols("ttft_p99") ==
+    ("ttft_p99_ci_low", "ttft_p99_ci_high")``."""
+    return f"{stem}_ci_low", f"{stem}_ci_high"
+
 LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 

@@ -93,6 +93,13 @@ class LevelFacts:
     window_s: float | None = None  # summed span of the integrated power samples
     gpu_count: int | None = None
     good_requests_powered: int | None = None  # good requests of the runs with power samples
+    good_input_tokens: int = 0
+    #: mean scheduled → last-token time of ok requests (s): Little's law's W at this level
+    mean_e2e_s: float | None = None
+
+    @property
+    def good_input_tokens_per_good_request(self) -> float:
+        return self.good_input_tokens / self.good_requests if self.good_requests else 0.0
 
     @property
     def good_fraction(self) -> float:
@@ -125,6 +132,8 @@ class FactsAt:
     energy_j_per_good_request: float | None
     mean_power_w_per_gpu: float | None
     how: str
+    good_input_tokens_per_good_request: float = 0.0
+    mean_e2e_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,11 @@ class StudyFacts:
     levels: tuple[LevelFacts, ...]
     replicas: int = 1
     notes: tuple[str, ...] = field(default=())
+    #: highest power sample of any one GPU in the runs' windows (W), None without telemetry
+    max_power_w_per_gpu: float | None = None
+    #: mean input / output tokens of the ok requests of the whole study (the tested mix)
+    mean_input_tokens: float | None = None
+    mean_output_tokens: float | None = None
 
     def to_frame(self):
         import pandas as pd
@@ -150,6 +164,8 @@ class StudyFacts:
                 "energy_j": lv.energy_j,
                 "energy_j_per_good_request": lv.energy_j_per_good_request,
                 "mean_power_w_per_gpu": lv.mean_power_w_per_gpu,
+                "good_input_tokens_per_good_request": lv.good_input_tokens_per_good_request,
+                "mean_e2e_s": lv.mean_e2e_s,
             })
         return pd.DataFrame(rows)
 
@@ -188,6 +204,10 @@ class StudyFacts:
             energy_j_per_good_request=interp([lv.energy_j_per_good_request for lv in self.levels]),
             mean_power_w_per_gpu=interp([lv.mean_power_w_per_gpu for lv in self.levels]),
             how=how,
+            good_input_tokens_per_good_request=interp(
+                [lv.good_input_tokens_per_good_request if lv.good_requests else None
+                 for lv in self.levels]) or 0.0,
+            mean_e2e_s=interp([lv.mean_e2e_s for lv in self.levels]),
         )
 
     @property
@@ -197,37 +217,45 @@ class StudyFacts:
 
 def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> StudyFacts:
     """Good fraction, good output tokens and energy per load level of an open-loop study.
+    ``slo``: an SLO, or ``SLOClasses`` (each request judged by its own class's SLO).
 
     Counts in-window offered requests (every status; unfinished ones are violations) per run.
     Energy: power samples of ``resources/`` that carry the run's ``run_id`` are integrated per
     GPU (trapezoid) over the run's in-window span [warm-up, last event] when the samples fall
     in it (same run clock as the events); when none fall in it (e.g. epoch timestamps) the
     whole run's samples are used with the whole run's good requests, and a note says so.
-    ``warmup_s`` overrides the manifest's warm-up per run (as in ``create_request_view``), so a
-    caller that aligned steady windows (compare) keeps them.
+    ``warmup_s`` overrides the manifest's warm-up per run (``metrics.Window.of``), so a caller
+    that aligned steady windows (compare) keeps them.
     """
-    from .metrics import create_request_view, good_predicate
-    from .slo import SLO
+    from .metrics import Window, class_good_predicate, good_predicate, request_view
+    from .slo import SLO, SLOClasses
 
-    slo = SLO.parse(slo)
-    create_request_view(study, warmup_s)
-    pred, params = good_predicate(slo)
+    classes = slo if isinstance(slo, SLOClasses) else None
+    slo = classes if classes is not None else SLO.parse(slo)
+    view = request_view(study, Window.of(study, warmup_s))
+    pred, params = class_good_predicate(classes) if classes is not None else good_predicate(slo)
     q = f"""
         SELECT run_id, any_value(offered_rps) AS offered_rps,
                count(*) FILTER (WHERE in_window) AS offered,
                count(*) FILTER (WHERE in_window AND {pred}) AS good,
                coalesce(sum(output_tokens) FILTER (WHERE in_window AND {pred}), 0) AS good_tokens,
+               coalesce(sum(input_tokens) FILTER (WHERE in_window AND {pred}), 0) AS good_in_tokens,
+               sum(e2e_ms) FILTER (WHERE in_window AND status = 'ok') AS e2e_sum_ms,
+               coalesce(sum(input_tokens) FILTER (WHERE in_window AND status = 'ok'), 0) AS in_ok,
+               coalesce(sum(output_tokens) FILTER (WHERE in_window AND status = 'ok'), 0) AS out_ok,
+               count(e2e_ms) FILTER (WHERE in_window AND status = 'ok') AS e2e_n,
                count(*) FILTER (WHERE {pred}) AS good_all,
                min(scheduled_ns) FILTER (WHERE in_window) AS w0,
                max(greatest(scheduled_ns, coalesce(last_token_ns, first_token_ns, sent_ns, scheduled_ns)))
                    AS w1,
                min(scheduled_ns) AS r0
-        FROM request_metrics GROUP BY run_id ORDER BY run_id
+        FROM {view} GROUP BY run_id ORDER BY run_id
     """
-    rows = study.sql(q, params * 3).fetchall()
+    rows = study.sql(q, params * 4).fetchall()
     notes: list[str] = []
     per_run = {}
-    for run_id, rps, offered, good, good_tokens, good_all, w0, w1, r0 in rows:
+    for (run_id, rps, offered, good, good_tokens, good_in, e2e_sum, in_ok, out_ok, e2e_n, good_all,
+         w0, w1, r0) in rows:
         if rps is None:
             notes.append(f"run {run_id} has no offered_rps (closed loop): left out of plan facts")
             continue
@@ -236,6 +264,8 @@ def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> Stud
         warm_ns = int(round((warm or 0.0) * C.NS_PER_S))
         per_run[run_id] = dict(rps=float(rps), offered=int(offered), good=int(good),
                                good_tokens=int(good_tokens), good_all=int(good_all),
+                               good_in=int(good_in), e2e_sum=float(e2e_sum or 0.0), e2e_n=int(e2e_n),
+                               in_ok=int(in_ok), out_ok=int(out_ok),
                                w0=max(warm_ns, int(w0)) if w0 is not None else None,
                                w1=int(w1) if w1 is not None else None)
     energy = _run_energy(study, per_run, notes) if study.resource_files else {}
@@ -257,13 +287,21 @@ def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> Stud
             window_s=sum(energy[rid][1] for rid, _ in e_runs) if e_runs else None,
             gpu_count=max(energy[rid][2] for rid, _ in e_runs) if e_runs else None,
             good_requests_powered=sum(energy[rid][3] for rid, _ in e_runs) if e_runs else None,
+            good_input_tokens=sum(r["good_in"] for _, r in runs),
+            mean_e2e_s=(sum(r["e2e_sum"] for _, r in runs) / sum(r["e2e_n"] for _, r in runs) / 1e3
+                        if sum(r["e2e_n"] for _, r in runs) else None),
         ))
+    peaks = [energy[rid][4] for rid in energy if energy[rid][4] is not None]
+    n_ok = sum(r["e2e_n"] for r in per_run.values())
     return StudyFacts(slo=str(slo), levels=tuple(levels), replicas=study.manifest.replicas,
-                      notes=tuple(notes))
+                      notes=tuple(notes), max_power_w_per_gpu=max(peaks) if peaks else None,
+                      mean_input_tokens=sum(r["in_ok"] for r in per_run.values()) / n_ok if n_ok else None,
+                      mean_output_tokens=sum(r["out_ok"] for r in per_run.values()) / n_ok if n_ok else None)
 
 
 def _run_energy(study, per_run: dict, notes: list[str]) -> dict:
-    """run_id -> (energy_j, window_s, gpu_count, good_requests) from resources/ samples."""
+    """run_id -> (energy_j, window_s, gpu_count, good_requests, max sample W) from resources/
+    samples."""
     cols = {r[0] for r in study.sql("DESCRIBE resources").fetchall()}
     if "run_id" not in cols:
         notes.append("resources/ samples have no run_id column: energy cannot be attributed to runs")
@@ -295,5 +333,7 @@ def _run_energy(study, per_run: dict, notes: list[str]) -> dict:
         gpus = np.unique(g)
         span = (hi - lo) / C.NS_PER_S  # the span actually integrated
         e = sum(integrate_power_j(t[g == k], p[g == k], lo, hi) for k in gpus)
-        out[run_id] = (e, span, int(gpus.size), int(good))
+        inside = (t >= lo) & (t <= hi)
+        peak = float(p[inside].max()) if inside.any() else float(p.max())
+        out[run_id] = (e, span, int(gpus.size), int(good), peak)
     return out

@@ -1,4 +1,5 @@
-"""Per-run diagnostics a careful reader expects beside a capacity number (STATISTICS.md §7–8).
+"""Per-run diagnostics a careful reader expects beside a capacity number
+(docs/statistics.md#diagnostics and docs/statistics.md#degenerate-runs).
 
 Pure functions over small arrays (time-bin or block means that the reduction already computed),
 plus ``run_diagnostics`` which combines them into one verdict per run:
@@ -10,7 +11,8 @@ plus ``run_diagnostics`` which combines them into one verdict per run:
   measurement window. An overloaded run stays in the fit (it fails the SLO, which is the
   truth at that rate) but is flagged: its attainment depends on the run length.
 - **too short**: TTFT still trending upward over the last half of the window — a short run
-  started on an empty server is optimistic near saturation (§7). Flagged beside the capacity.
+  started on an empty server is optimistic near saturation
+  (docs/statistics.md#what-a-within-run-bootstrap-cannot-see). Flagged beside the capacity.
 - **coordinated omission**: generator lag (sent − scheduled) p99 above a threshold means the
   client, not the server, was the bottleneck; the offered rate was not delivered ⇒ unusable.
 - **Little's law**: in-window time in flight against λ·W̄ (sojourns spilling past the window);

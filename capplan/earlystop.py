@@ -1,4 +1,5 @@
-"""How many samples a percentile claim needs (MLPerf early stopping, STATISTICS.md §6).
+"""How many samples a percentile claim needs (MLPerf early stopping,
+docs/statistics.md#sample-size-rules).
 
 One-sided binomial rule: with N requests of which t exceed the target, the run supports
 "p-th percentile ≤ target" at confidence c iff P[Binomial(N, 1−p) ≤ t] ≤ 1 − c.

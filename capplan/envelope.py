@@ -1,11 +1,12 @@
 """The SLO capacity envelope: C_SLO, the largest offered rate at which the SLO holds, with a
 block-bootstrap confidence interval and the one-sided lower bound a plan should use.
 
-Recipe (STATISTICS.md §5, measured to cover at the nominal level):
-1. per run, a block bootstrap of the per-unit statistics (``capplan.bootstrap``, block length
-   = max of Politis–White on the run's 0/1 SLO-good series and on its log primary latency);
-   runs are resampled independently
-   (stratified); a load level with repeats is resampled in two stages (repeats, then blocks);
+Recipe (docs/statistics.md#the-cslo-interval, measured to cover at the nominal level):
+1. per run, a block bootstrap of the per-unit statistics (``capplan.bootstrap`` scheme objects,
+   named once at the edge; block length = ``capplan.reduce.block_length``'s rule, the largest
+   Politis–White length over the run's 0/1 SLO-good series and its log latencies); runs are
+   resampled independently (stratified); a load level with repeats is resampled in two stages
+   (repeats, then blocks);
 2. a **decreasing** isotonic curve of attainment vs load, weighted by inverse variance
    (weighted PAVA; Robertson, Wright & Dykstra 1988), fitted to the estimate and to every
    replicate;
@@ -18,8 +19,16 @@ Recipe (STATISTICS.md §5, measured to cover at the nominal level):
 
 A run with no failures (or no successes) has nothing to resample; its replicates are drawn
 from Beta(N_eff, 1) (or Beta(1, N_eff)), whose quantiles are the Clopper–Pearson bounds at
-N_eff (§7), so a short perfect run cannot make the interval collapse. Its N_eff uses the
-design effect of the nearest non-degenerate usable run by load level (``_borrowed_deff``).
+N_eff (docs/statistics.md#degenerate-runs), so a short perfect run cannot make the interval
+collapse. Its N_eff uses the design effect of a non-degenerate usable run at a lower load
+(``_borrowed_deff``; with ``method="within-run"``, the nearest by load level).
+
+The default interval (``method="run-effect"``, ``capplan.runeffect``) adds what a within-run
+bootstrap cannot see (docs/statistics.md#what-a-within-run-bootstrap-cannot-see): a random run
+effect on logit attainment, estimated from the runs near the crossing, in every replicate, and
+the mean-run attainment as the estimand; a failing run without a steady state stays in the fit
+as evidence against capacity above its rate; every interval contains its estimate; and
+``Envelope.honesty`` (``capplan.honesty``) says whether the sweep supports the bound.
 
 With ``SLO.max_error_rate`` a level must also keep its error rate (share of offered requests
 not ``ok``, as in ``metrics.summarize``) at or below the limit: an increasing isotonic curve of
@@ -51,10 +60,10 @@ from . import bootstrap as boot
 from . import honesty as hon
 from . import runeffect as rfx
 from . import sketch
-from .contract import PERCENTILES
+from .contract import PERCENTILES, ci_cols, pct_col
 from .earlystop import n_min
 from .errors import SpecError, StudyError
-from .reduce import BlockStats, _same_limits, reduce_study
+from .reduce import BlockStats, reduce_study
 from .slo import SLO
 
 STATUS_BRACKETED = "bracketed"
@@ -136,8 +145,8 @@ class Envelope:
     confidence: float = 0.95
     reps: int = 1000
     seed: int = 0
-    scheme: str = "circular"
-    block_len: float | None = None
+    #: the bootstrap scheme (``capplan.bootstrap``), with its block-length override
+    scheme: boot.Scheme = boot.Circular()
     iid_assumption: bool = False
     #: replicate C_SLO values (req/s; censored: 0 when a replicate fails at the lowest level,
     #: the largest tested level when it passes everywhere — see ``crossing_flags``)
@@ -151,7 +160,52 @@ class Envelope:
     #: is the lower bound honest here, what it estimates, the runs that would make it so
     honesty: hon.Honesty | None = None
 
+    @property
+    def block_len(self) -> float | None:
+        """The block length override in requests (None: Politis–White per run)."""
+        return self.scheme.block_len
+
     # ------------------------------------------------------------------ views
+    #: columns of the run and diagnostics tables in ``to_text`` (those present are shown)
+    TEXT_RUN_COLUMNS = ("run_id", "x", "n", "attainment", "att_ci_low", "att_ci_high", "fitted",
+                        "design_effect", "n_eff", "usable")
+    TEXT_DIAGNOSTIC_COLUMNS = ("run_id", "warmup_s", "warmup_source", "measured_rps",
+                               "gen_lag_p99_ms", "littles_ratio", "overloaded", "too_short",
+                               "usable")
+
+    def to_text(self, *, tables: bool = True) -> str:
+        """The envelope as `capplan envelope` prints it: the SLO, C_SLO with its interval, lower
+        bound and status, then (with ``tables``) the per-run table and diagnostics, then the
+        notes. A notebook ``print(env.to_text())`` shows the same text."""
+        c = self.cslo
+        unit = c.unit
+        kind = ("closed loop (capacity = goodput at the highest passing concurrency)"
+                if c.closed_loop else "open loop")
+        lines = [self.honesty.to_text(), ""] if self.honesty is not None else []
+        lines += [f"SLO: {self.slo.describe()}" if self.slo is not None
+                 else f"attainment target: {self.target:g} (good requests as the input table "
+                 "counts them)",
+                 f"sweep: {len(self.runs)} runs, {kind}"
+                 + ("; iid assumption" if self.iid_assumption else ""),
+                 f"C_SLO estimate:   {_fmt(c.estimate)} {unit}   status: {c.status}",
+                 f"{c.confidence:.0%} CI:           [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}] {unit}",
+                 f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}"]
+        if c.closed_loop:
+            lines.append(f"at concurrency:   {_fmt(c.load_at_capacity)}")
+        if self.run_effect is not None:
+            lines.append(self.run_effect.sentence())
+        if c.suggested_rates:
+            lines.append("suggested rates to add: " + ", ".join(f"{v:g}" for v in c.suggested_rates))
+        if tables:
+            cols = [k for k in self.TEXT_RUN_COLUMNS if k in self.runs.columns]
+            lines += ["", self.runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+            if len(self.diagnostics):
+                dcols = [k for k in self.TEXT_DIAGNOSTIC_COLUMNS if k in self.diagnostics.columns]
+                lines += ["", "diagnostics:", self.diagnostics[dcols].to_string(
+                    index=False, float_format=lambda v: f"{v:.4g}")]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
     def to_frame(self) -> pd.DataFrame:
         """The per-run table (one row per run, unusable runs included with their reason)."""
         return self.runs.copy()
@@ -175,8 +229,8 @@ class Envelope:
             "notes": list(self.notes),
             "honesty": None if self.honesty is None else self.honesty.to_dict(),
             "run_effect": None if self.run_effect is None else self.run_effect.to_dict(),
-            "settings": {"method": self.method, "confidence": self.confidence, "reps": self.reps, "seed": self.seed,
-                         "scheme": self.scheme, "block_len": self.block_len,
+            "settings": {"method": self.method, "confidence": self.confidence, "reps": self.reps,
+                         "seed": self.seed, "scheme": self.scheme.name, "block_len": self.block_len,
                          "iid_assumption": self.iid_assumption,
                          "percentile_definition": "log-bucket histogram (α = "
                          f"{self.stats.alpha if self.stats else sketch.DEFAULT_ALPHA:g}), "
@@ -271,11 +325,11 @@ class Envelope:
                                 fix="call fit_envelope(study, slo) to re-reduce")
             return fit_envelope(self.stats.source, new, confidence=self.confidence,
                                 reps=self.reps, seed=self.seed, scheme=self.scheme,
-                                block_len=self.block_len, warmup=self.stats.warmup,
-                                method=self.method, run_effect=self._given_effect)
+                                warmup=self.stats.window, method=self.method,
+                                run_effect=self._given_effect)
         return fit_from_stats(self.stats, new, confidence=self.confidence, reps=self.reps,
-                              seed=self.seed, scheme=self.scheme, block_len=self.block_len,
-                              method=self.method, run_effect=self._given_effect)
+                              seed=self.seed, scheme=self.scheme, method=self.method,
+                              run_effect=self._given_effect)
 
     @property
     def _given_effect(self):
@@ -291,12 +345,17 @@ class Envelope:
             raise SpecError("a summary-table envelope has no latency data for an SLO surface")
         return slo_surface(self.stats, self.slo, ttft_ms_grid, tpot_ms_grid,
                            confidence=self.confidence, reps=reps or min(self.reps, 200),
-                           seed=self.seed, scheme=self.scheme, block_len=self.block_len)
+                           seed=self.seed, scheme=self.scheme)
 
     _summary_points: object = field(default=None, repr=False, compare=False)
 
 
 # ============================================================================ helpers
+
+def _fmt(v, nd: int = 4) -> str:
+    """A number for people: 4 significant digits, "—" when missing."""
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}g}"
+
 
 def _clean(v):
     if isinstance(v, (np.floating, float)):
@@ -320,28 +379,15 @@ def _logit(p):
 
 
 def _count_dtype(n_units: int, max_unit: float):
-    # float32 counts and sums are exact only below 2^24 (STATISTICS.md §2)
+    # float32 counts and sums are exact only below 2^24 (docs/statistics.md#block-bootstrap)
     return np.float32 if n_units * max(max_unit, 1.0) * 2 < 2**24 else np.float64
 
 
-def run_resample(stats: BlockStats, run, *, reps: int, seed: int, scheme: str,
-                 block_len: float | None) -> boot.Resample:
-    """The block-bootstrap replicates of one run, cached on the stats (same seed ⇒ same).
-    The run's stream is ``default_rng([seed, run_index])``."""
-    L = run.block_units(scheme, block_len)
-    key = ("resample", run.run_idx, reps, seed, scheme, round(L, 9))
-    R = stats._cache.get(key)
-    if R is None:
-        rng = np.random.default_rng([int(seed), int(run.run_idx)])
-        R = boot.resample(run.n_units, L, reps, rng, scheme)
-        stats._cache[key] = R
-    return R
-
-
-def run_counts(stats: BlockStats, run, *, reps: int, seed: int, scheme: str,
-               block_len: float | None) -> np.ndarray:
-    """The (reps × units) count matrix of the same replicates (for matrix statistics)."""
-    R = run_resample(stats, run, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+def run_counts(stats: BlockStats, run, *, reps: int, seed: int,
+               scheme: boot.Scheme) -> np.ndarray:
+    """The (reps × units) count matrix of the run's replicates (``BlockStats.resample``),
+    for matrix statistics."""
+    R = stats.resample(run, scheme, reps=reps, seed=seed)
     return R.counts(_count_dtype(run.n_units, float(run.units["n"].max()) if run.n_units else 1.0))
 
 
@@ -583,7 +629,7 @@ def _knee_and_max(x, goodput, throughput, x_rate) -> tuple[dict, dict]:
 
 # ============================================================================ from stats
 
-def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, block_len,
+def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme: boot.Scheme,
                confidence, method: str = "within-run"):
     """Per-run attainment (+ CI, design effect, N_eff, early stopping) and percentiles.
 
@@ -609,12 +655,12 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
             per.append((r, usable and False, n, k, None, None, math.nan))
             continue
         a = k / n
-        if scheme == "iid":  # requests independent: request-level resampling ≡ binomial
+        if scheme.independent:  # requests independent: request-level resampling ≡ binomial
             rng_i = np.random.default_rng([int(seed), int(r.run_idx)])
             gr = rng_i.binomial(n, a, size=reps).astype(np.float64)
             nr_ = np.full(reps, float(n))
         else:
-            R = run_resample(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+            R = stats.resample(r, scheme, reps=reps, seed=seed)
             gr = R.sums(gu)
             key = ("n_rep", id(R))
             nr_ = stats._cache.get(key)
@@ -625,7 +671,7 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
         per.append((r, usable, n, k, gr, nr_, deff))
         if with_err:
             bad_u = r.units["n"] - r.units["n_ok"]
-            if scheme == "iid":  # own stream: the attainment draws above are unchanged
+            if scheme.independent:  # own stream: the attainment draws above are unchanged
                 rng_e = np.random.default_rng([int(seed), _SEED_SWEEP + 4, int(r.run_idx)])
                 err_raw[r.run_id] = rng_e.binomial(n, bad_u.sum() / n, size=reps) / n
             else:  # replicate error *rates*, so they pair with whatever denominators follow
@@ -643,7 +689,7 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
             d_used, d_src = _borrowed_deff(r.load_level, donors, below_only=below_only)
         neff = boot.n_effective(n, d_used) if n else 0.0
         if gr is not None:
-            if degenerate:  # Clopper–Pearson floor at N_eff (STATISTICS.md §7)
+            if degenerate:  # Clopper–Pearson floor at N_eff (docs/statistics.md#degenerate-runs)
                 keff = a * neff
                 lo, hi = boot.clopper_pearson(keff, neff, confidence)
                 draws = (rng.beta(max(neff, 1.0), 1.0, size=reps) if k == n
@@ -658,7 +704,7 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
         if with_err:
             er = err_raw.get(r.run_id)
             if er is not None and gr is not None and (n_err == 0 or n_err == n):
-                # no errors (or only errors): nothing to resample; Beta floor at N_eff (§7),
+                # no errors (or only errors): nothing to resample; Beta floor at N_eff,
                 # scaled to the run's own replicate denominators
                 ne = max(neff, 1.0)
                 d = rng_err.beta(1.0, ne, size=reps) if n_err == 0 else rng_err.beta(ne, 1.0,
@@ -678,12 +724,11 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme, b
             "design_effect": deff, "design_effect_used": max(d_used, 1.0) if n else math.nan,
             "design_effect_source": d_src if n else "", "n_eff": neff,
             "early_stop_ok": bool(neff >= need), "early_stop_n_min": need,
-            "block_len": r.block_len.for_scheme(scheme if scheme != "iid" else "circular")
-            if scheme != "iid" else 1.0,
-            "block_len_good": (r.block_len_good.for_scheme(scheme) if r.block_len_good
-                               is not None and scheme != "iid" else math.nan),
-            "block_len_latency": (r.block_len_latency.for_scheme(scheme) if
-                                  r.block_len_latency is not None and scheme != "iid"
+            "block_len": 1.0 if scheme.independent else scheme.pw_length(r.block_len),
+            "block_len_good": (scheme.pw_length(r.block_len_good) if r.block_len_good
+                               is not None and not scheme.independent else math.nan),
+            "block_len_latency": (scheme.pw_length(r.block_len_latency) if
+                                  r.block_len_latency is not None and not scheme.independent
                                   else math.nan),
             "block_metric": r.block_metric,
             "unit_size": r.unit_size, "warmup_s": r.warmup_s,
@@ -757,19 +802,19 @@ def _borrowed_deff(level: float, donors, below_only: bool = False) -> tuple[floa
     return max(best[1], 1.0), f"nearest run {best[2]}"
 
 
-def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confidence):
+def _percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, confidence):
     """SLO-independent per-run percentiles (+ p99 CI), cached on the stats."""
-    key = ("pct", reps, seed, scheme, block_len, confidence)
+    key = ("pct", reps, seed, scheme, confidence)
     if key in stats._cache:
         return stats._cache[key]
     rows = []
     for r in stats.runs:
         row = {"run_id": r.run_id}
-        C = (run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+        C = (run_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
              if r.n_units and r.tail else None)
         for m in ("ttft", "tpot", "itl", "e2e"):
             for p in PERCENTILES:
-                row[f"{m}_p{_pname(p)}_ms"] = r.percentile(m, p, stats.alpha)
+                row[pct_col(m, p)] = r.percentile(m, p, stats.alpha)
             lo = hi = math.nan
             tail = r.tail.get(m)
             if tail is not None and r.n_units:
@@ -777,8 +822,8 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confi
                 q = boot.quantile_replicates(C, h, k0, P_CI, stats.alpha,
                                              below=below)
                 lo, hi = boot.percentile_ci(q, confidence)
-            row[f"{m}_p99_ci_low"] = lo
-            row[f"{m}_p99_ci_high"] = hi
+            ci_lo, ci_hi = ci_cols(pct_col(m, P_CI, unit=""))
+            row[ci_lo], row[ci_hi] = lo, hi
         lag = r.hist.get("gen_lag_ms")
         row["gen_lag_p99_ms"] = (float(sketch.quantile_from_counts(lag[1], lag[0], 0.99, stats.alpha))
                                  if lag else math.nan)
@@ -788,28 +833,24 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme, block_len, confi
     return df
 
 
-def _pname(p: float) -> str:
-    s = f"{p * 100:g}"
-    return s.replace(".", "")
-
-
 def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.95,
-                   reps: int = 1000, seed: int = 0, scheme: str = "circular",
+                   reps: int = 1000, seed: int = 0, scheme: str | boot.Scheme = "circular",
                    block_len: float | None = None, method: str = "run-effect",
                    run_effect: rfx.RunEffect | None = None) -> Envelope:
-    """The envelope from reduced statistics (the fast path behind ``refit``). ``method``:
-    "run-effect" (default) or "within-run" (``METHODS``); ``run_effect``: a known between-run
-    SD (e.g. ``RunEffect.from_samples`` of a twin) instead of the sweep's own estimate."""
+    """The envelope from reduced statistics (the fast path behind ``refit``). ``scheme``: a
+    ``capplan.bootstrap`` scheme, or its name (with ``block_len``, requests) mapped once here;
+    ``method``: "run-effect" (default) or "within-run" (``METHODS``); ``run_effect``: a known
+    between-run SD (e.g. ``RunEffect.from_samples`` of a twin) instead of the sweep's own
+    estimate."""
     slo = SLO.parse(slo)
-    if scheme not in boot.SCHEMES:
-        raise SpecError(f"unknown scheme {scheme!r}", fix="use circular or stationary")
+    scheme = boot.scheme_from_name(scheme, block_len)
     if method not in METHODS:
         raise SpecError(f"unknown interval method {method!r}", field="method",
                         fix="use " + " or ".join(METHODS))
     if not (0.5 < confidence < 1):
         raise SpecError(f"confidence must be in (0.5, 1), got {confidence}")
     notes = []
-    exact = stats.can_serve(slo) and _same_limits(slo, stats.slo)
+    exact = stats.can_serve(slo) and slo.same_limits(stats.slo)
     if not exact:
         eff = stats.effective_slo(slo)
         if eff != slo:
@@ -817,9 +858,9 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
         slo = eff
     good_units = stats.good_units(slo)
     runs, good_rep, n_rep, err_rep = _run_table(stats, slo, good_units, reps=reps, seed=seed,
-                                                scheme=scheme, block_len=block_len,
-                                                confidence=confidence, method=method)
-    pct = _percentile_table(stats, reps=reps, seed=seed, scheme=scheme, block_len=block_len,
+                                                scheme=scheme, confidence=confidence,
+                                                method=method)
+    pct = _percentile_table(stats, reps=reps, seed=seed, scheme=scheme,
                             confidence=confidence)
     runs = runs.merge(pct, on="run_id", how="left")
     closed = stats.closed_loop
@@ -846,7 +887,7 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
         runs.loc[use, "tau_window"] = used
     env = _finish(pts, runs, slo, slo.attainment, confidence, seed, closed, notes,
                   method=method)
-    env = replace(env, stats=stats, reps=reps, seed=seed, scheme=scheme, block_len=block_len,
+    env = replace(env, stats=stats, reps=reps, seed=seed, scheme=scheme,
                   diagnostics=stats.diagnostics.copy(), method=method, run_effect=effect)
     return replace(env, honesty=_honesty(env))
 
@@ -964,34 +1005,34 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
 # ============================================================================ public entry
 
 def fit_envelope(study, slo, *, confidence: float = 0.95, reps: int = 1000, seed: int = 0,
-                 scheme: str = "circular", block_len: float | None = None,
+                 scheme: str | boot.Scheme = "circular", block_len: float | None = None,
                  warmup="manifest", stats: BlockStats | None = None,
                  method: str = "run-effect", run_effect: rfx.RunEffect | None = None) -> Envelope:
     """Fit the SLO capacity envelope of a sweep.
 
     ``study``: a Study or a path; ``slo``: an SLO or ``"ttft_ms=2000,attainment=0.99"``;
-    ``block_len`` (requests) overrides Politis–White; ``warmup``: "manifest" (manifest
-    warmup_s, else MSER-5), "mser", "none", seconds or {run_id: seconds}; ``stats``: a
-    precomputed ``reduce_study`` result to skip reading events; ``method``: "run-effect"
-    (default: between-run variation included, docs/envelope.md "Coverage") or "within-run";
-    ``run_effect``: a known between-run SD (``capplan.runeffect.RunEffect``, e.g. from a twin).
+    ``scheme``: "circular" (default), "stationary", "iid" or a ``capplan.bootstrap`` scheme;
+    ``block_len`` (requests) overrides Politis–White; ``warmup``: a ``metrics.Window``, or
+    "manifest" (manifest warmup_s, else MSER-5), "mser", "none", seconds or {run_id: seconds};
+    ``stats``: a precomputed ``reduce_study`` result to skip reading events (its window is
+    then the one used); ``method``: "run-effect" (default: between-run variation included,
+    docs/envelope.md "Coverage") or "within-run"; ``run_effect``: a known between-run SD
+    (``capplan.runeffect.RunEffect``, e.g. from a twin).
     """
     slo = SLO.parse(slo)
     if reps < 10:
         raise SpecError(f"reps must be ≥ 10, got {reps}", fix="e.g. --reps 1000")
-    if scheme not in ("circular", "stationary", "iid"):
-        raise SpecError(f"unknown scheme {scheme!r}", fix="use circular or stationary")
+    scheme = boot.scheme_from_name(scheme, block_len)  # the name becomes an object here, once
     if stats is None or not stats.can_serve(slo):
         stats = reduce_study(study, slo, warmup=warmup)
     return fit_from_stats(stats, slo, confidence=confidence, reps=reps, seed=seed,
-                          scheme=scheme, block_len=block_len, method=method,
-                          run_effect=run_effect)
+                          scheme=scheme, method=method, run_effect=run_effect)
 
 
 # ============================================================================ SLO surface
 
 def slo_surface(stats: BlockStats, slo: SLO, x_grid=None, y_grid=None, *, confidence=0.95,
-                reps=200, seed=0, scheme="circular", block_len=None) -> Surface:
+                reps=200, seed=0, scheme: boot.Scheme = boot.Circular()) -> Surface:
     """C_SLO (estimate and lower bound) over TTFT × TPOT/ITL limits from the grid counts."""
     g = stats.grid_spec
     xl, yl = g.limits("x"), g.limits("y")
@@ -1009,7 +1050,7 @@ def slo_surface(stats: BlockStats, slo: SLO, x_grid=None, y_grid=None, *, confid
     nsum = np.empty((reps, len(use)))
     kpt = np.empty((len(use), P))
     for j, r in enumerate(use):
-        C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme, block_len=block_len)
+        C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
         S = r.grid[:, xi][:, :, yi].reshape(r.n_units, P).astype(np.float64)
         gsum[:, j, :] = C @ S
         nsum[:, j] = C @ r.units["n"]
@@ -1123,5 +1164,25 @@ def _fit_summary_points(s: _Summary, target, *, confidence, reps, seed) -> Envel
     notes = ["summary-table input: requests assumed independent (iid); with time-correlated "
              "requests the true interval is wider"]
     env = _finish(pts, runs, None, target, confidence, seed, s.closed, notes, iid=True)
-    env = replace(env, reps=reps, seed=seed, scheme="iid", _summary_points=s)
+    env = replace(env, reps=reps, seed=seed, scheme=boot.IID(), _summary_points=s)
     return replace(env, honesty=_honesty(env))
+
+
+# ============================================================================ for other analyses
+
+#: the per-run inputs of the sweep fit, for analyses that bring their own replicates
+#: (capplan.mix reweights per-cell attainment and fits the result here)
+RunPoints = _Points
+
+
+def envelope_from_points(points: RunPoints, runs: pd.DataFrame, slo, target: float, *, confidence: float,
+                         seed: int, closed: bool, notes=()) -> Envelope:
+    """The sweep fit — weighted isotonic curve, first down-crossing, interval, lower bound,
+    status — of per-run replicates an analysis computed itself (docs/mix.md, "Reweighting").
+    The within-run machinery: the analysis brings its own replicates (no run effect)."""
+    return _finish(points, runs, slo, target, confidence, seed, closed, list(notes))
+
+
+def json_value(v):
+    """A value made JSON-ready as the envelope's own output does (NaN → null, numpy → Python)."""
+    return _clean(v)

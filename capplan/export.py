@@ -1,12 +1,9 @@
 """Finance export: a plan as ``plan.xlsx`` plus the same tables as CSV, written atomically.
 
-Safe for spreadsheets (see shared/design/TOOLING.md "Finance export"):
-- xlsxwriter with ``strings_to_formulas``/``strings_to_urls`` off, and every text cell or
-  header that starts with ``= + - @`` tab, CR, LF (or full-width ``＝ ＋ － ＠``) gets a leading
-  ``'`` so no spreadsheet runs it; numbers are written as numbers, never as text;
-- CSV with ``\\r\\n`` line ends (fields holding a bare CR are quoted) and a UTF-8 BOM;
-- deterministic bytes: the workbook's creation time is the provenance time (a parameter that
-  tests fix), so two exports of the same plan at the same time are byte-identical.
+The files are written by the spreadsheet-safe writers of :mod:`capplan.io` (``write_xlsx``,
+``write_csv``: no formula or URL is ever run, numbers stay numbers, CSV with CRLF and a BOM).
+Deterministic bytes: the workbook's creation time is the provenance time (a parameter that
+tests fix), so two exports of the same plan at the same time are byte-identical.
 
 Sheets / CSV files: Summary (summary.csv), Plan line items (line_items.csv), Checks
 (checks.csv), Assumptions (assumptions.csv), Capacity with CI (capacity.csv), Cost by quarter
@@ -17,54 +14,21 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 from pathlib import Path
 
 import pandas as pd
 
-from . import __version__
+from .version import __version__
 from .errors import SpecError
-from .io import atomic_dir
+from .io import atomic_dir, write_csv, write_xlsx
 
 XLSX_NAME = "plan.xlsx"
-DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠")
 SHEETS = ("Summary", "Plan line items", "Checks", "Assumptions", "Capacity with CI", "Cost by quarter",
           "Provenance")
 CSV_NAMES = {"Summary": "summary.csv", "Plan line items": "line_items.csv", "Checks": "checks.csv",
              "Assumptions": "assumptions.csv", "Capacity with CI": "capacity.csv",
              "Cost by quarter": "cost_by_quarter.csv", "Provenance": "provenance.csv"}
-
-
-def safe_text(value: str) -> str:
-    """Text a spreadsheet will not run as a formula: a leading ``'`` before = + - @ tab CR LF
-    (and their full-width forms)."""
-    s = str(value)
-    return "'" + s if s.startswith(DANGEROUS_PREFIXES) else s
-
-
-def _cell(value):
-    """Normalise a value for both writers: numbers stay numbers, None/NaN blank, text safe."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        v = float(value) if not isinstance(value, int) else value
-        if isinstance(v, float) and math.isnan(v):
-            return None
-        if isinstance(v, float) and math.isinf(v):
-            return safe_text("inf" if v > 0 else "-inf")
-        return v
-    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalar
-        return _cell(value.item())
-    return safe_text(value)
-
-
-def _safe_frame(df: pd.DataFrame) -> pd.DataFrame:
-    cols = [safe_text(c) for c in df.columns]
-    data = {sc: pd.Series([_cell(v) for v in df[c].tolist()], dtype=object) for sc, c in zip(cols, df.columns)}
-    return pd.DataFrame(data, columns=cols)
 
 
 def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: dict | None = None
@@ -96,8 +60,11 @@ def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: d
                      else json.dumps(v, sort_keys=True, default=str)))
     prov.append(("spec (JSON)", json.dumps(plan.spec.to_dict(), sort_keys=True, default=str, ensure_ascii=False)))
     provenance = pd.DataFrame(prov, columns=["Key", "Value"])
-    return {"Summary": summary, "Plan line items": items, "Checks": checks, "Assumptions": assumptions,
-            "Capacity with CI": capacity, "Cost by quarter": quarters, "Provenance": provenance}
+    out = {"Summary": summary, "Plan line items": items, "Checks": checks, "Assumptions": assumptions,
+           "Capacity with CI": capacity, "Cost by quarter": quarters, "Provenance": provenance}
+    for sheet, df in getattr(plan.capacity, "tables", ()):  # SLO classes, production mix (docs/mix.md)
+        out[sheet] = df
+    return out
 
 
 def _now() -> str:
@@ -113,41 +80,6 @@ def _created(time: str) -> _dt.datetime:
     if t.tzinfo is not None:
         t = t.astimezone(_dt.timezone.utc).replace(tzinfo=None)
     return t
-
-
-def write_xlsx(tables: dict[str, pd.DataFrame], path: str | os.PathLike, *, created: _dt.datetime,
-               title: str = "capplan plan") -> None:
-    """Write the tables with xlsxwriter: formulas and URLs off, text made safe, numbers as numbers."""
-    import xlsxwriter
-
-    wb = xlsxwriter.Workbook(str(path), {"strings_to_formulas": False, "strings_to_urls": False,
-                                         "strings_to_numbers": False, "nan_inf_to_errors": False})
-    wb.set_properties({"title": title, "author": "capplan", "created": created})
-    head = wb.add_format({"bold": True, "text_wrap": True, "valign": "top"})
-    wrap = wb.add_format({"text_wrap": True, "valign": "top"})
-    num = wb.add_format({"num_format": "#,##0.########", "valign": "top"})
-    for sheet, df in tables.items():
-        ws = wb.add_worksheet(sheet)
-        safe = _safe_frame(df)
-        for j, col in enumerate(safe.columns):
-            ws.write_string(0, j, col, head)
-            width = max([len(str(col))] + [len(str(v)) for v in safe[col].tolist() if v is not None] + [8])
-            ws.set_column(j, j, min(width + 2, 80))
-            for i, v in enumerate(safe[col].tolist(), start=1):
-                if v is None:
-                    ws.write_blank(i, j, None)
-                elif isinstance(v, bool):
-                    ws.write_boolean(i, j, v)
-                elif isinstance(v, (int, float)):
-                    ws.write_number(i, j, v, num)
-                else:
-                    ws.write_string(i, j, v, wrap)
-        ws.freeze_panes(1, 0)
-    wb.close()
-
-
-def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    _safe_frame(df).to_csv(path, index=False, lineterminator="\r\n", encoding="utf-8-sig")
 
 
 def export_plan(plan, out_dir: str | os.PathLike, *, time: str | None = None, study_hash: str | None = None,
@@ -171,7 +103,7 @@ def export_plan(plan, out_dir: str | os.PathLike, *, time: str | None = None, st
     with atomic_dir(out) as tmp:
         write_xlsx(tables, tmp / XLSX_NAME, created=created)
         for sheet, df in tables.items():
-            write_csv(df, tmp / CSV_NAMES[sheet])
+            write_csv(df, tmp / CSV_NAMES.get(sheet, sheet.lower().replace(" ", "_") + ".csv"))
         if figure:
             (tmp / "plan_groups.html").write_text(
                 plan.figure().to_html(include_plotlyjs=True, full_html=True, div_id="capplan-plan"),

@@ -1,16 +1,29 @@
-"""File output at the edges: atomic writes (temp file, then rename) and the study writer.
+"""File output at the edges: atomic writes (temp file, then rename), the study writer, and
+spreadsheet-safe table writers.
 
 Nothing is ever half-written: a failure leaves either the old file or no file.
+
+Tables meant for spreadsheets (plan and comparison exports) go through ``write_xlsx`` and
+``write_csv``, which are safe to open in Excel or LibreOffice:
+- xlsxwriter with ``strings_to_formulas``/``strings_to_urls`` off, and every text cell or
+  header that starts with ``= + - @`` tab, CR, LF (or full-width ``＝ ＋ － ＠``) gets a leading
+  ``'`` so no spreadsheet runs it (CSV/formula injection); numbers are written as numbers,
+  never as text; NaN is a blank cell and ±inf the text "inf"/"-inf";
+- CSV with ``\\r\\n`` line ends (fields holding a bare CR are quoted) and a UTF-8 BOM, which
+  Excel needs to read UTF-8.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -127,3 +140,74 @@ def write_study(dest: str | os.PathLike, manifest: dict, events, *, resources=No
         (tmp / C.MANIFEST_NAME).write_text(
             yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True), encoding="utf-8")
     return dest
+
+
+# ----------------------------------------------------------------------------- spreadsheets
+
+DANGEROUS_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠")
+
+
+def safe_text(value: str) -> str:
+    """Text a spreadsheet will not run as a formula: a leading ``'`` before = + - @ tab CR LF
+    (and their full-width forms)."""
+    s = str(value)
+    return "'" + s if s.startswith(DANGEROUS_PREFIXES) else s
+
+
+def _cell(value):
+    """Normalise a value for both writers: numbers stay numbers, None/NaN blank, text safe."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        v = float(value) if not isinstance(value, int) else value
+        if isinstance(v, float) and math.isnan(v):
+            return None
+        if isinstance(v, float) and math.isinf(v):
+            return safe_text("inf" if v > 0 else "-inf")
+        return v
+    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalar
+        return _cell(value.item())
+    return safe_text(value)
+
+
+def _safe_frame(df: pd.DataFrame) -> pd.DataFrame:
+    cols = [safe_text(c) for c in df.columns]
+    data = {sc: pd.Series([_cell(v) for v in df[c].tolist()], dtype=object) for sc, c in zip(cols, df.columns)}
+    return pd.DataFrame(data, columns=cols)
+
+
+def write_xlsx(tables: dict[str, pd.DataFrame], path: str | os.PathLike, *, created: _dt.datetime,
+               title: str = "capplan plan") -> None:
+    """Write the tables with xlsxwriter: formulas and URLs off, text made safe, numbers as numbers."""
+    import xlsxwriter
+
+    wb = xlsxwriter.Workbook(str(path), {"strings_to_formulas": False, "strings_to_urls": False,
+                                         "strings_to_numbers": False, "nan_inf_to_errors": False})
+    wb.set_properties({"title": title, "author": "capplan", "created": created})
+    head = wb.add_format({"bold": True, "text_wrap": True, "valign": "top"})
+    wrap = wb.add_format({"text_wrap": True, "valign": "top"})
+    num = wb.add_format({"num_format": "#,##0.########", "valign": "top"})
+    for sheet, df in tables.items():
+        ws = wb.add_worksheet(sheet)
+        safe = _safe_frame(df)
+        for j, col in enumerate(safe.columns):
+            ws.write_string(0, j, col, head)
+            width = max([len(str(col))] + [len(str(v)) for v in safe[col].tolist() if v is not None] + [8])
+            ws.set_column(j, j, min(width + 2, 80))
+            for i, v in enumerate(safe[col].tolist(), start=1):
+                if v is None:
+                    ws.write_blank(i, j, None)
+                elif isinstance(v, bool):
+                    ws.write_boolean(i, j, v)
+                elif isinstance(v, (int, float)):
+                    ws.write_number(i, j, v, num)
+                else:
+                    ws.write_string(i, j, v, wrap)
+        ws.freeze_panes(1, 0)
+    wb.close()
+
+
+def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    _safe_frame(df).to_csv(path, index=False, lineterminator="\r\n", encoding="utf-8-sig")

@@ -1,6 +1,7 @@
 """Per-request metrics (SQL over the study's ``events`` view) and the SLO-good predicate.
 
-Per request:
+Per request, in the view ``request_view(study, window)`` names (one view per steady window
+``Window``; every caller states its window, and a view is never redefined):
 - ``ttft_ms``      first_token − scheduled (coordinated-omission safe; the default SLO clock)
 - ``ttft_sent_ms`` first_token − sent (what the client saw after it actually sent)
 - ``tpot_ms``      (last − first) / (output_tokens − 1), NULL with fewer than 2 output tokens
@@ -9,8 +10,8 @@ Per request:
 - ``gen_lag_ms``   sent − scheduled (generator lag)
 - ``queue_ms``     admitted − server_received (or − sent) where the server stamped it
 - ``t_s``          scheduled time in seconds since the run's start
-- ``in_window``    scheduled at or after the run's warm-up (every such request counts, whenever
-  it finished: an unfinished one is a violation, never dropped)
+- ``in_window``    scheduled at or after the run's warm-up in the view's window (every such
+  request counts, whenever it finished: an unfinished one is a violation, never dropped)
 
 Per run: ``summarize`` (funnel, measured vs nominal offered rate, throughput, percentiles with
 the early-stopping sample rule, attainment and goodput). Notebook helpers: ``request_frame``
@@ -19,7 +20,9 @@ the early-stopping sample rule, attainment and goodput). Notebook helpers: ``req
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,37 +34,73 @@ from .errors import StudyError
 from .slo import SLO
 from .study import Study
 
-REQUEST_VIEW = "request_metrics"
-RUNS_TABLE = "manifest_runs"
+REQUEST_VIEW_PREFIX = "request_metrics_"
 
 
-def register_runs(study: Study, warmup_s: dict[str, float] | None = None) -> None:
-    """Register the manifest runs (run_id, load level, warm-up in ns) as a DuckDB table.
-    ``warmup_s`` overrides the manifest's warm-up per run (e.g. from MSER-5)."""
+@dataclass(frozen=True)
+class Window:
+    """The steady window of every run: requests *scheduled* at or after the run's warm-up
+    count, whenever they finished (an unfinished one is a violation, never dropped).
+
+    Every query over per-request metrics states its window (``request_view(study, window)``),
+    so two consumers that need the same window (compare's rows, its C_SLO) say so, and no
+    consumer changes what another one reads."""
+
+    #: (run_id, warm-up seconds) for every manifest run, in manifest order
+    warmup: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def of(cls, study: Study, warmup_s: float | Mapping[str, float] | None = None) -> "Window":
+        """None → the manifest's warm-ups (0 where it has none); a number → that for every
+        run; a {run_id: seconds} map → those runs, the manifest's for the others."""
+        if warmup_s is not None and not isinstance(warmup_s, Mapping):
+            w = float(warmup_s)
+            return cls(tuple((r.run_id, w) for r in study.manifest.runs))
+        given = {str(k): float(v) for k, v in (warmup_s or {}).items()}
+        return cls(tuple((r.run_id, given.get(r.run_id, float(r.warmup_s or 0.0)))
+                         for r in study.manifest.runs))
+
+    def seconds(self, run_id: str) -> float:
+        for rid, w in self.warmup:
+            if rid == run_id:
+                return w
+        raise KeyError(run_id)
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.warmup)
+
+    @property
+    def key(self) -> str:
+        """A short digest of the window (its warm-ups in whole ns), naming its view."""
+        text = "\n".join(f"{rid}\t{int(round(w * C.NS_PER_S))}" for rid, w in self.warmup)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def request_view(study: Study, window: Window) -> str:
+    """The name of a DuckDB view of per-request metrics (columns in the module docstring)
+    whose ``in_window`` is ``window``. The name is the window's digest, so a name always means
+    one window: the view is created on first use and never redefined (lazy: nothing is
+    computed until queried)."""
+    name = REQUEST_VIEW_PREFIX + window.key
+    runs_table = "manifest_runs_" + window.key
+    if study.sql("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
+                 [name]).fetchall()[0][0]:
+        return name
     rows = []
-    for r in study.manifest.runs:
-        w = (warmup_s or {}).get(r.run_id, r.warmup_s)
+    for i, r in enumerate(study.manifest.runs):
         rows.append({
-            "run_id": r.run_id,
-            "offered_rps": r.offered_rps,
+            "run_id": r.run_id, "run_idx": i, "offered_rps": r.offered_rps,
             "concurrency": r.concurrency,
-            "load_level": r.load_level,
-            "repeat": r.repeat,
-            "duration_s": r.duration_s,
-            "warmup_ns": int(round((w or 0.0) * C.NS_PER_S)),
+            "load_level": r.load_level, "repeat": r.repeat, "duration_s": r.duration_s,
+            "warmup_ns": int(round(window.seconds(r.run_id) * C.NS_PER_S)),
         })
-    df = pd.DataFrame(rows).astype({"run_id": "object", "offered_rps": "float64",
+    df = pd.DataFrame(rows).astype({"run_id": "object", "run_idx": "int16", "offered_rps": "float64",
                                     "concurrency": "float64", "load_level": "float64",
                                     "repeat": "int64", "duration_s": "float64",
                                     "warmup_ns": "int64"})
     study.con.register("_manifest_runs_df", df)
-    study.con.execute(f"CREATE OR REPLACE TABLE {RUNS_TABLE} AS SELECT * FROM _manifest_runs_df")
+    study.con.execute(f"CREATE OR REPLACE TABLE {runs_table} AS SELECT * FROM _manifest_runs_df")
     study.con.unregister("_manifest_runs_df")
-
-
-def create_request_view(study: Study, warmup_s: dict[str, float] | None = None) -> str:
-    """Define the ``request_metrics`` view (lazy: nothing is computed until queried)."""
-    register_runs(study, warmup_s)
     itl = (
         "CASE WHEN e.itl_ns IS NULL OR len(e.itl_ns) = 0 THEN NULL "
         "ELSE list_aggregate(e.itl_ns, 'quantile_cont', 0.99) / 1e6 END"
@@ -71,15 +110,19 @@ def create_request_view(study: Study, warmup_s: dict[str, float] | None = None) 
         "CASE WHEN e.itl_ns IS NULL OR len(e.itl_ns) = 0 THEN NULL "
         "ELSE list_max(e.itl_ns) / 1e6 END" if study.has("itl_ns") else "CAST(NULL AS DOUBLE)"
     )
+    # token counts beyond the three below pass through as the contract declares them
+    more_tokens = "".join(f", e.{c.name}" for c in C.EVENT_COLUMNS if c.name.endswith("_tokens")
+                          and c.name not in ("input_tokens", "output_tokens",
+                                             "computed_input_tokens"))
     study.con.execute(f"""
-        CREATE OR REPLACE VIEW {REQUEST_VIEW} AS
+        CREATE OR REPLACE VIEW {name} AS
         SELECT
             e.run_id, e.request_id, e.status, e.tenant, e.slo_class, e.replica_group,
             e.input_tokens, e.output_tokens,
-            coalesce(e.computed_input_tokens, e.input_tokens) AS computed_input_tokens,
+            coalesce(e.computed_input_tokens, e.input_tokens) AS computed_input_tokens{more_tokens},
             e.scheduled_ns, e.sent_ns, e.first_token_ns, e.last_token_ns,
             e.admitted_ns, e.server_received_ns, e.prefill_start_ns, e.itl_ns,
-            m.load_level, m.offered_rps, m.concurrency, m.repeat,
+            m.run_idx, m.load_level, m.offered_rps, m.concurrency, m.repeat,
             e.scheduled_ns / 1e9 AS t_s,
             e.scheduled_ns >= m.warmup_ns AS in_window,
             (e.first_token_ns - e.scheduled_ns) / 1e6 AS ttft_ms,
@@ -94,13 +137,13 @@ def create_request_view(study: Study, warmup_s: dict[str, float] | None = None) 
             (e.last_token_ns - coalesce(e.sent_ns, e.scheduled_ns)) / 1e6 AS e2e_sent_ms,
             (e.sent_ns - e.scheduled_ns) / 1e6 AS gen_lag_ms,
             (e.admitted_ns - coalesce(e.server_received_ns, e.sent_ns)) / 1e6 AS queue_ms
-        FROM events e JOIN {RUNS_TABLE} m USING (run_id)
+        FROM events e JOIN {runs_table} m USING (run_id)
     """)
-    return REQUEST_VIEW
+    return name
 
 
 def good_predicate(slo: SLO, alias: str = "") -> tuple[str, list]:
-    """SQL boolean expression 'this request is SLO-good' over request_metrics columns, with
+    """SQL boolean expression 'this request is SLO-good' over ``request_view`` columns, with
     its bound parameters. Missing metrics of an ok request (TPOT with one output token, ITL
     without a gap list) do not fail it; a missing first token does."""
     a = f"{alias}." if alias else ""
@@ -124,11 +167,30 @@ def good_predicate(slo: SLO, alias: str = "") -> tuple[str, list]:
 
 
 
+
+def class_good_predicate(classes, alias: str = "") -> tuple[str, list]:
+    """'This request is SLO-good under its own class's SLO' (an ``SLOClasses``): a CASE on
+    ``slo_class`` over :func:`good_predicate` of each class, the default SLO for any other
+    class (FALSE when the file has no default). Docs: docs/mix.md, "SLO classes"."""
+    a = f"{alias}." if alias else ""
+    parts, params = [], []
+    for name, s in classes.classes:
+        pred, p = good_predicate(s, alias)
+        parts.append(f"WHEN {a}slo_class = ? THEN {pred}")
+        params += [name] + p
+    if classes.default is not None:
+        pred, p = good_predicate(classes.default, alias)
+        els = pred
+        params += p
+    else:
+        els = "FALSE"
+    return f"(CASE {' '.join(parts)} ELSE {els} END)", params
+
 # --------------------------------------------------------------------------------------------
 # Per-run summary
 # --------------------------------------------------------------------------------------------
 
-#: Latency metrics summarised per run: (name, request_metrics column; None = pooled ITL gaps).
+#: Latency metrics summarised per run: (name, request view column; None = pooled ITL gaps).
 #: Percentiles are over *completed* (status ok) requests of the steady window; rejected, failed
 #: and unfinished requests are counted in the funnel and, under an SLO, as violations.
 SUMMARY_METRICS: tuple[tuple[str, str | None], ...] = (
@@ -138,17 +200,9 @@ EARLY_STOP_CONFIDENCE = 0.99
 FUNNEL_COLUMNS = ("n_offered", "n_admitted", "n_started", "n_first_token", "n_completed")
 
 
-def pct_label(p: float) -> str:
-    """0.99 -> 'p99', 0.999 -> 'p99_9' (safe in a column name)."""
-    return "p" + f"{p * 100:.10g}".replace(".", "_")
-
-
-def percentile_column(metric: str, p: float) -> str:
-    return f"{metric}_{pct_label(p)}_ms"
-
-
 def insufficient_text(n: int, p: float, confidence: float = EARLY_STOP_CONFIDENCE) -> str:
-    """Shown instead of a percentile the sample cannot support (STATISTICS.md §6, t = 1)."""
+    """Shown instead of a percentile the sample cannot support
+    (docs/statistics.md#sample-size-rules, t = 1)."""
     return f"insufficient samples (N = {int(n):,}, need {n_min(p, 1, confidence):,})"
 
 
@@ -160,17 +214,6 @@ def measured_rate_rps(n: int, first_ns, last_ns) -> float:
     if pd.isna(n) or pd.isna(first_ns) or pd.isna(last_ns) or n < 2 or not last_ns > first_ns:
         return float("nan")
     return (float(n) - 1.0) / ((float(last_ns) - float(first_ns)) / C.NS_PER_S)
-
-
-def _warmup_map(study: Study, warmup_s) -> dict[str, float] | None:
-    """None -> manifest warm-ups; a number -> that for every run; a dict -> per run."""
-    if warmup_s is None:
-        return None
-    if isinstance(warmup_s, dict):
-        base = {r.run_id: (r.warmup_s or 0.0) for r in study.manifest.runs}
-        base.update({str(k): float(v) for k, v in warmup_s.items()})
-        return base
-    return {r.run_id: float(warmup_s) for r in study.manifest.runs}
 
 
 @dataclass(frozen=True)
@@ -205,7 +248,7 @@ class RunSummary:
             return "n/a (not recorded)"
         if n < n_min(p, 1, self.confidence):
             return insufficient_text(n, p, self.confidence)
-        v = row[percentile_column(metric, p)]
+        v = row[C.pct_col(metric, p)]
         return "n/a" if pd.isna(v) else f"{v:,.1f}"
 
     def _key(self) -> pd.DataFrame:
@@ -245,7 +288,7 @@ class RunSummary:
         if section in ("latency", "all"):
             for metric, _ in SUMMARY_METRICS:
                 for p in self.percentiles:
-                    out[percentile_column(metric, p)] = [self.cell_text(r, metric, p)
+                    out[C.pct_col(metric, p)] = [self.cell_text(r, metric, p)
                                                          for _, r in t.iterrows()]
         if section in ("slo", "all") and self.slo is not None:
             out["good"] = ints(t["n_good"])
@@ -268,7 +311,7 @@ class RunSummary:
         lat = self.display_frame("latency")
         key = list(self._key().columns)
         for metric, _ in SUMMARY_METRICS:
-            cols = {percentile_column(metric, p): pct_label(p) for p in self.percentiles}
+            cols = {C.pct_col(metric, p): C.pct_label(p) for p in self.percentiles}
             block = lat[key + list(cols)].rename(columns=cols)
             parts.append(f"{metric.upper()} ms, completed requests "
                          f"({self.percentile_definition})\n" + block.to_string(index=False))
@@ -305,7 +348,8 @@ def summarize(study: Study, slo: SLO | str | dict | None = None, *,
     counts, whenever it finished; one that never completed is a violation, never dropped.
     One grouped DuckDB pass over the events (plus one over the ITL gaps when present)."""
     slo = SLO.parse(slo) if slo is not None else None
-    create_request_view(study, _warmup_map(study, warmup_s))
+    window = Window.of(study, warmup_s)
+    view = request_view(study, window)
     _check_unknown_runs(study)
     pcts = [float(p) for p in C.PERCENTILES]
     good_sql, good_params = good_predicate(slo) if slo is not None else ("FALSE", [])
@@ -339,28 +383,27 @@ def summarize(study: Study, slo: SLO | str | dict | None = None, *,
             sum(computed_input_tokens) FILTER (WHERE in_window AND status = 'ok') AS computed_in_tokens,
             {", ".join(metric_cols)},
             count_if(in_window AND {good_sql}) AS n_good
-        FROM {REQUEST_VIEW}
+        FROM {view}
         GROUP BY run_id
     """, params).df()
     itl = None
     if study.has("itl_ns"):
         itl = study.sql(f"""
             SELECT run_id, count(*) AS itl_n, quantile_cont(g / 1e6, ?::DOUBLE[]) AS itl_q
-            FROM (SELECT run_id, unnest(itl_ns) AS g FROM {REQUEST_VIEW}
+            FROM (SELECT run_id, unnest(itl_ns) AS g FROM {view}
                   WHERE in_window AND status = 'ok' AND itl_ns IS NOT NULL)
             GROUP BY run_id
         """, [pcts]).df()
-    return RunSummary(table=_assemble(study, df, itl, slo, confidence), slo=slo,
+    return RunSummary(table=_assemble(study, window, df, itl, slo, confidence), slo=slo,
                       confidence=confidence)
 
 
-def _assemble(study: Study, agg: pd.DataFrame, itl: pd.DataFrame | None, slo: SLO | None,
-              confidence: float) -> pd.DataFrame:
+def _assemble(study: Study, window: Window, agg: pd.DataFrame, itl: pd.DataFrame | None,
+              slo: SLO | None, confidence: float) -> pd.DataFrame:
     """Manifest order, one row per run (runs without events included), derived rates and the
     early-stopping rule applied to every percentile."""
     by_run = {r["run_id"]: r for r in agg.to_dict("records")}
     itl_by_run = {r["run_id"]: r for r in itl.to_dict("records")} if itl is not None else {}
-    warm = {r["run_id"]: r["warmup_ns"] for r in _run_table(study).to_dict("records")}
     rows = []
     for spec in study.manifest.runs:
         a = by_run.get(spec.run_id, {})
@@ -368,7 +411,7 @@ def _assemble(study: Study, agg: pd.DataFrame, itl: pd.DataFrame | None, slo: SL
         row: dict = {
             "run_id": spec.run_id, "offered_rps": spec.offered_rps,
             "concurrency": spec.concurrency, "load_level": spec.load_level,
-            "repeat": spec.repeat, "warmup_s": warm[spec.run_id] / C.NS_PER_S,
+            "repeat": spec.repeat, "warmup_s": window.seconds(spec.run_id),
         }
         for c in (*FUNNEL_COLUMNS, *[f"n_{s}" for s in C.STATUSES], "n_excluded_warmup"):
             row[c] = int(_num(a.get(c), 0))
@@ -403,11 +446,11 @@ def _assemble(study: Study, agg: pd.DataFrame, itl: pd.DataFrame | None, slo: SL
             short = []
             for i, p in enumerate(C.PERCENTILES):
                 ok = not pd.isna(cnt) and cnt >= n_min(p, 1, confidence) and qs is not None
-                row[percentile_column(name, p)] = float(qs[i]) if ok else float("nan")
+                row[C.pct_col(name, p)] = float(qs[i]) if ok else float("nan")
                 if not pd.isna(cnt) and cnt < n_min(p, 1, confidence):
                     short.append(p)
             if short and cnt > 0:
-                notes.append(f"{name} {', '.join(pct_label(p) for p in short)}: "
+                notes.append(f"{name} {', '.join(C.pct_label(p) for p in short)}: "
                              f"insufficient samples (N = {cnt:,}, need "
                              + ", ".join(f"{n_min(p, 1, confidence):,}" for p in short) + ")")
         if slo is not None:
@@ -439,10 +482,6 @@ def _num(v, default):
     return default if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else v
 
 
-def _run_table(study: Study) -> pd.DataFrame:
-    return study.sql(f"SELECT run_id, warmup_ns FROM {RUNS_TABLE}").df()
-
-
 # --------------------------------------------------------------------------------------------
 # Notebook helpers (pure: a study in, a frame out)
 # --------------------------------------------------------------------------------------------
@@ -462,7 +501,7 @@ def request_frame(study: Study, run_id: str, *, slo: SLO | str | None = None,
     if run_id not in study.manifest.run_ids:
         raise StudyError(f"run {run_id!r} is not in study.yaml", file=str(study.root / C.MANIFEST_NAME),
                          column="run_id", fix="runs: " + ", ".join(study.manifest.run_ids))
-    create_request_view(study, _warmup_map(study, warmup_s))
+    view = request_view(study, Window.of(study, warmup_s))
     unknown = [c for c in columns if c not in REQUEST_FRAME_COLUMNS]
     if unknown:
         raise ValueError(f"unknown request_frame column(s): {unknown}")
@@ -474,7 +513,7 @@ def request_frame(study: Study, run_id: str, *, slo: SLO | str | None = None,
         params.extend(gp)
     params.append(run_id)
     where = "run_id = ?" + (" AND in_window" if window_only else "")
-    return study.sql(f"SELECT {select} FROM {REQUEST_VIEW} WHERE {where} "
+    return study.sql(f"SELECT {select} FROM {view} WHERE {where} "
                      "ORDER BY scheduled_ns, request_id", params).df()
 
 
@@ -491,7 +530,7 @@ def breakdown(study: Study, by: str, *, slo: SLO | str | None = None,
     count and attainment over offered."""
     if by not in BREAKDOWN_KEYS:
         raise ValueError(f"breakdown by {by!r}: choose one of {', '.join(BREAKDOWN_KEYS)}")
-    create_request_view(study, _warmup_map(study, warmup_s))
+    view = request_view(study, Window.of(study, warmup_s))
     params: list = []
     if by in ("input_tokens", "output_tokens"):
         edges = sorted(float(e) for e in (edges or [256, 1024, 4096]))
@@ -516,7 +555,7 @@ def breakdown(study: Study, by: str, *, slo: SLO | str | None = None,
                quantile_cont(ttft_ms, 0.99) FILTER (WHERE status = 'ok') AS ttft_p99_ms,
                quantile_cont(tpot_ms, 0.5) FILTER (WHERE status = 'ok') AS tpot_p50_ms,
                quantile_cont(tpot_ms, 0.99) FILTER (WHERE status = 'ok') AS tpot_p99_ms
-        FROM {REQUEST_VIEW} WHERE {where}
+        FROM {view} WHERE {where}
         GROUP BY ALL ORDER BY run_id, key
     """, params).df()
     if labels is not None:

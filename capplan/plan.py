@@ -43,11 +43,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cost as K
+from . import plan_bounds
 from .errors import SpecError
 from .plan_spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
     BILLING, CAPACITY_USES, POLICIES, READY_PARTS, AutoscalingSpec, CapacitySpec, DemandSpec,
-    FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, _number, load_plan_spec)
+    FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, load_plan_spec)
 from .slo import SLO
+from .spec import number
 
 _EPS = 1e-9  # relative tolerance when dividing rates (380/47.5 must be 8, not 8.000000001)
 _MAX_GROUPS = 10_000_000
@@ -97,6 +99,8 @@ class CapacityInfo:
     study_name: str | None = None
     study_hash: str | None = None
     notes: tuple[str, ...] = ()
+    #: extra tables for the export, (sheet name, frame): SLO classes, production mix (docs/mix.md)
+    tables: tuple = field(default=(), compare=False, hash=False)
 
     def to_frame(self):
         import pandas as pd
@@ -429,7 +433,7 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
     if isinstance(capacity, CapacityInfo):
         return capacity
     if capacity is not None:
-        v = _number(capacity, "capacity.rps_per_group", above=0.0, example="42")
+        v = number(capacity, "capacity.rps_per_group", above=0.0, example="42")
         return CapacityInfo(rps_per_group=v, source="given")
     replicas = study.manifest.replicas if study is not None else 1
     name = study.name if study is not None else None
@@ -441,6 +445,14 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
         raise SpecError("capacity.source is study but no study was given", field="capacity.source",
                         fix="pass a study directory (capplan plan STUDY ...), or a number with "
                             "--capacity-rps / capacity.rps_per_group")
+    if spec.slo_classes is not None and slo is None:
+        if spec.mix.target is not None and spec.mix.plan_on == "target":
+            raise SpecError("planning at a target mix with SLO classes is not supported yet",
+                            field="mix.plan_on", fix="plan the classes at the tested mix (mix.plan_on: tested), "
+                                                     "or one SLO at the target mix")
+        return capacity_for_classes(spec, study)
+    if spec.mix.target is not None and spec.mix.plan_on == "target" and slo is not None:
+        return capacity_at_mix(spec, study, slo)
     if slo is None:
         raise SpecError("a capacity from a study needs an SLO", field="slo",
                         fix="add slo: 'ttft_ms=2000,attainment=0.99' to the spec or pass --slo")
@@ -451,17 +463,60 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
     return capacity_from_envelope(env, spec, replicas=replicas, study_name=name)
 
 
+def capacity_for_classes(spec: PlanSpec, study, fit=None) -> CapacityInfo:
+    """Per-group capacity where every SLO class meets its own target (docs/mix.md, "SLO
+    classes"): the joint C_SLO of ``capplan.mix.classes.fit_classes``, binding class named."""
+    if fit is None:
+        from .mix.classes import fit_classes
+
+        c = spec.capacity
+        fit = fit_classes(study, spec.slo_classes, confidence=c.confidence, reps=c.reps, seed=c.seed)
+    cap = capacity_from_envelope(fit, spec, replicas=study.manifest.replicas, study_name=study.name)
+    binding = f"; binding class {fit.binding_class}" if fit.binding_class else ""
+    return dataclasses.replace(cap, source=cap.source + f" (every SLO class meets its target{binding})",
+                               tables=(("SLO classes", fit.to_frame()),))
+
+
+def capacity_at_mix(spec: PlanSpec, study, slo: SLO, fit=None) -> CapacityInfo:
+    """Per-group capacity at production's mix (``mix:`` in the spec): the study's per-cell
+    attainment reweighted to the target (docs/mix.md, "Reweighting")."""
+    m = spec.mix
+    if fit is None:
+        from .mix import Buckets, load_target
+        from .mix.reweight import fit_mix
+
+        b = Buckets(input_edges=m.input_edges, output_edges=m.output_edges, tenant="tenant" in m.by,
+                    slo_class="slo_class" in m.by)
+        target = load_target(m.target, b, period=m.period)
+        c = spec.capacity
+        fit = fit_mix(study, slo, target, confidence=c.confidence, reps=c.reps, seed=c.seed,
+                      drop_untested=m.drop_untested)
+    cap = capacity_from_envelope(fit.envelope, spec, replicas=study.manifest.replicas, study_name=study.name)
+    t = fit.base.cslo
+    r = study.manifest.replicas or 1
+    notes = tuple(cap.notes) + tuple(fit.notes) + (
+        f"C_SLO at the tested mix: {t.estimate:.4g} req/s (lower bound {t.lower_bound:.4g}) for the study system; "
+        f"at the target mix ({fit.target.period}): {fit.cslo.estimate:.4g} (lower bound {fit.cslo.lower_bound:.4g}); "
+        f"effective sample size {fit.ess:,.0f} requests ({fit.ess_share:.0%} of those tested)",)
+    mix_table = fit.cells.drop(columns=["cell"]).copy()
+    mix_table["tested_mix_cslo_per_group"] = t.lower_bound / r if spec.capacity.use == "lower_bound" else t.estimate / r
+    return dataclasses.replace(cap, source=cap.source + f" at the target mix ({fit.target.period} of "
+                                                        f"{fit.target.source})", notes=notes,
+                               tables=(("Production mix", mix_table),))
+
+
 # ----------------------------------------------------------------------------- the plan
 
 
 def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=None, facts=None,
-              forecast=None, gpus_per_group: int | None = None) -> Plan:
+              forecast=None, gpus_per_group: int | None = None, system: dict | None = None) -> Plan:
     """Build the plan. ``capacity``: req/s per replica group (number or CapacityInfo);
     otherwise from ``envelope`` or a fit on ``study``. ``facts`` (``cost.study_facts``) and
     ``forecast`` (``forecast.forecast_peaks``) may be passed precomputed so repeated calls
-    (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history."""
+    (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history.
+    ``system``: the study's ``system`` mapping (model, gpu) when ``study`` is not passed."""
     spec = load_plan_spec(spec)
-    slo = SLO.parse(slo) if slo is not None else spec.slo
+    slo = _plan_slo(spec, slo, envelope)
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
     C = cap.rps_per_group
     notes: list[str] = [f"C_SLO: {n}" for n in cap.notes]
@@ -478,8 +533,8 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     if g <= n_node and n_node % g:
         notes.append(f"{n_node // g} groups of {g} GPUs fit a node of {n_node}; {n_node % g} GPUs per node stay idle")
 
-    if facts is None and study is not None and slo is not None:
-        facts = K.study_facts(study, slo)
+    if facts is None and study is not None and (slo is not None or spec.slo_classes is not None):
+        facts = K.study_facts(study, slo if slo is not None else spec.slo_classes)
     if facts is not None:
         notes.extend(facts.notes)
 
@@ -502,18 +557,24 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
         mean_to_peak_default = forecast.mean_to_peak
     else:
         q_labels = [f"Q{i + 1}" for i in range(d.horizon_quarters)]
-        q_peaks = [d.total_peak_rps * (1.0 + d.growth_per_quarter) ** i for i in range(d.horizon_quarters)]
-        q_means = [None] * d.horizon_quarters
-        q_lows = [None] * d.horizon_quarters
-        if len(d.peak_rps) > 1:
+        base_peak = d.total_peak_rps
+        if d.tokens_per_day:  # work units: a daily token volume → requests (docs/mix.md)
+            base_peak, peak_formula, peak_inputs, tok_notes = plan_bounds.peak_from_tokens(d, facts)
+            notes.extend(tok_notes)
+        elif len(d.peak_rps) > 1:
             peak_formula = "Σ class peaks (" + " + ".join(f"{c} {r:g}" for c, r in d.peak_rps) + ")"
             peak_inputs = {f"peak_rps.{c}": r for c, r in d.peak_rps}
         else:
             peak_formula = "peak offered rate from the spec"
             peak_inputs = {"peak_rps": d.total_peak_rps}
+        q_peaks = [base_peak * (1.0 + d.growth_per_quarter) ** i for i in range(d.horizon_quarters)]
+        q_means = [None] * d.horizon_quarters
+        q_lows = [None] * d.horizon_quarters
         mean_to_peak_default = None
 
-    ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts)
+    if system is None and study is not None:
+        system = dict(study.manifest.system or {})
+    ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts, system=system)
     items, checks = _items_for(ctx, q_peaks[0], peak_formula, peak_inputs, notes,
                                      mean_to_peak_default)
     quarters = []
@@ -538,9 +599,10 @@ def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, sl
 
     ``capacity`` stays fixed across calls (pass ``capacity=`` explicitly to move it)."""
     spec = load_plan_spec(spec)
-    slo = SLO.parse(slo) if slo is not None else spec.slo
+    slo = _plan_slo(spec, slo, envelope)
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
-    facts = K.study_facts(study, slo) if study is not None and slo is not None else None
+    judge = slo if slo is not None else spec.slo_classes
+    facts = K.study_facts(study, judge) if study is not None and judge is not None else None
     fc = None
     d = spec.demand
     if d.history:
@@ -550,7 +612,19 @@ def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, sl
                                       rate_column=d.history_rate_column, horizon_quarters=d.horizon_quarters,
                                       interval=d.interval)
     gpus = _gpus_per_group(spec, study)
-    return {"capacity": cap, "facts": facts, "forecast": fc, "slo": slo, "gpus_per_group": gpus}
+    system = dict(study.manifest.system or {}) if study is not None else None
+    return {"capacity": cap, "facts": facts, "forecast": fc, "slo": slo, "gpus_per_group": gpus,
+            "system": system}
+
+
+def _plan_slo(spec: PlanSpec, slo, envelope) -> SLO | None:
+    """The single SLO a plan uses: the one passed, else — unless the spec has SLO classes and no
+    envelope was given (then every class is judged by its own SLO) — the spec's."""
+    if slo is not None:
+        return SLO.parse(slo)
+    if spec.slo_classes is not None and envelope is None:
+        return None
+    return spec.slo
 
 
 @dataclass(frozen=True)
@@ -560,6 +634,7 @@ class _Ctx:
     g: int
     slo: SLO | None
     facts: Any
+    system: dict | None = None  # the study's system (model, gpu) for the KV and power bounds
 
 
 def _gpus_per_group(spec: PlanSpec, study) -> int:
@@ -763,6 +838,14 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
 
     # checks
     checks = _checks(ctx, s, peak, D, C, c)
+    # work units, KV memory and power (capplan.plan_bounds; docs/mix.md)
+    extra = plan_bounds.bounds(spec, g=g, capacity_rps=C, groups=s.total, nodes=s.nodes, facts=ctx.facts,
+                               facts_at_peak=c["facts_at"], study_replicas=cap.study_replicas,
+                               peak_rps=peak, system=ctx.system)
+    for row in extra["items"]:
+        add(*row)
+    checks += [Check(*row) for row in extra["checks"]]
+    notes.extend(extra["notes"])
     return items, checks
 
 
@@ -774,7 +857,8 @@ def _failure_desc(fail: FailureSpec) -> str:
 def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
     spec = ctx.spec
     fail, roll, auto = spec.failure, spec.rollout, spec.autoscaling
-    at = _slo_text(ctx.slo)
+    at = _slo_text(ctx.slo) if ctx.slo is not None or spec.slo_classes is None else \
+        " with every SLO class meeting its own SLO"
     N = s.total
     L = s.loss_failure
     r = s.loss_rollout
@@ -842,7 +926,11 @@ def _assumptions(ctx: _Ctx, mean_to_peak_default, notes) -> list[tuple[str, Any,
          "from the spec" if spec.demand.mean_to_peak else
          ("mean / peak of the demand history" if mean_to_peak_default else
           "not given: the fleet is assumed busy at peak all month (optimistic cost per request)")),
-        ("SLO classes", "one pool", "all SLO classes share one pool sized at the spec's SLO; λ_peak = Σ class peaks"),
+        (("SLO classes", "one pool", "all SLO classes share one pool sized at the spec's SLO; λ_peak = Σ class peaks")
+         if spec.slo_classes is None else
+         ("SLO classes", spec.slo_classes.describe(),
+          "one pool sized so that every class meets its own SLO at the study's tested class mix; λ_peak = Σ class "
+          "peaks")),
         ("operating point", "λ_peak / N per group",
          "good fraction, tokens and energy are read from the study at the peak spread over all groups"),
     ]

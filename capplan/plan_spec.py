@@ -15,71 +15,19 @@ The sizing and costing that turn a spec into a plan live in :mod:`capplan.plan`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from . import spec as S
 from .errors import SpecError
-from .slo import SLO
+from .slo import SLO, SLOClasses, load_slo_file
 
 POLICIES = ("node", "zone", "n_plus_k", "none")
 READY_PARTS = ("provision", "image", "weights", "rank_init", "compile", "warmup", "register")
 CAPACITY_USES = ("lower_bound", "estimate")
 BILLING = ("node", "gpu")
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _bad(field_: str, message: str, fix: str | None = None):
-    raise SpecError(message, field=field_, fix=fix)
-
-
-def _number(value, field_: str, *, integer: bool = False, minimum: float | None = None,
-            above: float | None = None, maximum: float | None = None, optional: bool = False,
-            example: str = "") -> Any:
-    """Check one numeric field; return it as float/int (or None when optional)."""
-    leaf = field_.split(".")[-1]
-    ex = f" (e.g. {leaf}: {example})" if example else ""
-    if value is None:
-        if optional:
-            return None
-        _bad(field_, f"{field_} is missing", f"add {leaf}: {example or '...'}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        kind = "a whole number" if integer else "a number"
-        _bad(field_, f"{field_} must be {kind}, got {value!r} ({type(value).__name__})",
-             f"write a plain number{ex}")
-    if isinstance(value, float) and not math.isfinite(value):
-        _bad(field_, f"{field_} must be finite, got {value!r}", f"write a plain number{ex}")
-    if integer:
-        if isinstance(value, float) and not value.is_integer():
-            _bad(field_, f"{field_} must be a whole number, got {value!r}", f"write a whole number{ex}")
-        value = int(value)
-    else:
-        value = float(value)
-    if minimum is not None and value < minimum:
-        _bad(field_, f"{field_} must be ≥ {minimum:g}, got {value:g}", f"use a value ≥ {minimum:g}{ex}")
-    if above is not None and not value > above:
-        _bad(field_, f"{field_} must be > {above:g}, got {value:g}", f"use a value > {above:g}{ex}")
-    if maximum is not None and value > maximum:
-        _bad(field_, f"{field_} must be ≤ {maximum:g}, got {value:g}", f"use a value ≤ {maximum:g}{ex}")
-    return value
-
-
-def _choice(value, field_: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        _bad(field_, f"unknown {field_} {value!r}", "use one of: " + ", ".join(choices))
-    return value
-
-
-def _text(value, field_: str, *, optional: bool = True) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or (not optional and not value.strip()):
-        _bad(field_, f"{field_} must be text, got {value!r}", f"write {field_.split('.')[-1]}: some-name")
-    return value
 
 
 # ----------------------------------------------------------------------------- the spec
@@ -100,7 +48,10 @@ class DemandSpec:
     growth_per_quarter: float = 0.0  # only without a history
     interval: float = 0.95  # forecast prediction-interval level; the plan uses its upper bound
     mean_to_peak: float | None = None  # mean offered rate / peak, for monthly volumes
-    output_tokens_per_request: float | None = None  # only used without a study
+    output_tokens_per_request: float | None = None  # without a study (or to override it)
+    #: demand as a daily token volume instead of a peak rate: {input: tokens/day, output: ...}
+    tokens_per_day: tuple[tuple[str, float], ...] = ()
+    input_tokens_per_request: float | None = None  # without a study (or to override it)
 
     def __post_init__(self):
         s = self.SECTION
@@ -108,35 +59,56 @@ class DemandSpec:
             object.__setattr__(self, "peak_rps", _classes(self.peak_rps, f"{s}.peak_rps"))
         for cls, rps in self.peak_rps:
             f = f"{s}.peak_rps" + (f".{cls}" if cls != "all" else "")
-            _number(rps, f, above=0.0, example="380")
+            S.number(rps, f, above=0.0, example="380")
         if self.peak_rps and self.history:
-            _bad(f"{s}.history", "demand has both peak_rps and history",
-                 "give either a peak (peak_rps) or a history to forecast from, not both")
-        if not self.peak_rps and not self.history:
-            _bad(f"{s}.peak_rps", "demand needs peak_rps (req/s) or history (a file of request rates)",
-                 "add peak_rps: 380 (or peak_rps: {interactive: 300, batch: 80}), or history: demand.csv")
-        _text(self.history, f"{s}.history")
-        _text(self.history_time_column, f"{s}.history_time_column", optional=False)
-        _text(self.history_rate_column, f"{s}.history_rate_column", optional=False)
-        u = _number(self.uncertainty, f"{s}.uncertainty", minimum=0.0, example="0.2")
+            S.fail(f"{s}.history", "demand has both peak_rps and history",
+                   "give either a peak (peak_rps) or a history to forecast from, not both")
+        if not isinstance(self.tokens_per_day, tuple):
+            object.__setattr__(self, "tokens_per_day", _token_volume(self.tokens_per_day, f"{s}.tokens_per_day"))
+        given = [k for k, v in (("peak_rps", self.peak_rps), ("history", self.history),
+                                ("tokens_per_day", self.tokens_per_day)) if v]
+        if len(given) > 1:
+            S.fail(f"{s}.{given[1]}", f"demand has both {given[0]} and {given[1]}",
+                   "give one of peak_rps, history or tokens_per_day")
+        if not given:
+            S.fail(f"{s}.peak_rps", "demand needs peak_rps (req/s), history (a file of request rates) "
+                   "or tokens_per_day (a daily token volume)",
+                   "add peak_rps: 380 (or peak_rps: {interactive: 300, batch: 80}), history: demand.csv, "
+                   "or tokens_per_day: {input: 2.0e9, output: 4.0e8}")
+        if self.tokens_per_day and self.mean_to_peak is None:
+            S.fail(f"{s}.mean_to_peak", "a daily token volume needs mean_to_peak to turn the day's mean "
+                   "rate into a peak", "add mean_to_peak: 0.6 (mean offered rate / peak rate)")
+        S.text(self.history, f"{s}.history")
+        S.text(self.history_time_column, f"{s}.history_time_column", optional=False)
+        S.text(self.history_rate_column, f"{s}.history_rate_column", optional=False)
+        u = S.number(self.uncertainty, f"{s}.uncertainty", minimum=0.0, example="0.2")
         if u > 3.0:
-            _bad(f"{s}.uncertainty", f"{s}.uncertainty {u:g} means planning for {1 + u:g}× the peak",
-                 "u is a fraction: 0.2 plans for peak × 1.2 (+20 %); use a value ≤ 3")
-        _number(self.horizon_quarters, f"{s}.horizon_quarters", integer=True, minimum=1, maximum=40,
-                example="4")
-        _number(self.growth_per_quarter, f"{s}.growth_per_quarter", above=-1.0, example="0.1")
+            S.fail(f"{s}.uncertainty", f"{s}.uncertainty {u:g} means planning for {1 + u:g}× the peak",
+                   "u is a fraction: 0.2 plans for peak × 1.2 (+20 %); use a value ≤ 3")
+        S.number(self.horizon_quarters, f"{s}.horizon_quarters", integer=True, minimum=1, maximum=40,
+                 example="4")
+        S.number(self.growth_per_quarter, f"{s}.growth_per_quarter", above=-1.0, example="0.1")
         if self.history and self.growth_per_quarter:
-            _bad(f"{s}.growth_per_quarter", "growth_per_quarter is for a fixed peak; with a history "
-                 "the forecast gives the growth", "remove growth_per_quarter or history")
-        _number(self.interval, f"{s}.interval", above=0.5, maximum=0.999, example="0.95")
-        _number(self.mean_to_peak, f"{s}.mean_to_peak", above=0.0, maximum=1.0, optional=True,
-                example="0.6")
-        _number(self.output_tokens_per_request, f"{s}.output_tokens_per_request", above=0.0,
-                optional=True, example="250")
+            S.fail(f"{s}.growth_per_quarter", "growth_per_quarter is for a fixed peak; with a history "
+                   "the forecast gives the growth", "remove growth_per_quarter or history")
+        S.number(self.interval, f"{s}.interval", above=0.5, maximum=0.999, example="0.95")
+        S.number(self.mean_to_peak, f"{s}.mean_to_peak", above=0.0, maximum=1.0, optional=True,
+                 example="0.6")
+        S.number(self.output_tokens_per_request, f"{s}.output_tokens_per_request", above=0.0,
+                 optional=True, example="250")
+        S.number(self.input_tokens_per_request, f"{s}.input_tokens_per_request", above=0.0,
+                 optional=True, example="1200")
 
     @property
     def total_peak_rps(self) -> float:
         return float(sum(r for _, r in self.peak_rps))
+
+
+def _token_volume(value, field_: str) -> tuple[tuple[str, float], ...]:
+    if value is None or value == ():
+        return ()
+    d = S.mapping(value, field_, known=("input", "output"), example="{input: 2.0e9, output: 4.0e8}")
+    return tuple((k, S.number(v, S.join(field_, k), above=0.0, example="2.0e9")) for k, v in d.items())
 
 
 def _classes(value, field_: str) -> tuple[tuple[str, float], ...]:
@@ -144,7 +116,7 @@ def _classes(value, field_: str) -> tuple[tuple[str, float], ...]:
         return ()
     if isinstance(value, Mapping):
         if not value:
-            _bad(field_, f"{field_} has no classes", "e.g. peak_rps: {interactive: 300, batch: 80}")
+            S.fail(field_, f"{field_} has no classes", "e.g. peak_rps: {interactive: 300, batch: 80}")
         return tuple((str(k), v) for k, v in value.items())
     if isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
         return tuple((str(k), v) for k, v in value)
@@ -169,20 +141,18 @@ class CapacitySpec:
 
     def __post_init__(self):
         s = self.SECTION
-        if not isinstance(self.accept_optimistic, bool):
-            _bad(f"{s}.accept_optimistic", "capacity.accept_optimistic must be true or false",
-                 "accept_optimistic: true (plan with a bound the study cannot support)")
-        _choice(self.source, f"{s}.source", ("study", "number"))
-        _number(self.rps_per_group, f"{s}.rps_per_group", above=0.0, optional=True, example="42")
+        S.flag(self.accept_optimistic, f"{s}.accept_optimistic")
+        S.choice(self.source, f"{s}.source", ("study", "number"))
+        S.number(self.rps_per_group, f"{s}.rps_per_group", above=0.0, optional=True, example="42")
         if self.source == "number" and self.rps_per_group is None:
-            _bad(f"{s}.rps_per_group", "capacity.source is number but capacity.rps_per_group is missing",
-                 "add rps_per_group: 42 (req/s one replica group serves within the SLO)")
-        _choice(self.use, f"{s}.use", CAPACITY_USES)
-        _number(self.confidence, f"{s}.confidence", above=0.5, maximum=0.999, example="0.95")
-        _number(self.reps, f"{s}.reps", integer=True, minimum=10, example="200")
-        _number(self.seed, f"{s}.seed", integer=True, minimum=0, example="0")
-        _number(self.good_fraction, f"{s}.good_fraction", above=0.0, maximum=1.0, optional=True,
-                example="0.99")
+            S.fail(f"{s}.rps_per_group", "capacity.source is number but capacity.rps_per_group is missing",
+                   "add rps_per_group: 42 (req/s one replica group serves within the SLO)")
+        S.choice(self.use, f"{s}.use", CAPACITY_USES)
+        S.number(self.confidence, f"{s}.confidence", above=0.5, maximum=0.999, example="0.95")
+        S.number(self.reps, f"{s}.reps", integer=True, minimum=10, example="200")
+        S.number(self.seed, f"{s}.seed", integer=True, minimum=0, example="0")
+        S.number(self.good_fraction, f"{s}.good_fraction", above=0.0, maximum=1.0, optional=True,
+                 example="0.99")
 
 
 @dataclass(frozen=True)
@@ -197,14 +167,14 @@ class GroupSpec:
 
     def __post_init__(self):
         s = self.SECTION
-        g = _number(self.gpus_per_replica, f"{s}.gpus_per_replica", integer=True, minimum=1,
-                    optional=True, example="4")
-        tp = _number(self.tp, f"{s}.tp", integer=True, minimum=1, optional=True, example="4")
-        pp = _number(self.pp, f"{s}.pp", integer=True, minimum=1, optional=True, example="1")
-        _number(self.gpus_per_node, f"{s}.gpus_per_node", integer=True, minimum=1, example="8")
+        g = S.number(self.gpus_per_replica, f"{s}.gpus_per_replica", integer=True, minimum=1,
+                     optional=True, example="4")
+        tp = S.number(self.tp, f"{s}.tp", integer=True, minimum=1, optional=True, example="4")
+        pp = S.number(self.pp, f"{s}.pp", integer=True, minimum=1, optional=True, example="1")
+        S.number(self.gpus_per_node, f"{s}.gpus_per_node", integer=True, minimum=1, example="8")
         if g is not None and (tp or pp) and g != (tp or 1) * (pp or 1):
-            _bad(f"{s}.gpus_per_replica", f"gpus_per_replica {g} ≠ tp × pp = {(tp or 1) * (pp or 1)}",
-                 "give gpus_per_replica or tp/pp, or make them agree")
+            S.fail(f"{s}.gpus_per_replica", f"gpus_per_replica {g} ≠ tp × pp = {(tp or 1) * (pp or 1)}",
+                   "give gpus_per_replica or tp/pp, or make them agree")
 
     @property
     def gpus(self) -> int | None:
@@ -227,37 +197,40 @@ class FailureSpec:
 
     def __post_init__(self):
         s = self.SECTION
-        _choice(self.policy, f"{s}.policy", POLICIES)
+        S.choice(self.policy, f"{s}.policy", POLICIES)
         if not isinstance(self.zones, tuple):
             object.__setattr__(self, "zones", _zones(self.zones, f"{s}.zones"))
         if not self.zones:
-            _bad(f"{s}.zones", "failure.zones is empty", "give a zone count (zones: 3) or names (zones: [a, b, c])")
-        _number(self.k, f"{s}.k", integer=True, minimum=1 if self.policy == "n_plus_k" else 0, example="2")
-        _number(self.nodes_available, f"{s}.nodes_available", integer=True, minimum=1, optional=True,
-                example="40")
+            S.fail(f"{s}.zones", "failure.zones is empty",
+                   "give a zone count (zones: 3) or names (zones: [a, b, c])")
+        S.number(self.k, f"{s}.k", integer=True, minimum=1 if self.policy == "n_plus_k" else 0, example="2")
+        S.number(self.nodes_available, f"{s}.nodes_available", integer=True, minimum=1, optional=True,
+                 example="40")
         if self.policy == "zone" and len(self.zones) < 2:
-            _bad(f"{s}.zones", "policy zone needs at least 2 zones (losing the only zone loses everything)",
-                 "list the zones (zones: [a, b, c]) or use policy: node")
+            S.fail(f"{s}.zones",
+                   "policy zone needs at least 2 zones (losing the only zone loses everything)",
+                   "list the zones (zones: [a, b, c]) or use policy: node")
         if self.nodes_available is not None and len(self.zones) > self.nodes_available:
-            _bad(f"{s}.zones", f"{len(self.zones)} zones but only {self.nodes_available} nodes available",
-                 "use no more zones than nodes, or raise nodes_available")
+            S.fail(f"{s}.zones", f"{len(self.zones)} zones but only {self.nodes_available} nodes available",
+                   "use no more zones than nodes, or raise nodes_available")
 
 
 def _zones(value, field_: str) -> tuple[str, ...]:
     if isinstance(value, bool):
-        _bad(field_, f"{field_} must be a count or a list of names, got {value!r}", "zones: 3")
+        S.fail(field_, f"{field_} must be a count or a list of names, got {value!r}", "zones: 3")
     if isinstance(value, int):
         if value < 1:
-            _bad(field_, f"{field_} must be ≥ 1, got {value}", "zones: 3")
+            S.fail(field_, f"{field_} must be ≥ 1, got {value}", "zones: 3")
         if value > 26:
             return tuple(f"z{i + 1}" for i in range(value))
         return tuple("abcdefghijklmnopqrstuvwxyz"[i] for i in range(value))
     if isinstance(value, (list, tuple)):
         names = tuple(str(v) for v in value)
         if len(set(names)) != len(names):
-            _bad(field_, f"{field_} has duplicate zone names: {list(names)}", "give each zone a unique name")
+            S.fail(field_, f"{field_} has duplicate zone names: {list(names)}",
+                   "give each zone a unique name")
         return names
-    _bad(field_, f"{field_} must be a count or a list of names, got {value!r}", "zones: [a, b, c]")
+    S.fail(field_, f"{field_} must be a count or a list of names, got {value!r}", "zones: [a, b, c]")
 
 
 @dataclass(frozen=True)
@@ -273,10 +246,11 @@ class RolloutSpec:
     def __post_init__(self):
         s = self.SECTION
         for f in ("max_surge", "max_unavailable", "canary_groups"):
-            _number(getattr(self, f), f"{s}.{f}", integer=True, minimum=0, example="1")
+            S.number(getattr(self, f), f"{s}.{f}", integer=True, minimum=0, example="1")
         if self.max_surge == 0 and self.max_unavailable == 0:
-            _bad(f"{s}.max_unavailable", "max_surge and max_unavailable are both 0: a rollout could never progress",
-                 "allow max_surge: 1 (extra group during rollouts) or max_unavailable: 1")
+            S.fail(f"{s}.max_unavailable",
+                   "max_surge and max_unavailable are both 0: a rollout could never progress",
+                   "allow max_surge: 1 (extra group during rollouts) or max_unavailable: 1")
 
     @property
     def loss_groups(self) -> int:
@@ -299,17 +273,20 @@ class AutoscalingSpec:
         if not isinstance(self.ready_time_s, tuple):
             v = self.ready_time_s
             if not isinstance(v, Mapping):
-                _bad(f"{s}.ready_time_s", f"{s}.ready_time_s must be a mapping of parts to seconds, got {v!r}",
-                     "e.g. ready_time_s: {provision: 90, image: 40, weights: 60, rank_init: 10, "
-                     "compile: 30, warmup: 20, register: 5}")
+                S.fail(f"{s}.ready_time_s",
+                       f"{s}.ready_time_s must be a mapping of parts to seconds, got {S.describe(v)}",
+                       "e.g. ready_time_s: {provision: 90, image: 40, weights: 60, rank_init: 10, "
+                       "compile: 30, warmup: 20, register: 5}")
             object.__setattr__(self, "ready_time_s", tuple((str(k), x) for k, x in v.items()))
         for part, secs in self.ready_time_s:
             if part not in READY_PARTS:
-                _bad(f"{s}.ready_time_s.{part}", f"unknown ready-time part {part!r}",
-                     "parts: " + ", ".join(READY_PARTS))
-            _number(secs, f"{s}.ready_time_s.{part}", minimum=0.0, example="30")
-        _number(self.burst_growth_rps_per_s, f"{s}.burst_growth_rps_per_s", minimum=0.0, example="0.5")
-        _number(self.warm_floor_groups, f"{s}.warm_floor_groups", integer=True, minimum=0, example="2")
+                near = S.did_you_mean(part, READY_PARTS)
+                S.fail(f"{s}.ready_time_s.{part}", f"unknown ready-time part {part!r}"
+                       + (f" (did you mean {near!r}?)" if near else ""),
+                       "parts: " + ", ".join(READY_PARTS))
+            S.number(secs, f"{s}.ready_time_s.{part}", minimum=0.0, example="30")
+        S.number(self.burst_growth_rps_per_s, f"{s}.burst_growth_rps_per_s", minimum=0.0, example="0.5")
+        S.number(self.warm_floor_groups, f"{s}.warm_floor_groups", integer=True, minimum=0, example="2")
 
     @property
     def ready_s(self) -> float:
@@ -330,21 +307,106 @@ class PriceSpec:
 
     def __post_init__(self):
         s = self.SECTION
-        _number(self.usd_per_gpu_hour, f"{s}.usd_per_gpu_hour", minimum=0.0, example="3.5")
-        _number(self.overhead_pct, f"{s}.overhead_pct", minimum=0.0, maximum=1000.0, example="15")
-        _number(self.usd_per_kwh, f"{s}.usd_per_kwh", minimum=0.0, example="0.12")
-        _number(self.pue, f"{s}.pue", minimum=1.0, maximum=5.0, example="1.3")
-        _choice(self.billing, f"{s}.billing", BILLING)
-        _number(self.gpu_power_w, f"{s}.gpu_power_w", above=0.0, optional=True, example="550")
+        S.number(self.usd_per_gpu_hour, f"{s}.usd_per_gpu_hour", minimum=0.0, example="3.5")
+        S.number(self.overhead_pct, f"{s}.overhead_pct", minimum=0.0, maximum=1000.0, example="15")
+        S.number(self.usd_per_kwh, f"{s}.usd_per_kwh", minimum=0.0, example="0.12")
+        S.number(self.pue, f"{s}.pue", minimum=1.0, maximum=5.0, example="1.3")
+        S.choice(self.billing, f"{s}.billing", BILLING)
+        S.number(self.gpu_power_w, f"{s}.gpu_power_w", above=0.0, optional=True, example="550")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The served model and GPU (catalogue names) for the KV-memory bound, and the forecast
+    context length per sequence; docs/mix.md, "KV memory"."""
+
+    SECTION: ClassVar[str] = "model"
+    name: str | None = None  # catalogue model; default the study's system.model when listed
+    gpu: str | None = None  # catalogue GPU; default the study's system.gpu when listed
+    context_tokens: int | None = None  # forecast context per sequence (input + output tokens)
+    kv_dtype: str = "bf16"
+    weight_bytes_per_param: float = 2.0
+    activation_reserve: float = 0.10  # fraction of GPU memory for activations, CUDA graphs, runtime
+    block_tokens: int = 16
+    catalogue: str | None = None  # default templates/catalogue.yaml
+    mean_e2e_s: float | None = None  # without a study: mean time in system at C_SLO (Little's law)
+
+    def __post_init__(self):
+        s = self.SECTION
+        S.text(self.name, f"{s}.name", example="llama-3.1-70b")
+        S.text(self.gpu, f"{s}.gpu", example="h100-80gb")
+        S.number(self.context_tokens, f"{s}.context_tokens", integer=True, minimum=1, optional=True,
+                 example="8192")
+        S.text(self.kv_dtype, f"{s}.kv_dtype", optional=False, example="bf16")
+        S.number(self.weight_bytes_per_param, f"{s}.weight_bytes_per_param", above=0.0, example="2")
+        S.number(self.activation_reserve, f"{s}.activation_reserve", minimum=0.0, below=1.0, example="0.1")
+        S.number(self.block_tokens, f"{s}.block_tokens", integer=True, minimum=1, example="16")
+        S.text(self.catalogue, f"{s}.catalogue")
+        S.number(self.mean_e2e_s, f"{s}.mean_e2e_s", above=0.0, optional=True, example="12")
+
+
+@dataclass(frozen=True)
+class PowerSpec:
+    """Peak power of the plan against a rack and/or row power cap; docs/mix.md, "Power"."""
+
+    SECTION: ClassVar[str] = "power"
+    gpu_peak_w: float | None = None  # default: the study's highest GPU power sample, else the GPU's TDP
+    node_overhead_w: float = 0.0  # CPUs, NICs, fans, … of a node at peak (not GPU boards)
+    rack_cap_kw: float | None = None
+    nodes_per_rack: int | None = None
+    row_cap_kw: float | None = None
+
+    def __post_init__(self):
+        s = self.SECTION
+        S.number(self.gpu_peak_w, f"{s}.gpu_peak_w", above=0.0, optional=True, example="700")
+        S.number(self.node_overhead_w, f"{s}.node_overhead_w", minimum=0.0, example="2000")
+        S.number(self.rack_cap_kw, f"{s}.rack_cap_kw", above=0.0, optional=True, example="40")
+        S.number(self.nodes_per_rack, f"{s}.nodes_per_rack", integer=True, minimum=1, optional=True,
+                 example="4")
+        S.number(self.row_cap_kw, f"{s}.row_cap_kw", above=0.0, optional=True, example="400")
+        if self.rack_cap_kw is not None and self.nodes_per_rack is None:
+            S.fail(f"{s}.nodes_per_rack", "a rack power cap needs nodes_per_rack",
+                   "add nodes_per_rack: 4 (nodes planned into one rack)")
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    """Plan at production's mix: the study reweighted to a target (docs/mix.md, "Reweighting")."""
+
+    SECTION: ClassVar[str] = "mix"
+    target: str | None = None  # production trace or bucket table (relative to the spec file)
+    period: str = "peak_hour"  # day | peak_hour (of a timestamped trace)
+    input_edges: tuple[float, ...] = (1024.0, 4096.0)
+    output_edges: tuple[float, ...] = ()
+    by: tuple[str, ...] = ()  # tenant, slo_class
+    plan_on: str = "target"  # target: plan with the reweighted C_SLO; tested: report it only
+    drop_untested: bool = False
+
+    def __post_init__(self):
+        s = self.SECTION
+        S.text(self.target, f"{s}.target", example="prod.parquet")
+        S.choice(self.period, f"{s}.period", ("day", "peak_hour"))
+        S.choice(self.plan_on, f"{s}.plan_on", ("target", "tested"))
+        S.flag(self.drop_untested, f"{s}.drop_untested")
+        for name in ("input_edges", "output_edges", "by"):
+            v = getattr(self, name)
+            if not isinstance(v, tuple):
+                v = tuple(S.sequence(v, f"{s}.{name}", example="[1024, 4096]"))
+                object.__setattr__(self, name, v)
+        for i, e in enumerate(self.input_edges + self.output_edges):
+            S.number(e, f"{s}.edges[{i}]", above=0.0, example="1024")
+        for i, d in enumerate(self.by):
+            S.choice(d, S.index(f"{s}.by", i), ("tenant", "slo_class"))
 
 
 _SECTIONS: dict[str, type] = {
     "demand": DemandSpec, "capacity": CapacitySpec, "replica_group": GroupSpec,
     "failure": FailureSpec, "rollout": RolloutSpec, "autoscaling": AutoscalingSpec,
-    "prices": PriceSpec,
+    "prices": PriceSpec, "model": ModelSpec, "power": PowerSpec, "mix": MixSpec,
 }
 _ATTR = {"demand": "demand", "capacity": "capacity", "replica_group": "group", "failure": "failure",
-         "rollout": "rollout", "autoscaling": "autoscaling", "prices": "prices"}
+         "rollout": "rollout", "autoscaling": "autoscaling", "prices": "prices", "model": "model",
+         "power": "power", "mix": "mix"}
 
 
 @dataclass(frozen=True)
@@ -362,6 +424,11 @@ class PlanSpec:
     tenant: str | None = None
     slo: SLO | None = None
     source: str | None = None  # file the spec was read from
+    model: ModelSpec = field(default_factory=ModelSpec)
+    power: PowerSpec = field(default_factory=PowerSpec)
+    mix: MixSpec = field(default_factory=MixSpec)
+    #: one SLO per slo_class (``slo_file:`` or ``slo_classes:`` in the YAML); docs/mix.md
+    slo_classes: SLOClasses | None = None
 
     # flat name -> (section attribute, field)
     ALIASES: ClassVar[dict[str, tuple[str, str]]] = {
@@ -384,26 +451,39 @@ class PlanSpec:
         "price_usd_per_gpu_hour": ("prices", "usd_per_gpu_hour"),
         "overhead_pct": ("prices", "overhead_pct"), "usd_per_kwh": ("prices", "usd_per_kwh"),
         "pue": ("prices", "pue"), "billing": ("prices", "billing"), "gpu_power_w": ("prices", "gpu_power_w"),
+        "tokens_per_day": ("demand", "tokens_per_day"),
+        "input_tokens_per_request": ("demand", "input_tokens_per_request"),
+        "context_tokens": ("model", "context_tokens"), "kv_dtype": ("model", "kv_dtype"),
+        "activation_reserve": ("model", "activation_reserve"),
+        "gpu_peak_w": ("power", "gpu_peak_w"), "node_overhead_w": ("power", "node_overhead_w"),
+        "rack_cap_kw": ("power", "rack_cap_kw"), "nodes_per_rack": ("power", "nodes_per_rack"),
+        "row_cap_kw": ("power", "row_cap_kw"),
     }
 
     def __post_init__(self):
-        _text(self.name, "name", optional=False)
-        _text(self.tenant, "tenant")
+        S.text(self.name, "name", optional=False)
+        S.text(self.tenant, "tenant")
         if self.slo is not None and not isinstance(self.slo, SLO):
             object.__setattr__(self, "slo", SLO.parse(self.slo))
+        if self.slo_classes is not None and not isinstance(self.slo_classes, SLOClasses):
+            object.__setattr__(self, "slo_classes", load_slo_file(self.slo_classes))
 
     def with_(self, **changes) -> "PlanSpec":
         """A copy with flat-named changes, validated again. ``peak_rps`` with several SLO
         classes scales every class in proportion; ``slo``/``name``/``tenant`` are top level.
         Example: ``spec.with_(peak_rps=500, policy="zone", price_usd_per_gpu_hour=2.1)``."""
-        top = {k: changes.pop(k) for k in ("slo", "name", "tenant") if k in changes}
+        top = {k: changes.pop(k) for k in ("slo", "name", "tenant", "slo_classes") if k in changes}
         if "slo" in top and top["slo"] is not None:
             top["slo"] = SLO.parse(top["slo"])
+        if "slo_classes" in top and top["slo_classes"] is not None:
+            top["slo_classes"] = load_slo_file(top["slo_classes"])
         by_section: dict[str, dict] = {}
         for key, value in changes.items():
             if key not in self.ALIASES:
-                raise SpecError(f"unknown plan parameter {key!r}", field=key,
-                                fix="known: " + ", ".join(sorted(self.ALIASES)))
+                near = S.did_you_mean(key, self.ALIASES)
+                S.fail(key, f"unknown plan parameter {key!r}"
+                       + (f" (did you mean {near!r}?)" if near else ""),
+                       "known: " + ", ".join(sorted(self.ALIASES)))
             sec, f = self.ALIASES[key]
             if key == "peak_rps":
                 value = self._scaled_peaks(value)
@@ -416,7 +496,7 @@ class PlanSpec:
     def _scaled_peaks(self, value):
         if isinstance(value, (Mapping, list, tuple)):
             return value
-        _number(value, "demand.peak_rps", above=0.0, example="380")
+        S.number(value, "demand.peak_rps", above=0.0, example="380")
         classes = self.demand.peak_rps
         total = sum(r for _, r in classes)
         if len(classes) <= 1 or total <= 0:
@@ -430,12 +510,14 @@ class PlanSpec:
             out["tenant"] = self.tenant
         if self.slo is not None:
             out["slo"] = str(self.slo)
+        if self.slo_classes is not None:
+            out["slo_classes"] = self.slo_classes.to_dict()
         for key, attr in _ATTR.items():
             sec = getattr(self, attr)
             d = {}
             for f in fields(sec):
                 v = getattr(sec, f.name)
-                if f.name in ("peak_rps", "ready_time_s"):
+                if f.name in ("peak_rps", "ready_time_s", "tokens_per_day"):
                     v = {a: b for a, b in v}
                 elif isinstance(v, tuple):
                     v = list(v)
@@ -459,85 +541,48 @@ class PlanSpec:
         return out
 
 
-_TOP_KEYS = ("name", "tenant", "slo") + tuple(_SECTIONS)
+_TOP_KEYS = ("name", "tenant", "slo", "slo_file", "slo_classes") + tuple(_SECTIONS)
 
 
 def load_plan_spec(path_or_dict, *, base_dir: str | os.PathLike | None = None) -> PlanSpec:
     """Read and validate a plan spec (YAML file path or mapping). Raises SpecError naming the
-    field and a fix for every bad, missing, unknown or contradictory value. A relative
-    ``demand.history`` path is resolved against the spec file's folder (or ``base_dir``)."""
-    file = None
+    field, its line in the file and a fix for every bad, missing, unknown or contradictory
+    value. A relative ``demand.history`` path is resolved against the spec file's folder (or
+    ``base_dir``)."""
     if isinstance(path_or_dict, PlanSpec):
         return path_or_dict
-    if isinstance(path_or_dict, Mapping):
-        raw = dict(path_or_dict)
-    else:
-        file = str(path_or_dict)
-        raw = _read_yaml(Path(path_or_dict))
-        base_dir = base_dir or Path(path_or_dict).parent
-    try:
-        spec = _build(raw, base_dir)
-        return dataclasses.replace(spec, source=file) if file else spec
-    except SpecError as exc:
-        if file and not exc.file:
-            raise SpecError(exc.args[0], field=exc.field, fix=exc.fix, file=file) from None
-        raise
+    doc = S.document(path_or_dict, what="plan spec", fix="start from templates/plan.yaml")
+    if doc.file and base_dir is None:
+        base_dir = Path(doc.file).parent
+    with doc.located():
+        spec = _build(doc.data, base_dir)
+    return dataclasses.replace(spec, source=doc.file) if doc.file else spec
 
 
-def _read_yaml(path: Path) -> dict:
-    import yaml
-
-    file = str(path)
-    if not path.is_file():
-        raise SpecError("plan spec file not found", file=file,
-                        fix="pass --spec with a plan.yaml (start from templates/plan.yaml)")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise SpecError("plan spec is not UTF-8 text", file=file) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"plan spec is not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=file,
-                        fix="check indentation and quoting (compare with templates/plan.yaml)") from None
-    except OSError as exc:
-        raise SpecError(f"cannot read plan spec: {exc.strerror or exc}", file=file) from None
-    if not isinstance(raw, dict):
-        raise SpecError("plan spec must be a mapping with demand, capacity, replica_group, failure, "
-                        "rollout, autoscaling and prices sections", file=file,
-                        fix="start from templates/plan.yaml")
-    return raw
-
-
-def _build(raw: dict, base_dir) -> PlanSpec:
-    unknown = sorted(str(k) for k in raw if k not in _TOP_KEYS)
-    if unknown:
-        raise SpecError(f"unknown key(s) in plan spec: {', '.join(unknown)}", field=unknown[0],
-                        fix="known top-level keys: " + ", ".join(_TOP_KEYS))
+def _build(raw, base_dir) -> PlanSpec:
+    raw = S.mapping(raw, "", known=_TOP_KEYS, what="plan spec", optional=False,
+                    example="the sections of templates/plan.yaml")
     for req in ("demand", "prices"):
         if raw.get(req) is None:
-            raise SpecError(f"plan spec is missing the '{req}' section", field=req,
-                            fix="copy it from templates/plan.yaml")
+            S.fail(req, f"plan spec is missing the '{req}' section", "copy it from templates/plan.yaml")
     kw: dict = {}
     for key, cls in _SECTIONS.items():
-        sec = raw.get(key)
-        if sec is None:
+        if raw.get(key) is None:
             continue
-        if not isinstance(sec, Mapping):
-            raise SpecError(f"'{key}' must be a mapping of settings, got {sec!r}", field=key,
-                            fix="see templates/plan.yaml")
-        names = {f.name for f in fields(cls)}
-        bad = sorted(str(k) for k in sec if k not in names)
-        if bad:
-            raise SpecError(f"unknown key(s) in {key}: {', '.join(bad)}", field=f"{key}.{bad[0]}",
-                            fix=f"known keys in {key}: " + ", ".join(sorted(names)))
-        values = dict(sec)
+        values = S.mapping(raw[key], key, known=[f.name for f in fields(cls)],
+                           example="see templates/plan.yaml")
         if key == "demand" and values.get("history") and base_dir is not None:
             h = values["history"]
             if isinstance(h, str) and not os.path.isabs(h):
                 values["history"] = str(Path(base_dir) / h)
         if key == "demand" and "peak_rps" in values:
             values["peak_rps"] = _classes(values["peak_rps"], "demand.peak_rps")
+        if key == "mix" and isinstance(values.get("target"), str) and base_dir is not None \
+                and not os.path.isabs(values["target"]):
+            values["target"] = str(Path(base_dir) / values["target"])
+        if key == "model" and isinstance(values.get("catalogue"), str) and base_dir is not None \
+                and not os.path.isabs(values["catalogue"]):
+            values["catalogue"] = str(Path(base_dir) / values["catalogue"])
         if key == "capacity" and "source" not in values:
             values["source"] = "number" if values.get("rps_per_group") is not None else "study"
         kw[_ATTR[key]] = cls(**values)
@@ -546,7 +591,22 @@ def _build(raw: dict, base_dir) -> PlanSpec:
         try:
             slo = SLO.parse(slo)
         except SpecError as exc:
-            raise SpecError(exc.args[0], field="slo" + (f".{exc.field}" if exc.field else ""),
-                            fix=exc.fix or "e.g. slo: 'ttft_ms=2000,tpot_ms=100,attainment=0.99'") from None
+            S.fail("slo" + (f".{exc.field}" if exc.field else ""), exc.message,
+                   exc.fix or "e.g. slo: 'ttft_ms=2000,tpot_ms=100,attainment=0.99'")
+    classes = None
+    if raw.get("slo_file") is not None and raw.get("slo_classes") is not None:
+        S.fail("slo_file", "the plan spec has both slo_file and slo_classes",
+               "give the class SLOs in one place: slo_file: slo.yaml, or slo_classes: {...}")
+    if raw.get("slo_file") is not None:
+        f = S.text(raw["slo_file"], "slo_file", optional=False, example="slo.yaml")
+        if base_dir is not None and not os.path.isabs(f):
+            f = str(Path(base_dir) / f)
+        classes = load_slo_file(f)  # errors name the SLO file and its line
+    elif raw.get("slo_classes") is not None:
+        sub = S.mapping(raw["slo_classes"], "slo_classes", example="{classes: {interactive: ...}}")
+        try:
+            classes = load_slo_file(sub)
+        except SpecError as exc:
+            S.fail("slo_classes" + (f".{exc.field}" if exc.field else ""), exc.message, exc.fix)
     return PlanSpec(name=raw.get("name", "plan") if raw.get("name") is not None else "plan",
-                    tenant=raw.get("tenant"), slo=slo, **kw)
+                    tenant=raw.get("tenant"), slo=slo, slo_classes=classes, **kw)

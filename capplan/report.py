@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__
+from .version import __version__
 from .errors import CapplanError, SpecError
 
 #: Notebooks of the static report, in page order: (file name, page title).
@@ -43,6 +43,7 @@ REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
     ("01-explore.ipynb", "Explore the study"),
     ("02-envelope.ipynb", "SLO capacity envelope"),
     ("03-plan.ipynb", "Capacity plan"),
+    ("07-mix.ipynb", "Production mix, SLO classes, KV and power"),
 )
 #: The comparison page, added when the report is given a baseline study.
 COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate")

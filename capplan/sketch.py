@@ -1,4 +1,5 @@
-"""Log-bucket latency histograms: keys, merging, and quantile reading (STATISTICS.md §4).
+"""Log-bucket latency histograms: keys, merging, and quantile reading
+(docs/statistics.md#log-bucket-histograms).
 
 A value x > 0 falls in bucket ``k = ceil(ln x / ln γ)`` with ``γ = (1+α)/(1−α)``, i.e. bucket k
 covers ``(γ^(k−1), γ^k]``. The representative value ``2γ^k/(1+γ)`` is within relative error α of
@@ -8,7 +9,8 @@ is order-dependent).
 
 Quantiles are read from the cumulative counts with **log-uniform interpolation inside the
 bucket**: a rank that lands a fraction f into bucket k reads ``γ^(k−1+f)``. Without it, bootstrap
-quantiles snap to bucket values and the replicate spread inflates (STATISTICS.md §2).
+quantiles snap to bucket values and the replicate spread inflates
+(docs/statistics.md#log-bucket-histograms).
 
 The SQL form of the key (``key_sql``) lives here too so that the reduction and numpy agree.
 """

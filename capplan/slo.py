@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from . import spec as S
 from .errors import SpecError
 
-_FLOAT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "attainment", "max_error_rate")
+_LIMIT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+_FLOAT_KEYS = _LIMIT_KEYS + ("attainment", "max_error_rate")
 _ALL_KEYS = _FLOAT_KEYS + ("itl_stat", "ttft_from")
 
 
@@ -27,25 +29,17 @@ class SLO:
     ttft_from: str = "scheduled"  # "scheduled" | "sent"
 
     def __post_init__(self):
-        for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-            v = getattr(self, k)
-            if v is not None and not (v > 0):
-                raise SpecError(f"SLO limit {k} must be > 0, got {v}", field=k,
-                                fix=f"give a positive limit, e.g. {k}=2000")
-        if not (0.0 < self.attainment < 1.0):
-            raise SpecError(f"SLO attainment must be between 0 and 1 (exclusive), got {self.attainment}",
-                            field="attainment", fix="e.g. attainment=0.99")
-        if self.max_error_rate is not None and not (0.0 <= self.max_error_rate < 1.0):
-            raise SpecError(f"max_error_rate must be in [0, 1), got {self.max_error_rate}",
-                            field="max_error_rate")
-        if self.itl_stat not in ("p99", "max"):
-            raise SpecError(f"itl_stat must be p99 or max, got {self.itl_stat!r}", field="itl_stat")
-        if self.ttft_from not in ("scheduled", "sent"):
-            raise SpecError(f"ttft_from must be scheduled or sent, got {self.ttft_from!r}",
-                            field="ttft_from")
-        if all(getattr(self, k) is None for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")):
-            raise SpecError("an SLO needs at least one latency limit (ttft_ms, tpot_ms, itl_ms or e2e_ms)",
-                            fix="e.g. --slo ttft_ms=2000,attainment=0.99")
+        for k in _LIMIT_KEYS:
+            if getattr(self, k) is not None:
+                S.number(getattr(self, k), k, above=0.0, example="2000")
+        S.number(self.attainment, "attainment", above=0.0, below=1.0, example="0.99")
+        S.number(self.max_error_rate, "max_error_rate", minimum=0.0, below=1.0, optional=True,
+                 example="0.005")
+        S.choice(self.itl_stat, "itl_stat", ("p99", "max"))
+        S.choice(self.ttft_from, "ttft_from", ("scheduled", "sent"))
+        if all(getattr(self, k) is None for k in _LIMIT_KEYS):
+            S.fail("", "an SLO needs at least one latency limit (ttft_ms, tpot_ms, itl_ms or e2e_ms)",
+                   "e.g. --slo ttft_ms=2000,attainment=0.99")
 
     @classmethod
     def parse(cls, text: str | dict | "SLO") -> "SLO":
@@ -65,25 +59,26 @@ class SLO:
                                     fix="e.g. --slo ttft_ms=2000,tpot_ms=100,attainment=0.99")
                 k, v = part.split("=", 1)
                 items[k.strip()] = v.strip()
-        unknown = sorted(set(items) - set(_ALL_KEYS))
+        unknown = [str(k) for k in items if k not in _ALL_KEYS]
         if unknown:
-            raise SpecError(f"unknown SLO key(s): {', '.join(unknown)}",
-                            fix="known keys: " + ", ".join(_ALL_KEYS))
+            near = S.did_you_mean(unknown[0], _ALL_KEYS)
+            S.fail(unknown[0], f"unknown SLO key(s): {', '.join(unknown)}"
+                   + (f" (did you mean {near}?)" if near else ""), "known keys: " + ", ".join(_ALL_KEYS))
         kw = {}
         for k, v in items.items():
             if v is None:
                 continue
-            if k in _FLOAT_KEYS:
-                try:
-                    kw[k] = float(v)
-                except (TypeError, ValueError):
-                    raise SpecError(f"SLO value {k}={v!r} is not a number", field=k) from None
-            else:
-                kw[k] = str(v)
+            kw[k] = S.number(v, k, text_ok=True) if k in _FLOAT_KEYS else str(v)
         return cls(**kw)
 
     def with_(self, **kw) -> "SLO":
         return replace(self, **kw)
+
+    def same_limits(self, other: "SLO") -> bool:
+        """Whether both SLOs call the same requests good: same latency limits and ways of
+        measuring them (the attainment target and max_error_rate do not change who is good)."""
+        return (self.with_(attainment=0.5, max_error_rate=None)
+                == other.with_(attainment=0.5, max_error_rate=None))
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -102,3 +97,100 @@ class SLO:
 
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.to_dict().items())
+
+
+# ----------------------------------------------------------------------------- SLO classes
+
+#: the class name that covers requests of any class the file does not name (or of none)
+DEFAULT_CLASS = "default"
+
+
+@dataclass(frozen=True)
+class SLOClasses:
+    """One SLO per ``slo_class`` (e.g. interactive: TTFT ≤ 1 s at 99 %; batch: E2E ≤ 10 min at
+    95 %), plus a ``default`` for requests of any other class and those without one. Read from
+    an SLO file (``load_slo_file``); docs/mix.md, "SLO classes"."""
+
+    classes: tuple[tuple[str, SLO], ...]
+    default: SLO | None = None
+    source: str | None = None
+
+    def __post_init__(self):
+        names = [c for c, _ in self.classes]
+        if len(set(names)) != len(names):
+            raise SpecError(f"SLO classes named twice: {sorted({c for c in names if names.count(c) > 1})}",
+                            field="classes", fix="give each class one SLO")
+        if not self.classes and self.default is None:
+            raise SpecError("an SLO file needs at least one class or a default",
+                            fix="e.g. classes: {interactive: {ttft_ms: 1000, attainment: 0.99}}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.classes)
+
+    def slo_for(self, slo_class: str | None) -> SLO | None:
+        """The SLO of a class (the default for a class the file does not name)."""
+        for c, s in self.classes:
+            if c == slo_class:
+                return s
+        return self.default
+
+    def describe(self) -> str:
+        parts = [f"{c}: {s.describe()}" for c, s in self.classes]
+        if self.default is not None:
+            parts.append(f"any other class: {self.default.describe()}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        out: dict = {}
+        if self.default is not None:
+            out[DEFAULT_CLASS] = self.default.to_dict()
+        out["classes"] = {c: s.to_dict() for c, s in self.classes}
+        return out
+
+    def __str__(self) -> str:
+        return "; ".join(f"{c}: {s}" for c, s in self.classes) + (
+            f"; {DEFAULT_CLASS}: {self.default}" if self.default is not None else "")
+
+
+def load_slo_file(source) -> SLOClasses:
+    """Read an SLO file (path or mapping), e.g.::
+
+        default: {ttft_ms: 2000, tpot_ms: 100, attainment: 0.99}
+        classes:
+          interactive: {ttft_ms: 1000, tpot_ms: 50, attainment: 0.99}
+          batch: "e2e_ms=600000,attainment=0.95"
+
+    Each SLO is a mapping of SLO keys or the ``key=value,…`` text ``--slo`` takes. Every bad
+    value raises SpecError with the field, the line and a fix."""
+    if isinstance(source, SLOClasses):
+        return source
+    from . import spec as S
+
+    doc = S.document(source, what="SLO classes", fix="start from templates/slo.yaml (docs/mix.md, SLO classes)")
+    with doc.located():
+        raw = S.mapping(doc.data, "", known=(DEFAULT_CLASS, "classes"), what="SLO file", optional=False,
+                        example="classes: {interactive: {ttft_ms: 1000, attainment: 0.99}}")
+        default = _slo_at(raw.get(DEFAULT_CLASS), DEFAULT_CLASS)
+        classes = tuple((str(c), _slo_at(v, S.join("classes", c), required=True))
+                        for c, v in S.mapping(raw.get("classes"), "classes").items())
+        if any(c == DEFAULT_CLASS for c, _ in classes):
+            S.fail(S.join("classes", DEFAULT_CLASS), f"'{DEFAULT_CLASS}' is not a class name here",
+                   f"write the default SLO at the top level ({DEFAULT_CLASS}: ...)")
+        return SLOClasses(classes=classes, default=default, source=doc.file)
+
+
+def _slo_at(value, field: str, required: bool = False) -> SLO | None:
+    from . import spec as S
+
+    if value is None:
+        if required:
+            S.fail(field, f"{field} has no SLO", "e.g. {ttft_ms: 1000, attainment: 0.99}")
+        return None
+    if not isinstance(value, (str, dict)):
+        S.fail(field, f"{field} must be an SLO mapping or text, got {S.describe(value)}",
+               "e.g. {ttft_ms: 1000, tpot_ms: 50, attainment: 0.99}")
+    try:
+        return SLO.parse(value)
+    except SpecError as exc:
+        S.fail(field + (f".{exc.field}" if exc.field else ""), exc.message, exc.fix)

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-import yaml
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from . import contract as C
-from .errors import ProblemList, StudyError
+from . import spec as S
+from .errors import ProblemList, SpecError, StudyError
 
 
 @dataclass(frozen=True)
@@ -76,139 +78,120 @@ class Study:
         return h.hexdigest()
 
 
-def _find_parquet(folder: Path) -> tuple[Path, ...]:
+def find_parquet(folder: Path) -> tuple[Path, ...]:
     if not folder.is_dir():
         return ()
     return tuple(sorted(p for p in folder.rglob("*.parquet") if p.is_file()))
 
 
-def _num(value, key: str, run_label: str, problems: ProblemList, file: str, *, integer=False):
-    if value is None:
-        return None
-    try:
-        v = int(value) if integer else float(value)
-    except (TypeError, ValueError):
-        problems.add(f"{run_label}: {key} must be a number, got {value!r}", file=file,
-                     column=key, fix=f"write {key}: 4.0")
-        return None
-    return v
+#: Keys of study.yaml and of its runs that the contract defines (others are kept and ignored).
+MANIFEST_KEYS = C.MANIFEST_REQUIRED + ("workload",)
+RUN_KEYS = tuple(dict.fromkeys(C.RUN_REQUIRED_OPEN + C.RUN_REQUIRED_CLOSED + C.RUN_OPTIONAL))
+LOAD_MODELS = tuple(m.value for m in C.LoadModel)
 
 
 def parse_manifest(path: Path, problems: ProblemList | None = None) -> C.Manifest | None:
-    """Read and check study.yaml. Collects problems; returns None if unusable."""
+    """Read and check study.yaml (with the spec kit: every problem names its field and line).
+    Collects problems into ``problems``; without it, raises StudyError listing all of them.
+    Returns None when the manifest is unusable."""
     own = problems is None
     problems = problems if problems is not None else ProblemList()
+    manifest = _read_manifest(Path(path), problems)
+    if own:
+        problems.raise_if_errors()
+    return manifest
+
+
+def _near_misses(check: S.Checks, d: dict, field: str, known: tuple[str, ...], where: str) -> None:
+    """Warn about keys the contract does not define that look like a misspelt known key: they
+    would be ignored silently (a ``warmup`` meant as ``warmup_s`` keeps the warm-up in)."""
+    for k in d:
+        near = None if str(k) in known else S.did_you_mean(k, known)
+        if near and near not in d:
+            check.warn(S.join(field, k), f"{where}: key {str(k)!r} is not part of the study contract "
+                       f"and is ignored (did you mean {near!r}?)",
+                       fix=f"rename it to {near} if that is what it means")
+
+
+def _read_manifest(path: Path, problems: ProblemList) -> C.Manifest | None:
     file = str(path)
     if not path.is_file():
         problems.add("study manifest not found", file=file,
                      fix=f"a study directory holds {C.MANIFEST_NAME} and events/*.parquet; "
                          "see docs/study-contract.md", code="manifest_missing")
-        if own:
-            problems.raise_if_errors()
         return None
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problems.add(f"study.yaml is not valid YAML{where}: {getattr(exc, 'problem', exc)}",
-                     file=file, fix="check indentation and quoting; see docs/study-contract.md",
-                     code="bad_yaml")
-        if own:
-            problems.raise_if_errors()
+        doc = S.load_yaml(path, what=C.MANIFEST_NAME, fix="see docs/study-contract.md")
+    except SpecError as exc:
+        problems.items.append(exc.problem(code="bad_yaml"))
         return None
-    except UnicodeDecodeError:
-        problems.add("study.yaml is not UTF-8 text", file=file, code="bad_yaml")
-        if own:
-            problems.raise_if_errors()
+    check = S.Checks(problems, doc, code="manifest_field")
+    raw = check(S.mapping, doc.data, "", what=C.MANIFEST_NAME, optional=False,
+                example="contract, name, system, load_model and runs (see docs/study-contract.md)")
+    if raw is None:
         return None
-    if not isinstance(raw, dict):
-        problems.add("study.yaml must be a mapping of keys (contract, name, system, load_model, runs)",
-                     file=file, code="bad_yaml")
-        if own:
-            problems.raise_if_errors()
-        return None
+    _near_misses(check, raw, "", MANIFEST_KEYS, C.MANIFEST_NAME)
     for key in C.MANIFEST_REQUIRED:
-        if key not in raw or raw[key] in (None, ""):
-            problems.add(f"study.yaml is missing the required field '{key}'", file=file, column=key,
-                         fix=f"add '{key}:' (see docs/study-contract.md)", code="manifest_field")
+        if raw.get(key) in (None, ""):
+            check.error(key, f"{C.MANIFEST_NAME} is missing the required field '{key}'",
+                        fix=f"add '{key}:' (see docs/study-contract.md)")
     contract = raw.get("contract")
     if contract is not None and contract != C.CONTRACT_VERSION:
-        problems.add(f"unsupported contract {contract!r}", file=file, column="contract",
-                     fix=f"this capplan reads contract: {C.CONTRACT_VERSION}", code="manifest_field")
-    load_model = raw.get("load_model", C.LoadModel.OPEN.value)
-    if load_model not in (C.LoadModel.OPEN.value, C.LoadModel.CLOSED.value):
-        problems.add(f"load_model must be 'open' or 'closed', got {load_model!r}", file=file,
-                     column="load_model", code="manifest_field")
-    system = raw.get("system") or {}
-    if not isinstance(system, dict):
-        problems.add("system must be a mapping", file=file, column="system", code="manifest_field")
-        system = {}
-    runs_raw = raw.get("runs") or []
-    if not isinstance(runs_raw, list):
-        problems.add("runs must be a list of run mappings", file=file, column="runs",
-                     code="manifest_field")
-        runs_raw = []
+        check.error("contract", f"unsupported contract {contract!r}",
+                    fix=f"this capplan reads contract: {C.CONTRACT_VERSION}")
+    load_model = check(S.choice, raw.get("load_model"), "load_model", LOAD_MODELS,
+                       optional=True, default=C.LoadModel.OPEN.value) or C.LoadModel.OPEN.value
+    closed = load_model == C.LoadModel.CLOSED.value
+    system = check(S.mapping, raw.get("system"), "system") or {}
+    runs_raw = check(S.sequence, raw.get("runs"), "runs",
+                     example="[{run_id: r01, offered_rps: 2.0}]") or []
     runs: list[C.RunSpec] = []
     seen: set[str] = set()
     for i, r in enumerate(runs_raw):
-        label = f"runs[{i}]"
-        if not isinstance(r, dict):
-            problems.add(f"{label} must be a mapping like {{run_id: r01, offered_rps: 2.0}}", file=file,
-                         column="runs", code="manifest_field")
+        fld = S.index("runs", i)
+        r = check(S.mapping, r, fld, example="{run_id: r01, offered_rps: 2.0}")
+        if r is None:
             continue
-        run_id = r.get("run_id")
-        if run_id in (None, ""):
-            problems.add(f"{label} has no run_id", file=file, column="run_id",
-                         example=str(r), fix="give each run a unique run_id", code="manifest_field")
+        if r.get("run_id") in (None, ""):
+            check.error(S.join(fld, "run_id"), f"{fld} has no run_id", example=str(r),
+                        fix="give each run a unique run_id")
             continue
-        run_id = str(run_id)
+        run_id = str(r["run_id"])
         label = f"run {run_id}"
         if run_id in seen:
-            problems.add(f"run_id {run_id!r} appears twice in the manifest", file=file,
-                         column="run_id", code="manifest_field")
+            check.error(S.join(fld, "run_id"), f"run_id {run_id!r} appears twice in the manifest",
+                        fix="give each run a unique run_id")
         seen.add(run_id)
-        rps = _num(r.get("offered_rps"), "offered_rps", label, problems, file)
-        conc = _num(r.get("concurrency"), "concurrency", label, problems, file, integer=True)
-        if load_model == C.LoadModel.CLOSED.value:
-            if conc is None:
-                problems.add(f"{label}: closed-loop runs need 'concurrency'", file=file,
-                             column="concurrency", example=str(r), fix="add concurrency: 16",
-                             code="manifest_field")
-            elif conc <= 0:
-                problems.add(f"{label}: concurrency must be > 0, got {conc}", file=file,
-                             column="concurrency", code="manifest_field")
-        else:
-            if rps is None:
-                problems.add(f"{label}: open-loop runs need 'offered_rps'", file=file,
-                             column="offered_rps", example=str(r), fix="add offered_rps: 4.0",
-                             code="manifest_field")
-            elif rps <= 0:
-                problems.add(f"{label}: offered_rps must be > 0, got {rps}", file=file,
-                             column="offered_rps", code="manifest_field")
-        dur = _num(r.get("duration_s"), "duration_s", label, problems, file)
-        warm = _num(r.get("warmup_s"), "warmup_s", label, problems, file)
-        if warm is not None and warm < 0:
-            problems.add(f"{label}: warmup_s must be ≥ 0", file=file, column="warmup_s",
-                         code="manifest_field")
+        _near_misses(check, r, fld, RUN_KEYS, label)
+
+        def num(key, **kw):
+            return check(S.number, r.get(key), S.join(fld, key), optional=True, text_ok=True, **kw)
+
+        rps = num("offered_rps", above=0.0 if not closed else None, example="4.0")
+        conc = num("concurrency", integer=True, above=0 if closed else None, example="16")
+        need = "concurrency" if closed else "offered_rps"
+        if r.get(need) is None:
+            check.error(S.join(fld, need), f"{label}: {load_model}-loop runs need '{need}'",
+                        example=str(r), fix=f"add {need}: {'16' if closed else '4.0'}")
+        dur = num("duration_s", above=0.0, example="300")
+        warm = num("warmup_s", minimum=0.0, example="30")
         if dur is not None and warm is not None and warm >= dur:
-            problems.add(f"{label}: warmup_s ({warm:g}) must be shorter than duration_s ({dur:g})",
-                         file=file, column="warmup_s", code="manifest_field")
+            check.error(S.join(fld, "warmup_s"),
+                        f"{label}: warmup_s ({warm:g}) must be shorter than duration_s ({dur:g})",
+                        fix="the warm-up is cut from the start of the run: make it shorter")
         arrival = str(r.get("arrival", "concurrency" if conc is not None else "unknown"))
-        known = set(C.RUN_REQUIRED_OPEN + C.RUN_REQUIRED_CLOSED + C.RUN_OPTIONAL + ("concurrency",))
+        if arrival not in C.ARRIVALS:
+            near = S.did_you_mean(arrival, C.ARRIVALS)
+            check.warn(S.join(fld, "arrival"), f"{label}: arrival {arrival!r} is not one of "
+                       + ", ".join(C.ARRIVALS) + (f" (did you mean {near!r}?)" if near else ""),
+                       fix="use one of the contract's arrival names (unknown when in doubt)")
         runs.append(C.RunSpec(
-            run_id=run_id,
-            offered_rps=rps if load_model != C.LoadModel.CLOSED.value else rps,
-            concurrency=conc,
-            arrival=arrival,
-            duration_s=dur,
-            warmup_s=warm,
-            repeat=int(r.get("repeat", 0) or 0),
-            nominal_rps=_num(r.get("nominal_rps"), "nominal_rps", label, problems, file),
-            extra={k: v for k, v in r.items() if k not in known},
+            run_id=run_id, offered_rps=rps, concurrency=conc, arrival=arrival,
+            duration_s=dur, warmup_s=warm,
+            repeat=num("repeat", integer=True, minimum=0, example="1") or 0,
+            nominal_rps=num("nominal_rps", above=0.0, example="4.0"),
+            extra={k: v for k, v in r.items() if k not in RUN_KEYS},
         ))
-    if own:
-        problems.raise_if_errors()
     if problems.errors and not runs:
         return None
     return C.Manifest(
@@ -217,7 +200,69 @@ def parse_manifest(path: Path, problems: ProblemList | None = None) -> C.Manifes
     )
 
 
-def _events_select(present: set[str]) -> str:
+# --------------------------------------------------------------------------------------------
+# Schema checks (what any open needs; the row-level checks live in capplan.validate)
+# --------------------------------------------------------------------------------------------
+
+_INT_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.uint32(), pa.uint16(), pa.uint8())
+
+
+def _dtype_ok(expected: pa.DataType, actual: pa.DataType) -> bool:
+    if expected == pa.int64():
+        return actual in _INT_TYPES or actual == pa.uint64()
+    if expected == pa.string():
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual) or pa.types.is_dictionary(actual) and pa.types.is_string(actual.value_type)
+    if pa.types.is_list(expected):
+        return (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and _dtype_ok(expected.value_type, actual.value_type)
+    return expected == actual
+
+
+def _first_value(path: Path, column: str) -> str | None:
+    """'row 0: column=value' of a file (reads one small batch of one column)."""
+    try:
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=1, columns=[column]), None)
+    except Exception:  # the schema was readable; a value may still not be
+        return None
+    if batch is None or batch.num_rows == 0:
+        return None
+    return f"row 0: {column}={batch.column(0)[0].as_py()!r}"
+
+
+def check_parquet_files(files: tuple[Path, ...], problems: ProblemList) -> set[str]:
+    """Schema-level checks of every events file (readable, required columns, dtypes), read
+    from the parquet footers only; returns the union of contract columns present."""
+    present: set[str] = set()
+    for path in files:
+        try:
+            schema = pq.read_schema(path)
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            problems.add(f"cannot read parquet file: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                         file=str(path), fix="the file is corrupt or not parquet; re-export it "
+                         "(e.g. pandas.DataFrame.to_parquet) or remove it from events/",
+                         code="bad_parquet")
+            continue
+        names = set(schema.names)
+        for col in C.REQUIRED_EVENT_COLUMNS:
+            if col not in names:
+                c = C.EVENT_COLUMN_BY_NAME[col]
+                problems.add(f"required column '{col}' is missing", file=str(path), column=col,
+                             example="columns present: " + ", ".join(schema.names[:12]),
+                             fix=f"add '{col}' ({c.dtype}): {c.meaning}", code="missing_column")
+        for field in schema:
+            c = C.EVENT_COLUMN_BY_NAME.get(field.name)
+            if c is None:
+                continue
+            if not _dtype_ok(c.dtype, field.type):
+                problems.add(f"column '{field.name}' has type {field.type}, expected {c.dtype}",
+                             file=str(path), column=field.name,
+                             example=_first_value(path, field.name),
+                             fix=(f"cast it to {c.dtype}" + (" nanoseconds" if c.unit == "ns" else "")),
+                             code="wrong_dtype")
+            present.add(field.name)
+    return present
+
+
+def events_select(present: set[str]) -> str:
     """SELECT list that gives every contract column, NULL-filled where a file lacks it.
     Identifiers come from the contract module only (no user input in SQL text)."""
     cols = []
@@ -244,12 +289,21 @@ def connect(threads: int | None = None, memory_limit: str | None = None) -> duck
     return con
 
 
-def open_study(path: str | os.PathLike | Study, *, con: duckdb.DuckDBPyConnection | None = None,
-               check: bool = False) -> Study:
+def find_event_files(root: Path, problems: ProblemList) -> tuple[Path, ...]:
+    """The parquet files under ``events/``; a problem when there is none."""
+    files = find_parquet(root / C.EVENTS_DIR)
+    if not files:
+        problems.add("no event files: events/ holds no .parquet file", file=str(root / C.EVENTS_DIR),
+                     fix="write one row per offered request to events/*.parquet "
+                         "(see docs/study-contract.md)", code="no_events")
+    return files
+
+
+def open_study(path: str | os.PathLike | Study, *,
+               con: duckdb.DuckDBPyConnection | None = None) -> Study:
     """Open a study directory. Manifest and schema problems (bad YAML, missing fields, corrupt
-    parquet, missing columns, wrong dtypes) always raise a StudyError listing all of them.
-    With ``check=True`` the row-level validator runs too and its errors raise the same way
-    (warnings alone do not raise). Without it, opening reads only parquet footers."""
+    parquet, missing columns, wrong dtypes) raise a StudyError listing all of them. Opening
+    reads only parquet footers; the row-level checks are ``capplan.validate.open_checked``."""
     if isinstance(path, Study):
         return path
     root = Path(path).expanduser()
@@ -261,25 +315,12 @@ def open_study(path: str | os.PathLike | Study, *, con: duckdb.DuckDBPyConnectio
         root = root.parent
     manifest = parse_manifest(root / C.MANIFEST_NAME, problems)
     problems.raise_if_errors()
-    assert manifest is not None
-    event_files = _find_parquet(root / C.EVENTS_DIR)
-    if not event_files:
-        raise StudyError("no event files: events/ holds no .parquet file", file=str(root / C.EVENTS_DIR),
-                         fix="write one row per offered request to events/*.parquet "
-                             "(see docs/study-contract.md)", code="no_events")
-    resource_files = _find_parquet(root / C.RESOURCES_DIR)
-    con = con or connect()
-    from .validate import check_parquet_files  # local import: validate imports this module
-
-    present = check_parquet_files(con, event_files, problems)
+    event_files = find_event_files(root, problems)
     problems.raise_if_errors()
-    study = build_study(root, manifest, event_files, resource_files, present, con)
-    if check:
-        from .validate import validate_study
-
-        report = validate_study(study)
-        report.raise_if_errors()  # StudyError listing every error (warnings attached)
-    return study
+    present = check_parquet_files(event_files, problems)
+    problems.raise_if_errors()
+    return build_study(root, manifest, event_files, find_parquet(root / C.RESOURCES_DIR), present,
+                       con or connect())
 
 
 def build_study(root: Path, manifest: C.Manifest, event_files: tuple[Path, ...],
@@ -288,7 +329,7 @@ def build_study(root: Path, manifest: C.Manifest, event_files: tuple[Path, ...],
     """Create the views over already-checked files (shared by open_study and the validator)."""
     files = [str(p) for p in event_files]
     con.read_parquet(files, union_by_name=True).create_view("raw_events", replace=True)
-    con.execute(f"CREATE OR REPLACE VIEW events AS SELECT {_events_select(present)} FROM raw_events")
+    con.execute(f"CREATE OR REPLACE VIEW events AS SELECT {events_select(present)} FROM raw_events")
     if resource_files:
         con.read_parquet([str(p) for p in resource_files], union_by_name=True).create_view(
             "resources", replace=True)

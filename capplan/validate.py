@@ -1,84 +1,27 @@
 """Study validation: every problem found, each with file, column, example row and a fix.
 
-``check_parquet_files`` runs at open time (schema level: readable, required columns, dtypes).
-``validate_study`` runs the row-level checks in DuckDB and returns all problems found;
-``validate_path`` does both for a directory (what `capplan validate` calls), so even a study
-that cannot be opened gets every manifest and schema problem listed at once.
+The manifest and schema checks that any open needs live in :mod:`capplan.study`
+(``parse_manifest``, ``check_parquet_files``). This module sits above it and adds the
+row-level and run-level checks: ``validate_study`` runs them in DuckDB and returns all
+problems found; ``validate_path`` does everything for a directory (what `capplan validate`
+calls), so even a study that cannot be opened gets every manifest and schema problem listed
+at once; ``open_checked`` opens a study and raises on any error of either kind.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import contract as C
 from .errors import Problem, ProblemList
-
-if TYPE_CHECKING:
-    from .study import Study
-
-_INT_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.uint32(), pa.uint16(), pa.uint8())
-
-
-def _dtype_ok(expected: pa.DataType, actual: pa.DataType) -> bool:
-    if expected == pa.int64():
-        return actual in _INT_TYPES or actual == pa.uint64()
-    if expected == pa.string():
-        return pa.types.is_string(actual) or pa.types.is_large_string(actual) or pa.types.is_dictionary(actual) and pa.types.is_string(actual.value_type)
-    if pa.types.is_list(expected):
-        return (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and _dtype_ok(expected.value_type, actual.value_type)
-    return expected == actual
-
-
-def _first_value(path: Path, column: str) -> str | None:
-    """'row 0: column=value' of a file (reads one small batch of one column)."""
-    try:
-        batch = next(pq.ParquetFile(path).iter_batches(batch_size=1, columns=[column]), None)
-    except Exception:  # the schema was readable; a value may still not be
-        return None
-    if batch is None or batch.num_rows == 0:
-        return None
-    return f"row 0: {column}={batch.column(0)[0].as_py()!r}"
-
-
-def check_parquet_files(con: duckdb.DuckDBPyConnection, files: tuple[Path, ...],
-                        problems: ProblemList) -> set[str]:
-    """Schema-level checks of every events file; returns the union of contract columns present."""
-    present: set[str] = set()
-    for path in files:
-        try:
-            schema = pq.read_schema(path)
-        except Exception as exc:  # pyarrow raises several types for corrupt files
-            problems.add(f"cannot read parquet file: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                         file=str(path), fix="the file is corrupt or not parquet; re-export it "
-                         "(e.g. pandas.DataFrame.to_parquet) or remove it from events/",
-                         code="bad_parquet")
-            continue
-        names = set(schema.names)
-        for col in C.REQUIRED_EVENT_COLUMNS:
-            if col not in names:
-                c = C.EVENT_COLUMN_BY_NAME[col]
-                problems.add(f"required column '{col}' is missing", file=str(path), column=col,
-                             example="columns present: " + ", ".join(schema.names[:12]),
-                             fix=f"add '{col}' ({c.dtype}): {c.meaning}", code="missing_column")
-        for field in schema:
-            c = C.EVENT_COLUMN_BY_NAME.get(field.name)
-            if c is None:
-                continue
-            if not _dtype_ok(c.dtype, field.type):
-                problems.add(f"column '{field.name}' has type {field.type}, expected {c.dtype}",
-                             file=str(path), column=field.name,
-                             example=_first_value(path, field.name),
-                             fix=(f"cast it to {c.dtype}" + (" nanoseconds" if c.unit == "ns" else "")),
-                             code="wrong_dtype")
-            present.add(field.name)
-    return present
-
+from .metrics import measured_rate_rps
+from .study import (Study, build_study, check_parquet_files, connect, events_select,
+                    find_event_files, find_parquet, open_study, parse_manifest)
 
 # --------------------------------------------------------------------------------------------
 # Whole-study validation
@@ -172,13 +115,11 @@ def _example_struct(present) -> str:
 
 def _create_row_view(study: Study) -> None:
     """The events (every contract column, NULL-filled) plus file name and row number."""
-    from .study import _events_select
-
     rel = study.con.read_parquet([str(p) for p in study.event_files], union_by_name=True,
                                  filename=True, file_row_number=True)
     rel.create_view("_validate_raw", replace=True)
     study.con.execute(f"CREATE OR REPLACE VIEW {ROW_VIEW} AS SELECT "
-                      f"{_events_select(set(study.present_columns))}, filename, file_row_number "
+                      f"{events_select(set(study.present_columns))}, filename, file_row_number "
                       "FROM _validate_raw")
 
 
@@ -297,8 +238,6 @@ def _run_checks(study: Study, problems: ProblemList) -> None:
                 file=rel, column="scheduled_ns", example=f"first scheduled_ns = {first_ns:,}",
                 fix="subtract the run's start time from every *_ns column", code="epoch_clock")
         if spec.offered_rps and n >= 2 and last_ns > first_ns:
-            from .metrics import measured_rate_rps
-
             measured = measured_rate_rps(n, first_ns, last_ns)
             rel_diff = measured / spec.offered_rps - 1.0
             if abs(rel_diff) > C.RATE_MISMATCH_WARN:
@@ -361,8 +300,6 @@ def _duplicates(study: Study, problems: ProblemList, run_id: str, n_extra: int) 
 def validate_path(path) -> tuple[ProblemList, Study | None]:
     """Validate a study directory end to end and collect *every* problem: manifest, files,
     schema, then (when the manifest and schemas allow opening it) all row and run checks."""
-    from .study import _find_parquet, build_study, connect, parse_manifest
-
     problems = ProblemList()
     root = Path(path).expanduser()
     if root.is_file() and root.name == C.MANIFEST_NAME:
@@ -372,23 +309,19 @@ def validate_path(path) -> tuple[ProblemList, Study | None]:
                      fix="pass the folder that holds study.yaml and events/", code="no_study")
         return problems, None
     manifest = parse_manifest(root / C.MANIFEST_NAME, problems)
-    event_files = _find_parquet(root / C.EVENTS_DIR)
+    event_files = find_event_files(root, problems)
     if not event_files:
-        problems.add("no event files: events/ holds no .parquet file", file=str(root / C.EVENTS_DIR),
-                     fix="write one row per offered request to events/*.parquet "
-                         "(see docs/study-contract.md)", code="no_events")
         return problems, None
     con = connect()
-    con.execute("SET enable_progress_bar = false")  # a CLI prints problems, not a progress bar
     n_before = len(problems.errors)
-    present = check_parquet_files(con, event_files, problems)
+    present = check_parquet_files(event_files, problems)
     schema_ok = len(problems.errors) == n_before
     if manifest is None or not schema_ok:
         why = "study.yaml cannot be read" if manifest is None else "the schema problems above"
         problems.warn(f"row-level checks were skipped because of {why}; fix them and run "
                       "`capplan validate` again", code="checks_skipped")
         return problems, None
-    resource_files = _find_parquet(root / C.RESOURCES_DIR)
+    resource_files = find_parquet(root / C.RESOURCES_DIR)
     try:
         study = build_study(root, manifest, event_files, resource_files, present, con)
     except duckdb.Error as exc:
@@ -398,3 +331,13 @@ def validate_path(path) -> tuple[ProblemList, Study | None]:
         return problems, None
     validate_study(study, problems)
     return problems, study
+
+
+def open_checked(path: str | os.PathLike | Study, *,
+                 con: duckdb.DuckDBPyConnection | None = None) -> Study:
+    """Open a study and run every check: manifest and schema problems (as ``open_study``)
+    and the row-level and run-level ones raise one StudyError listing all errors, with the
+    warnings attached; warnings alone do not raise."""
+    study = open_study(path, con=con)
+    validate_study(study).raise_if_errors()
+    return study

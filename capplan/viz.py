@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .contract import pct_label
+
 #: Funnel stages: (summary column, label), in order.
 FUNNEL_STAGES: tuple[tuple[str, str], ...] = (
     ("n_offered", "offered"), ("n_admitted", "admitted"), ("n_started", "started"),
@@ -179,7 +181,7 @@ def latency_timeseries_figure(frames: Mapping[str, pd.DataFrame], metric: str = 
     if warmup_s:
         fig.add_vrect(x0=0, x1=warmup_s, fillcolor="grey", opacity=0.12, line_width=0,
                       annotation_text="warm-up", annotation_position="top left")
-    pct = f"p{q * 100:g}"
+    pct = pct_label(q)
     fig.update_layout(**LAYOUT, title=f"{label}: {pct} per {bin_s:g} s of scheduled time",
                       xaxis_title="scheduled time since run start (s)", yaxis_title=label)
     fig.update_yaxes(type="log")

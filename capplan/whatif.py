@@ -90,7 +90,7 @@ class WhatIfModel:
         """Open the study (default: the bundled demo), read the spec (default:
         templates/plan.yaml), fit the envelope once (the slow reduction). SLO, confidence,
         reps and seed default to the spec's, as in ``capplan plan`` and ``capplan report``."""
-        from . import open_study
+        from .study import open_study
         from .envelope import fit_envelope
         from .plan import load_plan_spec
         from .report import DEFAULT_SLO, default_spec_path, demo_study_path

@@ -14,6 +14,7 @@ from scipy import signal
 from capplan import bootstrap as B
 from capplan import sketch
 from capplan.envelope import fit_envelope
+from capplan.errors import SpecError
 from capplan.io import manifest_dict, write_study
 
 
@@ -44,25 +45,52 @@ def test_autocovariances_by_fft_equal_direct():
     assert B.autocovariances(x, 19) == pytest.approx(direct, rel=1e-9, abs=1e-12)
 
 
-@pytest.mark.parametrize("scheme,cls", [("circular", CircularBlockBootstrap),
-                                        ("stationary", StationaryBootstrap)])
+@pytest.mark.parametrize("scheme,cls", [(B.Circular(), CircularBlockBootstrap),
+                                        (B.Stationary(), StationaryBootstrap)])
 def test_replicates_identical_to_arch(scheme, cls):
     x = (ar1(700, 0.8, 5) < 1.2).astype(float)
     reps, b = 120, 9
     ref = cls(b, x, seed=np.random.default_rng(11)).apply(np.mean, reps).ravel()
-    R = B.resample(x.size, b, reps, np.random.default_rng(11), scheme)
+    R = scheme.resample(x.size, b, reps, np.random.default_rng(11))
     assert np.array_equal(R.sums(x) / x.size, ref) or np.allclose(R.sums(x) / x.size, ref,
                                                                   rtol=0, atol=1e-15)
-    C = B.block_counts(x.size, b, reps, np.random.default_rng(11), scheme)
-    assert np.array_equal(C, R.counts())
+    # the count matrix equals how often arch draws each observation
+    idx = np.arange(x.size, dtype=float)
+    ref_counts = cls(b, idx, seed=np.random.default_rng(11)).apply(
+        lambda v: np.bincount(v.astype(int), minlength=x.size), reps)
+    C = R.counts()
+    assert np.array_equal(C, ref_counts)
     assert C.dtype == np.float64 and np.all(C.sum(axis=1) == x.size)
+
+
+def test_schemes_from_names_once_at_the_edge():
+    assert B.scheme_from_name("circular") == B.Circular()
+    assert B.scheme_from_name("Stationary", block_len=12) == B.Stationary(12.0)
+    assert isinstance(B.scheme_from_name("iid"), B.IID)
+    s = B.Stationary(7.0)
+    assert B.scheme_from_name(s) is s
+    with pytest.raises(SpecError, match="unknown bootstrap scheme"):
+        B.scheme_from_name("bogus")
+    with pytest.raises(SpecError, match="block length"):
+        B.scheme_from_name("circular", block_len=0.5)
+    # block lengths: the override, else the run's Politis–White length for the scheme
+    pw = B.BlockLength(stationary=30.0, circular=24.0)
+    assert B.Circular().block_requests(pw) == 24.0
+    assert B.Stationary().block_requests(pw) == 30.0
+    assert B.Circular(50.0).block_requests(pw) == 50.0
+    assert B.IID().block_requests(pw) == 1.0 and B.IID().block_units(pw, 4.0) == 1.0
+    assert B.Circular().block_units(pw, 4.0) == 6.0  # lattice sub-blocks of 4 requests
+    assert B.Circular().block_units(pw, 100.0) == 1.0  # never below one unit
+    # Stationary changes only the draws (arch: one method overridden)
+    own = [k for k, v in vars(B.Stationary).items() if callable(v) and not k.startswith("__")]
+    assert own == ["_draw"]
 
 
 def test_block_sums_equal_count_matrix_products():
     rng = np.random.default_rng(0)
     V = rng.random((257, 6))
-    for scheme in ("circular", "stationary", "iid"):
-        R = B.resample(257, 5.5, 40, 3, scheme)
+    for scheme in (B.Circular(), B.Stationary(), B.IID()):
+        R = scheme.resample(257, 5.5, 40, 3)
         C = R.counts()
         assert R.sums(V) == pytest.approx(C @ V)
         assert R.sums(V, chunk=50) == pytest.approx(C @ V)
@@ -72,7 +100,7 @@ def test_block_sums_equal_count_matrix_products():
 
 def test_count_matrix_exact_above_2_pow_24():
     # float32 cannot hold 2^24 + 1; our counts and sums stay float64 by default
-    R = B.resample(4, 1, 2, 0, "circular")
+    R = B.Circular().resample(4, 1, 2, 0)
     v = np.full(4, 2.0**24 + 1)
     assert np.all(R.sums(v) == 4 * (2.0**24 + 1))
     assert R.counts().dtype == np.float64
@@ -131,7 +159,7 @@ def test_histogram_p99_ci_close_to_exact():
     tail = k >= k_lo
     np.add.at(H, (unit[tail], k[tail] - k_lo), 1.0)
     below = np.bincount(unit, minlength=units) - H.sum(axis=1)
-    R = B.resample(units, 8, reps, np.random.default_rng(1), "circular")
+    R = B.Circular().resample(units, 8, reps, np.random.default_rng(1))
     q_hist = B.quantile_replicates(R, H, k_lo, 0.99, below=below)
     # exact: weighted inverse-CDF p99 of the raw values with each unit's replicate count
     C = R.counts()
@@ -172,12 +200,11 @@ def test_percentile_ci_and_lower_bound_match_numpy():
     assert B.lower_bound(v, 0.95) == pytest.approx(50.0)
 
 
-def test_seed_reproducible_and_schemes_checked():
-    a = B.resample(100, 4, 10, 5).counts()
-    b = B.resample(100, 4, 10, 5).counts()
-    assert np.array_equal(a, b)
-    with pytest.raises(ValueError):
-        B.resample(100, 4, 10, 5, "bogus")
+def test_seed_reproducible():
+    for scheme in (B.Circular(), B.Stationary()):
+        a = scheme.resample(100, 4, 10, 5).counts()
+        b = scheme.resample(100, 4, 10, 5).counts()
+        assert np.array_equal(a, b)
 
 
 def test_ratio_replicates_shapes_with_2d_denominator():
@@ -187,8 +214,8 @@ def test_ratio_replicates_shapes_with_2d_denominator():
     units, reps, k = 50, 30, 3
     num = rng.random((units, k))
     den = 1.0 + rng.random((units, k))
-    for counts in (B.resample(units, 4, reps, 1, "circular"),
-                   B.resample(units, 4, reps, 1, "circular").counts()):
+    for counts in (B.Circular().resample(units, 4, reps, 1),
+                   B.Circular().resample(units, 4, reps, 1).counts()):
         C = counts if isinstance(counts, np.ndarray) else counts.counts()
         both = B.ratio_replicates(counts, num, den)
         assert both.shape == (reps, k)
@@ -206,33 +233,38 @@ def test_ratio_replicates_shapes_with_2d_denominator():
         B.ratio_replicates(C, num, den[:, :2])
 
 
-def test_block_length_is_conservative_max_with_log_latency():
+def test_block_length_is_the_max_over_good_and_log_latencies():
     """Rare violations in bursts: PW on the 0/1 series is far too short (its autocorrelations
     are mostly noise), PW on the log latency series sees the dependence; the run's block length
-    is the larger one, and the primary series is the limit that binds (most violations)."""
-    from capplan.reduce import conservative_block_length
+    is the largest over good and every latency series given (TTFT and TPOT in reduce_study),
+    missing values reading as the series' largest."""
+    from capplan.reduce import block_length, max_length
 
     n = 20000
     z = ar1(n, 0.97, 5)
     ttft = 500 * np.exp(0.5 * z)
     lim = float(np.quantile(ttft, 0.995))  # 0.5 % violations, clustered in the AR(1) peaks
     good = (ttft <= lim).astype(float)
-    bg, bl, m = conservative_block_length(good, {"ttft": ttft})
+    bg, bl, m = block_length(good, {"ttft": ttft})
     ref_g = optimal_block_length(good)["circular"].iloc[0]
     ref_l = optimal_block_length(np.log(ttft))["circular"].iloc[0]
     assert bg.circular == pytest.approx(ref_g, rel=1e-9)
-    assert bl.circular == pytest.approx(ref_l, rel=1e-9)
+    assert bl.circular == pytest.approx(ref_l, rel=1e-9) and m == "ttft"
     assert bl.circular > 2 * bg.circular  # the 0/1 series underestimates
-    assert bl.circular <= math.ceil(min(3 * math.sqrt(n), n / 3))  # §3 cap
-    # with log-bucket keys and limits: the metric with more violations is the primary one,
-    # and missing values (failed requests) count as the run's largest latency
+    assert bl.circular <= math.ceil(min(3 * math.sqrt(n), n / 3))  # PW's cap
+    assert max_length(bg, bl).circular == bl.circular
+    # with log-bucket keys: every series counts, whichever limit binds; a strongly dependent
+    # TPOT (no limit of its own) sets the block when it is the most dependent
     kt = sketch.keys(ttft)
-    tpot = 40 * np.exp(0.3 * ar1(n, 0.5, 6))
+    tpot = 40 * np.exp(0.3 * ar1(n, 0.995, 6))
     kp = sketch.keys(tpot)
     kp[::500] = 32767  # failed: no TPOT
-    _, b2, m2 = conservative_block_length(good, {"ttft": kt, "tpot": kp},
-                                          {"ttft": lim, "tpot": float(np.quantile(tpot, 0.9))})
-    assert m == "ttft" and m2 == "tpot"
+    _, b2, m2 = block_length(good, {"ttft": kt, "tpot": kp})
     filled = np.where(kp == 32767, kp[kp != 32767].max(), kp).astype(float)
-    assert b2.circular == pytest.approx(optimal_block_length(filled)["circular"].iloc[0],
-                                        rel=1e-9)
+    ref_p = optimal_block_length(filled)["circular"].iloc[0]
+    ref_t = optimal_block_length(kt.astype(float))["circular"].iloc[0]
+    assert ref_p > ref_t and m2 == "tpot"
+    assert b2.circular == pytest.approx(ref_p, rel=1e-9)
+    assert b2.stationary == pytest.approx(max(
+        optimal_block_length(filled)["stationary"].iloc[0],
+        optimal_block_length(kt.astype(float))["stationary"].iloc[0]), rel=1e-9)

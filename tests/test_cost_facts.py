@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from capplan import open_study
 from capplan.cost import study_facts
-from capplan.metrics import REQUEST_VIEW
+from capplan.metrics import Window, request_view
 
 from conftest import ev
 
@@ -29,6 +29,11 @@ def test_warmup_override_is_used_and_kept(make_study):
     facts = study_facts(study, "ttft_ms=500", warmup_s={"r1": 2.5})
     (lv,) = facts.levels
     assert (lv.offered_requests, lv.good_requests) == (7, 7)  # t = 3..9 s
-    # the caller's steady window survives the call (compare relies on it)
-    n = study.sql(f"SELECT count(*) FROM {REQUEST_VIEW} WHERE in_window").fetchall()[0][0]
+    # the caller's window names its own view; the manifest window's view is another one
+    view = request_view(study, Window.of(study, {"r1": 2.5}))
+    n = study.sql(f"SELECT count(*) FROM {view} WHERE in_window").fetchall()[0][0]
     assert n == 7
+    base = request_view(study, Window.of(study))
+    assert base != view
+    assert study.sql(f"SELECT count(*) FROM {base} WHERE in_window").fetchall()[0][0] == 10
+    assert study.sql(f"SELECT count(*) FROM {view} WHERE in_window").fetchall()[0][0] == 7

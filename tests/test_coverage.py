@@ -111,10 +111,10 @@ def test_per_run_attainment_ci_covers():
     for i in range(n_runs):
         g = good[i]
         bl = B.optimal_block_length(g)
-        for scheme in ("circular", "stationary"):
-            R = B.resample(n, bl.for_scheme(scheme), 300, np.random.default_rng([i, 1]), scheme)
+        for scheme in (B.Circular(), B.Stationary()):
+            R = scheme.resample(n, scheme.block_units(bl, 1.0), 300, np.random.default_rng([i, 1]))
             lo, hi = B.percentile_ci(R.sums(g) / n)
-            hits[scheme] += lo <= p_true <= hi
+            hits[scheme.name] += lo <= p_true <= hi
         k = g.sum()
         lo, hi = B.percentile_ci(np.random.default_rng(i).binomial(n, k / n, 300) / n)
         hits["iid"] += lo <= p_true <= hi

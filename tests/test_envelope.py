@@ -401,6 +401,25 @@ def test_cli_json_keys(sweep, tmp_path, capsys):
     assert rc == 0
 
 
+def test_cli_prints_envelope_to_text(sweep, capsys):
+    """The CLI and a notebook print the same text: Envelope.to_text()."""
+    slo = "ttft_ms=1000,tpot_ms=30,attainment=0.9"
+    assert main(["envelope", str(sweep), "--slo", slo, "--reps", "50", "--seed", "2"]) == 0
+    printed = capsys.readouterr().out
+    env = fit_envelope(sweep, slo, reps=50, seed=2)
+    assert printed == env.to_text() + "\n"
+    head = env.to_text(tables=False)
+    assert printed.startswith(head.split("\nnote:")[0]) and "diagnostics:" not in head
+    lines = head.splitlines()
+    # the honesty of the bound and the estimand come first (docs/envelope.md)
+    assert lines[0].startswith(f"Lower bound: {env.honesty.status}")
+    assert lines[1].startswith("Estimand: ")
+    i = lines.index("SLO: " + env.slo.describe())
+    assert lines[i + 2].startswith("C_SLO estimate:") and env.cslo.status in lines[i + 2]
+    assert lines[i + 4].startswith("lower bound (95%, one-sided): ")
+    assert [ln for ln in lines if ln.startswith("note: ")] == [f"note: {n}" for n in env.notes]
+
+
 def test_cli_bad_input_exits_2(sweep, tmp_path, capsys):
     assert main(["envelope", str(sweep), "--slo", "ttft_ms=abc"]) == 2
     assert "ERROR" in capsys.readouterr().err

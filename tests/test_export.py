@@ -11,7 +11,8 @@ import pytest
 
 from capplan.cli import main
 from capplan.errors import SpecError
-from capplan.export import SHEETS, CSV_NAMES, export_plan, safe_text
+from capplan.export import SHEETS, CSV_NAMES, export_plan
+from capplan.io import safe_text
 from capplan.plan import load_plan_spec, make_plan
 
 T = "2026-01-02T03:04:05+00:00"
@@ -101,7 +102,7 @@ def test_safe_text_rules():
 
 
 def test_injection_in_headers_and_numbers_stay_numbers(tmp_path):
-    from capplan.export import write_csv, write_xlsx
+    from capplan.io import write_csv, write_xlsx
     import datetime as dt
 
     df = pd.DataFrame({"=bad header": ["=1+1", -3.5], "n": [1, float("nan")]})
@@ -139,7 +140,7 @@ def test_out_dir_with_other_files_is_not_replaced(tmp_path):
 
 
 def test_infinite_cost_is_text_not_an_error_cell(tmp_path):
-    from capplan.export import _cell
+    from capplan.io import _cell
 
     assert _cell(math.inf) == "inf" and _cell(float("nan")) is None and _cell(3) == 3
 

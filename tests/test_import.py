@@ -18,7 +18,7 @@ import pytest
 from capplan import open_study
 from capplan.cli import main
 from capplan.importers import detect, import_paths, write_import
-from capplan.metrics import create_request_view
+from capplan.metrics import Window, request_view
 from capplan.validate import validate_study
 
 FIX = Path(__file__).parent / "fixtures"
@@ -49,13 +49,13 @@ def _study(tmp_path, tool, *paths):
     study = open_study(out)
     problems = validate_study(study)
     assert not problems.errors, [p.format() for p in problems.errors]
-    create_request_view(study)
     return res, study
 
 
 def _rows(study, run_id):
-    """request_id → request_metrics row (dict) for one run."""
-    df = study.sql("SELECT * FROM request_metrics WHERE run_id = ?", [run_id]).df()
+    """request_id → request-view row (dict) for one run (manifest window)."""
+    view = request_view(study, Window.of(study))
+    df = study.sql(f"SELECT * FROM {view} WHERE run_id = ?", [run_id]).df()
     return {r["request_id"]: r for r in df.to_dict("records")}
 
 

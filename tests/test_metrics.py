@@ -8,9 +8,10 @@ import math
 import pandas as pd
 import pytest
 
+from capplan.contract import pct_col
 from capplan.errors import StudyError
 from capplan.metrics import (
-    breakdown, create_request_view, ecdf, insufficient_text, measured_rate_rps, request_frame,
+    Window, breakdown, ecdf, insufficient_text, measured_rate_rps, request_frame, request_view,
     summarize,
 )
 from capplan.study import open_study
@@ -134,7 +135,7 @@ def test_percentiles_type7_and_insufficient_samples(make_study):
     assert "insufficient samples (N = 100, need 130)" in text
     assert "insufficient samples (N = 100, need 662)" in text
     assert "50.5" in text and "90.1" in text
-    assert "p99_9" in r.notes and "need 130, 662, 6,636" in r.notes
+    assert "p99.9" in r.notes and "need 130, 662, 6,636" in r.notes
     assert insufficient_text(100, 0.95) == "insufficient samples (N = 100, need 130)"
     # tpot: every request has one output token → no samples at all
     assert r.tpot_n == 0
@@ -228,7 +229,7 @@ def test_ecdf_and_rate_helper():
 
 
 def test_request_view_keeps_its_contract(hand_study):
-    name = create_request_view(hand_study)
+    name = request_view(hand_study, Window.of(hand_study))
     cols = [d[0] for d in hand_study.sql(f"SELECT * FROM {name} LIMIT 0").description]
     for c in ("ttft_ms", "ttft_sent_ms", "tpot_ms", "itl_p99_ms", "itl_max_ms", "e2e_ms",
               "gen_lag_ms", "queue_ms", "t_s", "in_window", "load_level", "offered_rps"):
@@ -255,9 +256,8 @@ def test_percentiles_match_numpy_type7_on_random_data(make_study):
     ttft_ms = ttft / 1e6
     tpot_ms = (last - sched - ttft) / 1e6 / (out - 1)
     for p in (0.5, 0.9, 0.95, 0.99, 0.999):
-        lab = f"{p * 100:.10g}".replace(".", "_")
-        assert r[f"ttft_p{lab}_ms"] == pytest.approx(np.quantile(ttft_ms, p, method="linear"), rel=1e-12)
-        assert r[f"tpot_p{lab}_ms"] == pytest.approx(np.quantile(tpot_ms, p, method="linear"), rel=1e-9)
+        assert r[pct_col("ttft", p)] == pytest.approx(np.quantile(ttft_ms, p, method="linear"), rel=1e-12)
+        assert r[pct_col("tpot", p)] == pytest.approx(np.quantile(tpot_ms, p, method="linear"), rel=1e-9)
     assert r.notes == ""
     # measured offered rate is the interarrival estimator (N − 1) / span
     assert r.measured_offered_rps == pytest.approx((n - 1) / ((sched[-1] - sched[0]) / 1e9))

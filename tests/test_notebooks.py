@@ -111,6 +111,7 @@ def test_envelope_outputs_match_fit(demo_report):  # noqa: F811
     c = env.cslo
     assert [float(x) for x in m.groups()] == [float(f"{v:.4g}") for v in
                                               (c.estimate, c.ci_low, c.ci_high, c.lower_bound)]
+    assert env.to_text(tables=False) in text  # the text `capplan envelope` prints
     figs = _figures(nb)
     assert any(t.startswith("SLO attainment") for t in figs)
     assert "Goodput and throughput" in figs

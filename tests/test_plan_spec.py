@@ -44,7 +44,7 @@ BAD = [
     # (change, expected field, words in the message)
     (("demand.peak_rps", -5), "demand.peak_rps", "must be > 0"),
     (("demand.peak_rps", {"interactive": 10, "batch": -1}), "demand.peak_rps.batch", "must be > 0"),
-    (("demand.peak_rps", "lots"), "demand.peak_rps", "must be a number, got 'lots'"),
+    (("demand.peak_rps", "lots"), "demand.peak_rps", "must be a number, got text 'lots'"),
     (("demand.peak_rps", DELETE), "demand.peak_rps", "needs peak_rps"),
     (("demand.history", "d.csv"), "demand.history", "both peak_rps and history"),
     (("demand.uncertainty", -0.1), "demand.uncertainty", "must be ≥ 0"),
@@ -77,10 +77,12 @@ BAD = [
     (("prices.pue", 0.8), "prices.pue", "must be ≥ 1"),
     (("prices.billing", "rack"), "prices.billing", "unknown prices.billing"),
     (("prices", DELETE), "prices", "missing the 'prices' section"),
-    (("rollout", [1, 2]), "rollout", "'rollout' must be a mapping"),
+    (("rollout", [1, 2]), "rollout", "rollout must be a mapping of keys, got a list"),
     (("budget", 5), "budget", "unknown key(s) in plan spec: budget"),
-    (("slo", "ttft_ms=abc"), "slo.ttft_ms", "not a number"),
-    (("slo", "ttft=5"), "slo", "unknown SLO key"),
+    (("slo", "ttft_ms=abc"), "slo.ttft_ms", "ttft_ms must be a number, got text 'abc'"),
+    (("slo", "ttft=5"), "slo.ttft", "unknown SLO key(s): ttft (did you mean ttft_ms?)"),
+    (("slo", "ttft_ms=100,attainment=1.2"), "slo.attainment", "attainment must be < 1, got 1.2"),
+    (("slo", "ttft_ms=100,itl_stat=p90"), "slo.itl_stat", "unknown itl_stat 'p90'"),
 ]
 
 

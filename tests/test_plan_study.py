@@ -204,6 +204,11 @@ def test_demo_study_with_the_template(tmp_path, capsys):
     items = {r[5]: r[1] for r in list(wb["Plan line items"].iter_rows(values_only=True))[1:]}
     assert items["total_groups"] >= items["traffic_groups"] >= 1
     assert items["energy_wh_per_good_request"] > 0  # the demo has resources/ power samples
+    # energy per 1 000 output tokens = energy per good request ÷ its output tokens × 1 000
+    assert items["energy_wh_per_1k_output_tokens"] == pytest.approx(
+        items["energy_wh_per_good_request"] / items["good_output_tokens_per_good_request"] * 1000)
+    # the template's model section: the KV check runs against the study's time in system
+    assert items["kv_max_sequences"] > 0 and items["kv_sequences_needed"] > 0
 
 
 def test_operating_point_in_study_units_with_two_replicas(tmp_path):

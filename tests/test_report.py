@@ -168,7 +168,7 @@ def test_failing_notebook_names_notebook_and_cell_exit_1(tmp_path, make_study, c
     # cell is index 4 of the executed notebook, its first execution count 4
     assert "notebook 01-explore.ipynb failed at cell 4 (In [4]): ZeroDivisionError: division by zero" in err
     assert "ratio = 1 / 0" in err
-    assert "[1/3] 01-explore.ipynb: running" in err
+    assert f"[1/{len(R.REPORT_NOTEBOOKS)}] 01-explore.ipynb: running" in err
     assert os.getcwd() == cwd  # notebooks run in threads must not move this process
     # the previous report is untouched and no temp dir is left behind
     assert (out / "index.html").read_text(encoding="utf-8") == "previous report"
@@ -266,8 +266,8 @@ def test_second_report_gives_the_same_numbers(demo_report, tmp_path, monkeypatch
     assert f"`{rel / 'index.html'}`" in (repo / "README.md").read_text(encoding="utf-8")
     assert f"`{rel}`" in (repo / "docs" / "report.md").read_text(encoding="utf-8")
     for i, (name, _) in enumerate(R.REPORT_NOTEBOOKS, 1):
-        assert f"[{i}/3] {name}: running" in captured.err
-        assert f"[{i}/3] {name}: done in" in captured.err
+        assert f"[{i}/{len(R.REPORT_NOTEBOOKS)}] {name}: running" in captured.err
+        assert f"[{i}/{len(R.REPORT_NOTEBOOKS)}] {name}: done in" in captured.err
     first, second = _csvs(demo_report), _csvs(again)
     assert set(first) >= {"line_items.csv", "summary.csv", "capacity.csv", "cost_by_quarter.csv"}
     assert first == second
@@ -374,7 +374,8 @@ def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
     assert compare_report["rc"] == 0, compare_report["err"]
     d = compare_report["dir"]
     assert compare_report["out"].strip() == f"report: {d / 'index.html'}"
-    assert "[4/4] 05-compare.ipynb: done in" in compare_report["err"]
+    n = len(R.REPORT_NOTEBOOKS) + 1
+    assert f"[{n}/{n}] 05-compare.ipynb: done in" in compare_report["err"]
     assert "baseline small (" in compare_report["err"]
     for name, _ in R.REPORT_NOTEBOOKS + (R.COMPARE_NOTEBOOK,):
         page = (d / R._page_name(name)).read_text(encoding="utf-8")

@@ -152,7 +152,7 @@ def test_service_model_interpolates_and_extrapolates():
 
 @pytest.mark.parametrize("patch,field", [
     ({"replica": {"max_batch": 0}}, "replica.max_batch"),
-    ({"replica": {"max_bath": 4}}, "replica"),
+    ({"replica": {"max_bath": 4}}, "replica.max_bath"),
     ({"sweep": {"rates": []}}, "sweep.rates"),
     ({"workload": {"arrival": {"process": "weibull"}}}, "workload.arrival.process"),
     ({"workload": {"arrival": {"process": "replay"}}}, "workload.arrival.path"),

@@ -69,15 +69,15 @@ def test_committed_demo_study_is_valid_and_brackets_the_slo():
         pytest.skip("data/sample not generated in this checkout")
     problems, _ = validate_path(sample)
     assert [p.format() for p in problems.items] == []
-    from capplan.metrics import create_request_view, good_predicate
+    from capplan.metrics import Window, good_predicate, request_view
     from capplan.slo import SLO
 
     st = open_study(sample)
     assert len(st.manifest.runs) >= 8
     assert sum(f.stat().st_size for f in sample.rglob("*") if f.is_file()) < 10 * 2**20
-    create_request_view(st)
+    view = request_view(st, Window.of(st))
     pred, params = good_predicate(SLO.parse("ttft_ms=2000,tpot_ms=100,attainment=0.99"))
-    rows = st.sql(f"SELECT offered_rps, avg(CASE WHEN {pred} THEN 1.0 ELSE 0.0 END) FROM request_metrics "
+    rows = st.sql(f"SELECT offered_rps, avg(CASE WHEN {pred} THEN 1.0 ELSE 0.0 END) FROM {view} "
                   "WHERE in_window GROUP BY 1 ORDER BY 1", params).fetchall()
     att = [a for _, a in rows]
     assert att[0] >= 0.99 and att[1] >= 0.99 and att[-1] < 0.99 and att[-2] < 0.99

@@ -11,6 +11,7 @@ from capplan.cli import main
 from capplan.errors import StudyError
 from capplan.io import manifest_dict
 from capplan.study import open_study
+from capplan.validate import open_checked
 from capplan.validate import validate_path
 from conftest import ev, events_frame
 
@@ -254,14 +255,14 @@ def test_lists_every_problem_not_just_the_first(make_study, capsys):
         assert p.fix and p.column
 
 
-def test_open_study_check_raises_every_error(make_study):
+def test_open_checked_raises_every_error(make_study):
     rows = good_rows()
     rows[0]["status"] = "weird"
     rows[1]["input_tokens"] = -1
     path = make_study(rows, runs=runs("r1"))
-    open_study(path)  # schema is fine: opening without check works
+    open_study(path)  # schema is fine: opening without the row checks works
     with pytest.raises(StudyError) as ei:
-        open_study(path, check=True)
+        open_checked(path)
     text = ei.value.format()
     assert "unknown status" in text and "input_tokens is negative" in text
 

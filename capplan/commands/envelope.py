@@ -1,11 +1,11 @@
 """`capplan envelope STUDY --slo ttft_ms=2000,attainment=0.99`: C_SLO with its confidence
-interval, lower bound, status and per-run diagnostics; ``--out`` writes them as JSON
-(atomically). A summary table (CSV/parquet of rate, requests, good requests) instead of a
-study directory fits under an explicit iid assumption."""
+interval, lower bound, status and per-run diagnostics — the text of ``Envelope.to_text()``, so
+a notebook prints the same; ``--out`` writes them as JSON (atomically). A summary table
+(CSV/parquet of rate, requests, good requests) instead of a study directory fits under an
+explicit iid assumption."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import click
@@ -13,14 +13,13 @@ import click
 from ..errors import SpecError
 
 
-def _fmt(v: float, nd: int = 4) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}g}"
-
-
 @click.command("envelope")
 @click.argument("study", type=click.Path())
-@click.option("--slo", "slo_text", required=True,
+@click.option("--slo", "slo_text", default=None,
               help="SLO, e.g. ttft_ms=2000,tpot_ms=100,attainment=0.99")
+@click.option("--slo-file", "slo_file", default=None, type=click.Path(),
+              help="one SLO per slo_class (see templates/slo.yaml): C_SLO where every class meets its "
+                   "target, the binding class named")
 @click.option("--confidence", type=float, default=0.95, show_default=True,
               help="confidence of the interval and of the one-sided lower bound")
 @click.option("--reps", type=int, default=1000, show_default=True, help="bootstrap replicates")
@@ -36,11 +35,17 @@ def _fmt(v: float, nd: int = 4) -> str:
               help="interval: with the between-run variation (default) or the within-run "
                    "bootstrap alone (optimistic near saturation; docs/envelope.md)")
 @click.option("--out", "out", type=click.Path(), default=None, help="write the result as JSON")
-def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, method, out) -> int:
+def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, method,
+        out) -> int:
     """Fit the SLO capacity envelope of a load sweep."""
     from ..envelope import fit_envelope, fit_summary_table
     from ..slo import SLO
 
+    if (slo_text is None) == (slo_file is None):
+        raise SpecError("give the SLO with --slo, or one SLO per class with --slo-file (not both)",
+                        field="--slo", fix="e.g. --slo ttft_ms=2000,attainment=0.99, or --slo-file slo.yaml")
+    if slo_file is not None:
+        return _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out)
     slo = SLO.parse(slo_text)
     if not (0.5 < confidence < 1.0):
         raise SpecError(f"--confidence must be between 0.5 and 1, got {confidence}",
@@ -57,39 +62,30 @@ def cmd(study, slo_text, confidence, reps, seed, scheme, block_len, warmup, meth
     else:
         env = fit_envelope(p, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
                            block_len=block_len, warmup=w, method=method)
-    c = env.cslo
-    unit = c.unit
-    if env.honesty is not None:
-        click.echo(env.honesty.to_text())
-        click.echo("")
-    click.echo(f"SLO: {slo.describe()}")
-    kind = "closed loop (capacity = goodput at the highest passing concurrency)" \
-        if c.closed_loop else "open loop"
-    click.echo(f"sweep: {len(env.runs)} runs, {kind}" + ("; iid assumption" if env.iid_assumption else ""))
-    click.echo(f"C_SLO estimate:   {_fmt(c.estimate)} {unit}   status: {c.status}")
-    click.echo(f"{c.confidence:.0%} CI:           [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}] {unit}")
-    click.echo(f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}")
-    if c.closed_loop:
-        click.echo(f"at concurrency:   {_fmt(c.load_at_capacity)}")
-    if env.run_effect is not None:
-        click.echo(env.run_effect.sentence())
-    if c.suggested_rates:
-        click.echo("suggested rates to add: " + ", ".join(f"{v:g}" for v in c.suggested_rates))
-    click.echo("")
-    cols = ["run_id", "x", "n", "attainment", "att_ci_low", "att_ci_high", "fitted",
-            "design_effect", "n_eff", "usable"]
-    cols = [k for k in cols if k in env.runs.columns]
-    click.echo(env.runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    if len(env.diagnostics):
-        click.echo("\ndiagnostics:")
-        dcols = [k for k in ("run_id", "warmup_s", "warmup_source", "measured_rps",
-                             "gen_lag_p99_ms", "littles_ratio", "overloaded", "too_short",
-                             "usable") if k in env.diagnostics.columns]
-        click.echo(env.diagnostics[dcols].to_string(index=False,
-                                                    float_format=lambda v: f"{v:.4g}"))
-    for note in env.notes:
-        click.echo(f"note: {note}")
+    click.echo(env.to_text())
     if out:
         env.to_json(out)
+        click.echo(f"\nwrote {out}")
+    return 0
+
+
+def _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out) -> int:
+    """`--slo-file`: the joint C_SLO over SLO classes (capplan.mix.classes)."""
+    from ..mix.classes import fit_classes
+
+    try:
+        w = float(warmup)
+    except ValueError:
+        w = warmup
+    fit = fit_classes(study, slo_file, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
+                      block_len=block_len, warmup=w)
+    click.echo(fit.to_text())
+    click.echo("")
+    pr = fit.per_run()
+    cols = [c for c in ("run_id", "slo_class", "x", "n", "attainment", "att_ci_low", "att_ci_high", "target",
+                        "usable") if c in pr.columns]
+    click.echo(pr[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if out:
+        fit.to_json(out)
         click.echo(f"\nwrote {out}")
     return 0

@@ -47,8 +47,13 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
 
         st = open_study(study)
         study_hash = st.content_hash()
-    plan = make_plan(spec, capacity=capacity_rps, study=st, slo=spec.slo)
-    params = {"study": study, "spec": spec_path, "slo": str(spec.slo) if spec.slo else None,
+    if slo is not None:  # --slo plans with that one SLO, not the spec's SLO classes
+        import dataclasses
+
+        spec = dataclasses.replace(spec, slo_classes=None)
+    plan = make_plan(spec, capacity=capacity_rps, study=st)
+    params = {"study": study, "spec": spec_path,
+              "slo": (str(spec.slo) if spec.slo else None) if spec.slo_classes is None else str(spec.slo_classes),
               "capacity_rps": capacity_rps, "use": spec.capacity.use, "reps": spec.capacity.reps,
               "seed": spec.capacity.seed, "confidence": spec.capacity.confidence,
               "accept_optimistic": spec.capacity.accept_optimistic,

@@ -23,7 +23,7 @@ def write_table(df, dest: str) -> Path:
                         fix="use a name ending in .csv or .parquet")
     with atomic_path(path) as tmp:
         if ext == ".csv":
-            # CRLF rows keep a field with a bare \r quoted and intact (see TOOLING.md).
+            # CRLF rows: pandas then quotes a field holding a bare \r, so the row stays intact.
             df.to_csv(tmp, index=False, lineterminator="\r\n", encoding="utf-8")
         else:
             df.to_parquet(tmp, index=False)
@@ -34,26 +34,28 @@ def write_table(df, dest: str) -> Path:
 @click.argument("study", type=click.Path())
 @click.option("--slo", "slo_text", default=None,
               help="e.g. ttft_ms=2000,tpot_ms=100,attainment=0.99 (adds attainment and goodput)")
+@click.option("--slo-file", "slo_file", default=None, type=click.Path(),
+              help="one SLO per slo_class (templates/slo.yaml): adds attainment per class per run")
 @click.option("--out", "out", default=None, type=click.Path(dir_okay=False),
               help="also write the table to FILE.csv or FILE.parquet (by extension)")
 @click.option("--warmup-s", type=float, default=None,
               help="override every run's warm-up (seconds); default: the manifest's warmup_s")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="run the row-level validator first (errors stop with exit 2)")
-def cmd(study: str, slo_text: str | None, out: str | None, warmup_s: float | None,
+def cmd(study: str, slo_text: str | None, slo_file: str | None, out: str | None, warmup_s: float | None,
         check: bool) -> int:
     """Summarize every run of STUDY: funnel, measured vs nominal offered rate, throughput,
     TTFT/TPOT/ITL/E2E percentiles and, with --slo, attainment and goodput."""
     from ..metrics import summarize
     from ..slo import SLO
     from ..study import connect, open_study
+    from ..validate import open_checked
 
     if out is not None and Path(out).suffix.lower() not in OUT_FORMATS:
         write_table(None, out)  # raises the SpecError before any work
     slo = SLO.parse(slo_text) if slo_text else None
-    con = connect()
-    con.execute("SET enable_progress_bar = false")  # keep stderr for messages
-    st = open_study(study, check=check, con=con)
+    con = connect()  # DuckDB's progress bar is off: stderr is for messages
+    st = (open_checked if check else open_study)(study, con=con)
     try:
         result = summarize(st, slo, warmup_s=warmup_s)
     except duckdb.Error as exc:
@@ -69,7 +71,20 @@ def cmd(study: str, slo_text: str | None, out: str | None, warmup_s: float | Non
             fix="run `capplan validate` on the study")]) from None
     click.echo(f"Study {st.name}: {len(result.run_ids)} runs")
     click.echo(result.to_text())
+    if slo_file is not None:
+        _class_table(st, slo_file, warmup_s)
     if out is not None:
         path = write_table(result.to_frame(), out)
         click.echo(f"wrote {path}")
     return 0
+
+
+def _class_table(st, slo_file: str, warmup_s: float | None) -> None:
+    """`--slo-file`: attainment per class per run, each class under its own SLO."""
+    from ..mix.classes import class_counts
+    from ..slo import load_slo_file
+
+    classes = load_slo_file(slo_file)
+    df = class_counts(st, classes, warmup="manifest" if warmup_s is None else warmup_s)
+    click.echo(f"\nattainment per SLO class ({classes.describe()}):")
+    click.echo(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))

@@ -1,7 +1,8 @@
 """Synth configuration: one YAML mapping (or a named preset) → a frozen :class:`SynthConfig`.
 
-Every key is checked; an unknown or out-of-range value raises SpecError naming the field and
-the fix. docs/synth.md documents each parameter.
+Every key is checked with the spec kit (:mod:`capplan.spec`): an unknown, misspelt or
+out-of-range value raises SpecError naming the field, its line in the file and the fix.
+docs/synth.md documents each parameter.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from .. import contract as C
+from .. import spec as S
 from ..errors import SpecError
 from .engine import ReplicaParams
 from .lengths import LengthDist
 from .service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
 
-TOP_KEYS = ("name", "description", "seed", "system", "replica", "client", "workload", "power", "output", "sweep")
+TOP_KEYS = ("name", "description", "seed", "system", "replica", "client", "workload", "power",
+            "output", "sweep")
 
 
 @dataclass(frozen=True)
@@ -94,221 +96,230 @@ class SynthConfig:
         return replace(self, **kw)
 
 
-def _mapping(d, fld: str, keys: tuple[str, ...]) -> dict:
-    if d is None:
-        return {}
-    if not isinstance(d, dict):
-        raise SpecError(f"{fld} must be a mapping", field=fld, fix="see docs/synth.md for its keys")
-    unknown = sorted(set(d) - set(keys))
-    if unknown:
-        raise SpecError(f"unknown key(s) in {fld}: {', '.join(map(str, unknown))}", field=fld,
-                        fix="known keys: " + ", ".join(keys))
-    return d
+# ---- parsing ------------------------------------------------------------------------------
+# Each section of the YAML has its known keys here and one function below that checks it with
+# the spec kit (capplan.spec): to add a field, add its key and read it in its section function.
+
+SYSTEM_KEYS = C.SYSTEM_KEYS
+REPLICA_KEYS = ("max_batch", "token_budget", "kv_blocks", "block_size", "kv_watermark",
+                "max_model_len", "queue_limit", "service_model")
+SERVICE_CSV_KEYS = ("csv", "model", "hardware", "tp")
+CLIENT_KEYS = ("timeout_s", "drain_s", "think_s", "backoff_s", "ramp_s")
+WORKLOAD_KEYS = ("arrival", "lengths", "tenants")
+ARRIVAL_KEYS = ("process", "cv", "path", "format", "start_row")
+TENANT_KEYS = ("name", "share", "slo_class", "lengths")
+POWER_KEYS = ("idle_w", "busy_w")
+OUTPUT_KEYS = ("itl",)
+SWEEP_KEYS = ("load_model", "rates", "concurrency", "duration_s", "requests_per_run", "warmup_s",
+              "repeats")
+ARRIVAL_PROCESSES = ("constant", "poisson", "gamma", "replay")
+TRACE_FORMATS = ("auto", "azure", "mooncake")
 
 
-def _num(d: dict, key: str, fld: str, default, kind=float, *, lo=None, lo_open=False, allow_none=False):
-    v = d.get(key, default)
-    if v is None and allow_none:
-        return None
-    try:
-        if kind is int and isinstance(v, float) and not v.is_integer():
-            raise ValueError
-        x = kind(v)
-    except (TypeError, ValueError):
-        raise SpecError(f"{fld}.{key} must be a{'n integer' if kind is int else ' number'}, got {v!r}",
-                        field=f"{fld}.{key}") from None
-    if lo is not None and (x <= lo if lo_open else x < lo):
-        raise SpecError(f"{fld}.{key} must be {'>' if lo_open else '≥'} {lo}, got {x}", field=f"{fld}.{key}")
-    return x
+def _section(d: dict, key: str, known: tuple[str, ...], field: str = "") -> dict:
+    return S.mapping(d.get(key), S.join(field, key), known=known)
 
 
-def _service(v, base_dir: Path | None) -> ServiceModel:
+def _num(d: dict, key: str, field: str, default, **kw):
+    """``d[key]`` (or ``default``) checked by ``spec.number`` under the name ``field.key``."""
+    return S.number(d.get(key, default), S.join(field, key), **kw)
+
+
+def _secs(d: dict, key: str, field: str, default, **kw):
+    """A duration in seconds: a number, or text like ``90s``, ``5 min`` (``spec.duration_s``)."""
+    return S.duration_s(d.get(key, default), S.join(field, key), **kw)
+
+
+def _path(value, field: str, base: Path | None) -> str:
+    p = Path(S.text(value, field, optional=False)).expanduser()
+    return str(base / p if not p.is_absolute() and base is not None else p)
+
+
+def _system(d: dict) -> dict:
+    sy = _section(d, "system", SYSTEM_KEYS)
+    tp = _num(sy, "tp", "system", 1, integer=True, minimum=1)
+    pp = _num(sy, "pp", "system", 1, integer=True, minimum=1)
+    return {"gpu": str(sy.get("gpu", "H100-80GB")),
+            "gpus_per_replica": _num(sy, "gpus_per_replica", "system", tp * pp, integer=True, minimum=1),
+            "tp": tp, "pp": pp, "replicas": _num(sy, "replicas", "system", 1, integer=True, minimum=1),
+            "engine": str(sy.get("engine", "capplan-synth")), "model": str(sy.get("model", "llama2-70b"))}
+
+
+def _service(v, base: Path | None) -> ServiceModel:
+    field = "replica.service_model"
     if v in (None, "default"):
         return DEFAULT_SERVICE_MODEL
     if isinstance(v, dict) and "csv" in v:
-        d = _mapping(v, "replica.service_model", ("csv", "model", "hardware", "tp"))
-        p = Path(str(d["csv"])).expanduser()
-        if not p.is_absolute() and base_dir is not None:
-            p = base_dir / p
-        return fit_service_model(p, str(d.get("model", "llama2-70b")), str(d.get("hardware", "h100-80gb")),
-                                 int(d.get("tp", 4)))
+        d = S.mapping(v, field, known=SERVICE_CSV_KEYS)
+        return fit_service_model(_path(d["csv"], S.join(field, "csv"), base),
+                                 S.text(d.get("model", "llama2-70b"), S.join(field, "model")),
+                                 S.text(d.get("hardware", "h100-80gb"), S.join(field, "hardware")),
+                                 _num(d, "tp", field, 4, integer=True, minimum=1))
     if isinstance(v, dict):
-        return ServiceModel.from_dict(v)
-    raise SpecError(f"replica.service_model: cannot read {v!r}", field="replica.service_model",
-                    fix="default, {csv: profile.csv, model: ..., hardware: ..., tp: 4} or "
-                        "{decode_step_ms: {1: 29.4, 64: 52}, prefill_ms_per_token: 0.11}")
+        return ServiceModel.from_dict(v, field_prefix=field)
+    S.fail(field, f"{field}: cannot read {S.describe(v)}",
+           "default, {csv: profile.csv, model: ..., hardware: ..., tp: 4} or "
+           "{decode_step_ms: {1: 29.4, 64: 52}, prefill_ms_per_token: 0.11}")
 
 
-def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> SynthConfig:
-    """Check and convert a config mapping. Relative paths resolve against ``base_dir``."""
-    base = Path(base_dir) if base_dir is not None else None
-    d = _mapping(raw, "config", TOP_KEYS)
-    system = dict(_mapping(d.get("system"), "system",
-                           ("gpu", "gpus_per_replica", "tp", "pp", "replicas", "engine", "model")))
-    replicas = _num(system, "replicas", "system", 1, int, lo=1)
-    tp = _num(system, "tp", "system", 1, int, lo=1)
-    pp = _num(system, "pp", "system", 1, int, lo=1)
-    gpr = _num(system, "gpus_per_replica", "system", tp * pp, int, lo=1)
-    system = {"gpu": str(system.get("gpu", "H100-80GB")), "gpus_per_replica": gpr, "tp": tp, "pp": pp,
-              "replicas": replicas, "engine": str(system.get("engine", "capplan-synth")),
-              "model": str(system.get("model", "llama2-70b"))}
-
-    rp = _mapping(d.get("replica"), "replica", ("max_batch", "token_budget", "kv_blocks", "block_size",
-                                                 "kv_watermark", "max_model_len", "queue_limit",
-                                                 "service_model"))
-    dflt = ReplicaParams()
-    replica = ReplicaParams(
-        max_batch=_num(rp, "max_batch", "replica", dflt.max_batch, int, lo=1),
-        token_budget=_num(rp, "token_budget", "replica", dflt.token_budget, int, lo=1),
-        kv_blocks=_num(rp, "kv_blocks", "replica", dflt.kv_blocks, int, lo=1),
-        block_size=_num(rp, "block_size", "replica", dflt.block_size, int, lo=1),
-        kv_watermark=_num(rp, "kv_watermark", "replica", dflt.kv_watermark, float, lo=0.0),
-        max_model_len=_num(rp, "max_model_len", "replica", dflt.max_model_len, int, lo=2),
-        queue_limit=_num(rp, "queue_limit", "replica", dflt.queue_limit, int, lo=0, allow_none=True),
+def _replica(d: dict, base: Path | None) -> ReplicaParams:
+    rp, f, dflt = _section(d, "replica", REPLICA_KEYS), "replica", ReplicaParams()
+    return ReplicaParams(
+        max_batch=_num(rp, "max_batch", f, dflt.max_batch, integer=True, minimum=1),
+        token_budget=_num(rp, "token_budget", f, dflt.token_budget, integer=True, minimum=1),
+        kv_blocks=_num(rp, "kv_blocks", f, dflt.kv_blocks, integer=True, minimum=1),
+        block_size=_num(rp, "block_size", f, dflt.block_size, integer=True, minimum=1),
+        kv_watermark=_num(rp, "kv_watermark", f, dflt.kv_watermark, minimum=0.0, below=0.5),
+        max_model_len=_num(rp, "max_model_len", f, dflt.max_model_len, integer=True, minimum=2),
+        queue_limit=_num(rp, "queue_limit", f, dflt.queue_limit, integer=True, minimum=0,
+                         optional=True),
         service=_service(rp.get("service_model"), base),
     )
 
-    cl = _mapping(d.get("client"), "client", ("timeout_s", "drain_s", "think_s", "backoff_s", "ramp_s"))
-    timeout_s = _num(cl, "timeout_s", "client", 60.0, lo=0.0, lo_open=True)
-    drain_s = _num(cl, "drain_s", "client", None, lo=0.0, allow_none=True)
 
-    wl = _mapping(d.get("workload"), "workload", ("arrival", "lengths", "tenants"))
-    ar = _mapping(wl.get("arrival", {"process": "poisson"}), "workload.arrival",
-                  ("process", "cv", "path", "format", "start_row"))
-    process = str(ar.get("process", "poisson"))
-    if process not in ("constant", "poisson", "gamma", "replay"):
-        raise SpecError(f"unknown arrival process {process!r}", field="workload.arrival.process",
-                        fix="constant, poisson, gamma (with cv) or replay (with path)")
+def _arrival(wl: dict, base: Path | None) -> ArrivalSpec:
+    f = "workload.arrival"
+    ar = S.mapping(wl.get("arrival", {"process": "poisson"}), f, known=ARRIVAL_KEYS)
+    process = S.choice(ar.get("process", "poisson"), S.join(f, "process"), ARRIVAL_PROCESSES)
     path = ar.get("path")
     if process == "replay":
         if not path:
-            raise SpecError("replay arrivals need a trace path", field="workload.arrival.path",
-                            fix="e.g. arrival: {process: replay, path: ../shared/data/traces/"
-                                "AzureLLMInferenceTrace2023_conv.csv}")
-        pth = Path(str(path)).expanduser()
-        if not pth.is_absolute() and base is not None:
-            pth = base / pth
-        path = str(pth)
-    fmt = str(ar.get("format", "auto"))
-    if fmt not in ("auto", "azure", "mooncake"):
-        raise SpecError(f"unknown trace format {fmt!r}", field="workload.arrival.format", fix="auto, azure or mooncake")
-    start_row = ar.get("start_row", 0)
-    if start_row != "random":  # "random": each run replays its own stretch of the trace
-        start_row = _num(ar, "start_row", "workload.arrival", 0, int, lo=0)
-    arrival = ArrivalSpec(process, _num(ar, "cv", "workload.arrival", 1.0, lo=0.0, lo_open=True),
-                          path, fmt, start_row)
-    lengths = LengthDist.from_dict(wl.get("lengths", {}) or {})
+            S.fail(S.join(f, "path"), "replay arrivals need a trace path",
+                   "e.g. arrival: {process: replay, path: traces/AzureLLMInferenceTrace2023_conv.csv} "
+                   "(Azure LLM inference or Mooncake trace; see docs/synth.md)")
+        path = _path(path, S.join(f, "path"), base)
+    return ArrivalSpec(process, _num(ar, "cv", f, 1.0, above=0.0), path,
+                       S.choice(ar.get("format", "auto"), S.join(f, "format"), TRACE_FORMATS),
+                       "random" if ar.get("start_row") == "random"  # a stretch per run
+                       else _num(ar, "start_row", f, 0, integer=True, minimum=0))
+
+
+def _tenants(wl: dict) -> tuple[Tenant, ...]:
     tenants = []
-    traw = wl.get("tenants") or []
-    if not isinstance(traw, list):
-        raise SpecError("workload.tenants must be a list", field="workload.tenants",
-                        fix="e.g. tenants: [{name: acme, share: 0.7}, {name: globex, share: 0.3}]")
-    for i, t in enumerate(traw):
-        t = _mapping(t, f"workload.tenants[{i}]", ("name", "share", "slo_class", "lengths"))
-        if not t.get("name"):
-            raise SpecError(f"workload.tenants[{i}] needs a name", field=f"workload.tenants[{i}].name")
+    items = S.sequence(wl.get("tenants"), "workload.tenants",
+                       example="[{name: acme, share: 0.7}, {name: globex, share: 0.3}]")
+    for i, t in enumerate(items):
+        f = S.index("workload.tenants", i)
+        t = S.mapping(t, f, known=TENANT_KEYS)
+        name = S.text(t.get("name"), S.join(f, "name"), optional=False, example="acme")
         tl = t.get("lengths")
-        tenants.append(Tenant(str(t["name"]), _num(t, "share", f"workload.tenants[{i}]", 1.0, lo=0.0, lo_open=True),
-                              None if t.get("slo_class") is None else str(t["slo_class"]),
-                              LengthDist.from_dict(tl, f"workload.tenants[{i}].lengths") if tl else None))
+        tenants.append(Tenant(name, _num(t, "share", f, 1.0, above=0.0),
+                              S.text(t.get("slo_class"), S.join(f, "slo_class")),
+                              LengthDist.from_dict(tl, S.join(f, "lengths")) if tl else None))
     if len({t.name for t in tenants}) != len(tenants):
-        raise SpecError("tenant names must be unique", field="workload.tenants")
+        S.fail("workload.tenants", "tenant names must be unique", "give each tenant its own name")
+    return tuple(tenants)
 
-    pw = d.get("power", None)
-    power = None
-    if pw not in (None, False):
-        pw = _mapping(pw if isinstance(pw, dict) else {}, "power", ("idle_w", "busy_w"))
-        power = PowerSpec(_num(pw, "idle_w", "power", 100.0, lo=0.0), _num(pw, "busy_w", "power", 650.0, lo=0.0))
-        if power.busy_w < power.idle_w:
-            raise SpecError("power.busy_w must be ≥ power.idle_w", field="power.busy_w")
-    out = _mapping(d.get("output"), "output", ("itl",))
-    itl = bool(out.get("itl", True))
 
-    sw = _mapping(d.get("sweep"), "sweep", ("load_model", "rates", "concurrency", "duration_s",
-                                             "requests_per_run", "warmup_s", "repeats"))
-    load_model = str(sw.get("load_model", "open"))
-    if load_model not in ("open", "closed"):
-        raise SpecError(f"sweep.load_model must be open or closed, got {load_model!r}", field="sweep.load_model")
+def _power(d: dict) -> PowerSpec | None:
+    pw = d.get("power")
+    if pw in (None, False):
+        return None
+    pw = S.mapping(pw if pw is not True else {}, "power", known=POWER_KEYS)
+    power = PowerSpec(_num(pw, "idle_w", "power", 100.0, minimum=0.0),
+                      _num(pw, "busy_w", "power", 650.0, minimum=0.0))
+    if power.busy_w < power.idle_w:
+        S.fail("power.busy_w", "power.busy_w must be ≥ power.idle_w",
+               "busy board power is the higher one (e.g. idle_w: 100, busy_w: 650)")
+    return power
+
+
+def _sweep(d: dict) -> dict:
+    sw, f = _section(d, "sweep", SWEEP_KEYS), "sweep"
+    load_model = S.choice(sw.get("load_model", "open"), "sweep.load_model", ("open", "closed"))
     rates: tuple[float, ...] = ()
     conc: tuple[int, ...] = ()
     if load_model == "open":
         rr = sw.get("rates")
         if not isinstance(rr, list) or not rr:
-            raise SpecError("an open-loop sweep needs a list of offered rates", field="sweep.rates",
-                            fix="e.g. rates: [1, 2, 4, 6, 8]")
-        rates = tuple(_num({f"rates[{i}]": r}, f"rates[{i}]", "sweep", None, lo=0.0, lo_open=True)
-                      for i, r in enumerate(rr))
+            S.fail("sweep.rates", "an open-loop sweep needs a list of offered rates",
+                   "e.g. rates: [1, 2, 4, 6, 8]")
+        rates = tuple(S.number(r, S.index("sweep.rates", i), above=0.0) for i, r in enumerate(rr))
     else:
         cc = sw.get("concurrency")
         if not isinstance(cc, list) or not cc:
-            raise SpecError("a closed-loop sweep needs a list of concurrencies", field="sweep.concurrency",
-                            fix="e.g. concurrency: [1, 4, 16, 64]")
-        conc = tuple(_num({f"concurrency[{i}]": c}, f"concurrency[{i}]", "sweep", None, int, lo=1)
+            S.fail("sweep.concurrency", "a closed-loop sweep needs a list of concurrencies",
+                   "e.g. concurrency: [1, 4, 16, 64]")
+        conc = tuple(S.number(c, S.index("sweep.concurrency", i), integer=True, minimum=1)
                      for i, c in enumerate(cc))
-    rpr = _num(sw, "requests_per_run", "sweep", None, int, lo=1, allow_none=True)
-    duration_s = _num(sw, "duration_s", "sweep", None if rpr else 300.0, lo=0.0, lo_open=True, allow_none=True)
+    rpr = _num(sw, "requests_per_run", f, None, integer=True, minimum=1, optional=True)
+    duration_s = _secs(sw, "duration_s", f, None if rpr else 300.0, above=0.0, optional=True)
     if rpr is not None and load_model != "open":
-        raise SpecError("requests_per_run works only for open-loop sweeps", field="sweep.requests_per_run",
-                        fix="give duration_s for closed-loop sweeps")
+        S.fail("sweep.requests_per_run", "requests_per_run works only for open-loop sweeps",
+               "give duration_s for closed-loop sweeps")
     if rpr is not None and duration_s is not None:
-        raise SpecError("give either sweep.duration_s or sweep.requests_per_run, not both", field="sweep")
-    warmup_s = _num(sw, "warmup_s", "sweep", 0.0, lo=0.0)
+        S.fail("sweep", "give either sweep.duration_s or sweep.requests_per_run, not both",
+               "remove one of them")
+    warmup_s = _secs(sw, "warmup_s", f, 0.0, minimum=0.0)
     if duration_s is not None and warmup_s >= duration_s:
-        raise SpecError(f"sweep.warmup_s ({warmup_s:g}) must be shorter than duration_s ({duration_s:g})",
-                        field="sweep.warmup_s")
+        S.fail("sweep.warmup_s", f"sweep.warmup_s ({warmup_s:g}) must be shorter than duration_s "
+               f"({duration_s:g})", "the warm-up is cut from the start of each run: make it shorter")
     if rpr is not None and rates and warmup_s >= rpr / max(rates):
-        raise SpecError(f"sweep.warmup_s ({warmup_s:g}) must be shorter than the shortest run "
-                        f"({rpr / max(rates):g} s = requests_per_run / highest rate)", field="sweep.warmup_s")
+        S.fail("sweep.warmup_s", f"sweep.warmup_s ({warmup_s:g}) must be shorter than the shortest "
+               f"run ({rpr / max(rates):g} s = requests_per_run / highest rate)",
+               "lower warmup_s or raise requests_per_run")
     repeats, repeats_at = _repeats(sw.get("repeats", 1), rates or conc)
-    cfg = SynthConfig(
-        name=str(d.get("name", "synthetic")), description=str(d.get("description", "") or ""), seed=_num(d, "seed", "config", 0, int, lo=0), system=system,
-        replicas=replicas, replica=replica, timeout_s=timeout_s, drain_s=drain_s,
-        think_s=_num(cl, "think_s", "client", 0.0, lo=0.0), backoff_s=_num(cl, "backoff_s", "client", 1.0, lo=0.0),
-        ramp_s=_num(cl, "ramp_s", "client", 0.0, lo=0.0), arrival=arrival, lengths=lengths,
-        tenants=tuple(tenants), power=power, itl=itl, load_model=load_model, rates=rates, concurrency=conc,
-        duration_s=duration_s, requests_per_run=rpr, warmup_s=warmup_s,
-        repeats=repeats, repeats_at=repeats_at, raw=dict(raw),
-    )
-    longest = max([cfg.lengths.max_total] + [t.lengths.max_total for t in cfg.tenants if t.lengths])
-    if arrival.process != "replay" and longest > replica.max_model_len:
-        raise SpecError(f"the length distribution allows {longest} tokens per request, above "
-                        f"replica.max_model_len {replica.max_model_len}", field="workload.lengths",
-                        fix="lower the input/output max caps or raise replica.max_model_len "
-                            "(replayed rows longer than max_model_len become status 'error')")
-    return cfg
+    return {"load_model": load_model, "rates": rates, "concurrency": conc, "duration_s": duration_s,
+            "requests_per_run": rpr, "warmup_s": warmup_s, "repeats": repeats,
+            "repeats_at": repeats_at}
 
 
 def _repeats(v, levels) -> tuple[int, tuple[tuple[float, int], ...]]:
-    """``sweep.repeats``: runs per level (an integer), or a mapping level → runs for the
-    levels named (the others get one run), e.g. ``{5.5: 3, 6.0: 3}``: repeats near capacity."""
+    """``sweep.repeats``: runs per level (an integer), or a mapping level → runs for the levels
+    named (the others get one run), e.g. ``{5.5: 3, 6.0: 3}``: repeats near capacity."""
     if not isinstance(v, dict):
-        return _num({"repeats": v}, "repeats", "sweep", 1, int, lo=1), ()
+        return S.number(v, "sweep.repeats", integer=True, minimum=1), ()
     out = []
     for lv, k in v.items():
-        lvf = _num({"level": lv}, "level", "sweep.repeats", None, lo=0.0, lo_open=True)
+        lvf = S.number(lv, "sweep.repeats", above=0.0)
         if not any(abs(lvf - float(x)) < 1e-9 for x in levels):
-            raise SpecError(f"sweep.repeats names level {lv:g}, which is not in the sweep",
-                            field="sweep.repeats", fix="use levels from sweep.rates (or concurrency)")
-        out.append((lvf, _num({str(lv): k}, str(lv), "sweep.repeats", None, int, lo=1)))
+            S.fail("sweep.repeats", f"sweep.repeats names level {lvf:g}, which is not in the sweep",
+                   "use levels from sweep.rates (or sweep.concurrency)")
+        out.append((lvf, S.number(k, S.join("sweep.repeats", f"{lvf:g}"), integer=True,
+                                  minimum=1)))
     return 1, tuple(sorted(out))
 
 
+def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> SynthConfig:
+    """Check and convert a config mapping. Relative paths resolve against ``base_dir``. Every
+    bad value raises SpecError naming its field (``load_config`` adds the file and line)."""
+    base = Path(base_dir) if base_dir is not None else None
+    d = S.mapping(raw, "", known=TOP_KEYS, what="synth config", optional=False,
+                  example="the keys of a preset (docs/synth.md)")
+    system = _system(d)
+    replica = _replica(d, base)
+    cl = _section(d, "client", CLIENT_KEYS)
+    wl = _section(d, "workload", WORKLOAD_KEYS)
+    arrival = _arrival(wl, base)
+    lengths = LengthDist.from_dict(wl.get("lengths", {}) or {})
+    tenants = _tenants(wl)
+    out = _section(d, "output", OUTPUT_KEYS)
+    cfg = SynthConfig(
+        name=str(d.get("name", "synthetic")), description=str(d.get("description", "") or ""),
+        seed=_num(d, "seed", "", 0, integer=True, minimum=0), system=system,
+        replicas=system["replicas"], replica=replica,
+        timeout_s=_secs(cl, "timeout_s", "client", 60.0, above=0.0),
+        drain_s=_secs(cl, "drain_s", "client", None, minimum=0.0, optional=True),
+        think_s=_secs(cl, "think_s", "client", 0.0, minimum=0.0),
+        backoff_s=_secs(cl, "backoff_s", "client", 1.0, minimum=0.0),
+        ramp_s=_secs(cl, "ramp_s", "client", 0.0, minimum=0.0), arrival=arrival, lengths=lengths,
+        tenants=tenants, power=_power(d), itl=S.flag(out.get("itl"), "output.itl", default=True),
+        **_sweep(d), raw=dict(raw),
+    )
+    longest = max([cfg.lengths.max_total] + [t.lengths.max_total for t in cfg.tenants if t.lengths])
+    if arrival.process != "replay" and longest > replica.max_model_len:
+        S.fail("workload.lengths", f"the length distribution allows {longest} tokens per request, "
+               f"above replica.max_model_len {replica.max_model_len}",
+               "lower the input/output max caps or raise replica.max_model_len "
+               "(replayed rows longer than max_model_len become status 'error')")
+    return cfg
+
+
 def load_config(path: str | os.PathLike) -> SynthConfig:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise SpecError("synth config not found", file=str(p), fix="give a YAML file; see docs/synth.md")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise SpecError(f"synth config is not valid YAML: {exc}", file=str(p)) from None
-    if not isinstance(raw, dict):
-        raise SpecError("synth config must be a YAML mapping", file=str(p), fix="see docs/synth.md")
-    try:
-        return parse_config(raw, base_dir=p.parent)
-    except SpecError as exc:
-        if exc.file is None:
-            raise SpecError(exc.args[0], field=exc.field, fix=exc.fix, file=str(p)) from None
-        raise
+    """Read a synth config YAML file; errors name the file, the line and the field."""
+    doc = S.load_yaml(path, what="synth config", fix="see docs/synth.md")
+    with doc.located():
+        return parse_config(doc.data, base_dir=Path(doc.file).parent)
 
 
 # ---- presets -------------------------------------------------------------------------------
@@ -386,5 +397,7 @@ PRESETS: dict[str, dict] = {
 
 def preset(name: str) -> SynthConfig:
     if name not in PRESETS:
-        raise SpecError(f"unknown preset {name!r}", field="--preset", fix="one of " + ", ".join(PRESETS))
+        near = S.did_you_mean(name, PRESETS)
+        raise SpecError(f"unknown preset {name!r}" + (f" (did you mean {near!r}?)" if near else ""),
+                        field="--preset", fix="one of " + ", ".join(PRESETS))
     return parse_config(PRESETS[name])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import SpecError
+from .. import spec as S
 
 
 @dataclass(frozen=True)
@@ -54,52 +54,29 @@ class LengthDist:
 
     @classmethod
     def from_dict(cls, d: dict, field: str = "workload.lengths") -> "LengthDist":
-        if not isinstance(d, dict):
-            raise SpecError("lengths must be a mapping", field=field,
-                            fix="e.g. lengths: {kind: fixed, input: 512, output: 200}")
-        kind = d.get("kind", "lognormal")
+        """Check a lengths mapping with the spec kit (unknown keys, numbers, ranges)."""
+        d = S.mapping(d, field, known=("kind", "input", "output", "rho"),
+                      example="{kind: fixed, input: 512, output: 200}")
+        kind = S.choice(d.get("kind", "lognormal"), S.join(field, "kind"), ("lognormal", "fixed"))
         if kind == "fixed":
-            unknown = sorted(set(d) - {"kind", "input", "output"})
-            if unknown:
-                raise SpecError(f"unknown key(s) {', '.join(unknown)}", field=field, fix="fixed lengths take input, output")
-            try:
-                i, o = int(d.get("input", 512)), int(d.get("output", 200))
-            except (TypeError, ValueError):
-                raise SpecError("fixed lengths must be integers", field=field) from None
-            if i < 1 or o < 1:
-                raise SpecError("fixed lengths must be ≥ 1", field=field)
+            S.unknown_keys(d, ("kind", "input", "output"), field)
+            i = S.number(d.get("input", 512), S.join(field, "input"), integer=True, minimum=1)
+            o = S.number(d.get("output", 200), S.join(field, "output"), integer=True, minimum=1)
             return cls("fixed", Marginal(i, 0.0, i, i), Marginal(o, 0.0, o, o), 0.0)
-        if kind != "lognormal":
-            raise SpecError(f"unknown lengths kind {kind!r}", field=f"{field}.kind", fix="lognormal or fixed")
-        unknown = sorted(set(d) - {"kind", "input", "output", "rho"})
-        if unknown:
-            raise SpecError(f"unknown key(s) {', '.join(unknown)}", field=field,
-                            fix="lognormal lengths take input, output (each median, sigma, min, max) and rho")
         base = cls()
 
         def marg(key: str, dflt: Marginal) -> Marginal:
-            m = d.get(key, {}) or {}
-            if not isinstance(m, dict):
-                raise SpecError(f"{key} must be a mapping", field=f"{field}.{key}",
-                                fix="e.g. {median: 800, sigma: 0.8, min: 16, max: 8192}")
-            bad = sorted(set(m) - {"median", "sigma", "min", "max"})
-            if bad:
-                raise SpecError(f"unknown key(s) {', '.join(bad)}", field=f"{field}.{key}",
-                                fix="median, sigma, min, max")
-            try:
-                out = Marginal(float(m.get("median", dflt.median)), float(m.get("sigma", dflt.sigma)),
-                               int(m.get("min", dflt.min)), int(m.get("max", dflt.max)))
-            except (TypeError, ValueError):
-                raise SpecError("length parameters must be numbers", field=f"{field}.{key}") from None
-            if not (out.median > 0) or out.sigma < 0 or out.min < 1 or out.max < out.min:
-                raise SpecError("need median > 0, sigma ≥ 0, 1 ≤ min ≤ max", field=f"{field}.{key}",
-                                example=str(m))
+            f = S.join(field, key)
+            m = S.mapping(d.get(key), f, known=("median", "sigma", "min", "max"),
+                          example="{median: 800, sigma: 0.8, min: 16, max: 8192}")
+            out = Marginal(S.number(m.get("median", dflt.median), S.join(f, "median"), above=0.0),
+                           S.number(m.get("sigma", dflt.sigma), S.join(f, "sigma"), minimum=0.0),
+                           S.number(m.get("min", dflt.min), S.join(f, "min"), integer=True, minimum=1),
+                           S.number(m.get("max", dflt.max), S.join(f, "max"), integer=True, minimum=1))
+            if out.max < out.min:
+                S.fail(S.join(f, "max"), f"{f}: max ({out.max}) is below min ({out.min})",
+                       "make max ≥ min", example=str(m))
             return out
 
-        try:
-            rho = float(d.get("rho", base.rho))
-        except (TypeError, ValueError):
-            raise SpecError("rho must be a number", field=f"{field}.rho") from None
-        if not (-1.0 < rho < 1.0):
-            raise SpecError(f"rho must lie in (-1, 1), got {rho}", field=f"{field}.rho")
+        rho = S.number(d.get("rho", base.rho), S.join(field, "rho"), above=-1.0, below=1.0)
         return cls("lognormal", marg("input", base.input), marg("output", base.output), rho)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import spec as S
 from ..errors import SpecError
 
 PROFILE_COLUMNS = ("model", "hardware", "prompt_size", "batch_size", "prompt_time", "token_time",
@@ -84,23 +85,24 @@ class ServiceModel:
 
     @classmethod
     def from_dict(cls, d: dict, *, field_prefix: str = "replica.service_model") -> "ServiceModel":
-        known = {"decode_step_ms", "prefill_ms_per_token", "prefill_overhead_ms", "source"}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise SpecError(f"unknown service-model key(s): {', '.join(unknown)}", field=field_prefix,
-                            fix="known keys: " + ", ".join(sorted(known)) +
-                                " (or use {csv: path, model: ..., hardware: ..., tp: ...} to fit one)")
+        """A model from ``{decode_step_ms: {batch: ms}, prefill_ms_per_token, ...}``, checked
+        with the spec kit."""
+        f = field_prefix
+        d = S.mapping(d, f, known=("decode_step_ms", "prefill_ms_per_token", "prefill_overhead_ms",
+                                   "source"))
         steps = d.get("decode_step_ms")
         if not isinstance(steps, dict) or not steps:
-            raise SpecError("service model needs decode_step_ms as a mapping batch size → ms",
-                            field=f"{field_prefix}.decode_step_ms", fix="e.g. decode_step_ms: {1: 29.4, 64: 52.0}")
-        try:
-            items = sorted((int(k), float(v)) for k, v in steps.items())
-            kp = float(d.get("prefill_ms_per_token", 0.0))
-            ko = float(d.get("prefill_overhead_ms", 0.0))
-        except (TypeError, ValueError):
-            raise SpecError("service model values must be numbers", field=field_prefix) from None
-        return cls(tuple(b for b, _ in items), tuple(v for _, v in items), kp, ko,
+            S.fail(S.join(f, "decode_step_ms"),
+                   "service model needs decode_step_ms as a mapping batch size → ms",
+                   "e.g. decode_step_ms: {1: 29.4, 64: 52.0}")
+        fs = S.join(f, "decode_step_ms")
+        items = sorted((S.number(k, S.join(fs, k), integer=True, minimum=1, text_ok=True),
+                        S.number(v, S.join(fs, k), above=0.0)) for k, v in steps.items())
+        return cls(tuple(b for b, _ in items), tuple(v for _, v in items),
+                   S.number(d.get("prefill_ms_per_token", 0.0), S.join(f, "prefill_ms_per_token"),
+                            minimum=0.0),
+                   S.number(d.get("prefill_overhead_ms", 0.0), S.join(f, "prefill_overhead_ms"),
+                            minimum=0.0),
                    str(d.get("source", "config")))
 
 

@@ -2,7 +2,7 @@
 
 The truth is estimated by simulation, with the same per-request metric definitions the
 pipeline uses (the runs are written as a temporary study and read through
-``capplan.metrics.create_request_view`` and ``good_predicate``), so that later tests can check
+``capplan.metrics.request_view`` and ``good_predicate``), so that later tests can check
 fitted capacities and their confidence intervals against it.
 
 Two notions, both useful:
@@ -48,20 +48,15 @@ class TruthResult:
                                               "n_requests", "n_good", "replications")}
 
 
-def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replications: int = 8,
-                    duration_s: float | None = None, warmup_s: float | None = None,
-                    seed: int | None = None) -> TruthResult:
-    """Pooled attainment of ``slo`` over independent runs at ``rate_rps`` (open loop).
-
-    The 95 % interval treats runs as iid replicates of a ratio estimator (t interval on
-    per-run good − attainment·n residuals), which is honest because runs are independent."""
-    from .. import open_study
-    from ..metrics import create_request_view, good_predicate
+def _count_runs(cfg: SynthConfig, rate_rps: float, s: SLO, group_sql: str, group_params: list, *,
+                replications: int, duration_s, warmup_s, seed) -> list[tuple]:
+    """Simulate ``replications`` independent runs at ``rate_rps``, write them as a temporary
+    study and count in-window requests and SLO-good ones per ``group_sql`` with the pipeline's
+    own definitions: rows (group, n, good) in group order."""
+    from ..study import open_study
+    from ..metrics import Window, good_predicate, request_view
     from .sweep import RunPlan, generate_study
 
-    if cfg.load_model != "open":
-        raise SpecError("true_attainment needs an open-loop config", field="sweep.load_model")
-    s = SLO.parse(slo)
     if replications < 1:
         raise SpecError("replications must be ≥ 1", field="replications")
     dur = float(duration_s if duration_s is not None else cfg.run_duration_s(rate_rps))
@@ -76,11 +71,26 @@ def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replic
     with tempfile.TemporaryDirectory(prefix="capplan-truth-") as tmp:
         path, _ = generate_study(base, f"{tmp}/study", workers=1, plans=plans)
         st = open_study(path)
-        create_request_view(st)
+        view = request_view(st, Window.of(st))
         pred, params = good_predicate(s)
-        rows = st.sql(f"SELECT run_id, count(*) AS n, count(*) FILTER (WHERE {pred}) AS good "
-                      "FROM request_metrics WHERE in_window GROUP BY run_id ORDER BY run_id", params).fetchall()
+        rows = st.sql(f"SELECT {group_sql} AS grp, count(*) AS n, count(*) FILTER (WHERE {pred}) AS good "
+                      f"FROM {view} WHERE in_window GROUP BY grp ORDER BY grp", group_params + params).fetchall()
         st.con.close()
+    return rows
+
+
+def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replications: int = 8,
+                    duration_s: float | None = None, warmup_s: float | None = None,
+                    seed: int | None = None) -> TruthResult:
+    """Pooled attainment of ``slo`` over independent runs at ``rate_rps`` (open loop).
+
+    The 95 % interval treats runs as iid replicates of a ratio estimator (t interval on
+    per-run good − attainment·n residuals), which is honest because runs are independent."""
+    if cfg.load_model != "open":
+        raise SpecError("true_attainment needs an open-loop config", field="sweep.load_model")
+    s = SLO.parse(slo)
+    rows = _count_runs(cfg, rate_rps, s, "run_id", [], replications=replications, duration_s=duration_s,
+                       warmup_s=warmup_s, seed=seed)
     n = np.array([r[1] for r in rows], float)
     g = np.array([r[2] for r in rows], float)
     att = float(g.sum() / n.sum()) if n.sum() else float("nan")
@@ -138,3 +148,73 @@ def true_capacity(cfg: SynthConfig, slo: SLO | str, lo_rps: float, hi_rps: float
         else:
             hi = mid
     return CapacityTruth(str(s), 0.5 * (lo + hi), (lo, hi), tuple(evals))
+
+
+# ----------------------------------------------------------------------------- per cell (mix)
+
+
+@dataclass(frozen=True)
+class CellTruth:
+    """Per input-length bucket attainment at one rate (pooled over independent runs)."""
+
+    offered_rps: float
+    slo: str
+    input_edges: tuple[float, ...]
+    n: tuple[int, ...]      # in-window requests per bucket (index = edges ≤ input tokens)
+    good: tuple[int, ...]
+
+    def attainment(self, weights=None) -> float:
+        """Pooled attainment (``weights`` None) or Σ_b w_b · good_b / n_b at a target mix."""
+        n, g = np.asarray(self.n, float), np.asarray(self.good, float)
+        if weights is None:
+            return float(g.sum() / n.sum())
+        w = np.asarray(weights, float)
+        w = w / w.sum()
+        a = w > 0
+        return float(np.sum(w[a] * g[a] / n[a]))
+
+
+def true_cell_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, input_edges, *,
+                         replications: int = 8, duration_s: float | None = None,
+                         warmup_s: float | None = None, seed: int | None = None) -> CellTruth:
+    """Per input-bucket attainment of ``slo`` at ``rate_rps`` over independent runs, counted with
+    the pipeline's own definitions (as ``true_attainment``); common random numbers across rates."""
+    s = SLO.parse(slo)
+    edges = tuple(float(e) for e in input_edges)
+    bucket = " + ".join("CAST(input_tokens >= ? AS INTEGER)" for _ in edges) or "0"
+    rows = _count_runs(cfg, rate_rps, s, bucket, list(edges), replications=replications, duration_s=duration_s,
+                       warmup_s=warmup_s, seed=seed)
+    n = np.zeros(len(edges) + 1, dtype=np.int64)
+    g = np.zeros(len(edges) + 1, dtype=np.int64)
+    for b, cnt, good in rows:
+        n[int(b)], g[int(b)] = cnt, good
+    return CellTruth(float(rate_rps), str(s), edges, tuple(int(x) for x in n), tuple(int(x) for x in g))
+
+
+def true_mix_capacity(cfg: SynthConfig, slo: SLO | str, lo_rps: float, hi_rps: float, input_edges, weights, *,
+                      tol_rps: float = 0.05, **kw) -> tuple[float, list[CellTruth]]:
+    """Largest rate whose per-bucket attainment at the *tested* mix, reweighted to ``weights``
+    (Σ_b w_b · A_b(λ)), meets ``slo.attainment``: the quantity mix reweighting estimates
+    (docs/mix.md). Bisection with common random numbers; returns (capacity, evaluations)."""
+    s = SLO.parse(slo)
+    evals = []
+
+    def att(x):
+        t = true_cell_attainment(cfg, x, s, input_edges, **kw)
+        evals.append(t)
+        return t.attainment(weights)
+
+    if att(lo_rps) < s.attainment:
+        raise SpecError(f"the low end {lo_rps:g} req/s already misses the SLO at this mix", field="lo_rps",
+                        fix="start the bracket at a lower rate")
+    if att(hi_rps) >= s.attainment:
+        raise SpecError(f"the high end {hi_rps:g} req/s still meets the SLO at this mix", field="hi_rps",
+                        fix="end the bracket at a higher rate")
+    lo, hi = lo_rps, hi_rps
+    while hi - lo > tol_rps:
+        mid = 0.5 * (lo + hi)
+        if att(mid) >= s.attainment:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi), evals

@@ -1,0 +1,217 @@
+"""The one reduction: units by count or by time (a grid shared by two studies), cells summed
+in the same pass, the window passed in, ties and duplicates, the grid of an SLO axis without a
+limit, and the cached resample — each against a hand count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from capplan import bootstrap as B
+from capplan import open_study, sketch
+from capplan.errors import SpecError
+from capplan.metrics import Window, good_predicate, request_view
+from capplan.reduce import (CountUnits, Cells, TimeUnits, bucket_labels, reduce_study,
+                            time_units_for)
+from capplan.slo import SLO
+
+from conftest import ev
+
+SLO_TEXT = "ttft_ms=500,attainment=0.9"
+
+
+def _rows(run_id="r1", n=40, *, gap_ms=250.0, start_ms=0.0, slow_every=5, prefix="q"):
+    """n requests gap_ms apart; every slow_every-th one misses TTFT ≤ 500 ms; tokens and
+    tenants vary by index so that cells have known counts."""
+    rows = []
+    for i in range(n):
+        rows.append(ev(run_id, f"{prefix}{run_id}-{i}", scheduled_ms=start_ms + gap_ms * i,
+                       ttft_ms=900.0 if i % slow_every == 0 else 100.0 + i,
+                       e2e_ms=2000.0, input_tokens=100 if i % 2 else 3000,
+                       output_tokens=10 + i, status="timeout" if i == 7 else "ok",
+                       tenant="acme" if i % 3 else "globex",
+                       slo_class=None if i % 4 == 0 else "interactive"))
+    return rows
+
+
+def test_count_units_by_hand(make_study):
+    path = make_study(_rows(n=40), runs=[{"run_id": "r1", "offered_rps": 4.0,
+                                          "warmup_s": 0.0}])
+    st = reduce_study(path, SLO_TEXT, units=CountUnits(max_units=8))
+    r = st.runs[0]
+    assert r.n_units == 8 and r.unit_size == 5.0
+    assert list(r.units["n"]) == [5] * 8
+    # unit u holds requests 5u … 5u+4; slow: i % 5 == 0 (one per unit); i = 7 timed out
+    good = [4, 3, 4, 4, 4, 4, 4, 4]
+    assert list(r.units["n_good"]) == good and r.n_good == 31
+    assert r.units["st_timeout"].sum() == 1 and r.units["st_timeout"][1] == 1
+    assert isinstance(st.unit_rule, CountUnits) and st.cells is None and r.cells is None
+    # a request per unit for a run of at most max_units requests
+    assert reduce_study(path, SLO_TEXT).runs[0].n_units == 40
+
+
+def test_time_units_by_hand_with_empty_units(make_study):
+    rows = _rows(n=20, gap_ms=250.0) + _rows(n=8, gap_ms=250.0, start_ms=10_000.0, prefix="z")
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 2.0, "warmup_s": 0.0}])
+    st = reduce_study(path, SLO_TEXT, units=TimeUnits(width_s=1.0))
+    r = st.runs[0]
+    # 20 requests in [0, 4.75] s → units 0–4 (4 each); nothing in 5–9 s; 8 in [10, 11.75] s
+    assert r.n_units == 12
+    assert list(r.units["n"]) == [4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 4, 4]
+    assert r.unit_size == pytest.approx(28 / 12)
+    assert np.isnan(r.units["t0"][6]) and r.units["t0"][10] == pytest.approx(10.0)
+    # the unit count can be fixed (later requests clip into the last unit)
+    st2 = reduce_study(path, SLO_TEXT, units=TimeUnits(2.0, n_units={"r1": 3}))
+    assert list(st2.runs[0].units["n"]) == [8, 8, 12]
+    with pytest.raises(SpecError, match="width"):
+        reduce_study(path, SLO_TEXT, units=TimeUnits(0.0))
+
+
+def test_time_grid_shared_by_two_studies(make_study):
+    """Different run ids, warm-ups and last requests: one grid per matched run, and the same
+    scheduled time falls in the same unit on both sides."""
+    a = open_study(make_study(_rows("a1", n=40), runs=[{"run_id": "a1", "offered_rps": 4.0,
+                                                         "warmup_s": 1.0}]))
+    b = open_study(make_study(_rows("b1", n=36), runs=[{"run_id": "b1", "offered_rps": 4.0,
+                                                         "warmup_s": 2.0}]))
+    wa, wb = Window.of(a, {"a1": 2.0}), Window.of(b)  # the caller aligns the windows
+    ua, ub = time_units_for([(a, wa, ["a1"]), (b, wb, ["b1"])], max_units=9)
+    assert ua.width_s["a1"] == ub.width_s["b1"] and ua.origin_s["a1"] == ub.origin_s["b1"] == 2.0
+    assert ua.n_units["a1"] == ub.n_units["b1"] <= 9
+    sa = reduce_study(a, SLO_TEXT, warmup=wa, units=ua)
+    sb = reduce_study(b, SLO_TEXT, warmup=wb, units=ub)
+    ra, rb = sa.runs[0], sb.runs[0]
+    assert ra.n_units == rb.n_units
+    # the 36 common requests (8 … 35: scheduled ≥ 2 s) sit in the same units
+    common = rb.units["n"]
+    assert np.all(ra.units["n"][: common.size] >= common)
+    assert ra.units["n"].sum() - common.sum() == 4  # a's requests 36–39, all in the last unit
+    # one resample serves both sides of a paired comparison
+    R = sa.resample(ra, B.Circular(block_len=8.0), reps=50, seed=3)
+    d = R.sums(ra.units["n_good"]) - R.sums(rb.units["n_good"])
+    assert d.shape == (50,)
+
+
+def test_cells_by_hand_and_sums_over_cells(make_study):
+    path = make_study(_rows(n=40), runs=[{"run_id": "r1", "offered_rps": 4.0,
+                                          "warmup_s": 0.0}])
+    cells = Cells(input_edges=(1000,), output_edges=(20, 40), quadrant_split=(500, 25),
+                  tenant=True, slo_class=True, hist=("ttft", "e2e"))
+    st = reduce_study(path, SLO_TEXT, units=CountUnits(4), cells=cells)
+    r = st.runs[0]
+    ci = st.cell_index
+    assert list(ci.columns[:1]) == ["cell"]
+    for dim in cells.dims:
+        assert dim in ci.columns
+    # by hand from the rows
+    df = pd.DataFrame(_rows(n=40))
+    df["input_bucket"] = (df["input_tokens"] >= 1000).astype(int)
+    df["output_bucket"] = (df["output_tokens"] >= 20).astype(int) + (df["output_tokens"] >= 40)
+    df["input_long"] = df["input_tokens"] > 500
+    df["output_long"] = df["output_tokens"] > 25
+    df["slo_class"] = df["slo_class"].fillna("(none)")
+    df["good"] = ((df["status"] == "ok") & ((df["first_token_ns"] - df["scheduled_ns"]) / 1e6
+                                             <= 500)).astype(int)
+    df["unit"] = np.arange(40) * 4 // 40
+    keys = list(cells.dims)
+    want = df.groupby(["unit"] + keys).agg(n=("good", "size"), n_good=("good", "sum"),
+                                           out_tok=("output_tokens", "sum")).reset_index()
+    got = ci.merge(want, on=keys)
+    assert len(got) == len(want)  # every observed (unit, cell) is there
+    assert len(ci) == len(want.drop_duplicates(keys))  # and only observed cells
+    for row in got.itertuples():
+        assert r.cells.sums["n"][row.unit, row.cell] == row.n
+        assert r.cells.sums["n_good"][row.unit, row.cell] == row.n_good
+        assert r.cells.sums["output_tokens"][row.unit, row.cell] == row.out_tok
+    assert r.cells.sums["n"].sum() == 40
+    # the per-unit arrays are the sums over cells
+    for name in ("n", "n_good", "n_ok", "st_timeout"):
+        assert np.array_equal(r.cells.sums[name].sum(axis=1), r.units[name])
+    assert set(ci["tenant"]) == {"acme", "globex"}
+    assert set(ci["slo_class"]) == {"(none)", "interactive"}
+    assert set(ci["output_bucket_label"]) <= set(bucket_labels((20, 40)))
+    # per-(unit, cell) histograms of ok requests: TTFT counts per cell add up
+    u, c, k, cnt = r.cells.hist["ttft"]
+    assert cnt.sum() == 39  # 40 requests, one timed out
+    ok = df[df["status"] == "ok"]
+    cell_of = ci.set_index(keys)["cell"]
+    for (unit, *dims), grp in ok.groupby(["unit"] + keys):
+        cell = cell_of.loc[tuple(dims)]
+        sel = (u == unit) & (c == cell)
+        exp = sketch.keys((grp["first_token_ns"] - grp["scheduled_ns"]) / 1e6)
+        assert sorted(np.repeat(k[sel], cnt[sel])) == sorted(exp)
+    assert "e2e" in r.cells.hist and "tpot" not in r.cells.hist
+
+
+def test_window_is_passed_in_and_each_view_keeps_its_window(make_study):
+    path = make_study(_rows(n=40), runs=[{"run_id": "r1", "offered_rps": 4.0,
+                                          "warmup_s": 0.0}])
+    study = open_study(path)
+    w = Window.of(study, {"r1": 2.0})
+    st = reduce_study(study, SLO_TEXT, warmup=w)
+    assert st.window == w and st.runs[0].n == 32 and st.runs[0].warmup_s == 2.0
+    assert st.diagnostics.iloc[0]["warmup_source"] == "given"
+    # a reduction with another window leaves the first view as it was
+    view = request_view(study, w)
+    reduce_study(study, SLO_TEXT, warmup=0.0)
+    assert study.sql(f"SELECT count(*) FROM {view} WHERE in_window").fetchall()[0][0] == 32
+    assert request_view(study, Window.of(study, 2.0)) == view  # same window, same view
+    assert request_view(study, Window.of(study)) != view
+
+
+def test_ties_and_duplicates(make_study):
+    """Requests at the same scheduled time: the order among them is made deterministic from
+    request_id, and a request recorded twice is found."""
+    rows = []
+    for i in range(30):
+        for j in range(2):  # two requests per scheduled time
+            rows.append(ev("r1", f"q{i}-{j}", scheduled_ms=100.0 * i,
+                           ttft_ms=900.0 if (i + j) % 3 == 0 else 100.0))
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "warmup_s": 0.0}])
+    a = reduce_study(path, SLO_TEXT, units=CountUnits(7))
+    b = reduce_study(path, SLO_TEXT, units=CountUnits(7))
+    assert np.array_equal(a.runs[0].units["n_good"], b.runs[0].units["n_good"])
+    assert a.diagnostics.iloc[0]["duplicates"] == 0
+    dup = make_study(rows + [dict(rows[10])], runs=[{"run_id": "r1", "offered_rps": 10.0,
+                                                      "warmup_s": 0.0}])
+    d = reduce_study(dup, SLO_TEXT)
+    assert d.diagnostics.iloc[0]["duplicates"] == 1
+    assert not d.diagnostics.iloc[0]["usable"]
+
+
+def test_grid_axis_without_a_limit_is_exact_at_bucket_edges(make_study):
+    rng = np.random.default_rng(4)
+    rows = [ev("r1", f"q{i}", scheduled_ms=50.0 * i, ttft_ms=float(rng.lognormal(5.5, 0.6)),
+               e2e_ms=None, output_tokens=int(rng.integers(1, 40)))
+            for i in range(600)]
+    for r, d in zip(rows, rng.lognormal(3.3, 0.4, 600)):
+        r["last_token_ns"] = r["first_token_ns"] + int(d * 1e6 * max(r["output_tokens"] - 1, 1))
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 20.0, "warmup_s": 0.0}])
+    st = reduce_study(path, SLO_TEXT)  # TTFT-only: the TPOT axis has no limit
+    g = st.grid_spec
+    study = open_study(path)
+    view = request_view(study, st.window)
+    for j in (g.half - 5, g.half, g.half + 3):
+        lim = float(g.limits("y")[j])
+        pred, params = good_predicate(SLO.parse(f"ttft_ms=500,tpot_ms={lim!r},attainment=0.9"))
+        exact = study.sql(f"SELECT count_if({pred}) FROM {view} WHERE in_window",
+                          params).fetchall()[0][0]
+        assert st.runs[0].grid[:, g.half, j].sum() == exact
+    # the anchor is the pooled 90th-percentile bucket edge of TPOT
+    k = sketch.keys(study.sql(f"SELECT tpot_ms FROM {view} WHERE status = 'ok' AND tpot_ms "
+                              "IS NOT NULL").df()["tpot_ms"])
+    assert g.y_keys[0] == int(np.sort(k)[int(np.ceil(0.9 * k.size)) - 1])
+
+
+def test_resample_is_cached_and_uses_the_run_stream(make_study):
+    path = make_study(_rows(n=40), runs=[{"run_id": "r1", "offered_rps": 4.0,
+                                          "warmup_s": 0.0}])
+    st = reduce_study(path, SLO_TEXT)
+    r = st.runs[0]
+    s = B.Stationary(block_len=6.0)
+    R = st.resample(r, s, reps=30, seed=2)
+    assert st.resample(r, s, reps=30, seed=2) is R
+    fresh = s.resample(r.n_units, s.block_units(r.block_len, r.unit_size), 30,
+                       np.random.default_rng([2, r.run_idx]))
+    assert np.array_equal(fresh.counts(), R.counts())
