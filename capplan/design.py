@@ -246,13 +246,15 @@ def load_model(path: str | os.PathLike):
 
     if isinstance(raw, dict) and set(raw) <= set(TOP_KEYS):
         return load_config(p)
-    try:
-        from .twin import load_twin  # the calibrated twin, where this build has it
-    except ImportError:
+    import importlib
+    import importlib.util
+
+    twin = f"{__package__}.twin"  # the calibrated twin (issue 9), where this build has it
+    if importlib.util.find_spec(twin) is None:
         raise SpecError("this file is not a synth configuration, and this capplan has no twin "
                         "support to read it", file=str(p), field="--twin",
-                        fix="pass a synth config YAML (docs/synth.md)") from None
-    return load_twin(p)
+                        fix="pass a synth config YAML (docs/synth.md)")
+    return importlib.import_module(twin).load_twin(p)
 
 
 def model_config(model, *, rates, duration_s, warmup_s, repeats=1, seed=0):

@@ -34,10 +34,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kit", ("spec", "slo", "sketch", "earlystop")),
     ("study", ("study", "telemetry", "importers")),
     ("measures", ("metrics", "validate", "cost", "kv")),
-    ("statistics", ("diagnostics", "bootstrap", "reduce")),
+    ("statistics", ("diagnostics", "bootstrap", "reduce", "runeffect", "honesty")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "twin")),
-    ("plan", ("plan_spec", "plan", "forecast", "plan_bounds")),
+    ("plan", ("plan_spec", "plan", "forecast", "plan_bounds", "design")),
     ("presentation", ("viz", "export", "whatif", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
