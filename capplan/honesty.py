@@ -8,10 +8,9 @@ number a lower bound unless the planner accepts it (``capacity.accept_optimistic
 
 Status:
 
-- ``honest``: the bound includes the between-run variation measured near the crossing (from
-  at least ``MIN_RUNS_NEAR`` runs there, two of them with violations, from repeats, or from a
-  twin), the crossing is inside the tested range or above it, and no run near it was still
-  settling at its end;
+- ``honest``: the bound includes the between-run variation *measured* near the crossing —
+  repeats at a rate bracketing it (with at least ``MIN_RUNS_NEAR`` runs there that have both
+  outcomes), or a twin — and no run near it was still settling at its end;
 - ``unsupported``: the design cannot support an honest bound here — the reasons and the runs to
   add are listed (``capplan design`` plans them);
 - ``optimistic``: the within-run interval was asked for (``method="within-run"``) or the input
@@ -129,14 +128,20 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
     reasons, add = [], []
     longer = max(2.0 * dur, 300.0) if dur == dur else 600.0
     rates = tuple(sorted(near_rates)) or tuple(sorted(suggested_rates))
-    measured = (effect_source in ("twin", "given") or repeats_near >= 2
-                or (effect_source == "sweep" and n_near >= MIN_RUNS_NEAR
-                    and n_near_failing >= 2))
+    measured = (effect_source in ("twin", "given")
+                or (repeats_near >= 2 and effect_source == "sweep"
+                    and n_near >= MIN_RUNS_NEAR))
     if not measured:
-        reasons.append(
-            f"only {n_near} run(s) near the crossing ({n_near_failing} with violations), one "
-            "per rate: how much runs differ at these rates — which decides how optimistic a "
-            "single run is — cannot be measured from this sweep")
+        if repeats_near < 2:
+            reasons.append(
+                "one run at each rate bracketing C_SLO: how much runs differ there — which "
+                "decides how optimistic a single run is — is assumed (a prior), not measured; "
+                "on simulated systems that prior held for some (two replicas) and not for "
+                "others (one replica, a bursty trace): docs/envelope.md, 'Coverage'")
+        else:
+            reasons.append(
+                f"only {n_near} run(s) near the crossing have both outcomes: how much runs "
+                "differ there cannot be measured")
         add += [RunToAdd(r, REPEATS, dur if not settling else longer,
                          "repeat a rate bracketing C_SLO to measure run-to-run variation")
                 for r in rates]

@@ -157,6 +157,47 @@ def _reml(y, s2, x, taus):
     return ll, b
 
 
+#: runs with no violation near the crossing enter τ's likelihood as what they say: P(no
+#: violation in n_eff requests) = E[expit(η + τZ)^n_eff]
+CENSORED = True
+
+
+def _with_clean_runs(y, s2, x, n_clean, x_clean, taus, b0):
+    """Log-likelihood of τ (per grid value) with the runs that had no violation added: the
+    normal terms of the informative runs plus log E_Z[expit(α + βx + τZ)^n_eff] per clean run
+    (a lucky run near the crossing is evidence of a large τ), maximised over (α, β) and
+    corrected by −½ log det of the information (Laplace: equal to REML when no run is clean)."""
+    from scipy.optimize import minimize
+
+    def nll(th, t):
+        mu = th[0] + th[1] * x
+        v = s2 + t * t
+        out = 0.5 * np.sum(np.log(v) + (y - mu) ** 2 / v)
+        eta = (th[0] + th[1] * x_clean)[:, None] + t * _GH_X[None, :]
+        lp = n_clean[:, None] * -np.logaddexp(0.0, -eta)        # n_eff · log expit(η)
+        m = lp.max(axis=1, keepdims=True)
+        out -= np.sum(np.log(np.exp(lp - m) @ _GH_W) + m[:, 0])
+        return out
+
+    ll = np.empty(taus.size)
+    bs = np.empty((taus.size, 2))
+    th = np.asarray(b0[0], dtype=np.float64)
+    h = 1e-4
+    for i, t in enumerate(taus):
+        r = minimize(nll, th, args=(float(t),), method="BFGS")
+        th = r.x
+        H = np.empty((2, 2))
+        for a in range(2):
+            for c in range(2):
+                ea, ec = np.eye(2)[a] * h, np.eye(2)[c] * h
+                H[a, c] = (nll(th + ea + ec, t) - nll(th + ea - ec, t) - nll(th - ea + ec, t)
+                           + nll(th - ea - ec, t)) / (4 * h * h)
+        sign, logdet = np.linalg.slogdet(H)
+        ll[i] = -r.fun - 0.5 * (logdet if sign > 0 else np.inf)
+        bs[i] = th
+    return ll, bs
+
+
 def estimate(n, v, deff, x, *, prior_scale: float | None = None) -> RunEffect:
     """τ from the runs near the crossing: ``n`` requests, ``v`` violations, ``deff`` the
     within-run design effect, rate ``x``. The runs with violations and successes enter a
@@ -180,7 +221,11 @@ def estimate(n, v, deff, x, *, prior_scale: float | None = None) -> RunEffect:
         p = (n - v + 0.5) / (n + 1.0)
         y = logit(p)[ok]
         s2 = (d / (n * p * (1.0 - p)))[ok]
-        ll, b = _reml(y, s2, x[ok] - x[ok].mean(), g)
+        xc = x - x[ok].mean()
+        ll, b = _reml(y, s2, xc[ok], g)
+        clean = (v == 0) & (n > 0)
+        if CENSORED and clean.any():
+            ll, b = _with_clean_runs(y, s2, xc[ok], (n / d)[clean], xc[clean], g, b)
         lp = lp + ll
         source = "sweep"
     post = np.exp(lp - lp.max())
