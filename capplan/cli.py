@@ -24,8 +24,10 @@ COMMANDS: dict[str, str] = {
     "report": "report",
     "whatif": "whatif",
     "compare": "compare",
+    "timeline": "timeline",
     "kv": "kv",
     "mix": "mix",
+    "twin": "twin",
     "design": "design",
 }
 

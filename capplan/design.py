@@ -232,8 +232,8 @@ def _model_outcomes(model, rate: float, duration_s: float, warmup_s: float, slo,
 
 
 def load_model(path: str | os.PathLike):
-    """A model to simulate runs on: a twin file (``capplan twin``, when this build has
-    ``capplan.twin``) or a synth configuration YAML (docs/synth.md)."""
+    """A model to simulate runs on: a twin file (``capplan twin fit``, docs/twin.md) or a synth
+    configuration YAML (docs/synth.md)."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise SpecError("model file not found", file=str(p), field="--twin",
@@ -246,15 +246,9 @@ def load_model(path: str | os.PathLike):
 
     if isinstance(raw, dict) and set(raw) <= set(TOP_KEYS):
         return load_config(p)
-    import importlib
-    import importlib.util
+    from .twin import load_twin
 
-    twin = f"{__package__}.twin"  # the calibrated twin (issue 9), where this build has it
-    if importlib.util.find_spec(twin) is None:
-        raise SpecError("this file is not a synth configuration, and this capplan has no twin "
-                        "support to read it", file=str(p), field="--twin",
-                        fix="pass a synth config YAML (docs/synth.md)")
-    return importlib.import_module(twin).load_twin(p)
+    return load_twin(p)
 
 
 def model_config(model, *, rates, duration_s, warmup_s, repeats=1, seed=0):

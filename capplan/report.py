@@ -12,7 +12,7 @@ papermill and publish an offline HTML report.
    CDN, plotly.js inlined once per page, so every chart draws with the network blocked;
 4. write ``index.html`` linking the pages and the plan export (CSV/XLSX, written by notebook 3
    through ``capplan.export``; with ``baseline`` also the comparison export written by notebook 5
-   through ``capplan.compare.export_comparison``), and ``report.json`` with the parameters and
+   through ``capplan.export.export_comparison``), and ``report.json`` with the parameters and
    study hashes;
 5. save each executed notebook under ``notebooks/`` *slimmed*: figures kept as plotly JSON
    (``application/vnd.plotly.v1+json``, drawn natively by JupyterLab), without the ~4.8 MB
@@ -47,7 +47,11 @@ REPORT_NOTEBOOKS: tuple[tuple[str, str], ...] = (
 )
 #: The comparison page, added when the report is given a baseline study.
 COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate")
+#: The twin page, added when the report is given a twin (capplan/twin; docs/twin.md).
+TWIN_NOTEBOOK: tuple[str, str] = ("06-twin.ipynb", "Twin: measured vs simulated")
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
+#: The timelines page, added when the study has system events (timeline/; docs/timeline.md).
+TIMELINE_NOTEBOOK: tuple[str, str] = ("07-timelines.ipynb", "Timelines")
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -336,6 +340,8 @@ class ReportParams:
     time: str = ""  # provenance time of the plan export (ISO, UTC)
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
+    twin: Path | None = None  # twin.yaml: adds the twin page (06-twin)
+    timelines: bool = False  # the study has system events: adds the timelines page (07)
     #: plan with a lower bound the study cannot support honestly (the plan says so)
     accept_optimistic: bool = False
 
@@ -354,9 +360,25 @@ class ReportParams:
         return {**self.notebook_parameters(artifacts_dir), "baseline": str(self.baseline),
                 "gates": str(self.gates) if self.gates else ""}
 
+    def twin_parameters(self, artifacts_dir: Path) -> dict:
+        """Notebook 6's parameters: the usual set plus the twin file."""
+        return {**self.notebook_parameters(artifacts_dir), "twin_path": str(self.twin)}
+
+    def parameters_for(self, name: str, artifacts_dir: Path) -> dict:
+        if name == COMPARE_NOTEBOOK[0]:
+            return self.compare_parameters(artifacts_dir)
+        if name == TWIN_NOTEBOOK[0]:
+            return self.twin_parameters(artifacts_dir)
+        if name == TIMELINE_NOTEBOOK[0]:  # with a twin, the plan's checks are simulated on it
+            return {**self.notebook_parameters(artifacts_dir),
+                    "twin_path": str(self.twin) if self.twin else ""}
+        return self.notebook_parameters(artifacts_dir)
+
     def notebooks(self) -> tuple[tuple[str, str], ...]:
         """(file name, page title) of the report's notebooks, in page order."""
-        return REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
+        return (REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
+                + ((TWIN_NOTEBOOK,) if self.twin else ())
+                + ((TIMELINE_NOTEBOOK,) if self.timelines or self.twin else ()))
 
 
 @dataclass(frozen=True)
@@ -527,8 +549,19 @@ def _open_baseline(baseline) -> Path:
     return path
 
 
+def _resolve_twin(twin) -> Path | None:
+    """The twin file, read once so that a bad one fails before any kernel starts."""
+    if not twin:
+        return None
+    from .twin import load_twin
+
+    path = Path(twin).expanduser().resolve()
+    load_twin(path)
+    return path
+
+
 def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, confidence=None,
-                   time: str | None = None, baseline=None, gates=None,
+                   time: str | None = None, baseline=None, gates=None, twin=None,
                    accept_optimistic: bool = False):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
     SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
@@ -585,7 +618,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
             load_gates(gates_path)  # a bad gates file fails here, not in the kernel
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
-                          baseline=baseline_path, gates=gates_path,
+                          baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin),
+                          timelines=bool(opened.timeline_files),
                           accept_optimistic=bool(accept_optimistic))
     return params, opened
 
@@ -656,7 +690,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   seed: int | None = None, reps: int | None = None,
                   confidence: float | None = None, time: str | None = None,
                   notebooks: Path | None = None, jobs: int | None = None,
-                  baseline=None, gates=None, accept_optimistic: bool = False,
+                  baseline=None, gates=None, twin=None, accept_optimistic: bool = False,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
     spec's; ``time`` (ISO) is the provenance time of the plan and comparison exports (default:
@@ -667,14 +701,15 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     comparison's verdict is shown, it does not fail the report; studies that cannot be
     compared (different offered workload or SLO) raise NotebookInputError (exit 2).
     When several notebooks fail, a bad-input error (exit 2) is reported first, else the first
-    in page order."""
+    in page order. ``twin`` (twin.yaml) adds the twin page (06-twin: the twin's parameters and
+    its check against the study, check.json under data/twin)."""
     from .io import atomic_dir, write_text_atomic
 
     t_start = perf_counter()
     say = progress or (lambda _msg: None)
     params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
                                     confidence=confidence, time=time, baseline=baseline,
-                                    gates=gates, accept_optimistic=accept_optimistic)
+                                    gates=gates, twin=twin, accept_optimistic=accept_optimistic)
     report_nbs = params.notebooks()
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     missing = [n for n, _ in report_nbs if not (nb_dir / n).is_file()]
@@ -704,8 +739,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         (tmp / "notebooks").mkdir()
         (tmp / "data").mkdir()
         data = tmp / "data"
-        runs = [(name, params.compare_parameters(data) if (name, title) == COMPARE_NOTEBOOK
-                 else params.notebook_parameters(data)) for name, title in report_nbs]
+        runs = [(name, params.parameters_for(name, data)) for name, _title in report_nbs]
         executed = _execute_all(nb_dir, runs, kernel=kernel, cwd=tmp,
                                 jobs=jobs or len(runs), say=say, seconds=seconds)
         for (name, title), nb in zip(report_nbs, executed):
@@ -724,6 +758,11 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                 "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,
                 "time": params.time, "pages": [p for p, _ in pages], "exports": exports}
+        if params.twin is not None:
+            import hashlib
+
+            meta.update({"twin": str(params.twin),
+                         "twin_sha256": hashlib.sha256(params.twin.read_bytes()).hexdigest()})
         if base_info:
             meta.update({"baseline": str(params.baseline), "baseline_name": base_info[0],
                          "baseline_sha256": base_info[1],

@@ -181,9 +181,11 @@ def test_negative_token_counts(make_study, capsys):
     rows = good_rows()
     rows[1]["output_tokens"] = -3
     rows[2]["input_tokens"] = -1
+    rows[3]["max_output_tokens"] = -8
     path = make_study(rows, runs=runs("r1"))
     assert_error(path, capsys, "output_tokens is negative in 1 of 20 rows",
-                 "input_tokens is negative in 1 of 20 rows", "write 0 or more")
+                 "input_tokens is negative in 1 of 20 rows",
+                 "max_output_tokens is negative in 1 of 20 rows", "write 0 or more")
 
 
 def test_ok_without_first_token(make_study, capsys):
@@ -294,6 +296,10 @@ def test_contract_doc_documents_every_contract_name():
         assert c.meaning in doc, c.name
     for s in C.STATUSES:
         assert f"| `{s}` |" in doc, s
+    for c in C.TIMELINE_COLUMNS:
+        assert f"| `{c.name}` |" in doc and c.meaning in doc, c.name
+    for e in C.TIMELINE_EVENTS:
+        assert f"| `{e}` |" in doc, e
     for k in C.MANIFEST_REQUIRED + C.SYSTEM_KEYS + C.RUN_OPTIONAL + C.ARRIVALS:
         assert f"`{k}`" in doc, k
     assert C.CONTRACT_VERSION in doc and C.PERCENTILE_DEFINITION in doc

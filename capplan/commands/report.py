@@ -31,6 +31,9 @@ from .. import report as R
 @click.option("--gates", type=click.Path(path_type=str), default=None,
               help="Gates YAML of the comparison (with --baseline) "
                    "[default: the templates/gates.yaml defaults].")
+@click.option("--twin", type=click.Path(path_type=str), default=None,
+              help="twin.yaml (capplan twin fit): adds the twin page (06-twin) with its check "
+                   "against STUDY, and data/twin/check.json.")
 @click.option("--notebooks", "notebooks", type=click.Path(path_type=str), default=None,
               help="Folder with your own 01-explore/02-envelope/03-plan (and 05-compare) "
                    "notebooks [default: the bundled ones].")
@@ -39,7 +42,7 @@ from .. import report as R
 @click.option("--accept-optimistic", is_flag=True,
               help="Plan with the study's C_SLO lower bound even where the sweep cannot "
                    "support it honestly (the plan says so); without it such a plan is refused.")
-def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, notebooks, jobs,
+def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, twin, notebooks, jobs,
         accept_optimistic):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
@@ -51,7 +54,7 @@ def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, n
     that cannot be compared, exit 2 with nothing written."""
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
                              confidence=confidence, time=time_, notebooks=notebooks,
-                             jobs=jobs, baseline=baseline, gates=gates,
+                             jobs=jobs, baseline=baseline, gates=gates, twin=twin,
                              accept_optimistic=accept_optimistic)
     click.echo(f"report: {result.index}")
     return 0

@@ -14,12 +14,14 @@ from pathlib import Path
 from .. import contract as C
 from .. import spec as S
 from ..errors import SpecError
+from .control import ControlSpec
+from .demand import RateProfile
 from .engine import ReplicaParams
 from .lengths import LengthDist
 from .service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
 
 TOP_KEYS = ("name", "description", "seed", "system", "replica", "client", "workload", "power",
-            "output", "sweep")
+            "output", "sweep", "faults")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,18 @@ class Tenant:
 class PowerSpec:
     idle_w: float = 100.0
     busy_w: float = 650.0
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Requests the server fails whatever the load (drawn independently per request)."""
+
+    error_share: float = 0.0  # answered at once with an error
+    stall_share: float = 0.0  # never served: the client gives up at its timeout
+
+    @property
+    def any(self) -> bool:
+        return self.error_share > 0 or self.stall_share > 0
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,12 @@ class SynthConfig:
     repeats: int = 1
     #: runs at particular levels (level → runs), e.g. repeats near capacity; others: ``repeats``
     repeats_at: tuple[tuple[float, int], ...] = ()
+    faults: FaultSpec | None = None
     raw: dict = field(default_factory=dict, compare=False, hash=False)
+    #: demand that changes during each run (open loop; replaces the constant rate), and what
+    #: the fleet does (failures, rollout, autoscaler) — set by the twin's scenario parts
+    demand: RateProfile | None = None
+    control: ControlSpec | None = None
 
     @property
     def drain(self) -> float:
@@ -102,13 +121,15 @@ class SynthConfig:
 
 SYSTEM_KEYS = C.SYSTEM_KEYS
 REPLICA_KEYS = ("max_batch", "token_budget", "kv_blocks", "block_size", "kv_watermark",
-                "max_model_len", "queue_limit", "service_model")
+                "max_model_len", "queue_limit", "service_model", "prefill", "prefill_lanes",
+                "prefill_jitter_cv")
 SERVICE_CSV_KEYS = ("csv", "model", "hardware", "tp")
 CLIENT_KEYS = ("timeout_s", "drain_s", "think_s", "backoff_s", "ramp_s")
 WORKLOAD_KEYS = ("arrival", "lengths", "tenants")
 ARRIVAL_KEYS = ("process", "cv", "path", "format", "start_row")
 TENANT_KEYS = ("name", "share", "slo_class", "lengths")
 POWER_KEYS = ("idle_w", "busy_w")
+FAULT_KEYS = ("error_share", "stall_share")
 OUTPUT_KEYS = ("itl",)
 SWEEP_KEYS = ("load_model", "rates", "concurrency", "duration_s", "requests_per_run", "warmup_s",
               "repeats")
@@ -174,6 +195,9 @@ def _replica(d: dict, base: Path | None) -> ReplicaParams:
         queue_limit=_num(rp, "queue_limit", f, dflt.queue_limit, integer=True, minimum=0,
                          optional=True),
         service=_service(rp.get("service_model"), base),
+        prefill=S.choice(rp.get("prefill", dflt.prefill), S.join(f, "prefill"), ("mixed", "separate")),
+        prefill_lanes=_num(rp, "prefill_lanes", f, None, integer=True, minimum=1, optional=True),
+        prefill_jitter_cv=_num(rp, "prefill_jitter_cv", f, 0.0, minimum=0.0, maximum=5.0),
     )
 
 
@@ -222,6 +246,19 @@ def _power(d: dict) -> PowerSpec | None:
         S.fail("power.busy_w", "power.busy_w must be ≥ power.idle_w",
                "busy board power is the higher one (e.g. idle_w: 100, busy_w: 650)")
     return power
+
+
+def _faults(d: dict) -> FaultSpec | None:
+    fl = d.get("faults")
+    if fl in (None, False):
+        return None
+    fl = S.mapping(fl, "faults", known=FAULT_KEYS)
+    faults = FaultSpec(_num(fl, "error_share", "faults", 0.0, minimum=0.0),
+                       _num(fl, "stall_share", "faults", 0.0, minimum=0.0))
+    if faults.error_share + faults.stall_share >= 1.0:
+        S.fail("faults", "faults.error_share + faults.stall_share must be below 1",
+               "they are shares of all requests, e.g. error_share: 0.01, stall_share: 0.005")
+    return faults
 
 
 def _sweep(d: dict) -> dict:
@@ -304,7 +341,7 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         backoff_s=_secs(cl, "backoff_s", "client", 1.0, minimum=0.0),
         ramp_s=_secs(cl, "ramp_s", "client", 0.0, minimum=0.0), arrival=arrival, lengths=lengths,
         tenants=tenants, power=_power(d), itl=S.flag(out.get("itl"), "output.itl", default=True),
-        **_sweep(d), raw=dict(raw),
+        **_sweep(d), faults=_faults(d), raw=dict(raw),
     )
     longest = max([cfg.lengths.max_total] + [t.lengths.max_total for t in cfg.tenants if t.lengths])
     if arrival.process != "replay" and longest > replica.max_model_len:

@@ -12,7 +12,23 @@ Model (vLLM-like, one FIFO queue per replica):
   most recently admitted sequence is preempted *by recompute*: its blocks are freed and it
   returns to the front of the queue; on re-admission it prefills prompt + tokens generated so
   far, and its stream continues (the client sees one long gap);
-- the iteration time comes from a :class:`ServiceModel`.
+- the iteration time comes from a :class:`ServiceModel`;
+- ``prefill="separate"`` (the twin's choice when the data show that a prompt does not slow the
+  running decodes) moves prefill off the batch: an admitted sequence computes its prompt on a
+  prefill lane (``prefill_overhead_ms + prefill_ms_per_token × prompt``; ``prefill_lanes`` at
+  once, unbounded by default; each lane time × a per-request factor ``prefill_scale`` when
+  given, e.g. lognormal jitter), emits its first token when the lane finishes and joins the
+  decode batch at the next iteration boundary; decode iterations then take
+  ``decode_step_ms(decoding sequences)`` only and the token budget does not apply;
+- ``fault`` (open loop) marks requests the server fails whatever the load: 1 = an immediate
+  error, 2 = a stall (never served; the client gives up at its deadline).
+- a fleet ``control`` (:mod:`capplan.synth.control`) may change the replicas during the run:
+  add one (routable once ready), fail one (the requests it holds are lost, or resent once by
+  their clients after a delay — a resent request starts over, its first attempt's tokens are
+  dropped; requests routed to a failed replica before its routes are removed fail at once, or
+  are resent), drain one (no new requests; removed when it holds none, or failed at a
+  deadline). Every change is a timeline row (``SimResult.timeline``). Without a control the
+  run is exactly as before (the presets' output is byte-identical).
 
 Speed: between scheduling events (arrival that can be admitted, completion, KV block shortage,
 client deadline, end of run) the batch is constant, so k decode iterations of equal length are
@@ -55,6 +71,9 @@ class ReplicaParams:
     max_model_len: int = 16_384
     queue_limit: int | None = 512
     service: ServiceModel = DEFAULT_SERVICE_MODEL
+    prefill: str = "mixed"  # "mixed": chunks inside the batch iteration | "separate": own lanes
+    prefill_lanes: int | None = None  # separate prefill: prompts computed at once (None: any)
+    prefill_jitter_cv: float = 0.0  # separate prefill: CV of a lognormal factor (mean 1) on each lane time
 
     def __post_init__(self):
         checks = [
@@ -65,10 +84,14 @@ class ReplicaParams:
             ("kv_watermark", 0.0 <= self.kv_watermark < 0.5),
             ("max_model_len", self.max_model_len >= 2),
             ("queue_limit", self.queue_limit is None or self.queue_limit >= 0),
+            ("prefill", self.prefill in ("mixed", "separate")),
+            ("prefill_lanes", self.prefill_lanes is None or self.prefill_lanes >= 1),
+            ("prefill_jitter_cv", 0.0 <= self.prefill_jitter_cv <= 5.0),
         ]
         for name, ok in checks:
             if not ok:
-                fix = {"token_budget": "token_budget must be ≥ max_batch (every running sequence decodes each iteration)"}
+                fix = {"token_budget": "token_budget must be ≥ max_batch (every running sequence decodes each iteration)",
+                       "prefill": "mixed (prompt chunks inside the batch iteration) or separate (own prefill lanes)"}
                 raise SpecError(f"replica.{name} is out of range: {getattr(self, name)!r}",
                                 field=f"replica.{name}", fix=fix.get(name, "see docs/synth.md"))
         usable = int(self.kv_blocks * (1.0 - self.kv_watermark)) * self.block_size
@@ -112,13 +135,22 @@ class SimResult:
     seg_k: list  # per replica: iterations in the segment
     seg_tok: list  # per replica: tokens computed per iteration (decode + prefill)
     stats: dict = field(default_factory=dict)
+    #: fleet changes (with a control): (t_ns, event, replica index or None, {column: value})
+    timeline: list = field(default_factory=list)
+    #: with a control: each replica's group ("zone/node"), by index
+    groups: list = field(default_factory=list)
+    #: separate prefill: tokens emitted off the iteration grid (when a prefill lane finishes),
+    #: one row each: request and time. None in mixed mode.
+    xtok_rid: np.ndarray | None = None
+    xtok_ns: np.ndarray | None = None
 
 
 class _Rep:
     __slots__ = ("idx", "it", "wake", "t0", "step", "k", "kind", "tok", "waiting", "nwait",
                  "running", "ndec", "prefilling", "H", "used", "fin_heap", "dl_heap", "pf_done",
                  "seg_i0", "seg_t0", "seg_step", "seg_k", "seg_tok", "assigned", "done", "stopped",
-                 "preemptions", "max_wait")
+                 "preemptions", "max_wait", "pf_heap", "lanes_busy", "routable", "alive", "draining",
+                 "retry_after")
 
     def __init__(self, idx: int, bs: int):
         self.idx = idx
@@ -149,6 +181,12 @@ class _Rep:
         self.stopped = False
         self.preemptions = 0
         self.max_wait = 0
+        self.pf_heap: list = []  # separate prefill: (ready_ns, rid) of prompts on a lane
+        self.lanes_busy = 0
+        self.routable = True  # the router may send it requests
+        self.alive = True  # it serves what it holds (False: failed or removed)
+        self.draining = False
+        self.retry_after = None  # failed: resend requests routed to it this long after (ns)
 
 
 def _needs(H, it, k, bs, n):
@@ -190,13 +228,18 @@ def _max_k(H, it, free, bs, n):
 def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s: float,
              sched_ns: np.ndarray | None = None, input_tokens: np.ndarray | None = None,
              output_tokens: np.ndarray | None = None, tenant: np.ndarray | None = None,
-             closed: ClosedLoop | None = None, draw=None, progress=None) -> SimResult:
+             closed: ClosedLoop | None = None, draw=None, progress=None,
+             fault: np.ndarray | None = None, prefill_scale: np.ndarray | None = None,
+             control=None) -> SimResult:
     """Simulate one run. Open loop: pass sorted ``sched_ns`` with the lengths (and tenant
-    indices). Closed loop: pass ``closed`` and ``draw(n) -> (input, output, tenant)`` arrays.
+    indices, and optionally ``fault`` codes: 1 error, 2 stall, and ``prefill_scale``: a factor
+    on each request's prefill-lane time, separate prefill only). Closed loop: pass ``closed``
+    and ``draw(n) -> (input, output, tenant)`` arrays.
 
     Requests unresolved at ``end_s`` (the hard stop, normally duration + drain) get status
     ``timeout`` when their client deadline had passed by then, else ``cancelled``; tokens
-    received before the end are kept."""
+    received before the end are kept. ``control``: a :class:`capplan.synth.control.Control`
+    (module docstring); ``n_replicas`` is then the initial fleet."""
     bs = params.block_size
     kv_total = params.kv_blocks
     wm = int(params.kv_watermark * kv_total)
@@ -212,6 +255,11 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     timeout_ns = int(round(timeout_s * 1e9))
     end_ns = int(round(end_s * 1e9))
     reps = [_Rep(i, bs) for i in range(n_replicas)]
+    routing = reps  # the replicas the router considers (all of them without a control)
+    sep = params.prefill == "separate"
+    lanes = params.prefill_lanes if params.prefill_lanes is not None else INF
+    if fault is not None and closed is not None:
+        raise SpecError("fault codes work only for open-loop simulations", field="fault")
 
     # per-request state (python lists: fast scalar access)
     if closed is None:
@@ -239,6 +287,31 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     adm = [-1] * n0
     rep_of = [-1] * n0
     st_rid, st_rep, st_p, st_cnt = [], [], [], []
+    flt = fault.tolist() if fault is not None else None
+    if prefill_scale is not None and (closed is not None or not sep):
+        raise SpecError("prefill_scale works only for open-loop runs with separate prefill", field="prefill_scale")
+    pfs = prefill_scale.tolist() if prefill_scale is not None else None
+    ready_t = [0] * n0  # separate prefill: when the prompt on its lane is done
+    lane_tok = [False] * n0  # separate prefill: the current stint's first token came off-grid
+    xt_rid: list = []
+    xt_ns: list = []
+    # fleet control (None: a fixed fleet, and none of this is touched)
+    ctl = control
+    rheap: list = []  # resent requests: (time, rid)
+    resent: set = set()  # requests already resent once
+    void_from: dict = {}  # rid → first stint of its last attempt (earlier ones are dropped)
+    xvoid_from: dict = {}  # the same for tokens sent off the grid (separate prefill)
+    arr_t: deque = deque()  # arrival times in the control's signal window
+    ft: deque | None = None  # (first-token time, TTFT) in that window
+    tl: list = []  # timeline rows
+    groups: list = []
+    tok_sum = [0, 0]  # Σ (input + output) of arrivals, arrivals: the mean request size
+    if ctl is not None:
+        ft = deque()
+        groups = list(ctl.spec.placement.initial(n_replicas))
+        for R in reps:
+            tl.append((0, "replica_ready", R.idx, {"group": groups[R.idx],
+                                                  "detail": "in service at the start"}))
 
     # closed loop bookkeeping
     cheap: list = []
@@ -280,6 +353,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         ekey.append(0)
         adm.append(-1)
         rep_of.append(-1)
+        ready_t.append(0)
+        lane_tok.append(False)
         user_of.append(u)
         reissued.append(False)
         rid = len(sched) - 1
@@ -297,6 +372,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             seqno[0] += 1
 
     def stint(rid, r, p, cnt):
+        if lane_tok[rid]:  # its first token was sent when the prefill lane finished
+            lane_tok[rid] = False
+            p += 1
+            cnt -= 1
         if cnt > 0:
             st_rid.append(rid)
             st_rep.append(r)
@@ -332,6 +411,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.prefilling.remove(rid)
             del R.running[rid]
             R.assigned -= rem[rid] + (out[rid] - gen[rid] - 1)
+            if sep:
+                R.lanes_busy -= 1
         state[rid] = DONE
         status[rid] = end_status(rid)  # called at the deadline or at the end of the run
         resolved(rid, now)
@@ -368,12 +449,16 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.prefilling.remove(rid)
             del R.running[rid]
             R.assigned += plen[rid] - rem[rid]
+            if sep:
+                R.lanes_busy -= 1
         state[rid] = WAITING
         R.waiting.appendleft(rid)
         R.nwait += 1
         R.preemptions += 1
 
-    def plan(R, now):
+    def make_room(R, now):
+        """Drop expired queued requests and preempt until the next decode step's KV blocks fit;
+        returns the blocks that step needs."""
         purge(R, now)
         it = R.it
         H = R.H
@@ -381,6 +466,90 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         while R.ndec and R.used + need1 > kv_total:
             preempt_one(R)
             need1 = H[(-it) % bs] if R.ndec else 0
+        return need1
+
+    def go_idle(R):
+        if R.nwait:
+            raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
+                               "(max_model_len larger than the KV cache?)")
+        R.kind = 0
+        R.k = 0
+        R.wake = INF
+
+    def admit_head(R, now, need1):
+        """Admit the head of the queue (FIFO) when the KV cache can hold its prompt; returns
+        its index, or −1 when the queue is empty or the head must wait."""
+        w = R.waiting
+        while R.nwait:
+            h = w[0]
+            if state[h] != WAITING:
+                w.popleft()
+                continue
+            if dl[h] <= now:
+                w.popleft()
+                expire_waiting(R, h, now)
+                continue
+            L = inp[h] + gen[h]
+            need = -(-L // bs)
+            if R.used + need + need1 > admit_cap:
+                return -1
+            w.popleft()
+            R.nwait -= 1
+            state[h] = PREFILL
+            plen[h] = L
+            rem[h] = L
+            R.used += need
+            R.running[h] = 1
+            R.prefilling.append(h)
+            if adm[h] < 0:
+                adm[h] = now
+            heapq.heappush(R.dl_heap, (dl[h], h))
+            return h
+        return -1
+
+    def decode_span(R, now, until):
+        """Commit k decode-only iterations: up to the next finish, client deadline, end of
+        run, KV block shortage or ``until`` (a prefill lane finishing), whichever comes first."""
+        it = R.it
+        n_dec = R.ndec
+        step = table[n_dec]
+        fh = R.fin_heap
+        while True:
+            f, rid = fh[0]
+            if state[rid] == DECODE and fin[rid] == f:
+                break
+            heapq.heappop(fh)
+        k = f - it + 1
+        dh = R.dl_heap
+        while dh and state[dh[0][1]] not in (PREFILL, DECODE):
+            heapq.heappop(dh)
+        if dh:
+            kd = -(-(dh[0][0] - now) // step)
+            if kd < k:
+                k = kd
+        if until < INF:
+            kr = -(-(until - now) // step)
+            if kr < k:
+                k = kr
+        ke = -(-(end_ns - now) // step)
+        if ke < k:
+            k = ke
+        free = kv_total - R.used
+        if bs * (free // n_dec) < k:
+            kk = _max_k(R.H, it, free, bs, n_dec)
+            if kk < k:
+                k = kk
+        if k < 1:
+            k = 1
+        R.kind = 1
+        R.k = k
+        R.t0 = now
+        R.step = step
+        R.tok = n_dec
+        R.wake = now + k * step
+
+    def plan(R, now):
+        need1 = make_room(R, now)
         n_dec = R.ndec
         budget = budget_tok - n_dec
         P = 0
@@ -395,32 +564,12 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             chunks.append((rid, c))
             P += c
             nseq += 1
-        w = R.waiting
         running = R.running
         while R.nwait and len(running) < max_batch and P < budget:
-            h = w[0]
-            if state[h] != WAITING:
-                w.popleft()
-                continue
-            if dl[h] <= now:
-                w.popleft()
-                expire_waiting(R, h, now)
-                continue
-            L = inp[h] + gen[h]
-            need = -(-L // bs)
-            if R.used + need + need1 > admit_cap:
+            h = admit_head(R, now, need1)
+            if h < 0:
                 break
-            w.popleft()
-            R.nwait -= 1
-            state[h] = PREFILL
-            plen[h] = L
-            rem[h] = L
-            R.used += need
-            running[h] = 1
-            R.prefilling.append(h)
-            if adm[h] < 0:
-                adm[h] = now
-            heapq.heappush(R.dl_heap, (dl[h], h))
+            L = plen[h]
             c = L if L < budget - P else budget - P
             chunks.append((h, c))
             P += c
@@ -444,44 +593,102 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.tok = n_dec + P
             R.wake = now + step
         elif n_dec:
-            step = table[n_dec]
-            fh = R.fin_heap
-            while True:
-                f, rid = fh[0]
-                if state[rid] == DECODE and fin[rid] == f:
-                    break
-                heapq.heappop(fh)
-            k = f - it + 1
+            decode_span(R, now, INF)
+        else:
+            go_idle(R)
+
+    def plan_sep(R, now):
+        """plan() for separate prefill: admit onto free prefill lanes, then run decode-only
+        iterations, cut at the next lane completion so that a finished prompt joins the batch
+        at the following boundary; with no decoding sequence, wait for a lane (kind 3)."""
+        need1 = make_room(R, now)
+        running = R.running
+        while R.nwait and len(running) < max_batch and R.lanes_busy < lanes:
+            h = admit_head(R, now, need1)
+            if h < 0:
+                break
+            L = plen[h]
+            lane_ns = kp_ns * L + over_ns
+            if pfs is not None:
+                lane_ns *= pfs[h]
+            r = now + max(1000, int(round(lane_ns / 1000.0)) * 1000)
+            ready_t[h] = r
+            heapq.heappush(R.pf_heap, (r, h))
+            R.lanes_busy += 1
+        ph = R.pf_heap
+        while ph and (state[ph[0][1]] != PREFILL or ready_t[ph[0][1]] != ph[0][0]):
+            heapq.heappop(ph)
+        if R.ndec:
+            decode_span(R, now, ph[0][0] if ph else INF)
+        elif ph:
+            t = ph[0][0]
             dh = R.dl_heap
             while dh and state[dh[0][1]] not in (PREFILL, DECODE):
                 heapq.heappop(dh)
-            if dh:
-                kd = -(-(dh[0][0] - now) // step)
-                if kd < k:
-                    k = kd
-            ke = -(-(end_ns - now) // step)
-            if ke < k:
-                k = ke
-            free = kv_total - R.used
-            if bs * (free // n_dec) < k:
-                kk = _max_k(H, it, free, bs, n_dec)
-                if kk < k:
-                    k = kk
-            if k < 1:
-                k = 1
-            R.kind = 1
-            R.k = k
-            R.t0 = now
-            R.step = step
-            R.tok = n_dec
-            R.wake = now + k * step
-        else:
-            if R.nwait:
-                raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
-                                   "(max_model_len larger than the KV cache?)")
-            R.kind = 0
+            if dh and dh[0][0] < t:
+                t = dh[0][0] if dh[0][0] > now else now
+            if t > end_ns:
+                t = end_ns if end_ns > now else now
+            R.kind = 3
             R.k = 0
-            R.wake = INF
+            R.t0 = now
+            R.step = 0
+            R.tok = 0
+            R.wake = t
+        else:
+            go_idle(R)
+
+    def lanes_done(R, now):
+        """Separate prefill: prompts whose lane finished by ``now`` send their (first) token at
+        the lane's finish time and join the decode batch from iteration ``R.it`` on."""
+        ph = R.pf_heap
+        while ph and ph[0][0] <= now:
+            r, rid = heapq.heappop(ph)
+            if state[rid] != PREFILL or ready_t[rid] != r:
+                continue
+            cutoff = dl[rid] if dl[rid] < end_ns else end_ns
+            if r > cutoff:
+                continue  # its deadline (or the end) came first: cut with the deadlines below
+            R.lanes_busy -= 1
+            R.prefilling.remove(rid)
+            R.done += rem[rid]
+            rem[rid] = 0
+            xt_rid.append(rid)
+            xt_ns.append(r)
+            lane_tok[rid] = True
+            first_token(rid, r, True)
+            prompt_done(R, rid, now, True)  # books as if a prefill iteration had just ended
+
+    def first_token(rid, t, on_time):
+        """A request's prompt is done at ``t``: with a control, its first token (not a
+        re-prefill after preemption) joins the signal window."""
+        if ft is not None and on_time and gen[rid] == 0:
+            ft.append((t, t - sched[rid]))
+
+    def prompt_done(R, rid, now, on_time):
+        """rid's prompt is computed by iteration R.it − 1 (its token counts when ``on_time``):
+        it is done when it wanted one token, else it decodes from iteration R.it on."""
+        it = R.it
+        p = it - 1
+        pst[rid] = p
+        left = out[rid] - gen[rid]
+        if left <= 1:
+            cnt = 1 if on_time else 0
+            stint(rid, R.idx, p, cnt)
+            R.used -= -(-plen[rid] // bs)
+            del R.running[rid]
+            state[rid] = DONE
+            status[rid] = OK if cnt else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
+            resolved(rid, now)
+        else:
+            state[rid] = DECODE
+            e = (plen[rid] - it) % bs
+            ekey[rid] = e
+            R.H[e] += 1
+            R.ndec += 1
+            f = p + left - 1
+            fin[rid] = f
+            heapq.heappush(R.fin_heap, (f, rid))
 
     def record(R, t0, step, k, tok):
         if k <= 0:
@@ -510,28 +717,11 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         it = R.it
         if kind == 2 and R.pf_done:
             for rid in R.pf_done:
-                p = it - 1
-                pst[rid] = p
-                left = out[rid] - gen[rid]
-                if left <= 1:
-                    cutoff = dl[rid] if dl[rid] < end_ns else end_ns
-                    cnt = 1 if now <= cutoff else 0
-                    stint(rid, R.idx, p, cnt)
-                    R.used -= -(-plen[rid] // bs)
-                    del R.running[rid]
-                    state[rid] = DONE
-                    status[rid] = OK if cnt else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
-                    resolved(rid, now)
-                else:
-                    state[rid] = DECODE
-                    e = (plen[rid] - it) % bs
-                    ekey[rid] = e
-                    R.H[e] += 1
-                    R.ndec += 1
-                    f = p + left - 1
-                    fin[rid] = f
-                    heapq.heappush(R.fin_heap, (f, rid))
+                first_token(rid, now, now <= (dl[rid] if dl[rid] < end_ns else end_ns))
+                prompt_done(R, rid, now, now <= (dl[rid] if dl[rid] < end_ns else end_ns))
             R.pf_done = []
+        if sep and R.pf_heap:
+            lanes_done(R, now)
         fh = R.fin_heap
         while fh and fh[0][0] <= it - 1:
             f, rid = heapq.heappop(fh)
@@ -552,6 +742,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             d, rid = heapq.heappop(dh)
             if state[rid] == PREFILL or state[rid] == DECODE:
                 cut(R, rid, now)
+        if R.draining and not R.running and not R.nwait:
+            removed(R, now)
+            return
         if now >= end_ns:
             for rid in list(R.running):
                 cut(R, rid, now)
@@ -563,9 +756,20 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             R.kind = 0
             R.wake = INF
             return
-        plan(R, now)
+        if sep:
+            plan_sep(R, now)
+        else:
+            plan(R, now)
 
     def arrive(rid, t):
+        if ctl is not None:
+            arr_t.append(t)
+            tok_sum[0] += inp[rid] + out[rid]
+            tok_sum[1] += 1
+        if flt is not None and flt[rid]:  # a fault: the server fails it whatever the load
+            state[rid] = DONE
+            status[rid] = ERROR if flt[rid] == 1 else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
+            return
         if inp[rid] + out[rid] > max_len:
             state[rid] = DONE
             status[rid] = ERROR
@@ -573,7 +777,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             return
         best = None
         bw = INF
-        for R in reps:
+        for R in routing:
             if R.stopped:
                 continue
             if R.waiting:
@@ -581,7 +785,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             if R.nwait >= qlim:
                 continue
             w = R.assigned - R.done
-            if R.kind:
+            if R.kind == 1 or R.kind == 2:
                 j = (t - R.t0) // R.step
                 w -= (j if j < R.k else R.k) * R.tok
             if w < bw:
@@ -594,6 +798,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             return
         R = best
         rep_of[rid] = R.idx
+        if not R.alive:  # failed, routes not yet removed: the request fails at once
+            drop(rid, t, R.retry_after)
+            return
         was_empty = R.nwait == 0
         R.waiting.append(rid)
         R.nwait += 1
@@ -603,11 +810,179 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         if R.kind == 0:
             R.wake = t
         elif R.kind == 1 and was_empty and len(R.running) < max_batch \
-                and R.used + -(-inp[rid] // bs) <= admit_cap:
+                and R.used + -(-inp[rid] // bs) <= admit_cap and R.lanes_busy < lanes:
             j = -(-(t - R.t0) // R.step)
             if j < R.k:
                 R.k = j
                 R.wake = R.t0 + j * R.step
+        elif R.kind == 3 and was_empty and len(R.running) < max_batch and R.lanes_busy < lanes:
+            R.wake = t  # prefill lanes work off the batch: admit at once
+
+    # ---- the fleet (only with a control) ----
+    def drop(rid, now, retry_after):
+        """A request its replica lost: resent once ``retry_after`` ns later (starting over,
+        its deadline unchanged), else it ends in an error (tokens received kept)."""
+        if retry_after is not None and rid not in resent and dl[rid] > now:
+            resent.add(rid)
+            state[rid] = WAITING
+            gen[rid] = 0
+            adm[rid] = -1
+            void_from[rid] = len(st_rid)
+            xvoid_from[rid] = len(xt_rid)
+            lane_tok[rid] = False
+            heapq.heappush(rheap, (now + retry_after, rid))
+        else:
+            state[rid] = DONE
+            status[rid] = ERROR
+            resolved(rid, now, True)
+
+    def fail_replica(R, now, retry_after):
+        """R stops at ``now``: iterations finished by then count; what it holds is dropped."""
+        if not R.alive:
+            return
+        if R.kind == 1:
+            j = min((now - R.t0) // R.step, R.k) if R.step else 0
+            if j > 0:
+                record(R, R.t0, R.step, j, R.tok)
+                R.it += j
+                R.done += j * R.tok
+        for rid in list(R.running):
+            if state[rid] == DECODE:
+                cnt = R.it - pst[rid]
+                stint(rid, R.idx, pst[rid], cnt)
+                gen[rid] += cnt
+            drop(rid, now, retry_after)
+        for rid in list(R.waiting):
+            if state[rid] == WAITING and rep_of[rid] == R.idx:
+                drop(rid, now, retry_after)
+        R.waiting.clear()
+        R.nwait = 0
+        R.running = {}
+        R.ndec = 0
+        R.prefilling = []
+        R.pf_done = []
+        R.H = [0] * bs
+        R.used = 0
+        R.fin_heap = []
+        R.dl_heap = []
+        R.pf_heap = []
+        R.lanes_busy = 0
+        R.kind = 0
+        R.k = 0
+        R.wake = INF
+        R.assigned = R.done  # holds nothing: a least-work router sees it idle
+        R.alive = False
+        R.draining = False
+        R.retry_after = retry_after
+
+    def set_routing():
+        nonlocal routing
+        routing = [R for R in reps if R.routable]
+
+    def removed(R, now):
+        R.alive = False
+        R.draining = False
+        R.kind = 0
+        R.wake = INF
+        tl.append((now, "replica_removed", R.idx, {"group": groups[R.idx], "detail": "drained"}))
+
+    class Fleet:
+        """The control's handle on the fleet (capplan.synth.control.Fleet)."""
+
+        def live(self):
+            return [R.idx for R in reps if R.alive and not R.draining]
+
+        def ready(self):
+            return [R.idx for R in reps if R.alive and not R.draining and R.routable]
+
+        def outstanding(self, idx):
+            return reps[idx].assigned - reps[idx].done
+
+        def group_of(self, idx):
+            return groups[idx]
+
+        def add(self, now, ready_at, group):
+            R = _Rep(len(reps), bs)
+            R.routable = False
+            reps.append(R)
+            groups.append(group)
+            tl.append((now, "replica_added", R.idx, {"group": group,
+                                                    "detail": f"ready at {ready_at / 1e9:.3f} s"}))
+            return R.idx
+
+        def make_ready(self, idx, now):
+            R = reps[idx]
+            if R.alive and not R.draining and not R.routable:
+                R.routable = True
+                set_routing()
+                tl.append((now, "replica_ready", idx, {"group": groups[idx]}))
+
+        def fail(self, idx, now, retry_after, detail="failed"):
+            R = reps[idx]
+            if not R.alive:
+                return
+            fail_replica(R, now, retry_after)
+            tl.append((now, "replica_failed", idx, {"group": groups[idx], "detail": detail}))
+
+        def unroute(self, idx, now):
+            R = reps[idx]
+            if R.routable:
+                R.routable = False
+                set_routing()
+                tl.append((now, "replica_removed", idx, {"group": groups[idx],
+                                                        "detail": "routes removed"}))
+
+        def drain(self, idx, now, deadline):
+            R = reps[idx]
+            if not R.alive or R.draining:
+                return
+            R.draining = True
+            if R.routable:
+                R.routable = False
+                set_routing()
+            tl.append((now, "replica_draining", idx, {"group": groups[idx]}))
+            if not R.running and not R.nwait:
+                removed(R, now)
+            elif deadline <= now:
+                self.fail(idx, now, None, "drain deadline")
+            else:
+                ctl.later(deadline, "drain_deadline", idx)
+
+        def drain_deadline(self, idx, now):
+            if reps[idx].alive and reps[idx].draining:
+                self.fail(idx, now, None, "drain deadline: what it still held is lost")
+
+        def log(self, t, event, replica=None, **cols):
+            tl.append((t, event, replica, cols))
+
+        def signals(self, now, window, ttft_limit_ms):
+            from .autoscale import Signals
+
+            while arr_t and arr_t[0] <= now - window:
+                arr_t.popleft()
+            while ft and ft[0][0] <= now - window:
+                ft.popleft()
+            mean_tok = tok_sum[0] / tok_sum[1] if tok_sum[1] else 1.0
+            wait_tok = 0
+            used = cap = 0
+            for R in reps:
+                if not R.alive:
+                    continue
+                for rid in R.waiting:
+                    if state[rid] == WAITING:
+                        wait_tok += inp[rid] + out[rid]
+                if R.routable:
+                    used += R.used
+                    cap += kv_total
+            w_s = min(window, now) / 1e9 if now > 0 else window / 1e9  # a young run: its age
+            ttfts = np.fromiter((x for _, x in ft), dtype=np.float64, count=len(ft))
+            p99 = float(np.percentile(ttfts, 99)) / 1e6 if ttfts.size else float("nan")
+            good = int(np.sum(ttfts <= ttft_limit_ms * 1e6))
+            return Signals(rate_rps=len(arr_t) / w_s, queue=wait_tok / mean_tok, ttft_p99_ms=p99,
+                           kv_use=used / cap if cap else float("nan"),
+                           good_share=min(1.0, good / len(arr_t)) if arr_t else float("nan"))
+
+    fleet = Fleet() if ctl is not None else None
 
     # ---- main loop ----
     ai = 0
@@ -626,6 +1001,26 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             if R.wake < tw:
                 tw = R.wake
                 Rw = R
+        if ctl is not None:
+            tc = ctl.next_ns()
+            tr = rheap[0][0] if rheap else INF
+            if tc >= end_ns:
+                tc = INF
+            if tr >= end_ns:
+                tr = INF
+            if tc < INF and tc <= ta and tc <= tr and tc <= tw:
+                ctl.fire(tc, fleet)
+                continue
+            if tr < INF and tr <= ta and tr <= tw:
+                _, rid = heapq.heappop(rheap)
+                if state[rid] == WAITING:
+                    if dl[rid] <= tr:
+                        state[rid] = DONE
+                        status[rid] = end_status(rid)
+                        resolved(rid, tr)
+                    else:
+                        arrive(rid, tr)
+                continue
         if ta == INF and tw == INF:
             break
         if ta <= tw:
@@ -654,6 +1049,20 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         progress(tick)
 
     n = len(sched)
+    for _, rid in rheap:  # resends due after the end
+        if state[rid] == WAITING:
+            state[rid] = DONE
+            status[rid] = end_status(rid)
+    if void_from:  # a resent request's first attempt streamed tokens its client dropped
+        keep = [i for i, rid in enumerate(st_rid) if i >= void_from.get(rid, 0)]
+        st_rid = [st_rid[i] for i in keep]
+        st_rep = [st_rep[i] for i in keep]
+        st_p = [st_p[i] for i in keep]
+        st_cnt = [st_cnt[i] for i in keep]
+    if xvoid_from:
+        keep = [i for i, rid in enumerate(xt_rid) if i >= xvoid_from.get(rid, 0)]
+        xt_rid = [xt_rid[i] for i in keep]
+        xt_ns = [xt_ns[i] for i in keep]
     # anything still unresolved (only possible with arrivals at/after end) is cancelled
     st_arr = np.asarray(status, dtype=np.int8)
     st_arr[st_arr == UNRESOLVED] = CANCELLED
@@ -673,5 +1082,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         stint_rid=np.asarray(st_rid, dtype=np.int64), stint_rep=np.asarray(st_rep, dtype=np.int64),
         stint_first_iter=np.asarray(st_p, dtype=np.int64), stint_count=np.asarray(st_cnt, dtype=np.int64),
         seg_i0=seg("seg_i0"), seg_t0=seg("seg_t0"), seg_step=seg("seg_step"), seg_k=seg("seg_k"), seg_tok=seg("seg_tok"),
-        stats=stats,
+        stats=stats, timeline=tl, groups=groups,
+        xtok_rid=np.asarray(xt_rid, dtype=np.int64) if sep else None,
+        xtok_ns=np.asarray(xt_ns, dtype=np.int64) if sep else None,
     )

@@ -66,6 +66,33 @@ def _itl_values(rid, cnt, start, is_first, iter_end) -> np.ndarray:
     return arr
 
 
+def _token_times_offgrid(res: SimResult, rid, cnt, start, iter_end, with_itl: bool):
+    """token_times when some tokens were sent off the iteration grid (separate prefill: the
+    token a prefill lane emits when it finishes): every token's time is gathered, the off-grid
+    ones are merged in, and the gaps are differences within each request."""
+    n = len(res.sched_ns)
+    total = int(cnt.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    t_grid = iter_end[np.repeat(start, cnt) + within] if total else np.zeros(0, np.int64)
+    r_all = np.concatenate([np.repeat(rid, cnt), res.xtok_rid])
+    t_all = np.concatenate([t_grid, res.xtok_ns])
+    order = np.lexsort((t_all, r_all))
+    r_all, t_all = r_all[order], t_all[order]
+    n_recv = np.bincount(r_all, minlength=n).astype(np.int64)
+    first = np.full(n, -1, np.int64)
+    last = np.full(n, -1, np.int64)
+    if len(r_all):
+        head = np.r_[True, r_all[1:] != r_all[:-1]]
+        tail = np.r_[r_all[1:] != r_all[:-1], True]
+        first[r_all[head]] = t_all[head]
+        last[r_all[tail]] = t_all[tail]
+    if not with_itl:
+        return n_recv, first, last, None, None
+    values = np.diff(t_all)[~head[1:]] if len(r_all) else np.zeros(0, np.int64)
+    offsets = np.r_[0, np.cumsum(np.maximum(n_recv - 1, 0))].astype(np.int64)
+    return n_recv, first, last, offsets, values
+
+
 def token_times(res: SimResult, with_itl: bool = True):
     """(n_received, first_token_ns, last_token_ns, itl offsets int64 | None, itl values | None);
     first/last are −1 where no token was received."""
@@ -75,6 +102,8 @@ def token_times(res: SimResult, with_itl: bool = True):
     cnt = res.stint_count[order]
     bases, iter_end = _iteration_clock(res)
     start = bases[res.stint_rep[order]] + res.stint_first_iter[order]
+    if res.xtok_rid is not None and len(res.xtok_rid):
+        return _token_times_offgrid(res, rid, cnt, start, iter_end, with_itl)
     n_recv = np.bincount(rid, weights=cnt, minlength=n).astype(np.int64)
     first = np.full(n, -1, np.int64)
     last = np.full(n, -1, np.int64)
@@ -108,6 +137,7 @@ def events_arrow(res: SimResult, run_id: str, *, tenants: tuple[str, ...] = (),
         "last_token_ns": pa.array(last, pa.int64(), mask=no_tok),
         "input_tokens": pa.array(res.input_tokens, pa.int64()),
         "output_tokens": pa.array(n_recv, pa.int64()),
+        "max_output_tokens": pa.array(res.target_output, pa.int64()),  # what the client asked for
         "status": pc.take(pa.array(list(STATUS_NAMES), pa.string()), pa.array(status)),
     }
     if with_itl:
@@ -176,3 +206,24 @@ def power_arrow(res: SimResult, run_id: str, *, gpus_per_replica: int, idle_w: f
     cols = {k: np.concatenate(v) for k, v in rows.items()}
     fields = [pa.field(c.name, c.dtype, nullable=c.nullable) for c in C.RESOURCE_COLUMNS if c.name in cols]
     return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in fields], schema=pa.schema(fields))
+
+
+def timeline_arrow(res: SimResult, run_id: str) -> pa.Table:
+    """The run's fleet changes (``res.timeline``) as a contract timeline table, in time order
+    (ties keep the order they happened in); replicas named as in ``replica_group``."""
+    rows = sorted(enumerate(res.timeline), key=lambda x: (x[1][0], x[0]))
+    cols: dict[str, list] = {c.name: [] for c in C.TIMELINE_COLUMNS}
+    for _, (t, event, rep, extra) in rows:
+        cols["run_id"].append(run_id)
+        cols["t_ns"].append(int(t))
+        cols["event"].append(event)
+        cols["replica"].append(None if rep is None else f"replica-{rep}")
+        for c in C.TIMELINE_COLUMNS[4:]:
+            v = extra.get(c.name)
+            if c.dtype == pa.int64() and v is not None:
+                v = int(v)
+            elif c.dtype == pa.float64() and v is not None:
+                v = float(v)
+            cols[c.name].append(v)
+    return pa.Table.from_arrays([pa.array(cols[c.name], c.dtype) for c in C.TIMELINE_COLUMNS],
+                                schema=C.TIMELINE_SCHEMA)

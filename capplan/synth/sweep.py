@@ -23,8 +23,9 @@ from ..errors import SpecError
 from ..io import atomic_dir, events_table, manifest_dict
 from . import arrivals as A
 from .config import SynthConfig
+from .control import Control
 from .engine import ClosedLoop, SimResult, simulate
-from .events import events_arrow, power_arrow
+from .events import events_arrow, power_arrow, timeline_arrow
 
 # Pinned writer options: same table ⇒ same bytes (no timestamps are written by parquet-cpp).
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 17,
@@ -89,6 +90,8 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
     end_s = dur + cfg.drain
     common = dict(n_replicas=cfg.replicas, params=cfg.replica, timeout_s=cfg.timeout_s, end_s=end_s,
                   progress=progress)
+    if cfg.control is not None:  # a fresh controller per run (it keeps state)
+        common["control"] = Control(cfg.control)
     if cfg.load_model == "closed":
         def draw(n):
             ten = _tenants_for(cfg, n, r_ten)
@@ -104,10 +107,29 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
         sched, inp, out = A.replay_schedule(tr, level, dur, row)
         ten = _tenants_for(cfg, len(sched), r_ten)
     else:
-        sched = A.arrival_times_ns(cfg.arrival.process, level, dur, r_arr, cfg.arrival.cv)
+        if cfg.demand is not None:  # a rate that changes during the run (the level is its scale)
+            proc = cfg.arrival.process if cfg.arrival.process in ("constant", "gamma") else "poisson"
+            sched = cfg.demand.arrivals_ns(dur, r_arr, process=proc, cv=cfg.arrival.cv)
+        else:
+            sched = A.arrival_times_ns(cfg.arrival.process, level, dur, r_arr, cfg.arrival.cv)
         ten = _tenants_for(cfg, len(sched), r_ten)
         inp, out = _lengths_for(cfg, ten, r_len)
-    return simulate(sched_ns=sched, input_tokens=inp, output_tokens=out, tenant=ten, **common)
+    fault = None
+    if cfg.faults is not None and cfg.faults.any:  # its own stream: the others stay as they were
+        u = np.random.default_rng(ss.spawn(1)[0]).random(len(sched))
+        fault = np.where(u < cfg.faults.error_share, 1,
+                         np.where(u < cfg.faults.error_share + cfg.faults.stall_share, 2, 0)).astype(np.int64)
+    scale = None
+    if cfg.replica.prefill == "separate" and cfg.replica.prefill_jitter_cv > 0:
+        scale = lognormal_factors(np.random.default_rng(ss.spawn(1)[0]), len(sched), cfg.replica.prefill_jitter_cv)
+    return simulate(sched_ns=sched, input_tokens=inp, output_tokens=out, tenant=ten, fault=fault,
+                    prefill_scale=scale, **common)
+
+
+def lognormal_factors(rng: np.random.Generator, n: int, cv: float) -> np.ndarray:
+    """n lognormal factors with mean 1 and coefficient of variation ``cv``."""
+    s2 = np.log1p(cv * cv)
+    return np.exp(rng.normal(-0.5 * s2, np.sqrt(s2), n))
 
 
 def run_tables(cfg: SynthConfig, plan: RunPlan, progress=None) -> tuple[pa.Table, pa.Table | None, dict]:
@@ -125,6 +147,8 @@ def run_tables(cfg: SynthConfig, plan: RunPlan, progress=None) -> tuple[pa.Table
                          idle_w=cfg.power.idle_w, busy_w=cfg.power.busy_w, horizon_s=horizon,
                          token_budget=cfg.replica.token_budget)
     stats = dict(res.stats)
+    if cfg.control is not None:
+        stats["timeline"] = timeline_arrow(res, plan.run_id)
     counts = np.bincount(res.status, minlength=6)
     stats.update(run_id=plan.run_id, level=plan.level, ok=int(counts[0]), rejected=int(counts[1]),
                  timeout=int(counts[2]), error=int(counts[3]), cancelled=int(counts[4]))
@@ -138,7 +162,7 @@ def _worker(args):
     return plan.index, pw, stats
 
 
-def manifest_for(cfg: SynthConfig, plans: tuple[RunPlan, ...]) -> dict:
+def manifest_for(cfg: SynthConfig, plans: tuple[RunPlan, ...], extra: dict | None = None) -> dict:
     runs = []
     for p in plans:
         r = {"run_id": p.run_id}
@@ -164,14 +188,20 @@ def manifest_for(cfg: SynthConfig, plans: tuple[RunPlan, ...]) -> dict:
                     "kv_blocks": cfg.replica.kv_blocks, "block_size": cfg.replica.block_size,
                     "kv_watermark": cfg.replica.kv_watermark, "max_model_len": cfg.replica.max_model_len,
                     "queue_limit": cfg.replica.queue_limit, "router": "least outstanding work (tokens)",
-                    "preemption": "recompute"},
+                    "preemption": "recompute",
+                    **({"prefill": cfg.replica.prefill, "prefill_lanes": cfg.replica.prefill_lanes,
+                        "prefill_jitter_cv": cfg.replica.prefill_jitter_cv}
+                       if cfg.replica.prefill != "mixed" else {})},
         "service_model": sm.to_dict(),
         "client": {"timeout_s": cfg.timeout_s, "drain_s": cfg.drain, "think_s": cfg.think_s,
                    "backoff_s": cfg.backoff_s},
         "power": None if cfg.power is None else {"idle_w": cfg.power.idle_w, "busy_w": cfg.power.busy_w},
         "itl": cfg.itl,
     }
-    return manifest_dict(cfg.name, runs, system=dict(cfg.system), workload=workload, load_model=cfg.load_model)
+    if cfg.faults is not None and cfg.faults.any:
+        workload["faults"] = {"error_share": cfg.faults.error_share, "stall_share": cfg.faults.stall_share}
+    return manifest_dict(cfg.name, runs, system=dict(cfg.system), workload=workload, load_model=cfg.load_model,
+                         **(extra or {}))
 
 
 def readme_text(cfg: SynthConfig, plans: tuple[RunPlan, ...], stats: list[dict]) -> str:
@@ -216,10 +246,12 @@ def _check_destination(dest: Path) -> None:
 
 def generate_study(cfg: SynthConfig, out: str | os.PathLike, *, workers: int | None = None,
                    progress: bool = False, overwrite: bool = True,
-                   plans: tuple[RunPlan, ...] | None = None) -> tuple[Path, list[dict]]:
+                   plans: tuple[RunPlan, ...] | None = None, manifest_extra: dict | None = None,
+                   readme_extra: str = "") -> tuple[Path, list[dict]]:
     """Simulate every run of ``cfg`` (or the given ``plans``) and write the study directory at
     ``out`` atomically (events/<run_id>.parquet, resources/power.parquet, study.yaml).
-    Returns (path, per-run stats)."""
+    ``manifest_extra`` adds top-level keys to study.yaml (e.g. the twin and scenario a twin
+    run came from) and ``readme_extra`` a paragraph to README.md. Returns (path, per-run stats)."""
     plans = plan_runs(cfg) if plans is None else tuple(plans)
     _check_destination(Path(out))
     workers = max(1, min(int(workers or min(2, os.cpu_count() or 1)), len(plans)))
@@ -250,14 +282,22 @@ def generate_study(cfg: SynthConfig, out: str | os.PathLike, *, workers: int | N
                         powers[idx], stats[idx] = pw, st
                         if bar is not None:
                             bar.update(st["requests"])
+            timelines = [stats[p.index].pop("timeline", None) for p in plans]
+            if any(t is not None for t in timelines):
+                (tmp / C.TIMELINE_DIR).mkdir()
+                for p, t in zip(plans, timelines):
+                    if t is not None:
+                        write_parquet(t, tmp / C.TIMELINE_DIR / f"{p.run_id}.parquet")
             if cfg.power is not None:
                 (tmp / C.RESOURCES_DIR).mkdir()
                 write_parquet(pa.concat_tables([powers[p.index] for p in plans]),
                               tmp / C.RESOURCES_DIR / "power.parquet")
-            (tmp / "README.md").write_text(readme_text(cfg, plans, [stats[p.index] for p in plans]),
+            (tmp / "README.md").write_text(readme_text(cfg, plans, [stats[p.index] for p in plans])
+                                           + (readme_extra.rstrip() + "\n" if readme_extra else ""),
                                            encoding="utf-8")
             (tmp / C.MANIFEST_NAME).write_text(
-                yaml.safe_dump(manifest_for(cfg, plans), sort_keys=False, allow_unicode=True), encoding="utf-8")
+                yaml.safe_dump(manifest_for(cfg, plans, manifest_extra), sort_keys=False, allow_unicode=True),
+                encoding="utf-8")
     finally:
         if bar is not None:
             bar.close()

@@ -1,0 +1,251 @@
+"""The twin's steady-state C_SLO: the largest Poisson rate (at the measured mix) whose long-run
+attainment meets the SLO, with a 95 % interval.
+
+Each evaluation simulates ``runs`` independent long runs (``duration_s``, the first
+``warmup_s`` left out) and pools their SLO-good requests, counted with
+:func:`capplan.twin.replay.run_metrics` (the pipeline's definitions) — the same pooled
+attainment :func:`capplan.synth.truth.true_attainment` bisects, so the twin's C_SLO and the
+``true_capacity`` of a generating configuration are the same quantity. (Pooling matters near
+saturation: a few runs with congestion episodes pull the pooled attainment below a typical
+run's.) The crossing is found by bracketing and bisection with common random numbers (the same
+workloads at every rate: arrival gaps scale with the rate).
+
+- **Monte-Carlo error**: each run's own crossing, from a logit-linear fit through its
+  attainment at the evaluated rates near the estimate; SE = their SD / √runs;
+- **parameter effect**: for each of ``draws`` parameter draws (:meth:`Twin.draw`), the shift of
+  the crossing of run 0's workload, read from its attainment at three rates around the estimate;
+- **interval**: estimate ± 1.96 · sqrt(Monte-Carlo SE² + variance of the parameter effects).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+import multiprocessing as mp
+import numpy as np
+
+from ..slo import SLO
+from ..synth.config import ArrivalSpec
+from ..synth.events import token_times
+from ..synth.sweep import simulate_level
+from ..synth.truth import TRUTH_SEED_OFFSET
+from .replay import Outcome, itl_stats, run_metrics
+
+STEADY_DURATION_S = 1800.0  # at least this long …
+STEADY_REQUESTS = 12_000  # … and long enough for this many requests per run at the first guess
+NEGLIGIBLE_REL_SD = 1e-3  # service parameters known this well need no draws
+STEADY_WARMUP_SHARE = 1 / 6  # of the run, left out
+REL_TOL = 0.005
+SEED_OFFSET = 2_000_003  # parameter draws
+
+
+@dataclass(frozen=True)
+class SteadyCSLO:
+    estimate: float
+    ci_low: float
+    ci_high: float
+    per_run: tuple[float, ...]  # each run's own crossing (Monte-Carlo spread)
+    duration_s: float
+    warmup_s: float
+    evaluations: int  # simulated runs
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        f = lambda x: None if x is None or not math.isfinite(x) else round(float(x), 6)  # noqa: E731
+        return {"estimate": f(self.estimate), "ci_low": f(self.ci_low), "ci_high": f(self.ci_high),
+                "kind": "steady state: Poisson arrivals at the measured mix, long runs pooled",
+                "duration_s": round(self.duration_s, 3), "warmup_s": round(self.warmup_s, 3),
+                "runs": len(self.per_run), "simulated_runs": self.evaluations, "notes": list(self.notes)}
+
+
+def run_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
+               seed: int, run: int) -> tuple[int, int]:
+    """(in-window requests, SLO-good ones) of one long Poisson run of ``twin`` at ``rate``.
+    Run ``run`` draws from SeedSequence([seed, TRUTH_SEED_OFFSET + run]), the streams
+    ``capplan.synth.truth.true_attainment`` gives its replication ``run`` of a config with that
+    seed: the twin and a generating configuration then see the same arrivals and the same
+    normal draws behind their lengths (common random numbers)."""
+    cfg = twin.synth_config(rates=(rate,), duration_s=duration_s, warmup_s=warmup_s, seed=seed,
+                            itl=slo.itl_ms is not None)
+    cfg = replace(cfg, arrival=ArrivalSpec("poisson"))
+    res = simulate_level(cfg, rate, duration_s=duration_s, seed_key=(TRUTH_SEED_OFFSET + int(run),))
+    need_itl = slo.itl_ms is not None
+    n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
+    p99 = mx = None
+    if need_itl:
+        p99, mx = itl_stats(off, val, n_recv > 1)
+    o = Outcome(res.sched_ns, first, last, n_recv, res.status.astype(np.int8), p99, mx)
+    m = run_metrics(o, slo, int(warmup_s * 1e9))
+    return m["n"], m["n_good"]
+
+
+def _job(args):
+    twin, slo, rate, dur, warm, seed, run = args
+    return run_counts(twin, rate, slo, duration_s=dur, warmup_s=warm, seed=seed, run=run)
+
+
+class _Sim:
+    """Runs batches of simulations inline or on a process pool (results never depend on it):
+    the caller's ``executor``, else one of its own with ``workers`` processes."""
+
+    def __init__(self, workers: int, executor=None):
+        self.workers = workers
+        self.pool = executor
+        self.own = executor is None
+        self.count = 0
+
+    def __enter__(self):
+        if self.own and self.workers > 1:
+            self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
+        return self
+
+    def __exit__(self, *exc):
+        if self.own and self.pool is not None:
+            self.pool.shutdown()
+
+    def map(self, jobs):
+        self.count += len(jobs)
+        if self.pool is None:
+            return [_job(j) for j in jobs]
+        return list(self.pool.map(_job, jobs))
+
+
+def _logit(p):
+    p = np.clip(np.asarray(p, float), 1e-4, 1 - 1e-4)
+    return np.log(p) - np.log1p(-p)
+
+
+def pooled_crossing(sim: _Sim, twin, slo: SLO, *, start: float, runs: int, duration_s: float, warmup_s: float,
+                    seed: int, rel_tol: float = REL_TOL):
+    """(rate, per-run crossings, note): bisection on the attainment pooled over ``runs``."""
+    target = slo.attainment
+    cache: dict[float, np.ndarray] = {}
+
+    def att(r):
+        if r not in cache:
+            cache[r] = np.array(sim.map([(twin, slo, r, duration_s, warmup_s, int(seed), m) for m in range(runs)]),
+                                float)
+        c = cache[r]
+        return c[:, 1].sum() / max(c[:, 0].sum(), 1.0), c[:, 1] / np.maximum(c[:, 0], 1.0)
+
+    lo, hi = start / 1.2, start * 1.2
+    if att(lo)[0] < target:
+        hi = lo
+        lo = None
+        while lo is None:
+            r = hi / 1.5
+            if r < start / 1000:
+                return 0.0, (), f"misses the SLO even at {r:.3g} req/s (e.g. failures alone exceed 1 − target)"
+            if att(r)[0] >= target:
+                lo = r
+            else:
+                hi = r
+    elif att(hi)[0] >= target:
+        lo = hi
+        hi = None
+        while hi is None:
+            r = lo * 1.5
+            if r > 1000 * start:
+                return math.inf, (), f"meets the SLO even at {r:g} req/s"
+            if att(r)[0] >= target:
+                lo = r
+            else:
+                hi = r
+    while (hi - lo) / hi > rel_tol:
+        mid = 0.5 * (lo + hi)
+        if att(mid)[0] >= target:
+            lo = mid
+        else:
+            hi = mid
+    est = 0.5 * (lo + hi)
+    return est, _per_run_crossings(cache, est, target), ""
+
+
+def _per_run_crossings(cache: dict, est: float, target: float) -> tuple[float, ...]:
+    """Each run's own crossing: a logit-linear fit through its attainment at the rates the
+    bisection evaluated within ±10 % of the estimate (at least three of them)."""
+    rates = np.array(sorted(cache))
+    near = rates[np.argsort(np.abs(rates - est))][:max(3, int(np.sum(np.abs(rates / est - 1) <= 0.1)))]
+    near = np.sort(near)
+    out = []
+    for m in range(len(cache[rates[0]])):
+        a = np.array([cache[r][m, 1] / max(cache[r][m, 0], 1.0) for r in near])
+        y = _logit(a)
+        if np.ptp(y) == 0:
+            out.append(est)
+            continue
+        b1, b0 = np.polyfit(near, y, 1)
+        c = (_logit(target) - b0) / b1 if b1 < 0 else est
+        out.append(float(np.clip(c, est / 2, est * 2)))
+    return tuple(out)
+
+
+def _service_rel_sd(twin) -> float:
+    """Largest relative SD (from the 95 % intervals) of the decode points and prefill cost."""
+    rel = [((d.ci95[1] - d.ci95[0]) / 3.92) / d.ms for d in twin.decode if d.ci95 and d.ms > 0]
+    kp = twin.param("prefill_ms_per_token")
+    if kp.ci95 and float(kp.value) > 0:
+        rel.append(kp.sd / float(kp.value))
+    ov = twin.param("prefill_overhead_ms")
+    if ov.ci95:
+        rel.append(ov.sd / max(float(ov.value), float(twin.service.step_ms(1))))
+    return float(max(rel, default=np.inf)) if all(d.ci95 for d in twin.decode) else float("inf")
+
+
+def steady_cslo(twin: "Twin", slo: SLO | str, *, start: float | None = None, runs: int = 4, draws: int = 10,
+                seed: int = 0, duration_s: float | None = None, warmup_s: float | None = None,
+                workers: int | None = None, executor=None) -> SteadyCSLO:
+    """Steady-state C_SLO of ``twin`` with a 95 % interval (see the module docstring).
+    ``start``: a first guess of the rate (e.g. the measured envelope's estimate); default the
+    median measured rate. Runs last ``duration_s`` (default: the longer of 1800 s and 12,000
+    requests at ``start``), the first ``warmup_s`` (default a sixth) left out; ``seed`` is the
+    workload seed (run m uses the streams of ``true_attainment``'s replication m at that
+    seed). ``workers`` processes (default up to 2), or the caller's ``executor``; results do not
+    depend on either."""
+    s = SLO.parse(slo)
+    if start is None:
+        rates = [float(r["offered_rps"]) for r in twin.workload.per_run if r.get("offered_rps")]
+        start = float(np.median(rates)) if rates else 1.0
+    if duration_s is None:
+        duration_s = max(STEADY_DURATION_S, STEADY_REQUESTS / max(start, 1e-3))
+    if warmup_s is None:
+        warmup_s = duration_s * STEADY_WARMUP_SHARE
+    runs = max(1, int(runs))
+    workers = max(1, min(int(workers or min(2, os.cpu_count() or 1)), runs))
+    notes = []
+    with _Sim(workers, executor) as sim:
+        est, per_run, note = pooled_crossing(sim, twin, s, start=start, runs=runs, duration_s=duration_s,
+                                             warmup_s=warmup_s, seed=seed)
+        if note:
+            return SteadyCSLO(est, est, est, per_run, duration_s, warmup_s, sim.count, (note,))
+        se_mc = float(np.std(per_run, ddof=1) / np.sqrt(len(per_run))) if len(per_run) > 1 else 0.0
+        effects: list[float] = []
+        rel = _service_rel_sd(twin)
+        if draws > 0 and rel < NEGLIGIBLE_REL_SD:
+            notes.append(f"every service parameter is known within {rel:.2%} (1 SD): no parameter draws simulated")
+            draws = 0
+        if draws > 0:
+            rates = [est * (1 + d) for d in (-0.04, 0.0, 0.04)]
+            twins = [twin] + [twin.draw(np.random.default_rng([int(seed), SEED_OFFSET, k])) for k in range(draws)]
+            out = sim.map([(tw, s, r, duration_s, warmup_s, int(seed), 0) for tw in twins for r in rates])
+            att = np.array([g / max(n, 1) for n, g in out]).reshape(len(twins), 3)
+            cross = []
+            for a in att:
+                y = _logit(a)
+                b1, b0 = np.polyfit(rates, y, 1) if np.ptp(y) > 0 else (0.0, 0.0)
+                cross.append((_logit(s.attainment) - b0) / b1 if b1 < 0 else np.nan)
+            effects = [c - cross[0] for c in cross[1:] if np.isfinite(c) and np.isfinite(cross[0])]
+        count = sim.count
+    sd_par = float(np.std(effects, ddof=1)) if len(effects) > 1 else 0.0
+    h = 1.959964 * float(np.hypot(se_mc, sd_par))
+    if twin.workload.arrival.process != "poisson":
+        notes.append(f"the measured arrivals look {twin.workload.arrival.process}"
+                     + (f" (CV {twin.workload.arrival.cv:.2f})" if twin.workload.arrival.process == "gamma" else "")
+                     + "; the steady-state C_SLO uses Poisson arrivals (the usual planning assumption)")
+    notes.append(f"pooled attainment of {runs} independent {duration_s:.0f}-s runs (first {warmup_s:.0f} s left out); "
+                 f"Monte-Carlo SE {se_mc:.3g} req/s; parameter uncertainty from {len(effects)} draws "
+                 f"(SD {sd_par:.3g} req/s)")
+    return SteadyCSLO(est, max(0.0, est - h), est + h, per_run, duration_s, warmup_s, count, tuple(notes))

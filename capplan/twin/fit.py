@@ -1,0 +1,312 @@
+"""``fit_twin(study) -> Twin``: estimate a twin from a study's events alone.
+
+Which estimators run depends on what the events hold (docs/twin.md "Estimators"):
+
+- per-token stamps (``itl_ns``) from a batching server, with replica names when there are
+  several replicas → the **server path**: scheduler iterations rebuilt from the stamps give the
+  decode curve, prefill cost, token budget, max batch and KV capacity; admission stamps
+  (``admitted_ns`` / ``prefill_start_ns``) are needed for the prefill and KV parts;
+- otherwise → the **client path**: regressions on per-request TTFT and TPOT.
+
+Everything the data cannot show falls back to a stated default, said in the twin's notes and
+in twin.yaml (``source: default`` or ``lower bound``) — never a silent guess.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import StudyError
+from .data import StudyData, load_study
+from .limits_fit import admission_limits, faults, nice_in, queue_limit, stall_masks, timeout_bounds
+from .model import Twin
+from .params import BOUND, DEFAULT, ESTIMATED, MANIFEST, PARAM_KEYS, DecodePoint, Param
+from .service_fit import client_service, server_budget, server_decode, server_prefill_mixed, server_prefill_separate
+from .timeline import DECODE, PREFILL, build_timeline
+from .workload_fit import fit_workload
+
+MIN_COHERENCE = 0.9  # share of token gaps on the iteration grid needed for the server path
+MIN_DECODE_ITERATIONS = 50
+MIN_SHARED_TOKENS = 100  # tokens sent while other requests decoded, needed to see batching
+DEFAULT_TOKEN_BUDGET = 2048
+DEFAULT_MAX_BATCH = 256
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_BLOCK = 16
+DEFAULT_WATERMARK = 0.01
+DEFAULT_MAX_MODEL_LEN = 16384
+ROUTER = "least-outstanding-work"
+
+
+def _p(key, value, source, how, ci=None, unit=None):
+    u = PARAM_KEYS[key][0] if unit is None else unit
+    if ci is not None and not all(math.isfinite(float(c)) for c in ci):
+        ci = None
+    ci = None if ci is None else (round(float(ci[0]), 6), round(float(ci[1]), 6))
+    if isinstance(value, float):
+        value = round(value, 6)
+    return Param(key, value, u, source, how, ci, value)
+
+
+def _check_usable(data: StudyData) -> None:
+    n = sum(r.n for r in data.runs)
+    ok_with_first = sum(int(((r.status == 0) & (r.first >= 0)).sum()) for r in data.runs)
+    if n == 0:
+        raise StudyError("the study has no requests to fit a twin to", file=data.root,
+                         fix="give a study with events (capplan validate lists problems)")
+    if ok_with_first < 2:
+        raise StudyError("cannot fit a twin: fewer than 2 completed requests have first- and last-token times",
+                         file=data.root, column="first_token_ns",
+                         fix="the twin needs per-request token timings; re-import the load test with them "
+                             "(capplan import keeps them when the tool writes them)")
+
+
+def fit_twin(study, *, runs: tuple[str, ...] | None = None, below_rps: float | None = None, reps: int = 200,
+             seed: int = 0, name: str | None = None) -> Twin:
+    """Fit a twin to ``study`` (a path or an opened Study). ``runs`` restricts the runs used;
+    ``below_rps`` keeps only runs offered below that rate (held-out validation). ``reps``
+    bootstrap replicates give each parameter's 95 % interval; ``seed`` makes them repeatable."""
+    data = load_study(study)
+    if runs is not None or below_rps is not None:
+        keep = tuple(r.run_id for r in data.runs
+                     if (runs is None or r.run_id in runs)
+                     and (below_rps is None or (r.offered_rps is not None and r.offered_rps < below_rps)))
+        if not keep:
+            raise StudyError(f"no run left to fit (runs below {below_rps:g} req/s)" if below_rps is not None
+                             else "no run left to fit", file=data.root,
+                             fix="choose a higher --holdout rate or other runs")
+        data = load_study(study, runs=keep)
+    return fit_data(data, reps=reps, seed=seed, name=name, below_rps=below_rps)
+
+
+def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | None = None,
+             below_rps: float | None = None) -> Twin:
+    _check_usable(data)
+    rng = np.random.default_rng([int(seed), 11])
+    notes: list[str] = []
+    replicas = int(data.replicas)
+    params: list[Param] = [
+        _p("replicas", replicas, MANIFEST, "study.yaml system.replicas"),
+        _router(data, notes),
+    ]
+    missing_cols = [c for c in ("itl_ns", "admitted_ns", "replica_group") if not data.has(c)
+                    and not (c == "admitted_ns" and data.has("prefill_start_ns"))
+                    and not (c == "replica_group" and replicas == 1)]
+    # ------------------------------------------------------------------ path
+    per_token = _gaps_per_token(data)
+    tl = build_timeline(data) if data.has("itl_ns") and per_token >= 0.99 else None
+    server = (tl is not None and tl.coherence >= MIN_COHERENCE and tl.n_sharing >= MIN_SHARED_TOKENS
+              and tl.sharing >= MIN_COHERENCE and int((tl.kind == DECODE).sum()) >= MIN_DECODE_ITERATIONS)
+    if data.has("itl_ns") and per_token < 0.99:
+        notes.append(f"the gap lists (itl_ns) hold fewer gaps than tokens for {1 - per_token:.0%} of completed "
+                     "requests (the client saw chunks, not tokens): service times come from per-request client "
+                     "timings")
+    elif tl is not None and not server:
+        notes.append(f"the token stamps show no common iteration grid (of {tl.n_sharing:,} tokens sent while other "
+                     f"requests were decoding, {0 if tl.sharing != tl.sharing else tl.sharing:.0%} share a stamp "
+                     "with another request's token; a batching server with exact stamps gives ≈ 100 %): service "
+                     "times come from per-request client timings")
+    mode_how = ""
+    boundary_var = 0.0
+    if server:
+        mode = "mixed" if not (tl.first_on_grid < 0.5) else "separate"
+        mode_how = (f"{tl.first_on_grid:.0%} of first tokens sent while other requests were decoding came out "
+                    "together with their decode tokens: " + (
+                        "prompts run inside the batch iteration (mixed)" if mode == "mixed" else
+                        "prompts finish off the iteration grid, i.e. on their own resource (separate)"))
+        t0 = timeout_bounds(data, tl)
+        t_guess = t0.value or (data_manifest_client(data) or {}).get("timeout_s") or DEFAULT_TIMEOUT_S
+        if mode == "separate" or any(((r.admitted >= 0) & (r.first < 0)).any() for r in data.runs):
+            tl = build_timeline(data, separate=mode == "separate", timeout_s=float(t_guess))
+        dec = server_decode(tl, reps=reps, rng=rng)
+        budget = None
+        if mode == "mixed" and (tl.kind == PREFILL).any():
+            pf0 = server_prefill_mixed(tl, dec, reps=reps, rng=rng)
+            budget = server_budget(tl, dec, pf0, reps=reps, rng=rng)
+            pf = server_prefill_mixed(tl, dec, reps=reps, rng=rng, budget=budget[0] if budget else None)
+        elif mode == "separate" and (data.has("admitted_ns") or data.has("prefill_start_ns")):
+            pf = server_prefill_separate(data, reps=reps, rng=rng)
+        else:
+            cs = client_service(data, replicas=replicas, reps=reps, rng=rng)
+            pf = cs.prefill if cs is not None else None
+            boundary_var = cs.boundary_var if cs is not None else 0.0
+            notes.append("no admission stamps (admitted_ns / prefill_start_ns): prefill cost comes from the TTFT of "
+                         "requests that found the server nearly idle (client path)")
+        method = "server path: iterations rebuilt from per-token stamps" + (
+            " and admission stamps" if (data.has("admitted_ns") or data.has("prefill_start_ns")) else "")
+    else:
+        cs = client_service(data, replicas=replicas, reps=reps, rng=rng)
+        if cs is None:
+            raise StudyError("cannot fit a twin: no completed request with at least 2 output tokens to time the "
+                             "decode", file=data.root, column="output_tokens",
+                             fix="give a study whose completed requests stream several tokens")
+        dec, pf, mode, mode_how, budget = cs.decode, cs.prefill, cs.mode, cs.how_mode, None
+        boundary_var = cs.boundary_var
+        method = "client path: per-request TTFT and TPOT (no usable per-token server stamps)"
+        if missing_cols:
+            notes.append("missing " + ", ".join(missing_cols) + ": max batch, token budget, KV capacity and the queue "
+                         "limit cannot be seen and fall back to defaults (below)")
+    if pf is None or not math.isfinite(pf.ms_per_token):
+        raise StudyError("cannot fit a twin: no request's prefill could be timed", file=data.root,
+                         column="first_token_ns", fix="give a study with first-token times of completed requests")
+    notes.extend(pf.notes)
+    params.append(_p("prefill_mode", mode, ESTIMATED, mode_how))
+    params.append(_p("prefill_lanes", None, DEFAULT if mode == "separate" else ESTIMATED,
+                     "separate prefill: no sign of prompts waiting for each other was looked for; any number run at "
+                     "once (default)" if mode == "separate" else "not used with mixed prefill"))
+    params.append(_p("prefill_ms_per_token", float(pf.ms_per_token), ESTIMATED, pf.how, pf.ci_per_token))
+    params.append(_p("prefill_overhead_ms", float(pf.overhead_ms), ESTIMATED, pf.how, pf.ci_overhead))
+    if mode == "separate":
+        jit = pf.jitter_cv(boundary_var)
+        params.append(_p("prefill_jitter_cv", round(jit, 4), ESTIMATED,
+                         f"standard deviation of single prefill times around the fitted line"
+                         + (" (less the wait for the next iteration boundary, which the simulator draws itself)"
+                            if boundary_var else "") + f" / their mean {pf.mean_ms:.3g} ms; each prompt's lane time "
+                         "is multiplied by a lognormal factor with mean 1 and this CV"))
+    else:
+        params.append(_p("prefill_jitter_cv", 0.0, DEFAULT, "not used with mixed prefill: the simulator's iteration "
+                         "times have no noise"))
+    # ------------------------------------------------------------------ limits
+    tb = timeout_bounds(data, tl if server else None)
+    stalls0 = stall_masks(data, float(tb.lo or 0.0))
+    load_timeouts = sum(int(((r.status == 2) & ~stalls0[r.run_id]).sum()) for r in data.runs)
+    manifest_timeout = ((data_manifest_client(data) or {}).get("timeout_s"))
+    if tb.value is not None:
+        timeout = _p("client_timeout_s", float(tb.value), ESTIMATED,
+                     f"the roundest value between the longest successful request ({tb.lo:.3f} s after its schedule) "
+                     f"and the first iteration boundary after the last token of a request that timed out while "
+                     f"generating ({tb.hi:.3f} s); {tb.n:,} requests timed out", (tb.lo, tb.hi))
+    elif manifest_timeout:
+        timeout = _p("client_timeout_s", float(manifest_timeout), MANIFEST,
+                     "study.yaml workload.client.timeout_s (the events do not bracket it)")
+    elif tb.n and load_timeouts and (tb.lo or 0) >= 1.0:
+        val = nice_in(tb.lo, tb.lo * 1.02)
+        timeout = _p("client_timeout_s", float(val), ESTIMATED,
+                     f"{tb.n:,} requests timed out under load and the longest successful one took {tb.lo:.3f} s: the "
+                     f"timeout is taken as the roundest value within 2 % above it ({val:g} s) — client timings cannot "
+                     "see the deadline itself")
+    else:
+        val = max(DEFAULT_TIMEOUT_S, math.ceil(tb.lo or 0.0))
+        timeout = _p("client_timeout_s", float(val), DEFAULT if tb.n == 0 else BOUND,
+                     (f"no request timed out while generating, so the timeout cannot be timed; it is at least "
+                      f"{tb.lo:.3f} s (the longest successful request); default {val:g} s")
+                     if tb.n == 0 else
+                     (f"{tb.n} request(s) timed out before any token, which does not time the timeout; it is at least "
+                      f"{tb.lo:.3f} s (the longest successful request); default {val:g} s"))
+        notes.append(f"client timeout: {timeout.how}")
+    wait_s = float(tb.lo or 0.0)
+    if server and (data.has("admitted_ns") or data.has("prefill_start_ns")):
+        adm = admission_limits(data, tl, float(timeout.value), block_size=DEFAULT_BLOCK)
+        if adm.max_batch.binding:
+            params.append(_p("max_batch", int(adm.max_batch.value), ESTIMATED, adm.max_batch.how))
+        else:
+            mb = max(int(adm.max_batch.value), DEFAULT_MAX_BATCH)
+            params.append(_p("max_batch", mb, BOUND, adm.max_batch.how + f"; it is at least that: default {mb}"))
+            notes.append(f"max batch: the batch never filled up; the twin uses {mb} (at least the "
+                         f"{int(adm.max_batch.value)} seen)")
+        if adm.kv_tokens.binding:
+            params.append(_p("kv_capacity_tokens", int(round(adm.kv_tokens.value)), ESTIMATED, adm.kv_tokens.how,
+                             (adm.kv_tokens.lo, adm.kv_tokens.hi)))
+        else:
+            peak = float(adm.kv_tokens.lo or 0.0)
+            val = int(max(2 * peak, 65536))
+            params.append(_p("kv_capacity_tokens", val, BOUND,
+                             adm.kv_tokens.how + f"; the twin assumes {val:,} (twice that, at least 65,536) — set your "
+                             "engine's KV size (e.g. vLLM logs 'GPU KV cache size: N tokens')"))
+            notes.append(f"KV capacity: never binding in the data (peak {peak:,.0f} tokens held); the twin assumes "
+                         f"{val:,} tokens per replica")
+        mb_seen = int(adm.max_batch.value)
+    else:
+        mb_seen = 0
+        params.append(_p("max_batch", DEFAULT_MAX_BATCH, DEFAULT,
+                         "needs per-token and admission stamps per replica; default 256 (vLLM's max_num_seqs)"))
+        params.append(_p("kv_capacity_tokens", 1_000_000, DEFAULT,
+                         "needs per-token and admission stamps per replica; default 1,000,000 tokens (effectively "
+                         "unlimited)"))
+        notes.append("max batch and KV capacity cannot be seen without per-token and admission stamps per replica "
+                     "(itl_ns, admitted_ns, replica_group): defaults 256 sequences and 1,000,000 tokens")
+    if budget is not None:
+        params.append(_p("token_budget", int(round(budget[0])), ESTIMATED,
+                         f"median over {budget[2]:,} iterations that computed one full chunk of a long prompt of "
+                         "(iteration − decode step − overhead) / ms per token + decodes; 95 % interval: bootstrap over "
+                         "blocks of iterations", budget[1]))
+    else:
+        seen = int(tl.n_running.max()) if server else 0
+        val = max(DEFAULT_TOKEN_BUDGET, seen)
+        why = ("no prompt was split over iterations" if server and mode == "mixed" else
+               "prefill runs on its own resource" if mode == "separate" else "needs per-token stamps")
+        params.append(_p("token_budget", val, DEFAULT, f"{why}: default {val}"))
+        if mode == "mixed":
+            notes.append(f"token budget: {why}; default {val} tokens per iteration")
+    params.append(_p("kv_block_size", DEFAULT_BLOCK, DEFAULT, "not visible in events; vLLM's default 16"))
+    params.append(_p("kv_watermark", DEFAULT_WATERMARK, DEFAULT, "not visible in events; vLLM's default 0.01"))
+    longest = max([int(np.max(r.inp + r.out)) for r in data.runs if r.n] + [0])
+    mml = max(DEFAULT_MAX_MODEL_LEN, longest)
+    params.append(_p("max_model_len", mml, DEFAULT, f"not visible unless requests were refused for length; "
+                     f"default {DEFAULT_MAX_MODEL_LEN:,} (at least the longest request seen, {longest:,})"))
+    ql = queue_limit(data, float(timeout.value))
+    if ql.binding:
+        params.append(_p("queue_limit", int(ql.value), ESTIMATED, ql.how))
+    else:
+        params.append(_p("queue_limit", None, DEFAULT, ql.how + "; the twin's queue is unbounded"))
+        if ql.n:
+            notes.append("queue limit: " + ql.how + "; the twin's queue is unbounded (it rejects nothing)")
+    params.append(timeout)
+    fl = faults(data, wait_s)
+    params.append(_p("error_share", fl.error_share, ESTIMATED,
+                     f"{fl.n_errors:,} of {fl.n:,} requests ended in an error; the twin does not model why — "
+                     "replays keep these requests' status and new runs fail this share at random"))
+    params.append(_p("stall_share", fl.stall_share, ESTIMATED,
+                     f"{fl.n_stalls:,} of {fl.n:,} requests got no token although requests scheduled after them were "
+                     "served (not a queueing effect); replays keep them, new runs stall this share at random"))
+    # ------------------------------------------------------------------ workload
+    wl, wnotes = fit_workload(data, wait_s)
+    notes.extend(wnotes)
+    order = [k for k in PARAM_KEYS]
+    params.sort(key=lambda p: order.index(p.key))
+    decode = tuple(DecodePoint(int(k), round(float(v), 6), (round(float(lo), 6), round(float(hi), 6)),
+                               round(float(v), 6))
+                   for k, v, lo, hi in zip(dec.knots, dec.ms, dec.ci_low, dec.ci_high))
+    n_req = sum(r.n for r in data.runs)
+    source = {"study": data.name, "path": data.root, "sha256": data.sha256, "runs": [r.run_id for r in data.runs],
+              "requests": n_req, "method": method, "system": dict(data.system),
+              "decode_residual_cv": round(dec.residual_cv, 4) if math.isfinite(dec.residual_cv) else None,
+              "max_batch_seen": mb_seen}
+    if below_rps is not None:
+        source["fitted_below_rps"] = float(below_rps)
+    if server:
+        source["grid_coherence"] = round(tl.coherence, 4)
+    return Twin(name=name or f"twin of {data.name}", params=tuple(params), decode=decode, decode_how=dec.how,
+                workload=wl, source=source, notes=tuple(notes), measured_decode=dec.measured)
+
+
+def _router(data: StudyData, notes: list[str]) -> Param:
+    """The router from study.yaml (a capplan-synth manifest records it), else assumed."""
+    said = ((data.workload or {}).get("replica") or {}).get("router") or (data.system or {}).get("router")
+    if said and "least outstanding work" in str(said).replace("-", " "):
+        return _p("router", ROUTER, MANIFEST, f"study.yaml says {said!r}")
+    how = ("assumed: each request goes to the replica with the least outstanding work (prompt tokens to compute "
+           "+ decode steps to run); the events do not show the router's rule")
+    if said:
+        notes.append(f"router: study.yaml says {said!r}, which the twin does not model; it uses least outstanding work")
+        how = f"study.yaml says {said!r}, not modelled; " + how
+    return _p("router", ROUTER, DEFAULT, how)
+
+
+def _gaps_per_token(data: StudyData) -> float:
+    """Share of completed multi-token requests whose gap list has output_tokens − 1 gaps."""
+    num = den = 0
+    for r in data.runs:
+        if r.itl_has is None:
+            continue
+        m = (r.status == 0) & (r.out >= 2) & r.itl_has
+        den += int(m.sum())
+        num += int((np.diff(r.itl_off)[m] == r.out[m] - 1).sum())
+    return num / den if den else 0.0
+
+
+def data_manifest_client(data: StudyData) -> dict | None:
+    """The client block a capplan-synth manifest records (workload.client), if any."""
+    cl = (data.workload or {}).get("client")
+    return cl if isinstance(cl, dict) else None
