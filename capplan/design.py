@@ -251,6 +251,40 @@ def load_model(path: str | os.PathLike):
     return load_twin(p)
 
 
+def twin_run_effect(env, model, *, runs: int = 20, seed: int = 0):
+    """The between-run SD of logit attainment near the crossing from a model (a twin, or a
+    synth configuration): ``runs`` simulated runs of the study's protocol (its run length and
+    warm-up) at each tested rate bracketing the estimate, scored with the pipeline's own
+    definitions (``capplan.synth.truth.true_attainment``). Returns (RunEffect or None, note).
+    A twin whose last ``twin check`` disagreed is not used (None, and the note says why): the
+    envelope then estimates τ from the sweep, as without a twin."""
+    from .runeffect import RunEffect
+    from .synth.truth import true_attainment
+
+    warn = str(getattr(model, "warning", "") or "")
+    if warn:
+        return None, ("the twin's run-to-run variation was not used: its last check disagreed "
+                      f"with the study ({warn})")
+    c = env.cslo
+    x = env.levels["x"].to_numpy(float)
+    nominal = env.levels["load_level"].to_numpy(float)
+    if c.status == "bracketed" and c.estimate == c.estimate:
+        i = int(np.searchsorted(x, c.estimate, side="right"))
+        rates = [float(nominal[j]) for j in (i - 1, i) if 0 <= j < x.size]
+    else:
+        rates = [float(v) for v in nominal[-2:]]
+    dur, warm = _run_length(env)
+    att, nn = {}, {}
+    for r in rates:
+        cfg = model_config(model, rates=(r,), duration_s=dur, warmup_s=warm, seed=seed)
+        t = true_attainment(cfg, r, env.slo, replications=runs, duration_s=dur, warmup_s=warm)
+        att[r] = np.asarray(t.per_run, dtype=np.float64)
+        nn[r] = np.full(len(t.per_run), t.n_requests / max(len(t.per_run), 1))
+    eff = RunEffect.from_samples(att, nn, source="twin")
+    return eff, (f"run-to-run variation from the twin: {runs} simulated runs at "
+                 + ", ".join(f"{r:g}" for r in rates) + " req/s")
+
+
 def model_config(model, *, rates, duration_s, warmup_s, repeats=1, seed=0):
     """A synth configuration for ``model``: a twin (anything with ``synth_config``) or a
     ``SynthConfig``."""
