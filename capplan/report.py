@@ -52,6 +52,7 @@ TWIN_NOTEBOOK: tuple[str, str] = ("06-twin.ipynb", "Twin: measured vs simulated"
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
 #: The timelines page, added when the study has system events (timeline/; docs/timeline.md).
 TIMELINE_NOTEBOOK: tuple[str, str] = ("07-timelines.ipynb", "Timelines")
+PLAN_NOTEBOOK = "03-plan.ipynb"
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -351,8 +352,7 @@ class ReportParams:
         return {"study_path": str(self.study), "spec_path": str(self.spec),
                 "slo": SLO.parse(self.slo).to_dict(), "seed": int(self.seed),
                 "reps": int(self.reps), "confidence": float(self.confidence),
-                "artifacts_dir": str(artifacts_dir), "report_time": self.time,
-                "accept_optimistic": bool(self.accept_optimistic)}
+                "artifacts_dir": str(artifacts_dir), "report_time": self.time}
 
     def compare_parameters(self, artifacts_dir: Path) -> dict:
         """Notebook 5's parameters: the usual set (the study is the candidate) plus the
@@ -372,6 +372,9 @@ class ReportParams:
         if name == TIMELINE_NOTEBOOK[0]:  # with a twin, the plan's checks are simulated on it
             return {**self.notebook_parameters(artifacts_dir),
                     "twin_path": str(self.twin) if self.twin else ""}
+        if name == PLAN_NOTEBOOK:  # the plan may be told to accept an unsupported bound
+            return {**self.notebook_parameters(artifacts_dir),
+                    "accept_optimistic": bool(self.accept_optimistic)}
         return self.notebook_parameters(artifacts_dir)
 
     def notebooks(self) -> tuple[tuple[str, str], ...]:
