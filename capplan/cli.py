@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "kv": "kv",
     "mix": "mix",
     "twin": "twin",
+    "design": "design",
 }
 
 

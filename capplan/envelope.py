@@ -20,8 +20,15 @@ Recipe (docs/statistics.md#the-cslo-interval, measured to cover at the nominal l
 A run with no failures (or no successes) has nothing to resample; its replicates are drawn
 from Beta(N_eff, 1) (or Beta(1, N_eff)), whose quantiles are the Clopper–Pearson bounds at
 N_eff (docs/statistics.md#degenerate-runs), so a short perfect run cannot make the interval
-collapse. Its N_eff uses the design effect of the nearest non-degenerate usable run by load
-level (``_borrowed_deff``).
+collapse. Its N_eff uses the design effect of a non-degenerate usable run at a lower load
+(``_borrowed_deff``; with ``method="within-run"``, the nearest by load level).
+
+The default interval (``method="run-effect"``, ``capplan.runeffect``) adds what a within-run
+bootstrap cannot see (docs/statistics.md#what-a-within-run-bootstrap-cannot-see): a random run
+effect on logit attainment, estimated from the runs near the crossing, in every replicate, and
+the mean-run attainment as the estimand; a failing run without a steady state stays in the fit
+as evidence against capacity above its rate; every interval contains its estimate; and
+``Envelope.honesty`` (``capplan.honesty``) says whether the sweep supports the bound.
 
 With ``SLO.max_error_rate`` a level must also keep its error rate (share of offered requests
 not ``ok``, as in ``metrics.summarize``) at or below the limit: an increasing isotonic curve of
@@ -50,6 +57,8 @@ import pandas as pd
 from scipy.optimize import isotonic_regression
 
 from . import bootstrap as boot
+from . import honesty as hon
+from . import runeffect as rfx
 from . import sketch
 from .contract import PERCENTILES, ci_cols, pct_col
 from .earlystop import n_min
@@ -61,6 +70,12 @@ STATUS_BRACKETED = "bracketed"
 STATUS_ABOVE = "≥ max tested"
 STATUS_BELOW = "< min tested"
 _SEED_SWEEP = 1_000_003  # stream id of the sweep-level draws (independent of run streams)
+#: interval methods: "run-effect" (default) adds the between-run variation the within-run
+#: bootstrap cannot see and targets the mean run (``capplan.runeffect``); "within-run" is the
+#: block bootstrap alone, as before 2026-12 (kept for comparison: docs/envelope.md "Coverage")
+METHODS = ("run-effect", "within-run")
+#: the diagnostics reason of a run whose warm-up search found no steady state
+NO_STEADY_STATE = "warm-up (MSER-5) did not end in the first half: no steady state"
 P_CI = 0.99  # the percentile that gets a bootstrap CI in the per-run table
 
 
@@ -191,6 +206,11 @@ class Envelope:
     #: per replicate: −1 "< min tested", 0 bracketed, +1 "≥ max tested"
     crossing_flags: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=int))
     level_replicates: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0)))
+    #: the interval method (``METHODS``) and, for "run-effect", the between-run SD used
+    method: str = "within-run"
+    run_effect: rfx.RunEffect | None = None
+    #: is the lower bound honest here, what it estimates, the runs that would make it so
+    honesty: hon.Honesty | None = None
 
     @property
     def block_len(self) -> float | None:
@@ -213,7 +233,8 @@ class Envelope:
         unit = c.unit
         kind = ("closed loop (capacity = goodput at the highest passing concurrency)"
                 if c.closed_loop else "open loop")
-        lines = [f"SLO: {self.slo.describe()}" if self.slo is not None
+        lines = [self.honesty.to_text(), ""] if self.honesty is not None else []
+        lines += [f"SLO: {self.slo.describe()}" if self.slo is not None
                  else f"attainment target: {self.target:g} (good requests as the input table "
                  "counts them)",
                  f"sweep: {len(self.runs)} runs, {kind}"
@@ -223,6 +244,8 @@ class Envelope:
                  f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}"]
         if c.closed_loop:
             lines.append(f"at concurrency:   {_fmt(c.load_at_capacity)}")
+        if self.run_effect is not None:
+            lines.append(self.run_effect.sentence())
         if c.suggested_rates:
             lines.append("suggested rates to add: " + ", ".join(f"{v:g}" for v in c.suggested_rates))
         if tables:
@@ -256,8 +279,10 @@ class Envelope:
             "knee": {k: _clean(v) for k, v in self.knee.items()},
             "max_goodput": {k: _clean(v) for k, v in self.max_goodput.items()},
             "notes": list(self.notes),
-            "settings": {"confidence": self.confidence, "reps": self.reps, "seed": self.seed,
-                         "scheme": self.scheme.name, "block_len": self.block_len,
+            "honesty": None if self.honesty is None else self.honesty.to_dict(),
+            "run_effect": None if self.run_effect is None else self.run_effect.to_dict(),
+            "settings": {"method": self.method, "confidence": self.confidence, "reps": self.reps,
+                         "seed": self.seed, "scheme": self.scheme.name, "block_len": self.block_len,
                          "iid_assumption": self.iid_assumption,
                          "percentile_definition": "log-bucket histogram (α = "
                          f"{self.stats.alpha if self.stats else sketch.DEFAULT_ALPHA:g}), "
@@ -380,9 +405,18 @@ class Envelope:
                                 fix="call fit_envelope(study, slo) to re-reduce")
             return fit_envelope(self.stats.source, new, confidence=self.confidence,
                                 reps=self.reps, seed=self.seed, scheme=self.scheme,
-                                warmup=self.stats.window)
+                                warmup=self.stats.window, method=self.method,
+                                run_effect=self._given_effect)
         return fit_from_stats(self.stats, new, confidence=self.confidence, reps=self.reps,
-                              seed=self.seed, scheme=self.scheme)
+                              seed=self.seed, scheme=self.scheme, method=self.method,
+                              run_effect=self._given_effect)
+
+    @property
+    def _given_effect(self):
+        """A between-run SD that was given (twin), which a refit keeps; an estimated one is
+        re-estimated for the new SLO."""
+        e = self.run_effect
+        return e if e is not None and e.source in ("twin", "given") else None
 
     def surface(self, ttft_ms_grid=None, tpot_ms_grid=None, *, reps: int | None = None) -> Surface:
         """C_SLO over TTFT × TPOT (or ITL) limits (grid values snap to the reduction grid;
@@ -458,10 +492,12 @@ class _Points:
 
 
 def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_loop: bool,
-           max_error_rate: float | None = None):
+           max_error_rate: float | None = None, two_stage: bool = True):
     """Stratified (two-stage) bootstrap over levels, isotonic fits, crossings. With
     ``max_error_rate`` (and ``points.err_rep``) the error rate gets the same treatment as an
-    increasing curve, and each replicate's C_SLO is the smaller of the two crossings."""
+    increasing curve, and each replicate's C_SLO is the smaller of the two crossings.
+    ``two_stage=False``: the repeats at a level are pooled replicate by replicate (their
+    replicates already carry the between-run variation)."""
     rng = np.random.default_rng([int(seed), _SEED_SWEEP])
     levels = np.unique(points.level)
     reps = points.good_rep.shape[0]
@@ -486,10 +522,10 @@ def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_
         neff[j] = points.n_eff[idx].sum()
         if use_err:
             err[j] = points.n_err[idx].sum() / points.n[idx].sum()
-        if idx.size == 1:
-            A[:, j] = points.good_rep[:, idx[0]] / points.n_rep[:, idx[0]]
+        if idx.size == 1 or not two_stage:
+            A[:, j] = (points.good_rep[:, idx].sum(axis=1) / points.n_rep[:, idx].sum(axis=1))
             if use_err:
-                E[:, j] = points.err_rep[:, idx[0]] / points.n_rep[:, idx[0]]
+                E[:, j] = points.err_rep[:, idx].sum(axis=1) / points.n_rep[:, idx].sum(axis=1)
         else:  # two-stage: resample repeats, then each one's own block replicate
             pick = idx[rng.integers(idx.size, size=(reps, idx.size))]
             row = rng.integers(reps, size=(reps, idx.size))
@@ -578,7 +614,8 @@ def _crossing(F: np.ndarray, x: np.ndarray, target: float, eps: np.ndarray):
 
 
 def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
-               goodput_rep: np.ndarray | None, goodput: np.ndarray | None):
+               goodput_rep: np.ndarray | None, goodput: np.ndarray | None,
+               run_effect: bool = False):
     est_x, est_flag, est_i = sw["est"]
     x = sw["x"]
     rep_x, rep_flag, rep_i = sw["rep_x"], sw["rep_flag"], sw["rep_i"]
@@ -595,6 +632,12 @@ def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
         load = math.nan
     lo, hi = boot.percentile_ci(vals, confidence)
     lb = boot.lower_bound(vals, confidence)
+    if run_effect and est == est and not (lo <= est <= hi and lb <= est):
+        # the estimate is a plausible value by construction: an interval of replicate
+        # crossings that excludes it (replicates skewed by a bound near 0 or 1) is widened
+        notes.append(f"the percentile interval [{lo:.3g}, {hi:.3g}] excluded the estimate "
+                     f"{est:.3g}; widened to contain it")
+        lo, hi, lb = min(lo, est), max(hi, est), min(lb, est)
     if est_flag == 1:
         status = STATUS_ABOVE
         hi = est if not closed_loop else max(hi, est)
@@ -617,7 +660,7 @@ def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
                 notes.append(f"the bracket [{x[i - 1]:.3g}, {x[i]:.3g}] is wide: interpolation "
                              "error between tested rates is not in the CI; add rates "
                              + ", ".join(f"{v:g}" for v in suggested))
-    if status == STATUS_BRACKETED and not closed_loop and "n_runs" in sw:
+    if status == STATUS_BRACKETED and not closed_loop and "n_runs" in sw and not run_effect:
         i = est_i + 1
         single = [x[j] for j in (i - 1, i) if sw["n_runs"][j] < 2]
         if single:
@@ -667,17 +710,27 @@ def _knee_and_max(x, goodput, throughput, x_rate) -> tuple[dict, dict]:
 # ============================================================================ from stats
 
 def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme: boot.Scheme,
-               confidence):
-    """Per-run attainment (+ CI, design effect, N_eff, early stopping) and percentiles."""
+               confidence, method: str = "within-run"):
+    """Per-run attainment (+ CI, design effect, N_eff, early stopping) and percentiles.
+
+    With ``method="run-effect"``: a run with no failures borrows a design effect only from a
+    run at a *lower* load (``_borrowed_deff``), and a run excluded only because its warm-up
+    search found no steady state stays in the fit when it fails the target (it is evidence
+    against capacity above its rate; ``kept_as_evidence``)."""
     diag = stats.diagnostics.set_index("run_id")
     rows, good_rep, n_rep = [], [], []
     per = []
     with_err = slo.max_error_rate is not None
     err_raw, err_rep = {}, []
+    kept = set()
     for r, gu in zip(stats.runs, good_units):
         usable = bool(diag.loc[r.run_id, "usable"]) if r.run_id in diag.index else False
         n = r.n
         k = float(np.sum(gu))
+        if (method == "run-effect" and not usable and n and k / n < slo.attainment
+                and str(diag.loc[r.run_id, "reason"]) == NO_STEADY_STATE):
+            usable = True  # a failing run without steady state still bounds capacity above
+            kept.add(r.run_id)
         if r.n_units == 0 or n == 0:
             per.append((r, usable and False, n, k, None, None, math.nan))
             continue
@@ -704,6 +757,7 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme: b
             else:  # replicate error *rates*, so they pair with whatever denominators follow
                 err_raw[r.run_id] = R.sums(bad_u) / nr_
     donors = _deff_donors(per)
+    below_only = method == "run-effect"
     rng = np.random.default_rng([int(seed), _SEED_SWEEP + 1])
     rng_err = np.random.default_rng([int(seed), _SEED_SWEEP + 4])
     for r, usable, n, k, gr, nr_, deff in per:
@@ -712,7 +766,7 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme: b
         if deff == deff:
             d_used, d_src = deff, "own"
         else:
-            d_used, d_src = _borrowed_deff(r.load_level, donors)
+            d_used, d_src = _borrowed_deff(r.load_level, donors, below_only=below_only)
         neff = boot.n_effective(n, d_used) if n else 0.0
         if gr is not None:
             if degenerate:  # Clopper–Pearson floor at N_eff (docs/statistics.md#degenerate-runs)
@@ -758,9 +812,15 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme: b
                                   else math.nan),
             "block_metric": r.block_metric,
             "unit_size": r.unit_size, "warmup_s": r.warmup_s,
+            "duration_s": r.warmup_s + r.span_s if r.span_s == r.span_s else math.nan,
             "usable": usable,
-            "reason": str(diag.loc[r.run_id, "reason"]) if r.run_id in diag.index else "no data",
-            "warnings": str(diag.loc[r.run_id, "warnings"]) if r.run_id in diag.index else "",
+            "reason": ("" if r.run_id in kept else str(diag.loc[r.run_id, "reason"]))
+            if r.run_id in diag.index else "no data",
+            "warnings": "; ".join(w for w in (
+                str(diag.loc[r.run_id, "warnings"]) if r.run_id in diag.index else "",
+                "no steady state (MSER-5) but it fails the target: kept as evidence against "
+                "capacity above its rate" if r.run_id in kept else "") if w),
+            "kept_as_evidence": r.run_id in kept,
         }
         for st in ("rejected", "timeout", "error", "cancelled"):
             row[f"n_{st}"] = int(r.units[f"st_{st}"].sum()) if r.n_units else 0
@@ -798,14 +858,26 @@ def _deff_donors(per) -> list[tuple[float, float, str]]:
     return []
 
 
-def _borrowed_deff(level: float, donors) -> tuple[float, str]:
+def _borrowed_deff(level: float, donors, below_only: bool = False) -> tuple[float, str]:
     """Design effect for a run with no failures (or no successes), whose own bootstrap
     variance is zero: that of the nearest non-degenerate run by load level, ties to the
     lower level (the run most like it in load, not a sweep-wide median dominated by
-    near-saturation runs). With no donor at all, 1 (iid), said in the source."""
+    near-saturation runs). With no donor at all, 1 (iid), said in the source.
+
+    ``below_only`` (the run-effect method): only a run at a lower or equal load may lend.
+    Stated prior: violations where none were seen cluster no more than at the nearest load
+    below with violations (congestion episodes grow with load); with no such run, requests
+    are taken as independent — the run's own data (n requests, none failed) then give the
+    Clopper–Pearson bound at n. Lending the design effect of an overloaded run above (≈ 45)
+    to a light-load run left it N_eff ≈ 6 and an attainment interval [0.54, 1] that its data
+    do not justify (docs/statistics.md#degenerate-runs)."""
+    lv = float(level)
+    if below_only:
+        donors = [d for d in donors if d[0] <= lv]
+        if not donors:
+            return 1.0, "none below: iid (no lower-load run with both outcomes)"
     if not donors:
         return 1.0, "none: iid (no run with both outcomes)"
-    lv = float(level)
     best = min(donors, key=lambda t: (abs(t[0] - lv), t[0]))
     return max(best[1], 1.0), f"nearest run {best[2]}"
 
@@ -843,11 +915,18 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, con
 
 def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.95,
                    reps: int = 1000, seed: int = 0, scheme: str | boot.Scheme = "circular",
-                   block_len: float | None = None) -> Envelope:
+                   block_len: float | None = None, method: str = "run-effect",
+                   run_effect: rfx.RunEffect | None = None) -> Envelope:
     """The envelope from reduced statistics (the fast path behind ``refit``). ``scheme``: a
-    ``capplan.bootstrap`` scheme, or its name (with ``block_len``, requests) mapped once here."""
+    ``capplan.bootstrap`` scheme, or its name (with ``block_len``, requests) mapped once here;
+    ``method``: "run-effect" (default) or "within-run" (``METHODS``); ``run_effect``: a known
+    between-run SD (e.g. ``RunEffect.from_samples`` of a twin) instead of the sweep's own
+    estimate."""
     slo = SLO.parse(slo)
     scheme = boot.scheme_from_name(scheme, block_len)
+    if method not in METHODS:
+        raise SpecError(f"unknown interval method {method!r}", field="method",
+                        fix="use " + " or ".join(METHODS))
     if not (0.5 < confidence < 1):
         raise SpecError(f"confidence must be in (0.5, 1), got {confidence}")
     notes = []
@@ -859,7 +938,8 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
         slo = eff
     good_units = stats.good_units(slo)
     runs, good_rep, n_rep, err_rep = _run_table(stats, slo, good_units, reps=reps, seed=seed,
-                                       scheme=scheme, confidence=confidence)
+                                                scheme=scheme, confidence=confidence,
+                                                method=method)
     pct = _percentile_table(stats, reps=reps, seed=seed, scheme=scheme,
                             confidence=confidence)
     runs = runs.merge(pct, on="run_id", how="left")
@@ -879,22 +959,88 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
                   n_rep=n_rep[:, use], n_eff=runs["n_eff"].to_numpy(float)[use],
                   n_err=runs["n_errors"].to_numpy(float)[use],
                   err_rep=None if err_rep is None else err_rep[:, use])
-    env = _finish(pts, runs, slo, slo.attainment, confidence, seed, closed, notes)
-    return replace(env, stats=stats, reps=reps, seed=seed, scheme=scheme,
-                   diagnostics=stats.diagnostics.copy())
+    effect = None
+    if method == "run-effect" and not closed and pts.n.size:
+        rv = _rate_var(stats)[use]
+        pts, effect, used = _with_run_effect(pts, slo.attainment, seed, run_effect, rv)
+        runs["tau_window"] = False
+        runs.loc[use, "tau_window"] = used
+    env = _finish(pts, runs, slo, slo.attainment, confidence, seed, closed, notes,
+                  method=method)
+    env = replace(env, stats=stats, reps=reps, seed=seed, scheme=scheme,
+                  diagnostics=stats.diagnostics.copy(), method=method, run_effect=effect)
+    return replace(env, honesty=_honesty(env))
+
+
+def _near_rates(env: Envelope) -> tuple[float, ...]:
+    """The tested rates bracketing the estimate (the top two when it is above the range)."""
+    x = env.levels["x"].to_numpy(float)
+    c = env.cslo
+    if c.status == STATUS_BELOW or x.size == 0:
+        return ()
+    if c.status == STATUS_ABOVE:
+        return tuple(float(v) for v in x[-2:])
+    est = c.load_at_capacity if c.closed_loop else c.estimate
+    i = int(np.searchsorted(x, est, side="right"))
+    return tuple(float(v) for v in x[max(i - 1, 0): i + 1])
+
+
+def _honesty(env: Envelope) -> hon.Honesty:
+    """``capplan.honesty.assess`` on a fitted envelope."""
+    near = _near_rates(env)
+    runs = env.runs
+    use = runs[runs["usable"]]
+    win = use[use["tau_window"]] if "tau_window" in use.columns else use.iloc[:0]
+    lv = env.levels
+    rep_near = int(lv.loc[lv["x"].round(9).isin([round(v, 9) for v in near]), "n_runs"].max()) \
+        if near else 0
+    c = env.cslo
+    return hon.assess(
+        method=env.method, status=c.status, iid=env.iid_assumption, estimate=c.estimate,
+        lower_bound=c.lower_bound, runs=runs.assign(x=runs["x"].astype(float)),
+        near_rates=tuple(float(v) for v in lv["x"] if any(abs(v - u) < 1e-9 for u in near)),
+        n_near=len(win), n_near_failing=int((win["n_good"] < win["n"]).sum()),
+        effect_source="none" if env.run_effect is None else env.run_effect.source,
+        repeats_near=rep_near, target=env.target, suggested_rates=c.suggested_rates)
+
+
+def _rate_var(stats: BlockStats) -> np.ndarray:
+    """Per run, the variance of its realised rate about the nominal one: the index of
+    dispersion of the sweep's arrivals (the mean over its runs: one arrival process) × rate /
+    span (``capplan.runeffect.realized_rate_var``)."""
+    idc = [rfx.dispersion_index(r.units["t0"], r.units["n"]) for r in stats.runs
+           if r.n_units and "t0" in r.units]
+    idc = [v for v in idc if v == v]
+    pooled = float(np.mean(idc)) if idc else math.nan
+    return rfx.realized_rate_var(pooled, [r.measured_rps for r in stats.runs],
+                                 [r.span_s for r in stats.runs])
+
+
+def _with_run_effect(pts: _Points, target: float, seed: int, effect, rate_var=None):
+    """The points with each run's marginal attainment (estimate and replicates) under the
+    between-run model of ``capplan.runeffect``; repeats are then averaged, not resampled."""
+    rng = np.random.default_rng([int(seed), _SEED_SWEEP + 5])
+    fit = rfx.apply(pts.n, pts.n_good, pts.x_rate, pts.level, pts.good_rep / pts.n_rep,
+                    pts.n / np.maximum(pts.n_eff, 1e-9), target, rng=rng, effect=effect,
+                    rate_var=rate_var)
+    new = replace(pts, n_good=fit.marginal * pts.n, good_rep=fit.replicates * pts.n_rep)
+    return new, fit.effect, fit.used
 
 
 def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, closed, notes,
-            iid=False) -> Envelope:
+            iid=False, method: str = "within-run") -> Envelope:
     if pts.n.size == 0:
         raise StudyError("no usable run to fit an envelope",
                          fix="see the diagnostics: " + "; ".join(notes) if notes else None)
     mer = None if slo is None else slo.max_error_rate
-    sw = _sweep(pts, target, confidence, seed, closed, max_error_rate=mer)
+    new = method == "run-effect"
+    sw = _sweep(pts, target, confidence, seed, closed, max_error_rate=mer,
+                two_stage=not new or closed)
     x_rate = sw["x_rate"]
     goodput = sw["att"] * x_rate
     goodput_rep = sw["A"] * x_rate[None, :]
-    cs, more, vals = _cslo_from(sw, target, confidence, closed, goodput_rep, goodput)
+    cs, more, vals = _cslo_from(sw, target, confidence, closed, goodput_rep, goodput,
+                                run_effect=new)
     # throughput per level (ok share × rate), from the run table
     thr = []
     for lv in sw["levels"]:
@@ -918,6 +1064,12 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
         levels["error_rate"] = sw["err"]
         levels["error_ci_low"], levels["error_ci_high"] = elo, ehi
         levels["error_fitted"] = sw["err_fitted"]
+    if new and not closed:
+        # the table shows what was measured; the fit used each level's mean-run attainment
+        ok = runs[runs["usable"]].groupby("load_level")[["n_good", "n"]].sum()
+        levels["mean_run_attainment"] = levels["attainment"]
+        levels["attainment"] = [float(ok.loc[lv, "n_good"] / ok.loc[lv, "n"]) for lv in
+                                levels["load_level"]]
     fit_map = dict(zip(sw["levels"], sw["fitted"]))
     runs = runs.copy()
     runs["fitted"] = [fit_map.get(lv, math.nan) if u else math.nan
@@ -934,7 +1086,8 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
 
 def fit_envelope(study, slo, *, confidence: float = 0.95, reps: int = 1000, seed: int = 0,
                  scheme: str | boot.Scheme = "circular", block_len: float | None = None,
-                 warmup="manifest", stats: BlockStats | None = None) -> Envelope:
+                 warmup="manifest", stats: BlockStats | None = None,
+                 method: str = "run-effect", run_effect: rfx.RunEffect | None = None) -> Envelope:
     """Fit the SLO capacity envelope of a sweep.
 
     ``study``: a Study or a path; ``slo``: an SLO or ``"ttft_ms=2000,attainment=0.99"``;
@@ -942,7 +1095,9 @@ def fit_envelope(study, slo, *, confidence: float = 0.95, reps: int = 1000, seed
     ``block_len`` (requests) overrides Politis–White; ``warmup``: a ``metrics.Window``, or
     "manifest" (manifest warmup_s, else MSER-5), "mser", "none", seconds or {run_id: seconds};
     ``stats``: a precomputed ``reduce_study`` result to skip reading events (its window is
-    then the one used).
+    then the one used); ``method``: "run-effect" (default: between-run variation included,
+    docs/envelope.md "Coverage") or "within-run"; ``run_effect``: a known between-run SD
+    (``capplan.runeffect.RunEffect``, e.g. from a twin).
     """
     slo = SLO.parse(slo)
     if reps < 10:
@@ -951,7 +1106,7 @@ def fit_envelope(study, slo, *, confidence: float = 0.95, reps: int = 1000, seed
     if stats is None or not stats.can_serve(slo):
         stats = reduce_study(study, slo, warmup=warmup)
     return fit_from_stats(stats, slo, confidence=confidence, reps=reps, seed=seed,
-                          scheme=scheme)
+                          scheme=scheme, method=method, run_effect=run_effect)
 
 
 # ============================================================================ SLO surface
@@ -1089,7 +1244,8 @@ def _fit_summary_points(s: _Summary, target, *, confidence, reps, seed) -> Envel
     notes = ["summary-table input: requests assumed independent (iid); with time-correlated "
              "requests the true interval is wider"]
     env = _finish(pts, runs, None, target, confidence, seed, s.closed, notes, iid=True)
-    return replace(env, reps=reps, seed=seed, scheme=boot.IID(), _summary_points=s)
+    env = replace(env, reps=reps, seed=seed, scheme=boot.IID(), _summary_points=s)
+    return replace(env, honesty=_honesty(env))
 
 
 # ============================================================================ for other analyses
@@ -1102,7 +1258,8 @@ RunPoints = _Points
 def envelope_from_points(points: RunPoints, runs: pd.DataFrame, slo, target: float, *, confidence: float,
                          seed: int, closed: bool, notes=()) -> Envelope:
     """The sweep fit — weighted isotonic curve, first down-crossing, interval, lower bound,
-    status — of per-run replicates an analysis computed itself (docs/mix.md, "Reweighting")."""
+    status — of per-run replicates an analysis computed itself (docs/mix.md, "Reweighting").
+    The within-run machinery: the analysis brings its own replicates (no run effect)."""
     return _finish(points, runs, slo, target, confidence, seed, closed, list(notes))
 
 

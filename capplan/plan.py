@@ -444,7 +444,10 @@ def size(demand_rps: float, capacity_rps: float, spec: PlanSpec, gpus_per_group:
 
 def capacity_from_envelope(envelope, spec: PlanSpec, *, replicas: int = 1, study_name=None,
                            study_hash=None) -> CapacityInfo:
-    """Per-group capacity from a fitted envelope's ``cslo`` (lower bound by default)."""
+    """Per-group capacity from a fitted envelope's ``cslo`` (lower bound by default).
+
+    A lower bound the study cannot support honestly (``envelope.honesty.status`` not
+    "honest") is refused unless ``capacity.accept_optimistic`` — then the plan says so."""
     c = envelope.cslo
     use = spec.capacity.use
     value = getattr(c, use, None)
@@ -455,11 +458,27 @@ def capacity_from_envelope(envelope, spec: PlanSpec, *, replicas: int = 1, study
             field="capacity.use",
             fix="test lower and higher offered rates so the SLO crossing is bracketed, or pass "
                 "--capacity-rps / capacity.rps_per_group")
+    h = getattr(envelope, "honesty", None)
+    notes = tuple(getattr(envelope, "notes", ()) or ())
+    label = f"study C_SLO {'lower bound' if use == 'lower_bound' else 'estimate'}"
+    if use == "lower_bound" and h is not None and not h.honest:
+        add = "; ".join(r.describe() for r in h.runs_to_add)
+        if not spec.capacity.accept_optimistic:
+            raise SpecError(
+                f"the study's C_SLO lower bound ({value:.4g} {getattr(c, 'unit', 'req/s')}) is "
+                f"not an honest lower bound: {h.sentence}. "
+                + " ".join(f"Why: {r}." for r in h.reasons),
+                field="capacity.accept_optimistic",
+                fix=("add these runs (capplan design plans them): " + add + "; or " if add
+                     else "") + "plan with it anyway: --accept-optimistic (capplan plan / "
+                "report) or capacity.accept_optimistic: true — the plan then says so")
+        label += f" ({h.status}: accepted with accept_optimistic)"
+        notes = notes + (f"the C_SLO lower bound is {h.status} — {h.sentence}; planned with "
+                         "it anyway (accept_optimistic)",) + tuple(h.reasons)
     return CapacityInfo(
-        notes=tuple(getattr(envelope, "notes", ()) or ()),
+        notes=notes,
         rps_per_group=float(value) / replicas,
-        source=f"study C_SLO {'lower bound' if use == 'lower_bound' else 'estimate'}"
-               + (f" ÷ {replicas} replicas" if replicas != 1 else ""),
+        source=label + (f" ÷ {replicas} replicas" if replicas != 1 else ""),
         unit=getattr(c, "unit", "req/s") or "req/s",
         estimate=_opt(getattr(c, "estimate", None)), ci_low=_opt(getattr(c, "ci_low", None)),
         ci_high=_opt(getattr(c, "ci_high", None)), lower_bound=_opt(getattr(c, "lower_bound", None)),

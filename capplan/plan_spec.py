@@ -136,9 +136,13 @@ class CapacitySpec:
     reps: int = 200
     seed: int = 0
     good_fraction: float | None = None  # without a study: SLO-meeting share of offered requests
+    #: plan with a lower bound the study cannot support honestly (``Envelope.honesty``), saying
+    #: so in the plan; without it such a plan is refused (docs/envelope.md)
+    accept_optimistic: bool = False
 
     def __post_init__(self):
         s = self.SECTION
+        S.flag(self.accept_optimistic, f"{s}.accept_optimistic")
         S.choice(self.source, f"{s}.source", ("study", "number"))
         S.number(self.rps_per_group, f"{s}.rps_per_group", above=0.0, optional=True, example="42")
         if self.source == "number" and self.rps_per_group is None:
@@ -441,6 +445,7 @@ class PlanSpec:
         "output_tokens_per_request": ("demand", "output_tokens_per_request"),
         "capacity_rps_per_group": ("capacity", "rps_per_group"), "capacity_use": ("capacity", "use"),
         "confidence": ("capacity", "confidence"), "good_fraction": ("capacity", "good_fraction"),
+        "accept_optimistic": ("capacity", "accept_optimistic"),
         "gpus_per_replica": ("group", "gpus_per_replica"), "gpus_per_node": ("group", "gpus_per_node"),
         "policy": ("failure", "policy"), "zones": ("failure", "zones"), "k": ("failure", "k"),
         "nodes_available": ("failure", "nodes_available"),

@@ -56,6 +56,7 @@ WHATIF_NOTEBOOK = "04-whatif.ipynb"
 #: The timelines page, added when the study has system events (timeline/; docs/timeline.md).
 TIMELINE_NOTEBOOK: tuple[str, str] = ("07-timelines.ipynb", "Timelines")
 MIX_NOTEBOOK = "07-mix.ipynb"
+PLAN_NOTEBOOK = "03-plan.ipynb"
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -330,6 +331,8 @@ class ReportParams:
                  ("bootstrap replicates", str(self.reps)), ("seed", str(self.seed)),
                  ("provenance time", self.time), ("capplan", __version__)]
         return tuple(rows)
+    #: plan with a lower bound the study cannot support honestly (the plan says so)
+    accept_optimistic: bool = False
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -359,6 +362,9 @@ class ReportParams:
                     "twin_path": str(self.twin) if self.twin else ""}
         if name == MIX_NOTEBOOK and self.twin:  # the mix page runs the target mix through the twin too
             return self.twin_parameters(artifacts_dir)
+        if name == PLAN_NOTEBOOK:  # the plan may be told to accept an unsupported bound
+            return {**self.notebook_parameters(artifacts_dir),
+                    "accept_optimistic": bool(self.accept_optimistic)}
         return self.notebook_parameters(artifacts_dir)
 
     def notebooks(self) -> tuple[tuple[str, str], ...]:
@@ -433,7 +439,8 @@ def _resolve_twin(twin) -> Path | None:
 
 
 def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, confidence=None,
-                   time: str | None = None, baseline=None, gates=None, twin=None):
+                   time: str | None = None, baseline=None, gates=None, twin=None,
+                   accept_optimistic: bool = False):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
     SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
     ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
@@ -492,7 +499,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
                           baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin),
-                          timelines=bool(opened.timeline_files), notes=notes)
+                          timelines=bool(opened.timeline_files), notes=notes,
+                          accept_optimistic=bool(accept_optimistic))
     return params, opened
 
 
@@ -563,6 +571,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   confidence: float | None = None, time: str | None = None,
                   notebooks: Path | None = None, jobs: int | None = None,
                   baseline=None, gates=None, twin=None, command: list[str] | None = None,
+                  accept_optimistic: bool = False,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
     spec's; ``time`` (ISO) is the provenance time of the plan and comparison exports (default:
@@ -585,7 +594,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     say = progress or (lambda _msg: None)
     params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
                                     confidence=confidence, time=time, baseline=baseline,
-                                    gates=gates, twin=twin)
+                                    gates=gates, twin=twin, accept_optimistic=accept_optimistic)
     report_nbs = params.notebooks()
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     missing = [n for n, _ in report_nbs if not (nb_dir / n).is_file()]

@@ -243,10 +243,19 @@ def honesty_block(env: dict | None, cap: dict) -> str:
                          + (f" — estimand: {e(str(h['estimand']))}" if h.get("estimand") else "") + "</p>")
         if h.get("sentence"):
             parts.append(f"<p>{e(for_readers(str(h['sentence'])))}</p>")
-        runs = h.get("runs_to_add") or h.get("runs") or []
+        reasons = h.get("reasons") or []
+        if reasons:
+            parts.append("<p>Why:</p><ul>" + "".join(f"<li>{e(for_readers(str(r)))}</li>" for r in reasons)
+                         + "</ul>")
+        runs = h.get("runs_to_add") or []
         if runs:
-            parts.append("<p>Runs capplan recommends next:</p><ul>"
-                         + "".join(f"<li>{e(_run_text(x))}</li>" for x in runs) + "</ul>")
+            parts.append("<p>Runs capplan recommends next (<code>capplan design</code> costs them and "
+                         "prints the load-test commands):</p><ul>"
+                         + "".join(f"<li>{e(_run_text(x, cap.get('unit') or 'req/s'))}</li>" for x in runs)
+                         + "</ul>")
+        elif status == "honest":
+            parts.append("<p>No further runs are needed for an honest bound; <code>capplan design</code> "
+                         "lists the runs that would narrow it most per minute of load test.</p>")
     else:
         notes = [n for n in (env or {}).get("notes", []) if "bracket" in n or "too high" in n]
         if notes:
@@ -261,10 +270,15 @@ def honesty_block(env: dict | None, cap: dict) -> str:
     return "".join(parts)
 
 
-def _run_text(x) -> str:
-    if isinstance(x, dict):
-        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in x.items())
-    return str(x)
+def _run_text(x, unit: str = "req/s") -> str:
+    """A recommended run in words: "3 runs at 5.5 req/s, 600 s each — why"."""
+    if not isinstance(x, dict):
+        return str(x)
+    n, rate, dur = int(x.get("repeats") or 1), x.get("rate_rps"), x.get("duration_s")
+    text = f"{n} run{'s' if n != 1 else ''} at {float(rate):g} {unit}" if rate is not None else f"{n} run(s)"
+    if dur:
+        text += f", {float(dur):.0f} s each"
+    return text + (f" — {x['why']}" if x.get("why") else "")
 
 
 def checks_section(plan: dict) -> str:

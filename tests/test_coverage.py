@@ -9,6 +9,10 @@ that misses λ* misses because of sampling error, not interpolation bias.
 
 Claims checked (issue 4, "Done when"): the nominal 95 % block-bootstrap interval covers λ* in
 90–98 % of ≥ 200 replicated sweeps, and an iid bootstrap on the *same* sweeps under-covers.
+This model has no between-run variation (every run is an exact draw of the same stationary
+process), so it checks the within-run part of the interval (``method="within-run"``); the
+default interval adds the between-run variation a realistic sweep has (docs/envelope.md
+"Coverage"), which here only widens it — its one-sided bound must still hold.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def simulate_sweeps(n_sweeps: int, seed: int, latent: bool = False):
     return (good, z) if latent else good
 
 
-def _fit(good_runs, scheme, seed, z_runs=None):
+def _fit(good_runs, scheme, seed, z_runs=None, method="within-run"):
     # with the latent, the block length is max(PW on good, PW on log latency = z), as in
     # reduce_study
     runs = [{"run_id": f"r{j}", "load_level": lam, "good": g}
@@ -57,7 +61,7 @@ def _fit(good_runs, scheme, seed, z_runs=None):
         for r, z in zip(runs, z_runs):
             r["latency"] = np.exp(z)
     st = stats_from_series(runs, f"ttft_ms=1000,attainment={TARGET}")
-    return fit_from_stats(st, st.slo, reps=REPS, seed=seed, scheme=scheme).cslo
+    return fit_from_stats(st, st.slo, reps=REPS, seed=seed, scheme=scheme, method=method).cslo
 
 
 def test_true_curve_crosses_at_lambda_star():
@@ -119,3 +123,18 @@ def test_per_run_attainment_ci_covers():
     assert 0.88 <= cov["circular"] <= 0.98
     assert 0.88 <= cov["stationary"] <= 0.98
     assert cov["iid"] < 0.75
+
+
+def test_run_effect_interval_keeps_its_bound_without_between_run_variation():
+    """The default (run-effect) interval on the same stylised sweeps: with no between-run
+    variation to find it may only be wider, so its lower bound holds at least as often and
+    every interval contains its estimate."""
+    goods, zs = simulate_sweeps(40, seed=2025, latent=True)
+    lb_ok, hit = [], []
+    for s in range(40):
+        c = _fit(goods[s], "circular", seed=s, z_runs=zs[s], method="run-effect")
+        assert c.ci_low <= c.estimate <= c.ci_high and c.lower_bound <= c.estimate
+        lb_ok.append(c.lower_bound <= LAMBDA_STAR)
+        hit.append(c.ci_low <= LAMBDA_STAR <= c.ci_high)
+    assert np.mean(lb_ok) >= 0.9
+    assert np.mean(hit) >= 0.9

@@ -145,9 +145,14 @@ def test_cli_plan_fits_the_envelope(sweep_dir, tmp_path, capsys):
                                     "capacity": {"reps": 50, "seed": 1},
                                     "prices": {"usd_per_gpu_hour": 2.0}}), encoding="utf-8")
     out = tmp_path / "out"
-    rc = main(["plan", str(sweep_dir), "--spec", str(spec), "--out", str(out), "--time", "2026-01-01T00:00:00+00:00"])
+    args = ["plan", str(sweep_dir), "--spec", str(spec), "--out", str(out), "--time", "2026-01-01T00:00:00+00:00"]
+    # one 60-request run per rate: the bound rests on the prior alone, so it is refused …
+    assert main(args) == 2 and "not an honest lower bound" in capsys.readouterr().err
+    # … unless accepted, which the plan then says
+    rc = main(args + ["--accept-optimistic"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
+    assert "accept_optimistic" in captured.out
     from capplan.envelope import fit_envelope
 
     env = fit_envelope(open_study(sweep_dir), SLO, confidence=0.95, reps=50, seed=1)

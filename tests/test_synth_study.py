@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _small_demo(**sweep) -> dict:
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS["demo"].items()}
-    raw["sweep"] = {**raw["sweep"], "rates": [1.0, 5.0, 12.0], "duration_s": 80.0, "warmup_s": 10.0, **sweep}
+    raw["sweep"] = {**raw["sweep"], "rates": [1.0, 5.0, 12.0], "duration_s": 80.0, "warmup_s": 10.0,
+                    "repeats": 1, **sweep}
     return raw
 
 

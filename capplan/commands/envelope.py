@@ -30,8 +30,16 @@ from ..errors import SpecError
               help="block length in requests (default: Politis–White per run)")
 @click.option("--warmup", default="manifest", show_default=True,
               help="manifest (else MSER-5), mser, none, or seconds")
+@click.option("--method", type=click.Choice(["run-effect", "within-run"]), default="run-effect",
+              show_default=True,
+              help="interval: with the between-run variation (default) or the within-run "
+                   "bootstrap alone (optimistic near saturation; docs/envelope.md)")
+@click.option("--twin", "twin_path", type=click.Path(dir_okay=False), default=None,
+              help="take the run-to-run variation near the crossing from this twin (or synth "
+                   "config), simulating the study's protocol there (docs/envelope.md)")
 @click.option("--out", "out", type=click.Path(), default=None, help="write the result as JSON")
-def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, out) -> int:
+def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, method,
+        twin_path, out) -> int:
     """Fit the SLO capacity envelope of a load sweep."""
     from ..envelope import fit_envelope, fit_summary_table
     from ..slo import SLO
@@ -56,7 +64,18 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
         env = fit_summary_table(p, slo, confidence=confidence, reps=reps, seed=seed)
     else:
         env = fit_envelope(p, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
-                           block_len=block_len, warmup=w)
+                           block_len=block_len, warmup=w, method=method)
+        if twin_path and method == "run-effect":
+            from dataclasses import replace
+
+            from ..design import load_model, twin_run_effect
+
+            effect, note = twin_run_effect(env, load_model(twin_path), seed=seed)
+            if effect is not None:
+                env = fit_envelope(p, slo, confidence=confidence, reps=reps, seed=seed,
+                                   scheme=scheme, block_len=block_len, warmup=w, method=method,
+                                   stats=env.stats, run_effect=effect)
+            env = replace(env, notes=env.notes + (note,))
     click.echo(env.to_text())
     if out:
         env.to_json(out)

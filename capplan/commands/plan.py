@@ -22,6 +22,9 @@ from ..errors import SpecError
 @click.option("--gpus-per-replica", type=int, default=None,
               help="GPUs per replica group (TP × PP) when neither the spec nor a study gives it")
 @click.option("--strict", is_flag=True, help="exit 1 when a plan check fails (files are still written)")
+@click.option("--accept-optimistic", is_flag=True, default=None,
+              help="plan with the study's lower bound even where the sweep cannot support it "
+                   "honestly (the plan says so); without it such a plan is refused")
 @click.option("--time", "time_", default=None,
               help="provenance time (ISO; default now, UTC); without start: in the spec the plan starts "
                    "with the calendar quarter after it")
@@ -37,8 +40,8 @@ from ..errors import SpecError
               help="with --twin: also simulate a day under the autoscaler (a working day's shape)")
 @click.option("--day-trace", "day_trace", default=None, type=click.Path(dir_okay=False),
               help="with --day: the day's shape from this trace (Azure CSV or Mooncake JSONL)")
-def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict, time_,
-        twin=None, quarter=1, slo_minutes_budget=None, day=False, day_trace=None):
+def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict,
+        accept_optimistic, time_, twin=None, quarter=1, slo_minutes_budget=None, day=False, day_trace=None):
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
     from ..plan import load_plan_spec, make_plan
@@ -50,7 +53,8 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
         note = override_note(spec.slo, SLO.parse(slo))
         if note:
             click.echo(f"note: {note}", err=True)
-    spec = _apply_overrides(spec, slo=slo, use=use, reps=reps, seed=seed, confidence=confidence)
+    spec = _apply_overrides(spec, slo=slo, use=use, reps=reps, seed=seed, confidence=confidence,
+                            accept_optimistic=accept_optimistic)
     if gpus_per_replica is not None:
         spec = spec.with_(gpus_per_replica=gpus_per_replica)
     if study is None and capacity_rps is None and spec.capacity.source == "study":
@@ -79,6 +83,7 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
               "slo": (str(spec.slo) if spec.slo else None) if spec.slo_classes is None else str(spec.slo_classes),
               "capacity_rps": capacity_rps, "use": spec.capacity.use, "reps": spec.capacity.reps,
               "seed": spec.capacity.seed, "confidence": spec.capacity.confidence,
+              "accept_optimistic": spec.capacity.accept_optimistic,
               "gpus_per_replica": gpus_per_replica}
     path = export_plan(plan, out_dir, time=time_, study_hash=study_hash, parameters=params)
     click.echo(plan.to_text())
@@ -93,13 +98,13 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
     return 0
 
 
-def _apply_overrides(spec, *, slo, use, reps, seed, confidence):
+def _apply_overrides(spec, *, slo, use, reps, seed, confidence, accept_optimistic=None):
     import dataclasses
 
     from ..slo import SLO
 
-    cap = {k: v for k, v in (("use", use), ("reps", reps), ("seed", seed), ("confidence", confidence))
-           if v is not None}
+    cap = {k: v for k, v in (("use", use), ("reps", reps), ("seed", seed), ("confidence", confidence),
+                             ("accept_optimistic", accept_optimistic)) if v is not None}
     if cap:
         try:
             spec = dataclasses.replace(spec, capacity=dataclasses.replace(spec.capacity, **cap))

@@ -39,7 +39,11 @@ from .. import report as R
                    "notebooks [default: the bundled ones].")
 @click.option("--jobs", type=click.IntRange(1, 8), default=None,
               help="Notebooks executed at once, one kernel each [default: all of them].")
-def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, twin, notebooks, jobs):
+@click.option("--accept-optimistic", is_flag=True,
+              help="Plan with the study's C_SLO lower bound even where the sweep cannot "
+                   "support it honestly (the plan says so); without it such a plan is refused.")
+def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, twin, notebooks, jobs,
+        accept_optimistic):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
     With --baseline, the comparison notebook runs too (baseline vs STUDY); its gate verdict
@@ -51,6 +55,7 @@ def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, t
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
                              confidence=confidence, time=time_, notebooks=notebooks,
                              jobs=jobs, baseline=baseline, gates=gates, twin=twin,
-                             command=(click.get_current_context().find_root().obj or {}).get("argv"))
+                             command=(click.get_current_context().find_root().obj or {}).get("argv"),
+                             accept_optimistic=accept_optimistic)
     click.echo(f"report: {result.index}")
     return 0

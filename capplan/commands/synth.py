@@ -39,8 +39,13 @@ def _config(preset_name, config_path, seed, no_itl):
 @click.option("--duration-s", type=float, default=None, help="--truth: run length (default: the config's)")
 @click.option("--capacity-between", "bracket", type=float, nargs=2, default=None,
               help="--truth: also bisect for the true capacity between LO and HI req/s")
+@click.option("--design", "design_path", default=None, type=click.Path(dir_okay=False),
+              help="run a sweep design (design.yaml from capplan design: the sweep so far and "
+                   "the next runs) against --twin")
+@click.option("--twin", "twin_path", default=None, type=click.Path(dir_okay=False),
+              help="with --design: the model to run it on (a twin file, or a synth config)")
 def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth, rates, slo,
-        replications, duration_s, bracket):
+        replications, duration_s, bracket, design_path, twin_path):
     """Simulate a load sweep against LLM-serving replicas and write a study directory.
 
     \b
@@ -48,7 +53,10 @@ def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth
       capplan synth --config my.yaml --out DIR --seed 7
       capplan synth --truth --preset demo --rate 5 --rate 6 --slo ttft_ms=2000,tpot_ms=100
       capplan synth --truth --preset demo --slo ttft_ms=2000,tpot_ms=100 --capacity-between 1 12
+      capplan synth --design design.yaml --twin twin.yaml --out preview
     """
+    if design_path or twin_path:
+        return _run_design(design_path, twin_path, out, seed, workers, no_progress)
     cfg = _config(preset_name, config_path, seed, no_itl)
     if truth:
         from ..slo import SLO
@@ -87,4 +95,28 @@ def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth
                    f"timeout {s['timeout']:,}  rejected {s['rejected']:,}  error {s['error']:,}  "
                    f"cancelled {s['cancelled']:,}  preemptions {s['preemptions']:,}", err=True)
     sys.stderr.flush()
+    return 0
+
+
+def _run_design(design_path, twin_path, out, seed, workers, no_progress) -> int:
+    """``--design D --twin T``: simulate the designed sweep (existing runs + next runs) on T."""
+    from ..design import design_plans, design_warmup, load_design, load_model, model_config
+    from ..synth.sweep import generate_study
+
+    if not (design_path and twin_path):
+        raise SpecError("--design and --twin go together", field="--design/--twin",
+                        fix="capplan synth --design design.yaml --twin twin.yaml --out DIR")
+    if not out:
+        raise SpecError("--out DIR is required", field="--out", fix="e.g. --out preview")
+    d = load_design(design_path)
+    plans = design_plans(d)
+    if not plans:
+        raise SpecError("the design has no runs", file=str(design_path))
+    model = load_model(twin_path)
+    cfg = model_config(model, rates=sorted({p.level for p in plans}),
+                       duration_s=max(p.duration_s for p in plans),
+                       warmup_s=design_warmup(d), seed=0 if seed is None else int(seed))
+    path, stats = generate_study(cfg, out, workers=workers, progress=not no_progress, plans=plans)
+    click.echo(f"wrote {path}: {len(stats)} runs of the design on {twin_path} "
+               f"({sum(s['requests'] for s in stats):,} requests)", err=True)
     return 0

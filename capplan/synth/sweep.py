@@ -50,7 +50,7 @@ def plan_runs(cfg: SynthConfig) -> tuple[RunPlan, ...]:
     levels = cfg.rates if cfg.load_model == "open" else cfg.concurrency
     out, i = [], 0
     for lv in levels:
-        for rep in range(cfg.repeats):
+        for rep in range(cfg.repeats_for(lv)):
             rid = f"r{i + 1:02d}"
             out.append(RunPlan(i, rid, float(lv), rep, cfg.run_duration_s(lv)))
             i += 1
@@ -101,7 +101,10 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
                         draw=draw, **common)
     if cfg.arrival.process == "replay":
         tr = _trace(cfg.arrival.path, cfg.arrival.format)
-        sched, inp, out = A.replay_schedule(tr, level, dur, cfg.arrival.start_row)
+        row = cfg.arrival.start_row
+        if row == "random":  # each run its own stretch: independent workload samples
+            row = int(r_arr.integers(tr.n))
+        sched, inp, out = A.replay_schedule(tr, level, dur, row)
         ten = _tenants_for(cfg, len(sched), r_ten)
     else:
         if cfg.demand is not None:  # a rate that changes during the run (the level is its scale)

@@ -63,7 +63,7 @@ def _count_runs(cfg: SynthConfig, rate_rps: float, s: SLO, group_sql: str, group
     warm = float(cfg.warmup_s if warmup_s is None else warmup_s)
     if warm >= dur:
         raise SpecError(f"warm-up {warm:g} s must be shorter than the run ({dur:g} s)", field="warmup_s")
-    base = cfg.with_(seed=int(cfg.seed if seed is None else seed), rates=(float(rate_rps),), repeats=replications,
+    base = cfg.with_(seed=int(cfg.seed if seed is None else seed), rates=(float(rate_rps),), repeats=replications, repeats_at=(),
                      duration_s=dur, requests_per_run=None, warmup_s=warm, power=None,
                      itl=bool(s.itl_ms is not None))
     # seeds: (seed, TRUTH_SEED_OFFSET + replication) — independent of the rate

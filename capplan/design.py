@@ -1,0 +1,497 @@
+"""The next runs of a sweep: which rates, repeats and durations most shrink the distance between
+the C_SLO estimate and its honest lower bound per minute of load-test time.
+
+``propose(env, budget_minutes=...)`` works on a fitted envelope (``capplan.fit_envelope``):
+
+1. **candidates**: a run at each rate bracketing the estimate, at the estimate itself, and
+   half-way between the lower bound and the estimate (rounded to 3 significant digits), each
+   as long as the sweep's runs near the crossing (twice as long, ≥ 300 s, when those were
+   still settling);
+2. **expected bound after a candidate**: ``sims`` simulated outcomes of the run are added to
+   the sweep and the envelope is re-fitted on each; the mean lower bound and estimate are the
+   expectation. Outcomes come from the current fit (attainment at the rate from the isotonic
+   curve on the logit scale, plus the between-run SD τ, clustered violations with the design
+   effect of the nearest run) — or, with a ``model`` (a twin, or a synth configuration), from
+   simulating the run on it;
+3. **greedy**: the candidate with the largest drop of E[estimate − lower bound] per minute is
+   taken (a run that makes an unsupported bound honest counts the whole gap as the drop), the
+   sweep is extended by its expected outcome, and the search repeats until the budget is used.
+
+The proposal prints ready-to-run commands for GuideLLM, AIPerf, vLLM ``bench serve`` and
+``capplan synth``, and a manifest stub for the new runs; ``write_design`` saves design.yaml,
+which ``capplan synth --design design.yaml --twin MODEL`` runs against a model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from scipy.special import expit, logit
+
+from .errors import SpecError
+from .reduce import BlockStats, stats_from_series
+
+DESIGN_FORMAT = "capplan-design/1"
+MIN_DURATION_S = 300.0
+
+
+@dataclass(frozen=True)
+class ProposedRun:
+    rate_rps: float
+    repeats: int
+    duration_s: float
+    warmup_s: float
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"rate_rps": self.rate_rps, "repeats": self.repeats,
+                "duration_s": self.duration_s, "warmup_s": self.warmup_s, "why": self.why}
+
+    @property
+    def minutes(self) -> float:
+        return self.repeats * self.duration_s / 60.0
+
+
+@dataclass(frozen=True)
+class Design:
+    """A proposal of next runs with the bound expected after them."""
+
+    study: str
+    slo: str
+    budget_minutes: float
+    current: dict              # estimate, lower_bound, ci_low, ci_high, status, honesty
+    expected: dict             # the same, expected after the proposed runs
+    runs: tuple[ProposedRun, ...]
+    existing: tuple[dict, ...]  # the sweep so far: rate_rps, runs, duration_s, warmup_s
+    source: str                 # "the current fit" or the model's name
+    notes: tuple[str, ...] = ()
+
+    @property
+    def minutes(self) -> float:
+        return float(sum(r.minutes for r in self.runs))
+
+    def to_dict(self) -> dict:
+        return {"format": DESIGN_FORMAT, "study": self.study, "slo": self.slo,
+                "budget_minutes": self.budget_minutes, "minutes": round(self.minutes, 3),
+                "expected_from": self.source, "current": self.current,
+                "expected": self.expected, "next_runs": [r.to_dict() for r in self.runs],
+                "existing": list(self.existing), "notes": list(self.notes)}
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([r.to_dict() for r in self.runs],
+                            columns=["rate_rps", "repeats", "duration_s", "warmup_s", "why"])
+
+    def manifest_stub(self, first_index: int = 1) -> list[dict]:
+        """study.yaml ``runs:`` entries for the proposed runs (add them to the manifest and
+        put each run's events in events/<run_id>.parquet)."""
+        out, i = [], first_index
+        for r in self.runs:
+            for k in range(r.repeats):
+                out.append({"run_id": f"next{i:02d}", "offered_rps": r.rate_rps,
+                            "arrival": "poisson", "duration_s": r.duration_s,
+                            "warmup_s": r.warmup_s, "repeat": k})
+                i += 1
+        return out
+
+    def commands(self, *, url: str = "http://127.0.0.1:8000", model: str = "MODEL") -> dict:
+        """Ready-to-run commands per tool (one line per run; a different seed per repeat so
+        repeats are independent samples)."""
+        out = {"guidellm": [], "aiperf": [], "vllm": [], "capplan synth": [
+            "capplan synth --design design.yaml --twin twin.yaml --out preview"]}
+        for r in self.runs:
+            for k in range(r.repeats):
+                tag = f"rate{r.rate_rps:g}_rep{k}"
+                seed = 1000 + k
+                out["guidellm"].append(
+                    f"guidellm run --backend kind=openai_http,target={url},model={model} "
+                    f"--profile '{{\"kind\":\"poisson\",\"rate\":[{r.rate_rps:g}]}}' "
+                    f"--constraint kind=max_duration,seconds={r.duration_s:.0f} "
+                    f"--random-seed {seed} --output kind=json,path={tag}.json")
+                out["aiperf"].append(
+                    f"aiperf profile --model {model} --url {url} --endpoint-type chat "
+                    f"--streaming --request-rate {r.rate_rps:g} --arrival-pattern poisson "
+                    f"--benchmark-duration {r.duration_s:.0f} --random-seed {seed} "
+                    f"--export-level raw --artifact-dir {tag} --ui none")
+                out["vllm"].append(
+                    f"vllm bench serve --model {model} --base-url {url} --request-rate "
+                    f"{r.rate_rps:g} --burstiness 1.0 --num-prompts "
+                    f"{max(1, int(round(r.rate_rps * r.duration_s)))} --seed {seed} "
+                    f"--save-result --save-detailed --result-filename {tag}.json")
+        return out
+
+    def to_text(self) -> str:
+        c, e = self.current, self.expected
+        lines = [f"Next runs for {self.study} ({self.slo}); budget {self.budget_minutes:g} min, "
+                 f"proposed {self.minutes:.0f} min",
+                 f"now:      estimate {_f(c['estimate'])}, lower bound {_f(c['lower_bound'])} "
+                 f"req/s ({c['honesty']})",
+                 f"expected: estimate {_f(e['estimate'])}, lower bound {_f(e['lower_bound'])} "
+                 f"req/s ({e['honesty']}; from {self.source})", ""]
+        if not self.runs:
+            lines.append("no run within the budget shrinks the gap between estimate and bound")
+        for r in self.runs:
+            lines.append(f"- {r.repeats} × {r.rate_rps:g} req/s, {r.duration_s:.0f} s each "
+                         f"({r.warmup_s:.0f} s warm-up): {r.why}")
+        lines += [f"note: {n}" for n in self.notes]
+        if self.runs:
+            lines.append("")
+            for tool, cmds in self.commands().items():
+                lines.append(f"# {tool}")
+                lines += cmds
+            lines += ["", "# manifest stub (add to study.yaml runs:)",
+                      yaml.safe_dump(self.manifest_stub(), sort_keys=False).rstrip()]
+        return "\n".join(lines)
+
+
+def _f(v) -> str:
+    return "—" if v is None or v != v else f"{v:.4g}"
+
+
+def _summary(env) -> dict:
+    c = env.cslo
+    return {"estimate": _num(c.estimate), "lower_bound": _num(c.lower_bound),
+            "ci_low": _num(c.ci_low), "ci_high": _num(c.ci_high), "status": c.status,
+            "honesty": env.honesty.status if env.honesty else ""}
+
+
+def _num(v):
+    return None if v is None or v != v else float(v)
+
+
+def _gap(env) -> float:
+    """estimate − lower bound, with an unsupported bound counting as no bound at all."""
+    c = env.cslo
+    est = c.estimate if c.estimate == c.estimate else 0.0
+    if env.honesty is not None and not env.honesty.honest:
+        return max(est, 0.0)
+    return max(est - (c.lower_bound if c.lower_bound == c.lower_bound else 0.0), 0.0)
+
+
+# ------------------------------------------------------------------------------ outcomes
+
+def _curve(env):
+    """(x, logit attainment) of the fitted curve, for interpolation."""
+    lv = env.levels
+    x = lv["x"].to_numpy(float)
+    f = np.clip(lv["fitted"].to_numpy(float), 1e-6, 1 - 1e-6)
+    return x, logit(f)
+
+
+def _deff_at(env, rate: float) -> float:
+    r = env.runs[env.runs["usable"]]
+    if not len(r):
+        return 1.0
+    j = int(np.argmin(np.abs(r["x"].to_numpy(float) - rate)))
+    d = float(r["design_effect_used"].iloc[j])
+    return d if d == d and d >= 1 else 1.0
+
+
+def _fit_outcome(env, rate: float, duration_s: float, warmup_s: float, rng) -> dict:
+    """One simulated run at ``rate`` from the current fit: a 0/1 good series with violations
+    in clusters of the nearest run's design effect."""
+    x, y = _curve(env)
+    eta = float(np.interp(rate, x, y, left=y[0], right=y[-1]))
+    if rate > x[-1] and x.size >= 2 and x[-1] > x[-2]:  # extrapolate the last slope
+        eta = y[-1] + (y[-1] - y[-2]) / (x[-1] - x[-2]) * (rate - x[-1])
+    tau = env.run_effect.tau if env.run_effect is not None else 0.0
+    n = max(int(round(rate * max(duration_s - warmup_s, 1.0))), 20)
+    a = float(expit(eta + tau * rng.standard_normal()))
+    d = _deff_at(env, rate)
+    v = int(rng.binomial(max(int(n / d), 1), 1 - a) * d)
+    v = min(v, n)
+    good = np.ones(n)
+    if v:
+        size = max(int(round(d)), 1)
+        starts = rng.choice(n, size=max(v // size, 1), replace=False)
+        idx = np.unique(np.concatenate([np.arange(s, min(s + size, n)) for s in starts]))[:v]
+        good[idx] = 0.0
+    return {"good": good, "rate_rps": rate}
+
+
+def _model_outcomes(model, rate: float, duration_s: float, warmup_s: float, slo, sims: int,
+                    seed: int) -> list[dict]:
+    """Runs simulated on a model (twin or synth config) — real synth runs, reduced."""
+    import tempfile
+
+    from .reduce import reduce_study
+    from .synth import generate_study
+
+    cfg = model_config(model, rates=(rate,), duration_s=duration_s, warmup_s=warmup_s,
+                       repeats=sims, seed=seed)
+    with tempfile.TemporaryDirectory(prefix="capplan-design-") as tmp:
+        path, _ = generate_study(cfg, Path(tmp) / "s", workers=1)
+        st = reduce_study(path, slo)
+    return [{"run": r, "diag": st.diagnostics[st.diagnostics["run_id"] == r.run_id]}
+            for r in st.runs]
+
+
+def load_model(path: str | os.PathLike):
+    """A model to simulate runs on: a twin file (``capplan twin fit``, docs/twin.md) or a synth
+    configuration YAML (docs/synth.md)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise SpecError("model file not found", file=str(p), field="--twin",
+                        fix="a twin.yaml written by capplan twin, or a synth config YAML")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"model file is not valid YAML: {exc}", file=str(p)) from None
+    from .synth.config import TOP_KEYS, load_config
+
+    if isinstance(raw, dict) and set(raw) <= set(TOP_KEYS):
+        return load_config(p)
+    from .twin import load_twin
+
+    return load_twin(p)
+
+
+def twin_run_effect(env, model, *, runs: int = 20, seed: int = 0):
+    """The between-run SD of logit attainment near the crossing from a model (a twin, or a
+    synth configuration): ``runs`` simulated runs of the study's protocol (its run length and
+    warm-up) at each tested rate bracketing the estimate, scored with the pipeline's own
+    definitions (``capplan.synth.truth.true_attainment``). Returns (RunEffect or None, note).
+    A twin whose last ``twin check`` disagreed is not used (None, and the note says why): the
+    envelope then estimates τ from the sweep, as without a twin."""
+    from .runeffect import RunEffect
+    from .synth.truth import true_attainment
+
+    warn = str(getattr(model, "warning", "") or "")
+    if warn:
+        return None, ("the twin's run-to-run variation was not used: its last check disagreed "
+                      f"with the study ({warn})")
+    c = env.cslo
+    x = env.levels["x"].to_numpy(float)
+    nominal = env.levels["load_level"].to_numpy(float)
+    if c.status == "bracketed" and c.estimate == c.estimate:
+        i = int(np.searchsorted(x, c.estimate, side="right"))
+        rates = [float(nominal[j]) for j in (i - 1, i) if 0 <= j < x.size]
+    else:
+        rates = [float(v) for v in nominal[-2:]]
+    dur, warm = _run_length(env)
+    att, nn = {}, {}
+    for r in rates:
+        cfg = model_config(model, rates=(r,), duration_s=dur, warmup_s=warm, seed=seed)
+        t = true_attainment(cfg, r, env.slo, replications=runs, duration_s=dur, warmup_s=warm)
+        att[r] = np.asarray(t.per_run, dtype=np.float64)
+        nn[r] = np.full(len(t.per_run), t.n_requests / max(len(t.per_run), 1))
+    eff = RunEffect.from_samples(att, nn, source="twin")
+    return eff, (f"run-to-run variation from the twin: {runs} simulated runs at "
+                 + ", ".join(f"{r:g}" for r in rates) + " req/s")
+
+
+def model_config(model, *, rates, duration_s, warmup_s, repeats=1, seed=0):
+    """A synth configuration for ``model``: a twin (anything with ``synth_config``) or a
+    ``SynthConfig``."""
+    if hasattr(model, "synth_config"):
+        return model.synth_config(rates=tuple(rates), duration_s=duration_s, warmup_s=warmup_s,
+                                  repeats=repeats, seed=seed, itl=False)
+    return model.with_(rates=tuple(float(r) for r in rates), duration_s=float(duration_s),
+                       warmup_s=float(warmup_s), repeats=int(repeats), requests_per_run=None,
+                       seed=int(seed), itl=False, power=None, load_model="open")
+
+
+def add_runs(stats: BlockStats, new: list[dict]) -> BlockStats:
+    """``stats`` with extra runs: dicts from ``_fit_outcome`` (0/1 series) or from
+    ``_model_outcomes`` (reduced runs of a model)."""
+    runs = list(stats.runs)
+    diags = [stats.diagnostics]
+    base = max((r.run_idx for r in runs), default=-1) + 1
+    series = [d for d in new if "good" in d]
+    for i, d in enumerate(series):
+        s = stats_from_series([{"run_id": f"sim{base + i}", "load_level": d["rate_rps"],
+                                "good": d["good"], "rate_rps": d["rate_rps"]}], stats.slo)
+        r = replace(s.runs[0], run_idx=base + i)
+        runs.append(r)
+        diags.append(s.diagnostics)
+    k = base + len(series)
+    for d in new:
+        if "run" in d:
+            r = replace(d["run"], run_idx=k, run_id=f"sim{k}")
+            runs.append(r)
+            diags.append(d["diag"].assign(run_id=f"sim{k}"))
+            k += 1
+    dg = pd.concat(diags, ignore_index=True)
+    return replace(stats, runs=tuple(runs), diagnostics=dg, _cache={})
+
+
+# ------------------------------------------------------------------------------ proposal
+
+def _existing(env) -> tuple[dict, ...]:
+    r = env.runs
+    out = []
+    for lv, g in r.groupby("load_level", sort=True):
+        out.append({"rate_rps": float(lv), "runs": int(len(g)),
+                    "duration_s": round(float(g["duration_s"].median()), 3),
+                    "warmup_s": round(float(g["warmup_s"].median()), 3)})
+    return tuple(out)
+
+
+def _candidates(env) -> list[tuple[float, str]]:
+    """Candidate rates (nominal, as a load generator takes them), fixed for the whole search
+    so that repeats concentrate: the tested levels bracketing the estimate, the estimate, and
+    half-way between the lower bound and the estimate."""
+    c = env.cslo
+    lv = env.levels
+    x = lv["x"].to_numpy(float)
+    nominal = lv["load_level"].to_numpy(float)
+    out = []
+    est = c.estimate
+    if c.status == "bracketed" and est == est:
+        i = int(np.searchsorted(x, est, side="right"))
+        for j in (i - 1, i):
+            if 0 <= j < x.size:
+                out.append((float(nominal[j]), "repeat a rate bracketing C_SLO"))
+        out.append((float(f"{est:.2g}"), "at the estimate"))
+        lb = c.lower_bound
+        if lb == lb and 0 < lb < est:
+            out.append((float(f"{0.5 * (lb + est):.2g}"),
+                        "between the lower bound and the estimate"))
+    elif c.status == "≥ max tested":
+        out += [(float(v), "above the tested range") for v in c.suggested_rates[:2]]
+        out.append((float(nominal[-1]), "repeat the largest tested rate"))
+    else:
+        out += [(float(v), "below the tested range") for v in c.suggested_rates]
+    seen, uniq = set(), []
+    for rate, why in out:
+        key = float(f"{rate:.3g}")
+        if key > 0 and key not in seen:
+            seen.add(key)
+            uniq.append((key, why))
+    return uniq
+
+
+def _run_length(env) -> tuple[float, float]:
+    """(duration, warm-up) of the runs near the crossing; longer when they were settling."""
+    r = env.runs[env.runs["usable"]]
+    dur = float(r["duration_s"].median()) if len(r) else 600.0
+    warm = float(r["warmup_s"].median()) if len(r) else 0.0
+    dur = float(max(10.0, round(dur / 10.0) * 10.0)) if dur == dur else dur  # nominal length
+    if env.honesty is not None and any("settling" in x for x in env.honesty.reasons):
+        dur = max(2.0 * dur, MIN_DURATION_S)
+        warm = max(warm, 0.1 * dur)
+    return (dur if dur == dur else 600.0), (warm if warm == warm else 0.0)
+
+
+def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200,
+            seed: int = 0, model=None, max_runs: int = 12) -> Design:
+    """Greedy proposal of next runs within ``budget_minutes`` (see the module docstring)."""
+    from .envelope import fit_from_stats
+
+    if env.stats is None:
+        raise SpecError("a design needs a study's events (not a summary table)")
+    if not budget_minutes > 0:
+        raise SpecError(f"--budget-minutes must be > 0, got {budget_minutes}",
+                        field="budget_minutes", fix="e.g. --budget-minutes 60")
+    rng = np.random.default_rng([int(seed), 7_000_001])
+    slo = env.slo
+    stats = env.stats
+    fit = dict(confidence=env.confidence, reps=reps, seed=seed, scheme=env.scheme,
+               block_len=env.block_len, method="run-effect")
+    cur = fit_from_stats(stats, slo, **fit)
+    start = cur
+    dur, warm = _run_length(cur)
+    chosen: list[ProposedRun] = []
+    left = float(budget_minutes)
+    notes = []
+    cands = _candidates(start)
+    while left >= dur / 60.0 - 1e-9 and len(chosen) < max_runs:
+        g0 = _gap(cur)
+        best = None
+        for rate, why in cands:
+            envs = []
+            for s in range(sims):
+                if model is None:
+                    extra = [_fit_outcome(cur, rate, dur, warm, rng)]
+                else:
+                    extra = _model_outcomes(model, rate, dur, warm, slo, 1,
+                                            int(rng.integers(2**31)))
+                envs.append(fit_from_stats(add_runs(stats, extra), slo, **fit))
+            gap = float(np.mean([_gap(e) for e in envs]))
+            score = (g0 - gap) / (dur / 60.0)
+            if best is None or score > best[0]:
+                best = (score, rate, why, envs)
+        if best is None or best[0] <= 0:
+            if not chosen:
+                notes.append("no candidate run shrinks the expected gap between the estimate "
+                             "and its honest lower bound")
+            break
+        _, rate, why, envs = best
+        # extend the sweep by the median outcome (the one whose bound is the median)
+        med = sorted(envs, key=lambda e: e.cslo.lower_bound)[len(envs) // 2]
+        stats = med.stats
+        cur = med
+        same = [i for i, r in enumerate(chosen) if abs(r.rate_rps - rate) < 1e-9]
+        if same:
+            chosen[same[0]] = replace(chosen[same[0]], repeats=chosen[same[0]].repeats + 1)
+        else:
+            chosen.append(ProposedRun(rate, 1, dur, warm, why))
+        left -= dur / 60.0
+    expected = _summary(cur)
+    src = "the current fit" if model is None else f"the model {getattr(model, 'name', 'given')}"
+    return Design(study=str(getattr(stats, "name", "")), slo=str(slo),
+                  budget_minutes=float(budget_minutes), current=_summary(start),
+                  expected=expected, runs=tuple(chosen), existing=_existing(start), source=src,
+                  notes=tuple(notes))
+
+
+# ------------------------------------------------------------------------------ files
+
+def write_design(design: Design, path: str | os.PathLike) -> Path:
+    from .io import write_text_atomic
+
+    text = yaml.safe_dump(design.to_dict(), sort_keys=False, allow_unicode=True)
+    write_text_atomic(path, text)
+    return Path(path)
+
+
+def load_design(path: str | os.PathLike) -> dict:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise SpecError("design file not found", file=str(p), fix="write one with capplan design")
+    try:
+        d = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"design file is not valid YAML: {exc}", file=str(p)) from None
+    if not isinstance(d, dict) or d.get("format") != DESIGN_FORMAT:
+        raise SpecError(f"not a capplan design file (format: {DESIGN_FORMAT})", file=str(p),
+                        fix="write one with capplan design STUDY --slo ... --out design.yaml")
+    for i, r in enumerate(list(d.get("existing") or []) + list(d.get("next_runs") or [])):
+        for k in ("rate_rps", "duration_s"):
+            if not isinstance(r.get(k), (int, float)) or not r[k] > 0:
+                raise SpecError(f"run {i}: {k} must be a positive number", file=str(p),
+                                field=k)
+    return d
+
+
+def design_plans(d: dict):
+    """The synth RunPlans of a design: the existing sweep, then the next runs."""
+    from .synth.sweep import RunPlan
+
+    plans, i = [], 0
+    for r in d.get("existing") or []:
+        for k in range(int(r.get("runs", 1))):
+            plans.append(RunPlan(i, f"r{i + 1:02d}", float(r["rate_rps"]), k,
+                                 float(r["duration_s"])))
+            i += 1
+    for r in d.get("next_runs") or []:
+        for k in range(int(r.get("repeats", 1))):
+            plans.append(RunPlan(i, f"r{i + 1:02d}", float(r["rate_rps"]), k,
+                                 float(r["duration_s"])))
+            i += 1
+    return tuple(plans)
+
+
+def design_warmup(d: dict) -> float:
+    w = [float(r.get("warmup_s", 0.0)) for r in (d.get("existing") or [])
+         + (d.get("next_runs") or [])]
+    return float(np.median(w)) if w else 0.0
+
+
+__all__ = ["Design", "ProposedRun", "propose", "write_design", "load_design", "design_plans",
+           "add_runs", "model_config"]

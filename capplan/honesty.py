@@ -1,0 +1,175 @@
+"""Is the C_SLO lower bound honest here? The estimand and the honesty of the bound, in words.
+
+A fitted envelope carries one ``Honesty`` (``Envelope.honesty``): what the number estimates
+(the estimand), whether the sweep's design can support the one-sided lower bound a plan uses,
+why not, and which runs would make it so. ``capplan.plan`` refuses to call an unsupported
+number a lower bound unless the planner accepts it (``capacity.accept_optimistic``,
+``--accept-optimistic``). docs/envelope.md "Is the bound honest?" lists the rules.
+
+Status:
+
+- ``honest``: the bound includes the between-run variation *measured* near the crossing —
+  repeats at a rate bracketing it (with at least ``MIN_RUNS_NEAR`` runs there that have both
+  outcomes), or a twin — and no run near it was still settling at its end;
+- ``unsupported``: the design cannot support an honest bound here — the reasons and the runs to
+  add are listed (``capplan design`` plans them);
+- ``optimistic``: the within-run interval was asked for (``method="within-run"``) or the input
+  was a summary table under an iid assumption; near saturation such bounds are too high about
+  half the time (docs/envelope.md "Coverage").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HONEST = "honest"
+UNSUPPORTED = "unsupported"
+OPTIMISTIC = "optimistic"
+STATUSES = (HONEST, UNSUPPORTED, OPTIMISTIC)
+#: runs near the crossing needed to measure between-run variation from a single sweep
+MIN_RUNS_NEAR = 3
+#: repeats per rate that the suggestions ask for
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class RunToAdd:
+    """A run (or repeats) that would let the sweep support an honest bound."""
+
+    rate_rps: float
+    repeats: int
+    duration_s: float
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"rate_rps": self.rate_rps, "repeats": self.repeats,
+                "duration_s": self.duration_s, "why": self.why}
+
+    def describe(self) -> str:
+        return (f"{self.repeats} × {self.rate_rps:g} req/s for {self.duration_s:.0f} s "
+                f"({self.why})")
+
+
+@dataclass(frozen=True)
+class Honesty:
+    """The honesty of an envelope's lower bound (see the module docstring)."""
+
+    status: str
+    estimand: str
+    sentence: str
+    reasons: tuple[str, ...] = ()
+    runs_to_add: tuple[RunToAdd, ...] = ()
+
+    @property
+    def honest(self) -> bool:
+        return self.status == HONEST
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "estimand": self.estimand, "sentence": self.sentence,
+                "reasons": list(self.reasons),
+                "runs_to_add": [r.to_dict() for r in self.runs_to_add]}
+
+    def to_text(self) -> str:
+        lines = [f"Lower bound: {self.status} — {self.sentence}", f"Estimand: {self.estimand}"]
+        lines += [f"  why: {r}" for r in self.reasons]
+        if self.runs_to_add:
+            lines.append("Runs to add (or: capplan design):")
+            lines += [f"  - {r.describe()}" for r in self.runs_to_add]
+        return "\n".join(lines)
+
+
+def _fmt_s(v: float) -> str:
+    return f"{v:.0f} s" if v == v else "unknown length"
+
+
+def estimand(duration_s: float, warmup_s: float, target: float, settling: bool) -> str:
+    """The sentence that says what C_SLO estimates."""
+    base = (f"the largest offered rate at which the mean attainment of runs like these "
+            f"({_fmt_s(duration_s)} long, {_fmt_s(warmup_s)} warm-up, each started on an idle "
+            f"server) meets {target:g}")
+    if settling:
+        return (base + "; runs near the crossing were still settling at their end, so the "
+                "steady-state capacity (what long production traffic meets) is likely lower")
+    return (base + "; no run near the crossing was still settling at its end (TTFT trend "
+            "test), so runs of this length approximate the steady state")
+
+
+def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound: float,
+           runs, near_rates: tuple[float, ...], n_near: int, n_near_failing: int,
+           effect_source: str, repeats_near: int, target: float,
+           suggested_rates: tuple[float, ...] = ()) -> Honesty:
+    """Decide the honesty of a fitted envelope.
+
+    ``runs``: the per-run table (columns x, usable, warnings, warmup_s, load_level and
+    optionally duration); ``near_rates``: the tested rates bracketing the estimate (or the top
+    ones when it is above the range); ``n_near`` / ``n_near_failing``: usable runs at the levels
+    near the crossing, and those with at least one violation; ``effect_source``: where the
+    between-run SD came from (``RunEffect.source``); ``repeats_near``: the most runs at one of
+    the bracketing rates."""
+    use = runs[runs["usable"]] if len(runs) else runs
+    near = use[use["x"].round(9).isin([round(v, 9) for v in near_rates])] if len(use) else use
+    dur = _median(near, "duration_s") if len(near) else _median(use, "duration_s")
+    warm = _median(near, "warmup_s") if len(near) else _median(use, "warmup_s")
+    settling = bool(len(near)) and bool(near["warnings"].astype(str).str.contains(
+        "too short").any())
+    est_text = estimand(dur, warm, target, settling)
+    if method == "within-run" or iid:
+        why = ("the input is a summary table: requests are assumed independent"
+               if iid else "the within-run bootstrap alone was asked for (method within-run)")
+        return Honesty(OPTIMISTIC, est_text,
+                       "near saturation this interval misses the truth about half the time "
+                       "and its lower bound is usually too high", (why,), ())
+    if status == "< min tested":
+        rates = tuple(sorted(suggested_rates))
+        return Honesty(UNSUPPORTED, est_text, "no tested rate meets the SLO: there is no bound",
+                       ("every tested rate fails the target",),
+                       tuple(RunToAdd(r, 1, dur, "below the tested range") for r in rates))
+    reasons, add = [], []
+    longer = max(2.0 * dur, 300.0) if dur == dur else 600.0
+    rates = tuple(sorted(near_rates)) or tuple(sorted(suggested_rates))
+    measured = (effect_source in ("twin", "given")
+                or (repeats_near >= 2 and effect_source == "sweep"
+                    and n_near >= MIN_RUNS_NEAR))
+    if not measured:
+        if repeats_near < 2:
+            reasons.append(
+                "one run at each rate bracketing C_SLO: how much runs differ there — which "
+                "decides how optimistic a single run is — is assumed (a prior), not measured; "
+                "on simulated systems that prior held for some (two replicas) and not for "
+                "others (one replica, a bursty trace): docs/envelope.md, 'Coverage'")
+        else:
+            reasons.append(
+                f"only {n_near} run(s) near the crossing have both outcomes: how much runs "
+                "differ there cannot be measured")
+        add += [RunToAdd(r, REPEATS, dur if not settling else longer,
+                         "repeat a rate bracketing C_SLO to measure run-to-run variation")
+                for r in rates]
+    if settling:
+        reasons.append("runs near the crossing were still settling (TTFT trending) at their "
+                       "end: too short for a steady-state bound")
+        have = {round(a.rate_rps, 9) for a in add}
+        add = [RunToAdd(a.rate_rps, a.repeats, longer, a.why + "; longer runs") for a in add]
+        add += [RunToAdd(r, 1, longer, "longer run to reach steady state") for r in rates
+                if round(r, 9) not in have]
+    if not (lower_bound == lower_bound) or lower_bound <= 0:
+        reasons.append("the lower bound is 0: replicates fail already at the lowest rate")
+    if reasons:
+        return Honesty(UNSUPPORTED, est_text,
+                       "this sweep cannot support an honest lower bound here; the number "
+                       "shown is likely too high", tuple(reasons), tuple(add))
+    src = {"twin": "a twin", "given": "a given value", "sweep": "this sweep"}.get(
+        effect_source, "this sweep")
+    return Honesty(HONEST, est_text,
+                   f"the lower bound includes the run-to-run variation measured from {src} "
+                   f"near the crossing ({n_near} runs)" + (
+                       "" if status == "bracketed" else "; C_SLO is above the tested range, "
+                       "so the bound is conservative"), (), ())
+
+
+def _median(df, col: str) -> float:
+    if col not in df.columns or not len(df):
+        return math.nan
+    v = df[col].astype(float)
+    v = v[v == v]
+    return float(v.median()) if len(v) else math.nan

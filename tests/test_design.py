@@ -1,0 +1,100 @@
+"""capplan design: next runs, design.yaml, and running a design on a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from capplan.design import (design_plans, load_design, load_model, propose, write_design)
+from capplan.envelope import fit_envelope
+from capplan.errors import SpecError
+from capplan.synth import generate_study, load_config
+
+FIX = Path(__file__).parent / "fixtures"
+SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
+
+
+@pytest.fixture(scope="module")
+def small_study(tmp_path_factory):
+    cfg = load_config(FIX / "synth_small_sweep.yaml").with_(seed=3)
+    p, _ = generate_study(cfg, tmp_path_factory.mktemp("d") / "s", workers=1)
+    return p
+
+
+@pytest.fixture(scope="module")
+def design(small_study):
+    env = fit_envelope(small_study, SLO, reps=100, seed=0)
+    return env, propose(env, budget_minutes=15, sims=2, reps=60, seed=0)
+
+
+def test_proposal_fits_the_budget_and_targets_the_crossing(design):
+    env, d = design
+    assert d.runs, d.notes
+    assert d.minutes <= 15 + 1e-9
+    assert all(r.duration_s == 300.0 for r in d.runs)
+    lv = env.levels["x"].to_numpy()
+    lo, hi = lv[0], lv[-1]
+    assert all(lo <= r.rate_rps <= hi for r in d.runs)
+    # the sweep's bound is unsupported (one informative run each side): the design repeats
+    # rates near the crossing, after which the bound is expected to be honest
+    assert d.current["honesty"] == "unsupported"
+    assert d.expected["honesty"] == "honest"
+    assert d.expected["lower_bound"] is not None and d.expected["lower_bound"] > 0
+
+
+def test_commands_and_manifest_stub(design):
+    _, d = design
+    cmds = d.commands(url="http://127.0.0.1:9000", model="m")
+    assert set(cmds) == {"guidellm", "aiperf", "vllm", "capplan synth"}
+    n = sum(r.repeats for r in d.runs)
+    assert len(cmds["guidellm"]) == len(cmds["aiperf"]) == len(cmds["vllm"]) == n
+    assert all("--request-rate" in c and "--benchmark-duration 300" in c for c in cmds["aiperf"])
+    assert all("--num-prompts" in c for c in cmds["vllm"])
+    seeds = [c.split("--random-seed ")[1].split()[0] for c in cmds["guidellm"]]
+    stub = d.manifest_stub()
+    assert len(stub) == n
+    assert {"run_id", "offered_rps", "duration_s", "warmup_s", "repeat"} <= set(stub[0])
+    text = d.to_text()
+    assert "expected:" in text and "# vllm" in text
+    assert len(seeds) == n
+
+
+def test_design_file_round_trip_and_synth(design, tmp_path):
+    from capplan.cli import main
+
+    _, d = design
+    path = write_design(d, tmp_path / "design.yaml")
+    raw = load_design(path)
+    plans = design_plans(raw)
+    existing = sum(e["runs"] for e in raw["existing"])
+    assert len(plans) == existing + sum(r.repeats for r in d.runs)
+    # run the design against a model (a synth config stands in for a twin)
+    assert main(["synth", "--design", str(path), "--twin", str(FIX / "synth_small_sweep.yaml"),
+                 "--out", str(tmp_path / "preview"), "--no-progress"]) == 0
+    man = yaml.safe_load((tmp_path / "preview" / "study.yaml").read_text())
+    assert len(man["runs"]) == len(plans)
+    assert sorted({r["offered_rps"] for r in man["runs"]}) == sorted({p.level for p in plans})
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(SpecError):
+        load_design(tmp_path / "missing.yaml")
+    (tmp_path / "x.yaml").write_text("format: nope\n")
+    with pytest.raises(SpecError):
+        load_design(tmp_path / "x.yaml")
+    (tmp_path / "y.yaml").write_text("not_a_model_key: 1\n")
+    with pytest.raises(SpecError):
+        load_model(tmp_path / "y.yaml")
+
+
+def test_cli_design(small_study, tmp_path):
+    from capplan.cli import main
+
+    out = tmp_path / "d.yaml"
+    assert main(["design", str(small_study), "--slo", SLO, "--budget-minutes", "5",
+                 "--sims", "1", "--reps", "30", "--out", str(out)]) == 0
+    assert load_design(out)["budget_minutes"] == 5.0
+    assert main(["design", str(small_study), "--slo", SLO, "--budget-minutes", "0",
+                 "--out", str(out)]) == 2
