@@ -453,11 +453,16 @@ def capacity_from_envelope(envelope, spec: PlanSpec, *, replicas: int = 1, study
     value = getattr(c, use, None)
     if value is None or not (value > 0) or not math.isfinite(value):
         status = getattr(c, "status", "unknown")
+        h = getattr(envelope, "honesty", None)
+        runs = "; ".join(r.describe() for r in h.runs_to_add) if h is not None else ""
         raise SpecError(
-            f"the study gives no usable C_SLO {use.replace('_', ' ')} (status: {status}, value: {value})",
+            f"the study gives no usable C_SLO {use.replace('_', ' ')} (status: {status}, value: {value})"
+            + (f": {h.sentence}" if h is not None and not h.honest else ""),
             field="capacity.use",
-            fix="test lower and higher offered rates so the SLO crossing is bracketed, or pass "
-                "--capacity-rps / capacity.rps_per_group")
+            fix=(f"add these runs ({runs}; `capplan design` costs them), " if runs else
+                 "test lower and higher offered rates so the SLO crossing is bracketed, ")
+            + "or plan on the estimate (--use estimate / capacity.use: estimate, which makes no "
+              "lower-bound claim), or pass --capacity-rps / capacity.rps_per_group")
     h = getattr(envelope, "honesty", None)
     notes = tuple(getattr(envelope, "notes", ()) or ())
     label = f"study C_SLO {'lower bound' if use == 'lower_bound' else 'estimate'}"

@@ -87,7 +87,9 @@ def classify_runs(b: Side, env_b, pairs: list[RunPair], slo: SLO) -> pd.DataFram
     diagnostics (usable, overloaded, no steady state, too short) and its attainment on the
     envelope's monotone fit (the raw run attainment where the fit has none) against the SLO
     target — the fit, not the raw value, so one unlucky violation in a 100-request light-load
-    run does not make it "beyond capacity"."""
+    run does not make it "beyond capacity". The envelope's fit is of the *mean run* (its
+    estimand, docs/envelope.md), below a typical run near the crossing; a run is beyond capacity
+    only when both its own attainment and that fit miss the target."""
     diag = b.stats.diagnostics.set_index("run_id")
     fitted = {}
     if env_b is not None and "fitted" in env_b.runs:
@@ -98,7 +100,7 @@ def classify_runs(b: Side, env_b, pairs: list[RunPair], slo: SLO) -> pd.DataFram
         att = r.n_good / r.n if r.n else math.nan
         n_err = r.n - float(r.units["n_ok"].sum()) if r.n_units else 0.0
         f = fitted.get(p.baseline, math.nan)
-        level = f if np.isfinite(f) else att
+        level = max(f, att) if np.isfinite(f) else att
         d = diag.loc[p.baseline] if p.baseline in diag.index else None
         why = ""
         if d is None or not bool(d["usable"]):

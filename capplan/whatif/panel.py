@@ -163,6 +163,7 @@ class WhatIfPanel:
         state = self._state(p)
         self.state = state
         self.chart = W.Output(layout=W.Layout(width="100%"))
+        self.chart.add_class("capplan-plan-chart")  # the fleet panel below has a chart of its own
         self.figure = state.figure if state is not None else go.Figure()
         self._draw(self.figure)
         self._show(state)
