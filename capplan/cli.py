@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "kv": "kv",
     "mix": "mix",
     "twin": "twin",
+    "cache": "cache",
 }
 
 

@@ -36,6 +36,7 @@ import yaml
 from . import bootstrap as B
 from . import contract as C
 from . import sketch
+from .cache import check_cache_conditions
 from .earlystop import n_min
 from .errors import Problem, SpecError, StudyError
 from .metrics import Window, good_predicate, measured_rate_rps, request_view
@@ -1149,11 +1150,14 @@ def _entitlements(tenants: list[str], rules: FairnessRules, manifest: C.Manifest
 
 
 def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = None,
-            reps: int = 1000, seed: int = 0, warmup_s=None) -> Comparison:
+            reps: int = 1000, seed: int = 0, warmup_s=None,
+            allow_cache_mismatch: bool = False) -> Comparison:
     """Compare ``candidate`` against ``baseline`` (study paths or opened Studies) under one SLO.
 
     ``gates``: a path, mapping or Gates (None = templates/gates.yaml defaults);
-    ``confidence`` overrides the gates file's. Deterministic for a given ``seed``.
+    ``confidence`` overrides the gates file's. Deterministic for a given ``seed``. Matched runs
+    labelled with different prefix-cache conditions are refused unless
+    ``allow_cache_mismatch`` (``capplan.cache.check_cache_conditions``).
     Raises StudyError/SpecError (exit 2) when the studies cannot be put side by side."""
     slo = SLO.parse(slo)
     g = load_gates(gates)
@@ -1168,6 +1172,7 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
     sb, sc = open_study(baseline), open_study(candidate)
     _check_slo(sb, sc)
     pairs = _match_runs(sb, sc)
+    cache_notes = check_cache_conditions(sb.manifest, sc.manifest, pairs, allow=allow_cache_mismatch)
     # the same steady window on both sides: the longer of the two warm-ups per matched run
     warm_b, warm_c = {}, {}
     for rb, rc in pairs:
@@ -1209,6 +1214,7 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
     ctx = _Ctx(b, c, ab, ac, Wb, Wc, g, slo, conf, conf_family, cell_index, pairs, pairing,
                paired, grid, in_edges, out_edges, (split_in, split_out), seed)
     table, notes = _headline(ctx)
+    notes = list(notes) + cache_notes
     buckets = _buckets(ctx)
     fairness = _fairness_table(ctx)
     verdict = _verdict(table, buckets, g, notes)

@@ -60,7 +60,7 @@ requests where log TTFT gives 1–39).
 Per run: full log-bucket histograms of the same metrics and of generator lag.
 
 *Cells* (optional, ``Cells``): input-length bucket, output-length bucket, length quadrant,
-tenant, SLO class. The cell code is computed in the same table and the per-unit counts are
+tenant, SLO class, prefix-cache hit (hit / miss / unknown, from ``computed_input_tokens``). The cell code is computed in the same table and the per-unit counts are
 grouped by (unit, cell) in the same pass, so per-(run, unit, cell) counts, good counts, status
 counts, token sums and log-bucket histograms come out together (``RunStats.cells``); the
 per-unit arrays are their sums over cells. Without cells nothing per cell is built.
@@ -166,13 +166,17 @@ class Cells:
     """Cell dimensions summed in the same pass as the units. Buckets: index = number of edges
     ≤ value (edges [256, 1024] → <256, 256–1024, ≥1024; a missing count reads 0); quadrant:
     (input > split_in, output > split_out); tenant and slo_class: their values ("(none)" when
-    missing). ``hist``: metrics with per-(unit, cell) log-bucket histograms (ok requests)."""
+    missing); cache: ``CACHE_LABELS`` — "hit" when some prompt tokens came from the prefix
+    cache (``computed_input_tokens`` < ``input_tokens``), "miss" when none did, "unknown" where
+    ``computed_input_tokens`` is not stamped. ``hist``: metrics with per-(unit, cell) log-bucket
+    histograms (ok requests)."""
 
     input_edges: tuple[float, ...] = ()
     output_edges: tuple[float, ...] = ()
     quadrant_split: tuple[float, float] | None = None
     tenant: bool = False
     slo_class: bool = False
+    cache: bool = False
     hist: tuple[str, ...] = ("ttft", "tpot")
     input_column: str = "input_tokens"
     output_column: str = "output_tokens"
@@ -214,7 +218,13 @@ class Cells:
             out.append("tenant")
         if self.slo_class:
             out.append("slo_class")
+        if self.cache:
+            out.append("cache")
         return tuple(out)
+
+
+#: the cache cell's values, by code
+CACHE_LABELS = ("miss", "hit", "unknown")
 
 
 def bucket_labels(edges: Sequence[float]) -> list[str]:
@@ -295,8 +305,10 @@ class CellStats:
     """One run's per-(unit, cell) statistics; cell c is row c of ``BlockStats.cell_index``.
 
     ``sums``: name → (n_units × n_cells) float64 — ``n``, ``n_good``, ``n_ok``, ``st_<status>``
-    for each status, ``input_tokens``, ``output_tokens`` and ``input_tokens_started`` (input
-    tokens of requests that got a first token). ``hist``: metric → (unit, cell, key, count)
+    for each status, ``input_tokens``, ``output_tokens``, ``input_tokens_started`` (input
+    tokens of requests that got a first token), ``computed_input_tokens`` and
+    ``computed_input_tokens_started`` (the prompt tokens actually computed: prefix-cache misses;
+    all of them where not stamped). ``hist``: metric → (unit, cell, key, count)
     int64 arrays, log-bucket histograms of ok requests (``Cells.hist`` metrics)."""
 
     sums: dict = field(repr=False)
@@ -572,6 +584,10 @@ def _cell_sql(cells: Cells, tenants: list[str], classes: list[str]) -> tuple[str
             terms.append(f"(list_position(?, coalesce(m.{col}, ?)) - 1)")
             params += [values, NONE_LABEL]
             radix.append(max(len(values), 1))
+    if cells.cache:
+        terms.append("(CASE WHEN m.cached_input_tokens IS NULL THEN 2 "
+                     "WHEN m.cached_input_tokens > 0 THEN 1 ELSE 0 END)")
+        radix.append(len(CACHE_LABELS))
     code, mult = "0", 1
     for t, r in zip(terms, radix):  # first dimension varies slowest
         code = f"({code}) * {r} + ({t})"
@@ -770,6 +786,7 @@ def _build_table(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
         cols += [f"{plan.cell_sql} AS cell",
                  "CAST(coalesce(m.input_tokens, 0) AS BIGINT) AS tok_in",
                  "CAST(coalesce(m.output_tokens, 0) AS BIGINT) AS tok_out",
+                 "CAST(coalesce(m.computed_input_tokens, 0) AS BIGINT) AS tok_comp",
                  "m.first_token_ns IS NOT NULL AS started"]
         params += plan.cell_params
     order = "run_idx, sched, h" if tie_break else "run_idx, sched"
@@ -874,7 +891,9 @@ def _reduce_from_table(study: Study, plan: _Plan, units, pw: dict, warm_src, war
     ok_counts = ", ".join(f"count({_KEY_COL[m]}) FILTER (WHERE st = 0) AS cnt_{m}"
                           for m in METRICS if _KEY_COL[m] in plan.key_cols)
     cell_cols = (", cell, sum(tok_in) AS input_tokens, sum(tok_out) AS output_tokens, "
-                 "sum(tok_in) FILTER (WHERE started) AS input_tokens_started"
+                 "sum(tok_in) FILTER (WHERE started) AS input_tokens_started, "
+                 "sum(tok_comp) AS computed_input_tokens, "
+                 "sum(tok_comp) FILTER (WHERE started) AS computed_input_tokens_started"
                  if with_cells else "")
     u = _np(study, f"""
         SELECT run_idx, unit{cell_cols}, count(*) AS n, count_if(good) AS n_good,
@@ -1001,6 +1020,8 @@ def _cell_index(plan: _Plan, u: dict) -> tuple[pd.DataFrame, np.ndarray]:
         radix.append(("tenant", max(len(plan.cell_values["tenant"]), 1)))
     if cells.slo_class:
         radix.append(("slo_class", max(len(plan.cell_values["slo_class"]), 1)))
+    if cells.cache:
+        radix.append(("cache", len(CACHE_LABELS)))
     cols, rest = {}, codes.copy()
     for name, r in reversed(radix):
         cols[name] = rest % r
@@ -1010,6 +1031,8 @@ def _cell_index(plan: _Plan, u: dict) -> tuple[pd.DataFrame, np.ndarray]:
         v = cols[name]
         if name in ("tenant", "slo_class"):
             frame[name] = [plan.cell_values[name][i] for i in v]
+        elif name == "cache":
+            frame[name] = [CACHE_LABELS[i] for i in v]
         elif name in ("input_long", "output_long"):
             frame[name] = v.astype(bool)
         else:
@@ -1059,7 +1082,8 @@ def _assemble(study, plan, units, u, g, t, ch, hist, thresholds, gspec, cell_ind
             ci = np.searchsorted(cell_of, u["cell"][sel].astype(np.int64))
             flat = uu * n_cells + ci
             names = ["n", "n_good", "n_ok", *[f"st_{s}" for s in C.STATUSES],
-                     "input_tokens", "output_tokens", "input_tokens_started"]
+                     "input_tokens", "output_tokens", "input_tokens_started",
+                     "computed_input_tokens", "computed_input_tokens_started"]
             sums = {c: _dense(flat, np.nan_to_num(u[c][sel].astype(np.float64)),
                               nu * n_cells).reshape(nu, n_cells) for c in names}
             chist = {}

@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce")),
     ("simulation", ("synth",)),
-    ("analyses", ("envelope", "compare", "timeline", "mix", "twin")),
+    ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin")),
     ("plan", ("plan_spec", "plan", "forecast", "plan_bounds")),
     ("presentation", ("viz", "export", "whatif", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
