@@ -38,11 +38,23 @@ def test_politis_white_constant_series_is_one():
     assert B.optimal_block_length(np.ones(1000)) == B.BlockLength(1.0, 1.0)
 
 
-def test_autocovariances_by_fft_equal_direct():
-    x = ar1(300, 0.6, 3)
+@pytest.mark.parametrize("n", [300, 70_000])  # one transform; overlap-save blocks (n ≥ 2^16)
+def test_autocovariances_by_fft_equal_direct(n):
+    x = ar1(n, 0.6, 3)
     e = x - x.mean()
-    direct = [e[k:] @ e[: x.size - k] / x.size for k in range(20)]
-    assert B.autocovariances(x, 19) == pytest.approx(direct, rel=1e-9, abs=1e-12)
+    max_lag = min(333, n // 2)
+    lags = [k for k in (0, 1, 2, 7, 19, 150, 333) if k <= max_lag]
+    direct = [e[k:] @ e[: x.size - k] / x.size for k in lags]
+    got = B.autocovariances(x, max_lag)
+    assert got[lags] == pytest.approx(direct, rel=1e-9, abs=1e-12)
+
+
+def test_politis_white_equals_arch_on_a_long_series():
+    x = (ar1(70_000, 0.97, 8) > 1.0).astype(float)  # the blocked autocovariances
+    ref = optimal_block_length(x)
+    got = B.optimal_block_length(x)
+    assert got.circular == pytest.approx(ref["circular"].iloc[0], rel=1e-9)
+    assert got.stationary == pytest.approx(ref["stationary"].iloc[0], rel=1e-9)
 
 
 @pytest.mark.parametrize("scheme,cls", [(B.Circular(), CircularBlockBootstrap),
