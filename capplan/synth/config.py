@@ -16,12 +16,13 @@ from .. import spec as S
 from ..errors import SpecError
 from .engine import ReplicaParams
 from .lengths import LengthDist
+from .disagg import DisaggSpec, parse_disagg
 from .policy import PolicySpec, parse_policy
 from .prefix import PrefixCacheSpec, PrefixWorkload, parse_cache, parse_workload
 from .service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
 
 TOP_KEYS = ("name", "description", "seed", "system", "replica", "client", "workload", "power",
-            "output", "sweep", "faults", "prefix_cache", "scheduling", "admission")
+            "output", "sweep", "faults", "prefix_cache", "scheduling", "admission", "disaggregation")
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class SynthConfig:
     prefixes: PrefixWorkload | None = None
     prefix_cache: PrefixCacheSpec | None = None
     policy: PolicySpec | None = None
+    #: separate prefill and decode pools (replaces ``replicas`` × ``replica``); None: colocated
+    disagg: DisaggSpec | None = None
 
     @property
     def drain(self) -> float:
@@ -321,6 +324,8 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         if d.get("prefix_cache") is not None else None,
         policy=parse_policy(d.get("scheduling"), d.get("admission"))
         if d.get("scheduling") is not None or d.get("admission") is not None else None,
+        disagg=parse_disagg(d["disaggregation"], "disaggregation", replica, base_gpus=system["gpus_per_replica"],
+                            base_gpu=system["gpu"]) if d.get("disaggregation") is not None else None,
     )
     longest = max([cfg.lengths.max_total] + [t.lengths.max_total for t in cfg.tenants if t.lengths])
     if arrival.process != "replay" and longest > replica.max_model_len:

@@ -115,8 +115,15 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
     if cfg.replica.prefill == "separate" and cfg.replica.prefill_jitter_cv > 0:
         scale = lognormal_factors(np.random.default_rng(ss.spawn(1)[0]), len(sched), cfg.replica.prefill_jitter_cv)
     hooks, px = serving_hooks(cfg, ss, sched, inp, out, ten, rows, passes)
-    res = simulate(sched_ns=sched, input_tokens=hooks.pop("input_tokens", inp), output_tokens=out, tenant=ten,
-                   fault=fault, prefill_scale=scale, **hooks, **common)
+    if cfg.disagg is not None:
+        from .disagg import simulate_disagg
+
+        res = simulate_disagg(cfg.disagg, sched_ns=sched, input_tokens=hooks.pop("input_tokens", inp),
+                              output_tokens=out, tenant=ten, timeout_s=cfg.timeout_s, end_s=end_s, fault=fault,
+                              progress=progress, **hooks)
+    else:
+        res = simulate(sched_ns=sched, input_tokens=hooks.pop("input_tokens", inp), output_tokens=out, tenant=ten,
+                       fault=fault, prefill_scale=scale, **hooks, **common)
     res.prefixes = px
     return res
 
@@ -132,6 +139,9 @@ def serving_hooks(cfg: SynthConfig, ss: np.random.SeedSequence, sched, inp, out,
 
     kw: dict = {}
     px = None
+    n_rep, rp = cfg.replicas, cfg.replica
+    if cfg.disagg is not None:  # the hooks act on the prefill pool
+        n_rep, rp = cfg.disagg.prefill.replicas, cfg.disagg.prefill.params
     if cfg.prefixes is not None and cfg.prefixes.kind != "trace":
         new_inp, px = P.generate(cfg.prefixes, inp, out, np.random.default_rng(ss.spawn(1)[0]))
         kw["input_tokens"] = inp = new_inp
@@ -148,17 +158,17 @@ def serving_hooks(cfg: SynthConfig, ss: np.random.SeedSequence, sched, inp, out,
             px = P.Prefixes(np.zeros(n + 1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
                             np.full(n, -1, np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64),
                             np.full(n, -1, np.int64))
-        kw["prefix"] = P.PrefixCache(cfg.prefix_cache, px, cfg.replica.block_size, cfg.replicas)
+        kw["prefix"] = P.PrefixCache(cfg.prefix_cache, px, rp.block_size, n_rep)
     if cfg.policy is not None and cfg.policy.active:
-        sm = cfg.replica.service
-        table = sm.step_table_ns(cfg.replica.max_batch + 1)
+        sm = rp.service
+        table = sm.step_table_ns(rp.max_batch + 1)
         kp_ns, over_ns = sm.prefill_ms_per_token * 1e6, sm.prefill_overhead_ms * 1e6
         kw["policy"] = Policy(cfg.policy, tenants=tuple(t.name for t in cfg.tenants),
                               classes=tuple(t.slo_class for t in cfg.tenants),
                               ten=np.asarray(ten).tolist(), sched=np.asarray(sched).tolist(),
                               inp=np.asarray(inp).tolist(),
                               step_ns=lambda b: int(table[min(b, len(table) - 1)]),
-                              prefill_ns=lambda n: kp_ns * n + over_ns, n_replicas=cfg.replicas)
+                              prefill_ns=lambda n: kp_ns * n + over_ns, n_replicas=n_rep)
     return kw, px
 
 
@@ -176,7 +186,7 @@ def run_tables(cfg: SynthConfig, plan: RunPlan, progress=None) -> tuple[pa.Table
     ev = events_table(events_arrow(res, plan.run_id, tenants=names, slo_classes=classes, with_itl=cfg.itl,
                                    prefixes=res.prefixes))
     pw = None
-    if cfg.power is not None:
+    if cfg.power is not None and cfg.disagg is None:  # (the power model is per colocated replica)
         last_busy = max((int((t0[-1] + k[-1] * s[-1])) for t0, k, s in zip(res.seg_t0, res.seg_k, res.seg_step)
                          if len(t0)), default=0)
         horizon = max(plan.duration_s, last_busy / C.NS_PER_S)
@@ -256,6 +266,10 @@ def serving_manifest(cfg: SynthConfig) -> dict:
         out["prefix_cache"] = describe_cache(cfg.prefix_cache)
     if cfg.policy is not None and cfg.policy.active:
         out["policy"] = describe_policy(cfg.policy)
+    if cfg.disagg is not None:
+        from .disagg import describe_disagg
+
+        out["disaggregation"] = describe_disagg(cfg.disagg)
     return out
 
 
