@@ -62,6 +62,8 @@ EVENT_COLUMNS: tuple[Column, ...] = (
     Column("last_token_ns", pa.int64(), True, True, "last token received; null if none", "ns"),
     Column("input_tokens", pa.int64(), True, False, "logical prompt tokens", "tokens"),
     Column("output_tokens", pa.int64(), True, False, "output tokens received, 0 when none", "tokens"),
+    Column("max_output_tokens", pa.int64(), False, True,
+           "output tokens the client asked for (max_tokens); the offered output length", "tokens"),
     Column("status", pa.string(), True, False, "one of " + ", ".join(STATUSES)),
     Column("itl_ns", pa.list_(pa.int64()), False, True, "gaps between successive output tokens or chunks", "ns"),
     Column("admitted_ns", pa.int64(), False, True, "server admitted the request to a batch", "ns"),

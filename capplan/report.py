@@ -12,7 +12,7 @@ papermill and publish an offline HTML report.
    CDN, plotly.js inlined once per page, so every chart draws with the network blocked;
 4. write ``index.html`` linking the pages and the plan export (CSV/XLSX, written by notebook 3
    through ``capplan.export``; with ``baseline`` also the comparison export written by notebook 5
-   through ``capplan.compare.export_comparison``), and ``report.json`` with the parameters and
+   through ``capplan.export.export_comparison``), and ``report.json`` with the parameters and
    study hashes;
 5. save each executed notebook under ``notebooks/`` *slimmed*: figures kept as plotly JSON
    (``application/vnd.plotly.v1+json``, drawn natively by JupyterLab), without the ~4.8 MB

@@ -91,7 +91,7 @@ def row_checks(manifest: C.Manifest, present: frozenset[str] | set[str]) -> list
                  "status is 'ok' but last_token_ns is null",
                  "stamp the last token of a completed request (equal to first_token_ns for one token)"),
     ]
-    for col in ("input_tokens", "output_tokens", "computed_input_tokens"):
+    for col in ("input_tokens", "output_tokens", "computed_input_tokens", "max_output_tokens"):
         if col in present:
             checks.append(RowCheck(f"negative_{col}", col, f'"{col}" < 0',
                                    f"{col} is negative",

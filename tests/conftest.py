@@ -50,7 +50,8 @@ def events_frame(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     for c in df.columns:
         if c.endswith("_ns") and c != "itl_ns" or c in ("input_tokens", "output_tokens",
-                                                         "computed_input_tokens"):
+                                                         "computed_input_tokens",
+                                                         "max_output_tokens"):
             df[c] = df[c].astype("Int64")
     return df
 

@@ -22,6 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 FAST = dict(reps=200, seed=0)
 
 
+def headline(cmp, scope: str = "steady runs") -> pd.DataFrame:
+    """The rows of one run family plus the sweep rows, indexed by metric."""
+    t = cmp.to_frame()
+    return t[t["scope"].isin([scope, "sweep"])].set_index("metric")
+
+
 # ---------------------------------------------------------------- pure functions, by hand
 
 def test_fairness_equal_entitlements_hand_computed():
@@ -45,6 +51,28 @@ def test_fairness_weighted_entitlements_and_extremes():
     # replicate axis: one row per replicate
     reps = fairness_stats(np.array([[1.0, 1.0], [1.0, 3.0]]), [1, 1])
     assert np.allclose(reps["max_abs_deviation"], [0.0, 0.25])
+
+
+def test_fair_shares_water_filling_hand_computed():
+    from capplan.compare.stats import fair_shares
+
+    # equal entitlements, 600 served: a asked 100 (all of it is fair), b gets the other 500
+    assert np.allclose(fair_shares([100.0, 900.0], [1, 1], 600.0), [1 / 6, 5 / 6])
+    # everything asked for was served: the fair share is the demand share
+    assert np.allclose(fair_shares([100.0, 900.0], [1, 1], 1000.0), [0.1, 0.9])
+    # both ask for more than they can get: the entitlements decide (2 : 1)
+    assert np.allclose(fair_shares([900.0, 900.0], [2, 1], 300.0), [2 / 3, 1 / 3])
+    # three tenants: c asks 50 (served), a and b split the remaining 250 by 1 : 1, capped by
+    # a's demand of 100 → a 100, b 150
+    assert np.allclose(fair_shares([100.0, 500.0, 50.0], [1, 1, 1], 300.0),
+                       [100 / 300, 150 / 300, 50 / 300])
+    # replicate axis
+    got = fair_shares(np.array([[100.0, 900.0], [900.0, 900.0]]), [1, 1], np.array([600.0, 600.0]))
+    assert np.allclose(got, [[1 / 6, 5 / 6], [0.5, 0.5]])
+    st = fairness_stats([100.0, 500.0], [1, 1], demand=[100.0, 900.0])
+    assert st["max_abs_deviation"] == pytest.approx(0.0) and st["jain"] == pytest.approx(1.0)
+    st = fairness_stats([50.0, 550.0], [1, 1], demand=[100.0, 900.0])  # a got half its due
+    assert np.allclose(st["deviation"], [50 / 600 - 1 / 6, 550 / 600 - 5 / 6])
 
 
 def test_merge_ordered_merges_sparse_buckets_upward():
@@ -113,7 +141,7 @@ def test_gates_template_is_the_default_set():
 
 
 @pytest.mark.parametrize("raw, field_", [
-    ({"gates": {"ttft_p99": {"max_regression_pct": 5}}}, "gates"),
+    ({"gates": {"ttft_p99": {"max_regression_pct": 5}}}, "gates.ttft_p99"),
     ({"gates": {"ttft_p99_ms": {"max_regression_pct": -1}}}, "gates.ttft_p99_ms.max_regression_pct"),
     ({"gates": {"ttft_p99_ms": {"max_regression_pct": "five"}}}, "gates.ttft_p99_ms.max_regression_pct"),
     ({"confidence": 1.5}, "confidence"),
@@ -121,7 +149,9 @@ def test_gates_template_is_the_default_set():
     ({"buckets": {"input_edges": [1024, 256]}}, "buckets.input_edges"),
     ({"cost": {"baseline_usd_per_gpu_hour": 2.0}}, "cost"),
     ({"fairness": {"entitlements": {"a": 0, "b": 0}}}, "fairness.entitlements"),
-    ({"colour": "blue"}, "the gates file"),
+    ({"colour": "blue"}, "colour"),
+    ({"runs": {"sd_factor": 0.5}}, "runs.sd_factor"),
+    ({"buckets": {"error_rate_max_rise_abs": -0.1}}, "buckets.error_rate_max_rise_abs"),
 ])
 def test_load_gates_rejects_bad_values_with_the_field(raw, field_):
     with pytest.raises(SpecError) as ei:
@@ -137,6 +167,15 @@ def test_load_gates_file_errors(tmp_path):
     bad.write_text("gates: [1, 2\n", encoding="utf-8")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_gates(bad)
+    # a misspelled gate: the field, its line in the file and the closest known name
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("confidence: 0.9\ngates:\n  ttft_p99_msec: {max_regression_pct: 5}\n",
+                    encoding="utf-8")
+    with pytest.raises(SpecError) as ei:
+        load_gates(typo)
+    text = ei.value.format()
+    assert "gates.ttft_p99_msec" in text and "did you mean ttft_p99_ms" in text
+    assert "line 3" in text and str(typo) in text
 
 
 # ---------------------------------------------------------------- fairness end to end
@@ -146,8 +185,11 @@ def test_fairness_table_matches_hand_computed_study(make_study):
     timeout without a first token; tenant b: 10 requests of 300 in / 50 out, TTFT 200 ms, one
     with TTFT 900 ms. Weights 1 (prefill) and 2 (decode):
     service a = 20 × (100 + 2·10) = 2 400 (the timeout got no service); b = 10 × (300 + 100)
-    = 4 000; shares 0.375 / 0.625, equal entitlement → deviations ∓0.125, Jain 4 / 4.25.
-    Worst age: a = the timeout, censored at the run's last event (30 000 + 950 ms after start)
+    = 4 000; shares 0.375 / 0.625. Demand (what was asked; no max_output_tokens, so the tokens
+    received): a = 2 400 + the timeout's 100 prompt tokens = 2 500, b = 4 000. Equal
+    entitlement, water-filling 6 400 served: a asked for less than half, so it is owed its
+    2 500 and b the remaining 3 900 → fair shares 0.390625 / 0.609375, deviations ∓0.015625,
+    Jain (Σx)² / (2 Σx²) with x = 0.375 / 0.390625, 0.625 / 0.609375. Worst age: a = the timeout, censored at the run's last event (30 000 + 950 ms after start)
     minus its schedule (1 500 ms) = 29 450 ms; b = 900 ms."""
     from conftest import ev
 
@@ -166,16 +208,19 @@ def test_fairness_table_matches_hand_computed_study(make_study):
     rows.append(ev("r1", "a-last", scheduled_ms=30_000.0, ttft_ms=50, e2e_ms=950,
                    input_tokens=0, output_tokens=0, tenant="a"))
     path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 1.0}])
-    cmp = compare(path, path, "ttft_ms=1000", reps=100, seed=1)
+    cmp = compare(path, path, "ttft_ms=1000,attainment=0.95", reps=100, seed=1)
     f = cmp.fairness.set_index("tenant")
     assert f.loc["a", "service_baseline"] == 2400 and f.loc["b", "service_baseline"] == 4000
     assert f.loc["a", "share_baseline"] == pytest.approx(0.375)
-    assert f.loc["b", "deviation_baseline"] == pytest.approx(0.125)
+    assert f.loc["a", "demand_share_baseline"] == pytest.approx(2500 / 6500)
+    assert f.loc["a", "fair_share_baseline"] == pytest.approx(0.390625)
+    assert f.loc["b", "deviation_baseline"] == pytest.approx(0.015625)
     assert f.loc["a", "worst_age_ms_baseline"] == pytest.approx(29_450.0)
     assert f.loc["b", "worst_age_ms_baseline"] == pytest.approx(900.0)
-    t = cmp.to_frame().set_index("metric")
-    assert t.loc["fair_share_deviation", "baseline"] == pytest.approx(0.125)
-    assert t.loc["jain_index", "baseline"] == pytest.approx(4 / 4.25)
+    t = headline(cmp)
+    assert t.loc["fair_share_deviation", "baseline"] == pytest.approx(0.015625)
+    x = np.array([0.375 / 0.390625, 0.625 / 0.609375])
+    assert t.loc["jain_index", "baseline"] == pytest.approx(x.sum() ** 2 / (2 * (x * x).sum()))
     assert t.loc["fair_share_deviation", "delta"] == 0.0
     assert cmp.paired and cmp.verdict.passed
 
@@ -186,7 +231,11 @@ def test_entitlements_from_gates(tmp_path):
     cmp = compare(pb, pc, SLO_TEXT, gates=g, **FAST)
     f = cmp.fairness.set_index("tenant")
     assert list(f["entitled_share"]) == [0.5, 0.25, 0.25]
-    assert f.loc["a", "deviation_baseline"] == pytest.approx(f.loc["a", "share_baseline"] - 0.5)
+    assert f.loc["a", "deviation_baseline"] == pytest.approx(
+        f.loc["a", "share_baseline"] - f.loc["a", "fair_share_baseline"])
+    # everyone was served about what it asked for: the fair share is the demand share,
+    # whatever the entitlements
+    assert np.allclose(f["fair_share_baseline"], f["demand_share_baseline"], atol=0.01)
     with pytest.raises(SpecError, match="without an entitlement"):
         compare(pb, pc, SLO_TEXT, gates={"fairness": {"entitlements": {"a": 1}}}, **FAST)
 
@@ -198,12 +247,15 @@ def test_long_prompt_slowdown_flagged_only_in_long_input_buckets(tmp_path):
     cmp = compare(pb, pc, SLO_TEXT, reps=300, seed=3)
     assert cmp.paired
     bk = cmp.buckets
+    assert set(bk["scope"]) == {"steady runs"}
     inp = bk[bk["dimension"] == "input_tokens"]
     lower = inp["bucket"].str.extract(r"\[([\d,]+),")[0].str.replace(",", "").astype(int)
     long_rows = inp[lower >= LONG_INPUT]
     short_rows = inp[lower < LONG_INPUT]
     assert len(long_rows) and len(short_rows)
-    assert (long_rows["flag"] == "REGRESSED").all()
+    latency = long_rows[long_rows["metric"] != "error_rate"]  # nothing failed, only slower
+    assert len(latency) == 2 and (latency["flag"] == "REGRESSED").all()
+    assert (long_rows[long_rows["metric"] == "error_rate"]["flag"] == "").all()
     assert (short_rows["flag"] == "").all()
     assert (short_rows["change"] != "regression").all()
     quad = bk[bk["dimension"] == "quadrant"]
@@ -217,30 +269,36 @@ def test_aggregate_improves_while_a_bucket_regresses_is_shown(tmp_path):
     the aggregate TTFT p99 improves, the short-prompt buckets regress, and the verdict says so."""
     pb, pc = make_pair(tmp_path, seed=4, n=4000, cand={"long_slow": 0.7, "short_slow": 2.0})
     cmp = compare(pb, pc, SLO_TEXT, reps=300, seed=4)
-    t = cmp.to_frame().set_index("metric")
+    t = headline(cmp)
     assert t.loc["ttft_p99_ms", "change"] == "improvement"
     inp = cmp.buckets[(cmp.buckets["dimension"] == "input_tokens")
                       & (cmp.buckets["flag"] == "REGRESSED")]
     assert len(inp) and all(not b.startswith("[4,096") for b in inp["bucket"])
     assert not cmp.verdict.passed
     assert any("aggregate improved" in n for n in cmp.verdict.notes)
-    assert "bucket regressed: input_tokens" in cmp.to_text()
+    assert "bucket regressed: steady runs, input_tokens" in cmp.to_text()
 
 
-def test_higher_error_rate_fails_at_once(tmp_path):
+def test_server_errors_at_steady_load_fail_at_once(tmp_path):
+    """3 % HTTP errors at a load the baseline serves within its SLO: the deterministic
+    server-error gate fails without an interval; the failure rate (which also holds timeouts,
+    random under load) is judged with its bootstrap interval and fails too."""
     pb, pc = make_pair(tmp_path, seed=5, n=1500, cand={"error_rate": 0.03})
     cmp = compare(pb, pc, SLO_TEXT, **FAST)
-    row = cmp.to_frame().set_index("metric").loc["error_rate"]
+    assert set(cmp.workload["family"]) == {"steady"}
+    row = headline(cmp).loc["server_error_rate"]
     assert row["kind"] == "deterministic" and row["verdict"] == "FAIL"
     assert math.isnan(row["ci_low"])  # no interval needed
-    assert any(f.startswith("error_rate") for f in cmp.verdict.failed)
+    stat = headline(cmp).loc["error_rate"]
+    assert stat["kind"] == "stat" and stat["ci_low"] > 0 and stat["verdict"] == "FAIL"
+    assert any(f.startswith("server_error_rate (steady runs)") for f in cmp.verdict.failed)
 
 
 def test_missing_requests_fail_at_once(tmp_path):
     pb, pc = make_pair(tmp_path, seed=6, n=1500, drop=5)
     cmp = compare(pb, pc, SLO_TEXT, **FAST)
     assert cmp.paired
-    row = cmp.to_frame().set_index("metric").loc["missing_requests"]
+    row = headline(cmp).loc["missing_requests"]
     assert row["candidate"] == 5 and row["verdict"] == "FAIL"
     assert cmp.workload["missing_in_candidate"].iat[0] == 5
 
@@ -291,8 +349,8 @@ def test_paired_bootstrap_detects_what_independent_misses(tmp_path):
     indep = compare(pb, pc, SLO_TEXT, reps=300, seed=0,
                     gates={"workload": {"pairing": "independent"}})
     assert paired.paired and not indep.paired
-    tp = paired.to_frame().set_index("metric").loc["ttft_p99_ms"]
-    ti = indep.to_frame().set_index("metric").loc["ttft_p99_ms"]
+    tp = headline(paired).loc["ttft_p99_ms"]
+    ti = headline(indep).loc["ttft_p99_ms"]
     assert tp["delta"] == pytest.approx(ti["delta"])
     assert (tp["ci_high"] - tp["ci_low"]) < 0.6 * (ti["ci_high"] - ti["ci_low"])
     assert tp["change"] == "regression" and tp["verdict"] == "FAIL"
@@ -321,23 +379,22 @@ def test_same_seed_same_numbers(tmp_path):
 # ---------------------------------------------------------------- no false alarms
 
 def test_identical_up_to_seed_passes_every_gate_in_95_percent_of_seeds(tmp_path):
-    """60 repeated pairs: 40 replaying the same trace (paired) and 20 with a fresh trace seed
-    (independent), each with its own server seed; default gates. Design: each of the two
-    families (headline gates, bucket flags) has a 2.5 % two-sided simultaneous error, of which
-    only the 'regression' side can fail, plus the deterministic error-rate gate. Measured
-    during development on 260 null pairs (these 60 and 200 more): 8 failures = 3.1 %
-    (Clopper–Pearson 95 % 1.3 %–6.0 %); these seeds give 2. We require ≥ 95 % passes
-    (≤ 3 of 60); at a true rate of 3.1 % a random seed set would fail this with p ≈ 0.12, at
-    5 % with p ≈ 0.35 — so the check is sharp but fixed seeds keep it deterministic."""
+    """30 repeated pairs of the stylised generator: two in three replay the same trace
+    (paired), one in three a fresh trace seed (independent), each with its own server seed;
+    default gates. Measured on 150 such pairs (these 30 and 120 more): 4 failures = 2.7 %
+    (Clopper–Pearson 95 % 0.7 %–6.7 %) — a TPOT p99 and two bucket flags of paired pairs, and
+    one deterministic server-error gate (4 random errors in 1 500 requests against none: the
+    rule treats errors at steady load as a bug). These seeds give none; we require ≥ 95 %
+    (≤ 1 of 30). The full-size realistic rates are in benchmarks/compare_synth.py."""
     fails = []
-    for s in range(60):
-        pb, pc = make_pair(tmp_path, seed=100 + s, n=1500, same_trace=s < 40, tag="n")
+    for s in range(30):
+        pb, pc = make_pair(tmp_path, seed=100 + s, n=1500, same_trace=s % 3 != 2, tag="n")
         cmp = compare(pb, pc, SLO_TEXT, reps=200, seed=s)
         if not cmp.verdict.passed:
             fails.append((s, cmp.verdict.failed, cmp.verdict.flagged_buckets))
         shutil.rmtree(pb)
         shutil.rmtree(pc)
-    assert len(fails) <= 3, fails
+    assert len(fails) <= 1, fails
 
 
 # ---------------------------------------------------------------- CLI and export
@@ -349,7 +406,7 @@ def test_cli_exit_codes_and_export(tmp_path, capsys):
                "--out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "PASS: every gate passes" in text and "ttft_p99_ms" in text
+    assert "PASS: every gate passes" in text and "attainment" in text
     for name in ("compare.xlsx", "comparison.csv", "buckets.csv", "fairness.csv", "workload.csv",
                  "verdict.csv", "provenance.csv"):
         assert (out / name).is_file()
@@ -411,7 +468,7 @@ def test_notebook_executes_with_papermill(tmp_path):
     out = tmp_path / "05.ipynb"
     pm.execute_notebook(str(REPO / "notebooks" / "05-compare.ipynb"), str(out),
                         parameters={"baseline": str(pb), "study_path": str(pc),
-                                    "slo": {"ttft_ms": 600.0, "attainment": 0.95},
+                                    "slo": {"ttft_ms": 600.0, "attainment": 0.9},
                                     "seed": 2, "reps": 100, "artifacts_dir": str(tmp_path / "art"),
                                     "report_time": "2026-01-01T00:00:00+00:00"},
                         kernel_name=ensure_kernel(), progress_bar=False)
@@ -462,7 +519,7 @@ def test_sweep_with_telemetry_cslo_energy_memory_and_cost(tmp_path):
              "gates": {"peak_gpu_mem_gib": {"max_regression_pct": 10, "enabled": True}}}
     cmp = compare(pb, pc, SLO_TEXT, gates=gates, reps=200, seed=0)
     t = cmp.to_frame()
-    all_ = t[t["scope"] == "all"].set_index("metric")
+    all_ = headline(cmp)
     assert np.isfinite(all_.loc["cslo_rps", "baseline"]) and all_.loc["cslo_rps", "ci_kind"]
     assert all_.loc["cslo_rps", "change"] == "no significant change"
     mem = all_.loc["peak_gpu_mem_gib"]
@@ -491,7 +548,7 @@ def test_headline_and_bucket_values_match_direct_computation(tmp_path):
     pc = write_pair_study(tmp_path / "c", [tr], [oc])
     cmp = compare(pb, pc, SLO_TEXT, reps=100, seed=0)
     t = cmp.to_frame()
-    t = t[t["scope"] == "all"].set_index("metric")
+    t = headline(cmp)
     long = tr["input_tokens"] >= LONG_INPUT
     for side, o in (("baseline", ob), ("candidate", oc)):
         ttft = (o["first_token_ns"] - tr["scheduled_ns"]) / 1e6
@@ -537,7 +594,7 @@ def test_minimal_studies_without_optional_columns(make_study):
     pb = make_study(rows(0), runs=[{"run_id": "r1", "offered_rps": 10.0}])
     pc = make_study(rows(0.5), runs=[{"run_id": "r1", "offered_rps": 10.0}])
     cmp = compare(pb, pc, "ttft_ms=1000", reps=100, seed=0)
-    t = cmp.to_frame().set_index("metric")
+    t = headline(cmp)
     assert "fair_share_deviation" not in t.index and cmp.fairness.empty
     assert t.loc["tpot_p99_ms", "verdict"] == "n/a"
     assert set(cmp.buckets["dimension"]) == {"input_tokens", "output_tokens", "quadrant"}
@@ -557,7 +614,7 @@ def test_closed_loop_counts_are_outcomes_not_workload(make_study):
     pb = make_study(rows(800, 100.0), runs=[{"run_id": "r1", "concurrency": 4}], **closed)
     pc = make_study(rows(1000, 80.0), runs=[{"run_id": "r1", "concurrency": 4}], **closed)
     cmp = compare(pb, pc, "ttft_ms=1000", reps=100, seed=0)
-    t = cmp.to_frame().set_index("metric")
+    t = headline(cmp)
     assert not cmp.paired and "cslo_rps" not in t.index
     assert t.loc["goodput_rps_per_gpu", "candidate"] > t.loc["goodput_rps_per_gpu", "baseline"]
     p8 = make_study(rows(800, 100.0), runs=[{"run_id": "r1", "concurrency": 8}], **closed)

@@ -647,3 +647,43 @@ def test_model_and_tool_slo_kept_in_manifest():
     assert res.manifest["runs"][0]["guidellm_slo"] == {"ttft_ms": 2000.0, "tpot_ms": 80.0}
     res = import_paths("auto", [VLLM])
     assert res.manifest["system"]["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+# ------------------------------------------------------------------------------------------
+# the requested output length (max_output_tokens): the offered output, where the tool keeps it
+# ------------------------------------------------------------------------------------------
+
+def test_requested_output_tokens_from_request_bodies(tmp_path):
+    """GuideLLM (request_args body), inference-perf (request) and GenAI-Perf (payload) keep the
+    request body: max_output_tokens is its max_completion_tokens / max_tokens — also for failed
+    requests, which received fewer tokens. vLLM keeps no body: the column stays null."""
+    from capplan.importers.common import requested_output_tokens
+
+    assert requested_output_tokens('{"body": {"max_completion_tokens": 8}}') == 8
+    assert requested_output_tokens({"payload": '{"max_tokens": 12}'}) == 12
+    assert requested_output_tokens({"parameters": {"max_new_tokens": 5}}) == 5
+    assert requested_output_tokens('{"model": "m"}') is None
+    assert requested_output_tokens("not json") is None and requested_output_tokens(None) is None
+    src = _json(GL_POISSON)
+    _, study = _study(tmp_path / "g", "guidellm", GL_POISSON)
+    want = {}
+    for b in src["benchmarks"]:
+        for bucket in ("successful", "errored", "incomplete"):
+            for r in b["requests"][bucket]:
+                # GuideLLM 0.8.1 keeps no request_args for errored requests: unknown (null)
+                body = json.loads(r["request_args"])["body"] if r["request_args"] else {}
+                want[r["request_id"]] = body.get("max_completion_tokens", body.get("max_tokens"))
+    got = dict(study.sql("SELECT request_id, max_output_tokens FROM events").fetchall())
+    assert got == want and set(want.values()) == {8, None}
+    failed = study.sql("SELECT count(*) FROM events WHERE status <> 'ok' "
+                       "AND output_tokens < max_output_tokens").fetchone()[0]
+    assert failed > 0  # failed requests asked for 8 tokens and got fewer
+    _, study = _study(tmp_path / "i", "inference-perf", IPERF)
+    data = _json(IPERF / "per_request_lifecycle_metrics.json.gz")
+    want = sorted(json.loads(r["request"])["max_tokens"] for r in data)
+    got = [v for (v,) in study.sql("SELECT max_output_tokens FROM events ORDER BY 1").fetchall()]
+    assert got == want
+    _, study = _study(tmp_path / "n", "auto", GENAI)
+    assert {v for (v,) in study.sql("SELECT max_output_tokens FROM events").fetchall()} == {8}
+    _, study = _study(tmp_path / "v", "vllm", VLLM)
+    assert study.sql("SELECT count(max_output_tokens) FROM events").fetchone()[0] == 0

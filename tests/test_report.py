@@ -50,10 +50,12 @@ def demo_report(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small_sweeps(tmp_path_factory) -> dict[str, Path]:
-    """Three small synthetic sweeps (capplan synth preset ``small``: 4 rates × 60 s, ~1 k
+    """Four small synthetic sweeps (capplan synth preset ``small``: 4 rates × 60 s, ~1 k
     requests): ``a`` and ``b`` offer the same workload with different seeds; ``c`` has 3×
-    longer prompts (a different offered workload)."""
+    longer prompts (a different offered workload); ``d`` replays ``a``'s trace (same seed) on a
+    replica whose decode steps are 30 % slower (a regression)."""
     import copy
+    from dataclasses import replace
 
     from capplan.synth import generate_study, parse_config
     from capplan.synth.config import PRESETS
@@ -66,18 +68,22 @@ def small_sweeps(tmp_path_factory) -> dict[str, Path]:
         longer = copy.deepcopy(PRESETS["small"])
         longer["workload"]["lengths"]["input"]["median"] = 1500
         generate_study(parse_config(longer).with_(seed=1), root / "c", workers=1)
-    return {k: root / k for k in "abc"}
+        sm = small.replica.service
+        slow = replace(sm, decode_step_ms=tuple(1.3 * v for v in sm.decode_step_ms))
+        generate_study(small.with_(seed=1, replica=replace(small.replica, service=slow)),
+                       root / "d", workers=1)
+    return {k: root / k for k in "abcd"}
 
 
 @pytest.fixture(scope="session")
 def compare_report(small_sweeps, tmp_path_factory) -> dict:
-    """`capplan report b --baseline a` through the CLI, once per session: its exit code,
+    """`capplan report d --baseline a` through the CLI, once per session: its exit code,
     stdout, stderr and output folder."""
     if "compare" not in _CACHE:
         out = tmp_path_factory.getbasetemp() / "capplan-reports" / "compare"
         so, se = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-            rc = main(["report", str(small_sweeps["b"]), "--baseline", str(small_sweeps["a"]),
+            rc = main(["report", str(small_sweeps["d"]), "--baseline", str(small_sweeps["a"]),
                        "--out", str(out), "--slo", CMP_SLO, "--reps", str(CMP_REPS),
                        "--seed", "0", "--time", TIME])
         _CACHE["compare"] = {"rc": rc, "out": so.getvalue(), "err": se.getvalue(), "dir": out}
@@ -368,9 +374,9 @@ def test_slim_notebook_drops_only_plotly_copies():
 # ------------------------------------------------------- with a baseline: the comparison
 
 def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
-    """`capplan report b --baseline a`: the comparison page sits in the nav of every page and
-    on the index, the export beside the plan's; the verdict (a deterministic error-rate gate
-    FAILS for this pair) is shown on the index and does not fail the report."""
+    """`capplan report d --baseline a`: the comparison page sits in the nav of every page and
+    on the index, the export beside the plan's; the verdict (the slower decode FAILS the TPOT
+    gate) is shown on the index and does not fail the report."""
     assert compare_report["rc"] == 0, compare_report["err"]
     d = compare_report["dir"]
     assert compare_report["out"].strip() == f"report: {d / 'index.html'}"
@@ -385,22 +391,22 @@ def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
     text = (d / "05-compare.html").read_text(encoding="utf-8")
     assert 'class="jp-InputArea-editor' not in text and "export_comparison(" not in text
     assert not re.search(r"<script[^>]*\bsrc=[\"']https?:", text)
-    assert text.count("plotly.js v") == 1 and "gate failed: error_rate" in text
+    assert text.count("plotly.js v") == 1 and "gate failed: tpot_p99_ms" in text
     index = (d / "index.html").read_text(encoding="utf-8")
     for target in ("05-compare.html", "data/compare/compare.xlsx", "data/compare/comparison.csv",
                    "data/plan/plan.xlsx"):
         assert f'href="{target}"' in index, target
     verdict = (d / "data/compare/verdict.csv").read_text(encoding="utf-8-sig")
     assert "passed,False" in verdict and "gate failed" in verdict
-    assert re.search(r"<th>comparison vs baseline</th><td class=\"num\">FAIL</td><td>1 gate\(s\) "
+    assert re.search(r"<th>comparison vs baseline</th><td class=\"num\">FAIL</td><td>\d+ gate\(s\) "
                      r"failed", index)
     meta = json.loads((d / "report.json").read_text(encoding="utf-8"))
-    assert Path(meta["baseline"]) == small_sweeps["a"] and Path(meta["study"]) == small_sweeps["b"]
+    assert Path(meta["baseline"]) == small_sweeps["a"] and Path(meta["study"]) == small_sweeps["d"]
     assert len(meta["baseline_sha256"]) == 64 and meta["baseline_sha256"] != meta["study_sha256"]
     assert "05-compare.html" in meta["pages"] and "data/compare/compare.xlsx" in meta["exports"]
     nb = nbformat.read(str(d / "notebooks" / "05-compare.ipynb"), as_version=4)
     p = nb.metadata["papermill"]["parameters"]
-    assert Path(p["baseline"]) == small_sweeps["a"] and Path(p["study_path"]) == small_sweeps["b"]
+    assert Path(p["baseline"]) == small_sweeps["a"] and Path(p["study_path"]) == small_sweeps["d"]
     assert p["reps"] == CMP_REPS and p["gates"] == ""
     _slim_checks(d, [n for n, _ in R.REPORT_NOTEBOOKS + (R.COMPARE_NOTEBOOK,)])
 
@@ -408,12 +414,15 @@ def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
 def test_compare_export_is_capplan_compare(compare_report, small_sweeps, tmp_path):
     """The report's comparison export is byte for byte `capplan.compare` + `export_comparison`
     with the same inputs (so the report and `capplan compare` give one verdict)."""
-    from capplan.compare import compare, export_comparison
+    from capplan.compare import compare
+    from capplan.export import export_comparison
     from capplan.study import open_study
 
-    a, b = small_sweeps["a"], small_sweeps["b"]
+    a, b = small_sweeps["a"], small_sweeps["d"]
     cmp = compare(a, b, CMP_SLO, confidence=0.95, reps=CMP_REPS, seed=0)
     assert not cmp.verdict.passed
+    # the same system with another seed passes every gate
+    assert compare(a, small_sweeps["b"], CMP_SLO, reps=CMP_REPS, seed=0).verdict.passed
     export_comparison(cmp, tmp_path / "c", time=TIME,
                       hashes=(open_study(a).content_hash(), open_study(b).content_hash()))
     got = compare_report["dir"] / "data" / "compare"

@@ -181,9 +181,11 @@ def test_negative_token_counts(make_study, capsys):
     rows = good_rows()
     rows[1]["output_tokens"] = -3
     rows[2]["input_tokens"] = -1
+    rows[3]["max_output_tokens"] = -8
     path = make_study(rows, runs=runs("r1"))
     assert_error(path, capsys, "output_tokens is negative in 1 of 20 rows",
-                 "input_tokens is negative in 1 of 20 rows", "write 0 or more")
+                 "input_tokens is negative in 1 of 20 rows",
+                 "max_output_tokens is negative in 1 of 20 rows", "write 0 or more")
 
 
 def test_ok_without_first_token(make_study, capsys):

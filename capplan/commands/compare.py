@@ -27,13 +27,14 @@ import click
 def cmd(baseline: str, candidate: str, slo_text: str, gates_path: str | None, out: str | None,
         reps: int, seed: int, confidence: float | None, allow_cache_mismatch: bool = False) -> int:
     """Compare CANDIDATE against BASELINE on the same offered trace and SLO."""
-    from ..compare import check_out_dir, compare, export_comparison, load_gates
+    from ..compare import compare, load_gates
+    from ..export import check_compare_out, export_comparison
     from ..slo import SLO
 
     slo = SLO.parse(slo_text)
     gates = load_gates(gates_path) if gates_path else load_gates(None)
     if out is not None:
-        check_out_dir(out)  # fail before any work
+        check_compare_out(out)  # fail before any work
     result = compare(baseline, candidate, slo, gates=gates, confidence=confidence, reps=reps,
                      seed=seed, allow_cache_mismatch=allow_cache_mismatch)
     click.echo(result.to_text())

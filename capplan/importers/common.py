@@ -194,6 +194,34 @@ def to_int(v, default: int = 0) -> int:
     return default if math.isnan(f) else int(round(f))
 
 
+#: request-body keys that cap the answer length (OpenAI chat / completions, TGI parameters)
+MAX_TOKENS_KEYS = ("max_completion_tokens", "max_tokens", "max_new_tokens")
+
+
+def requested_output_tokens(body, _depth: int = 0) -> int | None:
+    """The output length a request asked for (its ``max_completion_tokens`` / ``max_tokens`` /
+    ``max_new_tokens``), from the request body a tool recorded: a mapping or JSON text, the
+    cap possibly nested under ``body``, ``payload`` or ``parameters``. None when the tool kept
+    no body or the body sets no cap (compare then cannot check the offered output lengths)."""
+    if isinstance(body, (str, bytes)):
+        try:
+            body = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+    if not isinstance(body, dict) or _depth > 2:
+        return None
+    for k in MAX_TOKENS_KEYS:
+        v = body.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+            return int(v)
+    for k in ("body", "payload", "parameters"):
+        if k in body:
+            v = requested_output_tokens(body[k], _depth + 1)
+            if v is not None:
+                return v
+    return None
+
+
 def status_from_error(message: str | None, *, code: int | str | None = None,
                       cancelled: bool = False) -> str:
     """Map a tool's error text / HTTP code to a contract status (rejected = the server refused:
@@ -421,11 +449,12 @@ def write_import(result: ImportResult, out: str | os.PathLike) -> Path:
     return write_study(dest, result.manifest, result.events)
 
 
-def new_columns() -> dict[str, list]:
-    """Empty column lists an importer appends to, one per request."""
+def new_columns(*optional: str) -> dict[str, list]:
+    """Empty column lists an importer appends to, one per request; ``optional`` names contract
+    columns this tool can also fill (e.g. ``max_output_tokens``)."""
     return {k: [] for k in ("request_id", "scheduled_ns", "sent_ns", "first_token_ns",
                             "last_token_ns", "input_tokens", "output_tokens", "status", "itl_ns",
-                            "finish_reason")}
+                            "finish_reason", *optional)}
 
 
 def add_row(cols: dict[str, list], **values) -> None:

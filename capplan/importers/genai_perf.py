@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import RunData, add_row, gaps_ns, load_json, new_columns, to_int
+from .common import (RunData, add_row, gaps_ns, load_json, new_columns,
+                     requested_output_tokens, to_int)
 
 TOOL = "genai_perf"
 EXPECTED = "a GenAI-Perf profile_export.json ({'experiments': [{'experiment': {...}, " \
@@ -116,7 +117,7 @@ def _experiment(exp: dict, k: int, path: Path, isl: float | None) -> RunData:
         if not isinstance(r, dict) or "timestamp" not in r or "response_timestamps" not in r:
             raise StudyError(f"experiment {k}, request {i} lacks timestamp/response_timestamps",
                              file=str(path), column="timestamp")
-    cols = new_columns()
+    cols = new_columns("max_output_tokens")
     for i, r in enumerate(reqs):
         sent = int(r["timestamp"])
         ts = [int(t) for t in r.get("response_timestamps") or []]
@@ -130,7 +131,8 @@ def _experiment(exp: dict, k: int, path: Path, isl: float | None) -> RunData:
                 first_token_ns=tok_ts[0] if tok_ts else None,
                 last_token_ns=tok_ts[-1] if tok_ts else None,
                 input_tokens=to_int(isl) if isl is not None else _prompt_words(r.get("request_inputs")),
-                output_tokens=len(tok_ts), status=status, itl_ns=gaps_ns(tok_ts))
+                output_tokens=len(tok_ts), status=status, itl_ns=gaps_ns(tok_ts),
+                max_output_tokens=requested_output_tokens(r.get("request_inputs")))
     closed = mode == "concurrency"
     run = RunData(run_id=f"{mode or 'experiment'}_{value if value is not None else k}",
                   source=str(path), columns=cols,

@@ -4,7 +4,8 @@ and the older 2025 field names (0.2–0.4, ``scheduler_info.targeted_start_time`
 One benchmark = one run. Clocks are epoch float seconds; each run is re-based on its first
 intended start. Requests: ``successful`` → ok, ``errored`` → error/timeout/rejected (from the
 error text), ``incomplete`` → cancelled (GuideLLM cancels open requests at the end of each
-benchmark). GuideLLM keeps no per-token timestamps, so ``itl_ns`` stays empty.
+benchmark). GuideLLM keeps no per-token timestamps, so ``itl_ns`` stays empty. The answer
+length each request asked for (``max_output_tokens``) comes from the body in ``request_args``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from .. import contract as C
 from ..errors import StudyError
 from .common import (EPOCH_S_MIN, RunData, add_row, load_json, new_columns, parse_rate,
-                     s_to_ns, status_from_error, to_int)
+                     requested_output_tokens, s_to_ns, status_from_error, to_int)
 
 TOOL = "guidellm"
 EXPECTED = "a GuideLLM benchmark report (JSON/YAML with 'benchmarks': [...])"
@@ -147,7 +148,7 @@ def _bench_v2(bench: dict, index: int, path: str, version: int) -> RunData:
              and float(t["targeted_start"]) < EPOCH_S_MIN]
     start = _first_epoch([t.get("targeted_start") for *_, t in rows]
                          + [t.get("request_start") for *_, t in rows])
-    cols = new_columns()
+    cols = new_columns("max_output_tokens")
     for bucket, status, r, info, t in rows:
         targeted = t.get("targeted_start")
         sent = t.get("request_start")
@@ -164,6 +165,7 @@ def _bench_v2(bench: dict, index: int, path: str, version: int) -> RunData:
                 last_token_ns=s_to_ns(t.get("last_token_iteration"), start),
                 input_tokens=to_int(r.get("prompt_tokens")),
                 output_tokens=to_int(r.get("output_tokens")),
+                max_output_tokens=requested_output_tokens(r.get("request_args")),
                 status=st, itl_ns=None, finish_reason=None)
     run = RunData(run_id=_run_label(kind, rate, conc, index), source=path, columns=cols,
                   nominal_rps=rate if conc is None else None, concurrency=conc, arrival=arrival,
@@ -212,7 +214,7 @@ def _bench_v1(bench: dict, index: int, path: str, version: int) -> RunData:
     start = _first_epoch([si.get("targeted_start_time") for *_, si in rows]
                          + [r.get("start_time") for _, _, r, _ in rows])
     burst = sum(1 for *_, si in rows if 0 <= float(si["targeted_start_time"]) < EPOCH_S_MIN)
-    cols = new_columns()
+    cols = new_columns("max_output_tokens")
     for bucket, status, r, si in rows:
         targeted = si.get("targeted_start_time")
         sent = r.get("start_time")
@@ -228,6 +230,7 @@ def _bench_v1(bench: dict, index: int, path: str, version: int) -> RunData:
                 last_token_ns=s_to_ns(r.get("last_token_time"), start),
                 input_tokens=to_int(r.get("prompt_tokens")),
                 output_tokens=to_int(r.get("output_tokens")),
+                max_output_tokens=requested_output_tokens(r.get("request_args")),
                 status=st, itl_ns=None, finish_reason=None)
     run = RunData(run_id=_run_label(kind, rate, conc, index), source=path, columns=cols,
                   nominal_rps=rate if conc is None else None, concurrency=conc, arrival=arrival,

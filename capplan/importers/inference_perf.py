@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import contract as C
 from ..errors import StudyError
 from .common import (RunData, add_row, gaps_ns, load_json, new_columns, parse_rate,
-                     s_to_ns, status_from_error, to_int)
+                     requested_output_tokens, s_to_ns, status_from_error, to_int)
 
 TOOL = "inference_perf"
 PER_REQUEST = "per_request_lifecycle_metrics.json"
@@ -138,7 +138,7 @@ def _parse_file(path: Path) -> list[RunData]:
     for k, (a, b) in enumerate(bounds):
         idx = order[a:b]
         origin = float(data[idx[0]]["start_time"])
-        cols = new_columns()
+        cols = new_columns("max_output_tokens")
         for i in idx:
             r = data[i]
             info = r.get("info") or {}
@@ -160,6 +160,7 @@ def _parse_file(path: Path) -> list[RunData]:
                     sent_ns=s_to_ns(r["start_time"], origin), first_token_ns=first,
                     last_token_ns=last, input_tokens=to_int(inp),
                     output_tokens=to_int(rm.get("output_tokens")), status=status,
+                    max_output_tokens=requested_output_tokens(r.get("request")),
                     itl_ns=gaps_ns(chunks), finish_reason=_finish_reason(rm))
         st = stages[k] if stages else {}
         c, planned = conc.get(st.get("stage", k), (None, None))

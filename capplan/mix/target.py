@@ -26,10 +26,10 @@ import pandas as pd
 
 from .. import spec as S
 from ..errors import SpecError
+from ..reduce import NONE_LABEL
 
 #: cell dimensions in the order the reduction writes them
 DIMS = ("input_bucket", "output_bucket", "tenant", "slo_class")
-NONE_LABEL = "(none)"
 DEFAULT_INPUT_EDGES = (1024.0, 4096.0)
 
 _ALIASES = {

@@ -82,12 +82,12 @@ RunStats, CellStats, GridSpec, the block-length rule), ``sql`` (the SQL fragment
 from .engine import GRID_HALF, GRID_STEP, reduce_study, resolve_window
 from .stats import (TAIL_FROM, BlockStats, CellStats, GridSpec, RunStats, block_length,
                     max_length, stats_from_series)
-from .units import (CACHE_LABELS, MAX_UNITS, METRICS, Cells, CountUnits, TimeUnits, bucket_labels,
-                    time_units_for)
+from .units import (CACHE_LABELS, MAX_UNITS, METRICS, NONE_LABEL, Cells, CountUnits, TimeUnits,
+                    bucket_labels, time_units_for)
 
 __all__ = [
     "BlockStats", "CACHE_LABELS", "CellStats", "Cells", "CountUnits", "GRID_HALF", "GRID_STEP", "GridSpec",
-    "MAX_UNITS", "METRICS", "RunStats", "TAIL_FROM", "TimeUnits", "block_length",
+    "MAX_UNITS", "METRICS", "NONE_LABEL", "RunStats", "TAIL_FROM", "TimeUnits", "block_length",
     "bucket_labels", "max_length", "reduce_study", "resolve_window",
     "stats_from_series", "time_units_for",
 ]

@@ -216,6 +216,7 @@ def _requests(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
                  "CAST(coalesce(m.input_tokens, 0) AS BIGINT) AS tok_in",
                  "CAST(coalesce(m.output_tokens, 0) AS BIGINT) AS tok_out",
                  "CAST(coalesce(m.computed_input_tokens, 0) AS BIGINT) AS tok_comp",
+                 "CAST(coalesce(m.max_output_tokens, m.output_tokens, 0) AS BIGINT) AS tok_ask",
                  "m.first_token_ns IS NOT NULL AS started"]
         params += plan.cell_params
     order = "run_idx, sched, h" if tie_break else "run_idx, sched"
@@ -424,6 +425,7 @@ def _run_cells(rq: dict, sl: slice, plan: _Plan, unit: np.ndarray, nu: int, ok: 
         sums[f"st_{s_}"] = count(st == j)
     sums["input_tokens"] = count(weights=tok_in)
     sums["output_tokens"] = count(weights=rq["tok_out"][sl].astype(np.float64))
+    sums["output_tokens_asked"] = count(weights=rq["tok_ask"][sl].astype(np.float64))
     sums["input_tokens_started"] = count(started, tok_in)
     tok_comp = rq["tok_comp"][sl].astype(np.float64)
     sums["computed_input_tokens"] = count(weights=tok_comp)

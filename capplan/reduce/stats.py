@@ -61,8 +61,10 @@ class CellStats:
     """One run's per-(unit, cell) statistics; cell c is row c of ``BlockStats.cell_index``.
 
     ``sums``: name → (n_units × n_cells) float64 — ``n``, ``n_good``, ``n_ok``, ``st_<status>``
-    for each status, ``input_tokens``, ``output_tokens``, ``input_tokens_started`` (input
-    tokens of requests that got a first token), ``computed_input_tokens`` and
+    for each status, ``input_tokens``, ``output_tokens``, ``output_tokens_asked`` (the answer
+    lengths asked for: ``max_output_tokens``, the tokens received where it is not recorded —
+    the offered output, e.g. a tenant's demand), ``input_tokens_started`` (input tokens of
+    requests that got a first token), ``computed_input_tokens`` and
     ``computed_input_tokens_started`` (the prompt tokens actually computed: prefix-cache misses;
     all of them where not stamped). ``hist``: metric → (unit, cell, key, count)
     int64 arrays, log-bucket histograms of ok requests (``Cells.hist`` metrics)."""

@@ -140,6 +140,7 @@ def events_arrow(res: SimResult, run_id: str, *, tenants: tuple[str, ...] = (),
         "last_token_ns": pa.array(last, pa.int64(), mask=no_tok),
         "input_tokens": pa.array(res.input_tokens, pa.int64()),
         "output_tokens": pa.array(n_recv, pa.int64()),
+        "max_output_tokens": pa.array(res.target_output, pa.int64()),  # what the client asked for
         "status": pc.take(pa.array(list(STATUS_NAMES), pa.string()), pa.array(status)),
     }
     if with_itl:
