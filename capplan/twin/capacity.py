@@ -79,7 +79,7 @@ def config_counts(cfg, rate: float, slo: SLO, *, duration_s: float, warmup_s: fl
     """(in-window requests, SLO-good ones) of one run of a synth configuration ``cfg`` (its
     arrival process, seed and serving policies) at ``rate``, on the streams of
     ``true_attainment``'s replication ``run``; with ``outcome`` also the run's ``Outcome`` and
-    the simulator's counts (``SimResult.stats``)."""
+    the simulator's ``SimResult``."""
     res = simulate_level(cfg, rate, duration_s=duration_s, seed_key=(TRUTH_SEED_OFFSET + int(run),))
     need_itl = slo.itl_ms is not None
     n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
@@ -88,7 +88,7 @@ def config_counts(cfg, rate: float, slo: SLO, *, duration_s: float, warmup_s: fl
         p99, mx = itl_stats(off, val, n_recv > 1)
     o = Outcome(res.sched_ns, first, last, n_recv, res.status.astype(np.int8), p99, mx)
     m = run_metrics(o, slo, int(warmup_s * 1e9))
-    return (m["n"], m["n_good"], o, res.stats) if outcome else (m["n"], m["n_good"])
+    return (m["n"], m["n_good"], o, res) if outcome else (m["n"], m["n_good"])
 
 
 def _job(args):

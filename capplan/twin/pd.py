@@ -59,7 +59,8 @@ def _guess(cfg: SynthConfig) -> float:
 
 def binding_pool(cfg: SynthConfig, rate: float, slo: SLO, *, duration_s: float, warmup_s: float) -> tuple[str, dict]:
     """('prefill' | 'decode', backlogs and violations by pool) of one run at ``rate``."""
-    n, good, o, st = config_counts(cfg, rate, slo, duration_s=duration_s, warmup_s=warmup_s, run=0, outcome=True)
+    n, good, o, res = config_counts(cfg, rate, slo, duration_s=duration_s, warmup_s=warmup_s, run=0, outcome=True)
+    st = res.stats
     w = o.sched >= int(warmup_s * 1e9)
     bad = w & ~good_mask(o, slo)
     no_first = o.first < 0
