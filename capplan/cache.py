@@ -277,3 +277,21 @@ def check_cache_conditions(baseline: C.Manifest, candidate: C.Manifest, pairs, *
         notes.append("cache condition labelled on one side only for " + ", ".join(f"{b}/{c}" for b, c in one_sided)
                      + ": the comparison cannot check that both ran in the same cache state")
     return notes
+
+
+def timeline_figure(tl: pd.DataFrame, target: float | None = None):
+    """Hit rate and attainment per window (``cache_timeline``), one line per run."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("Requests with a prefix-cache hit",
+                                                                           "Attainment"))
+    for run, d in tl.groupby("run_id", sort=False):
+        fig.add_trace(go.Scatter(x=d["t_s"], y=d["request_hit_rate"], mode="lines", name=f"{run} hit rate"), 1, 1)
+        fig.add_trace(go.Scatter(x=d["t_s"], y=d["attainment"], mode="lines", name=f"{run} attainment"), 2, 1)
+    if target is not None:
+        fig.add_hline(y=target, line_dash="dot", row=2, col=1)
+    fig.update_yaxes(tickformat=".0%")
+    fig.update_xaxes(title_text="time in the run (s, window start)", row=2, col=1)
+    fig.update_layout(template="plotly_white", height=520)
+    return fig

@@ -34,12 +34,17 @@ from .. import report as R
 @click.option("--twin", type=click.Path(path_type=str), default=None,
               help="twin.yaml (capplan twin fit): adds the twin page (06-twin) with its check "
                    "against STUDY, and data/twin/check.json.")
+@click.option("--sweeps", type=click.Path(path_type=str), default=None,
+              help="sweeps file (capplan-sweeps/1, with --twin): prefix-cache settings, prefill:decode "
+                   "splits and admission / scheduling policies simulated on the serving-policies page "
+                   "(08-scenarios).")
 @click.option("--notebooks", "notebooks", type=click.Path(path_type=str), default=None,
               help="Folder with your own 01-explore/02-envelope/03-plan (and 05-compare) "
                    "notebooks [default: the bundled ones].")
 @click.option("--jobs", type=click.IntRange(1, 8), default=None,
               help="Notebooks executed at once, one kernel each [default: all of them].")
-def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, twin, notebooks, jobs):
+def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, twin, notebooks, jobs,
+        sweeps=None):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
     With --baseline, the comparison notebook runs too (baseline vs STUDY); its gate verdict
@@ -50,6 +55,6 @@ def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, t
     that cannot be compared, exit 2 with nothing written."""
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
                              confidence=confidence, time=time_, notebooks=notebooks,
-                             jobs=jobs, baseline=baseline, gates=gates, twin=twin)
+                             jobs=jobs, baseline=baseline, gates=gates, twin=twin, sweeps=sweeps)
     click.echo(f"report: {result.index}")
     return 0
