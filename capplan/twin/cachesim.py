@@ -27,8 +27,7 @@ import pandas as pd
 
 from ..slo import SLO
 from ..synth.config import SynthConfig
-from .capacity import REL_TOL, config_counts, config_cslo
-from .pd import _guess
+from .capacity import REL_TOL, capacity_guess, config_counts, config_cslo
 
 
 def throughput_bound(cfg: SynthConfig, computed_tokens: float, answer_tokens: float) -> float:
@@ -97,7 +96,7 @@ def cache_sweep(cfg: SynthConfig, slo: SLO | str, settings: dict, *, runs: int =
     rows = []
     for name, (px, pc) in settings.items():
         c = replace(cfg, prefixes=px if px is not None else cfg.prefixes, prefix_cache=pc)
-        est = config_cslo(c, s, start=_guess(c), runs=runs, duration_s=duration_s, warmup_s=warm, workers=workers,
+        est = config_cslo(c, s, start=capacity_guess(c), runs=runs, duration_s=duration_s, warmup_s=warm, workers=workers,
                           rel_tol=rel_tol)
         _, _, o, res = config_counts(c, max(est.estimate, 1e-3), s, duration_s=duration_s, warmup_s=warm, run=0,
                                      outcome=True)

@@ -200,6 +200,32 @@ def _per_run_crossings(cache: dict, est: float, target: float) -> tuple[float, .
     return tuple(out)
 
 
+def capacity_guess(cfg: SynthConfig) -> float:
+    """A first guess of a configuration's capacity (req/s), where a C_SLO search starts: 0.8 ×
+    the service model's throughput bound at the workload's mean lengths (prefill and decode
+    pools apart when disaggregated)."""
+    rng = np.random.default_rng(0)
+    inp, out = cfg.lengths.sample(4000, rng)
+    if cfg.prefixes is not None and cfg.prefixes.kind == "system":
+        inp = inp + cfg.prefixes.share * cfg.prefixes.tokens
+    mi, mo = float(np.mean(inp)), float(np.mean(out))
+
+    def pool_caps(rp, n_pre, n_dec, lanes):
+        sm = rp.service
+        pre = n_pre * lanes / max(1e-9, (sm.prefill_ms_per_token * mi + sm.prefill_overhead_ms) / 1e3)
+        b = rp.max_batch
+        dec = n_dec * b / max(1e-9, max(mo - 1, 1) * float(sm.step_ms(b)) / 1e3)
+        return pre, dec
+
+    if cfg.disagg is not None:
+        d = cfg.disagg
+        pre, _ = pool_caps(d.prefill.params, d.prefill.replicas, 0, d.lanes)
+        _, dec = pool_caps(d.decode.params, 0, d.decode.replicas, 1)
+        return 0.8 * min(pre, dec)
+    pre, dec = pool_caps(cfg.replica, cfg.replicas, cfg.replicas, 1)
+    return 0.8 / (1 / pre + 1 / dec)  # colocated: both kinds of work on the same GPUs
+
+
 def config_cslo(cfg: SynthConfig, slo: SLO | str, *, start: float, runs: int = 4, duration_s: float = 1800.0,
                 warmup_s: float | None = None, workers: int | None = None, executor=None,
                 rel_tol: float = REL_TOL) -> SteadyCSLO:

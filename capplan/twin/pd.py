@@ -27,34 +27,10 @@ from ..errors import SpecError
 from ..slo import SLO
 from ..synth.config import SynthConfig
 from ..synth.disagg import DisaggSpec, KVTransfer, Pool
-from .capacity import REL_TOL, config_counts, config_cslo
+from .capacity import REL_TOL, capacity_guess, config_counts, config_cslo
 from .replay import good_mask
 
 ABOVE = 1.05  # load factor above C_SLO at which the binding pool is read
-
-
-def _guess(cfg: SynthConfig) -> float:
-    """A first guess of the capacity (req/s) from the service model and the mean lengths."""
-    rng = np.random.default_rng(0)
-    inp, out = cfg.lengths.sample(4000, rng)
-    if cfg.prefixes is not None and cfg.prefixes.kind == "system":
-        inp = inp + cfg.prefixes.share * cfg.prefixes.tokens
-    mi, mo = float(np.mean(inp)), float(np.mean(out))
-
-    def pool_caps(rp, n_pre, n_dec, lanes):
-        sm = rp.service
-        pre = n_pre * lanes / max(1e-9, (sm.prefill_ms_per_token * mi + sm.prefill_overhead_ms) / 1e3)
-        b = rp.max_batch
-        dec = n_dec * b / max(1e-9, max(mo - 1, 1) * float(sm.step_ms(b)) / 1e3)
-        return pre, dec
-
-    if cfg.disagg is not None:
-        d = cfg.disagg
-        pre, _ = pool_caps(d.prefill.params, d.prefill.replicas, 0, d.lanes)
-        _, dec = pool_caps(d.decode.params, 0, d.decode.replicas, 1)
-        return 0.8 * min(pre, dec)
-    pre, dec = pool_caps(cfg.replica, cfg.replicas, cfg.replicas, 1)
-    return 0.8 / (1 / pre + 1 / dec)  # colocated: both kinds of work on the same GPUs
 
 
 def binding_pool(cfg: SynthConfig, rate: float, slo: SLO, *, duration_s: float, warmup_s: float) -> tuple[str, dict]:
@@ -148,7 +124,7 @@ def pd_sweep(base: SynthConfig, slo: SLO | str, *, prefill: Pool, decode: Pool, 
     gpus_all = set()
 
     def row(name, kind, cfg, npre, ndec, gpus, cost_h):
-        est = config_cslo(cfg, s, start=_guess(cfg), runs=runs, duration_s=duration_s, warmup_s=warm,
+        est = config_cslo(cfg, s, start=capacity_guess(cfg), runs=runs, duration_s=duration_s, warmup_s=warm,
                           workers=workers, rel_tol=rel_tol)
         bind, counts = ("—", {})
         if kind == "disaggregated" and est.estimate > 0 and math.isfinite(est.estimate):

@@ -127,9 +127,9 @@ class SweepResults:
 def run_sweeps(cfg: SynthConfig, slo: SLO | str, sweeps: Sweeps, *, workers: int | None = None) -> SweepResults:
     """Simulate every sweep of ``sweeps`` on ``cfg`` (a twin's ``synth_config()``)."""
     from .cachesim import cache_sweep
-    from .capacity import config_cslo
+    from .capacity import capacity_guess, config_cslo
     from .fairsim import compare_policies
-    from .pd import _guess, pd_sweep
+    from .pd import pd_sweep
 
     s = SLO.parse(slo)
     out: dict = {}
@@ -156,7 +156,7 @@ def run_sweeps(cfg: SynthConfig, slo: SLO | str, sweeps: Sweeps, *, workers: int
         p = sweeps.policies
         rate = p.get("rate_rps")
         if rate is None:
-            base = config_cslo(cfg, s, start=_guess(cfg), runs=sweeps.runs, duration_s=sweeps.duration_s,
+            base = config_cslo(cfg, s, start=capacity_guess(cfg), runs=sweeps.runs, duration_s=sweeps.duration_s,
                                workers=workers)
             out["base_cslo"] = base
             rate = float(p["load"]) * base.estimate
