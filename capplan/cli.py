@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "report": "report",
     "whatif": "whatif",
     "compare": "compare",
+    "timeline": "timeline",
     "kv": "kv",
     "mix": "mix",
     "twin": "twin",

@@ -104,6 +104,54 @@ RESOURCE_COLUMNS: tuple[Column, ...] = (
 )
 RESOURCE_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable) for c in RESOURCE_COLUMNS])
 
+# System events under timeline/ (optional): one row per event on the run's clock. A study with
+# a timeline says what happened to the serving system during a run (a replica failed, the
+# autoscaler decided, a rollout step began), so `capplan timeline` can measure what it did to
+# the SLO. docs/study-contract.md section 9 and docs/timeline.md.
+TIMELINE_DIR = "timeline"
+
+
+class TimelineEvent(str, Enum):
+    """What happened to the serving system at ``t_ns``."""
+
+    REPLICA_ADDED = "replica_added"  # a replica was asked for (provisioning starts)
+    REPLICA_READY = "replica_ready"  # it serves: the router sends it requests
+    REPLICA_DRAINING = "replica_draining"  # it takes no new requests, finishes those it holds
+    REPLICA_REMOVED = "replica_removed"  # it left the pool (after a drain, or routes removed)
+    REPLICA_FAILED = "replica_failed"  # it stopped serving; requests it held are lost or retried
+    SCALE_DECISION = "scale_decision"  # the autoscaler set its desired count
+    FAULT_INJECTED = "fault_injected"  # a test harness broke something on purpose
+    ROLLOUT_STEP = "rollout_step"  # a rollout step began (replicas swapped for a new version)
+    CACHE_FLUSH = "cache_flush"  # a replica's prefix cache was emptied (restart, rollout, flush)
+
+
+TIMELINE_EVENTS: tuple[str, ...] = tuple(e.value for e in TimelineEvent)
+#: events that name one replica (the others may name a group, or nothing)
+REPLICA_EVENTS: tuple[str, ...] = ("replica_added", "replica_ready", "replica_draining",
+                                   "replica_removed", "replica_failed")
+
+TIMELINE_COLUMNS: tuple[Column, ...] = (
+    Column("run_id", pa.string(), True, False, "the run of study.yaml the event happened in"),
+    Column("t_ns", pa.int64(), True, False, "event time, ns on the run's clock (as scheduled_ns)", "ns"),
+    Column("event", pa.string(), True, False, "one of " + ", ".join(TIMELINE_EVENTS)),
+    Column("replica", pa.string(), False, True,
+           "replica id (the replica_group value its requests carry); required for replica_* events"),
+    Column("group", pa.string(), False, True,
+           "failure domain or group the event concerns (zone, node, rollout group)"),
+    Column("desired", pa.int64(), False, True, "scale_decision: replicas the autoscaler wants", "replicas"),
+    Column("ready", pa.int64(), False, True, "scale_decision: replicas ready when it decided", "replicas"),
+    Column("signal", pa.string(), False, True,
+           "scale_decision: the signal that set desired (queue_work, ttft_p99, kv_use, goodput)"),
+    Column("signal_value", pa.float64(), False, True, "scale_decision: that signal's value"),
+    Column("rate_rps", pa.float64(), False, True,
+           "scale_decision: the arrival rate it saw over its evaluation period", "req/s"),
+    Column("queue_work_s", pa.float64(), False, True,
+           "scale_decision: queued work, seconds of one replica's service", "s"),
+    Column("detail", pa.string(), False, True, "free text (what was injected, which rollout step)"),
+)
+TIMELINE_COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in TIMELINE_COLUMNS}
+TIMELINE_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable) for c in TIMELINE_COLUMNS])
+
 # Manifest keys.
 MANIFEST_REQUIRED = ("contract", "name", "system", "load_model", "runs")
 SYSTEM_KEYS = ("gpu", "gpus_per_replica", "tp", "pp", "replicas", "engine", "model")

@@ -91,9 +91,10 @@ def manifest_dict(name: str, runs: list[dict], *, system: dict | None = None,
     return d
 
 
-def events_table(data) -> pa.Table:
+def events_table(data, columns: tuple[C.Column, ...] = C.EVENT_COLUMNS) -> pa.Table:
     """Coerce a pandas/polars frame, dict of columns or arrow table to the contract schema
-    (contract columns in contract order, present optional columns kept, others dropped)."""
+    (contract columns in contract order, present optional columns kept, others dropped).
+    ``columns``: the table's contract (events; ``C.TIMELINE_COLUMNS`` for system events)."""
     if isinstance(data, pa.Table):
         table = data
     elif isinstance(data, dict):
@@ -103,10 +104,10 @@ def events_table(data) -> pa.Table:
     else:  # pandas
         table = pa.Table.from_pandas(data, preserve_index=False)
     arrays, fields = [], []
-    for c in C.EVENT_COLUMNS:
+    for c in columns:
         if c.name not in table.column_names:
             if c.required:
-                raise KeyError(f"events are missing required column {c.name!r}")
+                raise KeyError(f"table is missing required column {c.name!r}")
             continue
         arr = table[c.name]
         if arr.type != c.dtype:
@@ -117,10 +118,11 @@ def events_table(data) -> pa.Table:
 
 
 def write_study(dest: str | os.PathLike, manifest: dict, events, *, resources=None,
-                events_name: str = "events.parquet", row_group_size: int = 1 << 20,
+                timeline=None, events_name: str = "events.parquet", row_group_size: int = 1 << 20,
                 compression: str = "zstd", overwrite: bool = True) -> Path:
     """Write a whole study directory atomically. ``events`` may be one table/frame or a
-    mapping {relative file name: table} to split over several files."""
+    mapping {relative file name: table} to split over several files; ``timeline`` (system
+    events, optional) likewise, under timeline/."""
     dest = Path(dest)
     with atomic_dir(dest, overwrite=overwrite) as tmp:
         (tmp / C.EVENTS_DIR).mkdir()
@@ -130,6 +132,12 @@ def write_study(dest: str | os.PathLike, manifest: dict, events, *, resources=No
             out.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(events_table(tbl), out, row_group_size=row_group_size,
                            compression=compression)
+        if timeline is not None:
+            (tmp / C.TIMELINE_DIR).mkdir()
+            tparts = timeline if isinstance(timeline, dict) else {"timeline.parquet": timeline}
+            for rel, tbl in tparts.items():
+                pq.write_table(events_table(tbl, C.TIMELINE_COLUMNS), tmp / C.TIMELINE_DIR / rel,
+                               compression=compression)
         if resources is not None:
             (tmp / C.RESOURCES_DIR).mkdir()
             rparts = resources if isinstance(resources, dict) else {"power.parquet": resources}

@@ -50,6 +50,8 @@ COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate"
 #: The twin page, added when the report is given a twin (capplan/twin; docs/twin.md).
 TWIN_NOTEBOOK: tuple[str, str] = ("06-twin.ipynb", "Twin: measured vs simulated")
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
+#: The timelines page, added when the study has system events (timeline/; docs/timeline.md).
+TIMELINE_NOTEBOOK: tuple[str, str] = ("07-timelines.ipynb", "Timelines")
 #: The serving-policies page, added when the study stamps computed_input_tokens (its prefix
 #: cache) or a sweeps file is given with a twin (docs/scenarios.md).
 SCENARIOS_NOTEBOOK: tuple[str, str] = ("08-scenarios.ipynb", "Serving policies: prefix cache, prefill/decode, "
@@ -343,6 +345,7 @@ class ReportParams:
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
     twin: Path | None = None  # twin.yaml: adds the twin page (06-twin)
+    timelines: bool = False  # the study has system events: adds the timelines page (07)
     cache: bool = False  # the study stamps computed_input_tokens: adds the serving-policies page (08)
     sweeps: Path | None = None  # sweeps file (with a twin): simulated on the serving-policies page
 
@@ -369,6 +372,9 @@ class ReportParams:
             return self.compare_parameters(artifacts_dir)
         if name == TWIN_NOTEBOOK[0]:
             return self.twin_parameters(artifacts_dir)
+        if name == TIMELINE_NOTEBOOK[0]:  # with a twin, the plan's checks are simulated on it
+            return {**self.notebook_parameters(artifacts_dir),
+                    "twin_path": str(self.twin) if self.twin else ""}
         if name == SCENARIOS_NOTEBOOK[0]:
             return {**self.notebook_parameters(artifacts_dir), "twin_path": str(self.twin) if self.twin else "",
                     "sweeps_path": str(self.sweeps) if self.sweeps else ""}
@@ -378,6 +384,7 @@ class ReportParams:
         """(file name, page title) of the report's notebooks, in page order."""
         return (REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
                 + ((TWIN_NOTEBOOK,) if self.twin else ())
+                + ((TIMELINE_NOTEBOOK,) if self.timelines or self.twin else ())
                 + ((SCENARIOS_NOTEBOOK,) if self.cache or self.sweeps else ()))
 
 
@@ -632,6 +639,7 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     params = ReportParams(study=study_path, spec=spec_path, slo=str(slo_obj), seed=seed,
                           reps=reps, confidence=confidence, time=time or _now_utc(),
                           baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin),
+                          timelines=bool(opened.timeline_files),
                           cache=opened.has("computed_input_tokens"), sweeps=_resolve_sweeps(sweeps, twin))
     return params, opened
 

@@ -24,7 +24,8 @@ from .errors import ProblemList, SpecError, StudyError
 @dataclass(frozen=True)
 class Study:
     """An opened study. ``con`` holds the views ``raw_events`` and ``events`` (and
-    ``resources`` when telemetry exists); ``events`` always has every contract column."""
+    ``resources`` when telemetry exists, ``timeline`` when system events exist); ``events``
+    and ``timeline`` always have every contract column."""
 
     root: Path
     manifest: C.Manifest
@@ -32,6 +33,7 @@ class Study:
     resource_files: tuple[Path, ...]
     present_columns: frozenset[str]
     con: duckdb.DuckDBPyConnection = field(repr=False, compare=False)
+    timeline_files: tuple[Path, ...] = ()
 
     @property
     def name(self) -> str:
@@ -69,7 +71,8 @@ class Study:
     def content_hash(self) -> str:
         """sha256 over the manifest and every data file's bytes (provenance for reports)."""
         h = hashlib.sha256()
-        files = [self.root / C.MANIFEST_NAME, *self.event_files, *self.resource_files]
+        files = [self.root / C.MANIFEST_NAME, *self.event_files, *self.resource_files,
+                 *self.timeline_files]
         for p in sorted(files):
             h.update(str(p.relative_to(self.root)).encode())
             with open(p, "rb") as fh:
@@ -219,6 +222,8 @@ _INT_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8(), pa.uint32(), pa.uin
 
 
 def _dtype_ok(expected: pa.DataType, actual: pa.DataType) -> bool:
+    if expected == pa.float64():
+        return pa.types.is_floating(actual) or actual in _INT_TYPES or actual == pa.uint64()
     if expected == pa.int64():
         return actual in _INT_TYPES or actual == pa.uint64()
     if expected == pa.string():
@@ -239,28 +244,31 @@ def _first_value(path: Path, column: str) -> str | None:
     return f"row 0: {column}={batch.column(0)[0].as_py()!r}"
 
 
-def check_parquet_files(files: tuple[Path, ...], problems: ProblemList) -> set[str]:
-    """Schema-level checks of every events file (readable, required columns, dtypes), read
-    from the parquet footers only; returns the union of contract columns present."""
+def check_parquet_files(files: tuple[Path, ...], problems: ProblemList,
+                        columns: tuple[C.Column, ...] = C.EVENT_COLUMNS) -> set[str]:
+    """Schema-level checks of every file of one table (readable, required columns, dtypes),
+    read from the parquet footers only; returns the union of contract columns present.
+    ``columns``: the table's contract (events by default, ``C.TIMELINE_COLUMNS``)."""
     present: set[str] = set()
+    by_name = {c.name: c for c in columns}
     for path in files:
         try:
             schema = pq.read_schema(path)
         except Exception as exc:  # pyarrow raises several types for corrupt files
             problems.add(f"cannot read parquet file: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                          file=str(path), fix="the file is corrupt or not parquet; re-export it "
-                         "(e.g. pandas.DataFrame.to_parquet) or remove it from events/",
+                         "(e.g. pandas.DataFrame.to_parquet) or remove it from its folder",
                          code="bad_parquet")
             continue
         names = set(schema.names)
-        for col in C.REQUIRED_EVENT_COLUMNS:
-            if col not in names:
-                c = C.EVENT_COLUMN_BY_NAME[col]
+        for c in columns:
+            col = c.name
+            if c.required and col not in names:
                 problems.add(f"required column '{col}' is missing", file=str(path), column=col,
                              example="columns present: " + ", ".join(schema.names[:12]),
                              fix=f"add '{col}' ({c.dtype}): {c.meaning}", code="missing_column")
         for field in schema:
-            c = C.EVENT_COLUMN_BY_NAME.get(field.name)
+            c = by_name.get(field.name)
             if c is None:
                 continue
             if not _dtype_ok(c.dtype, field.type):
@@ -273,16 +281,16 @@ def check_parquet_files(files: tuple[Path, ...], problems: ProblemList) -> set[s
     return present
 
 
-def events_select(present: set[str]) -> str:
+def events_select(present: set[str], columns: tuple[C.Column, ...] = C.EVENT_COLUMNS) -> str:
     """SELECT list that gives every contract column, NULL-filled where a file lacks it.
     Identifiers come from the contract module only (no user input in SQL text)."""
     cols = []
-    for c in C.EVENT_COLUMNS:
+    for c in columns:
         if c.name in present:
             cols.append(f'"{c.name}"')
         else:
-            sql_type = {"string": "VARCHAR", "int64": "BIGINT", "list<item: int64>": "BIGINT[]"}.get(
-                str(c.dtype), "VARCHAR")
+            sql_type = {"string": "VARCHAR", "int64": "BIGINT", "list<item: int64>": "BIGINT[]",
+                        "double": "DOUBLE"}.get(str(c.dtype), "VARCHAR")
             cols.append(f'CAST(NULL AS {sql_type}) AS "{c.name}"')
     return ", ".join(cols)
 
@@ -329,20 +337,31 @@ def open_study(path: str | os.PathLike | Study, *,
     event_files = find_event_files(root, problems)
     problems.raise_if_errors()
     present = check_parquet_files(event_files, problems)
+    timeline_files = find_parquet(root / C.TIMELINE_DIR)
+    check_parquet_files(timeline_files, problems, C.TIMELINE_COLUMNS)
     problems.raise_if_errors()
     return build_study(root, manifest, event_files, find_parquet(root / C.RESOURCES_DIR), present,
-                       con or connect())
+                       con or connect(), timeline_files)
 
 
 def build_study(root: Path, manifest: C.Manifest, event_files: tuple[Path, ...],
                 resource_files: tuple[Path, ...], present: set[str],
-                con: duckdb.DuckDBPyConnection) -> Study:
-    """Create the views over already-checked files (shared by open_study and the validator)."""
+                con: duckdb.DuckDBPyConnection, timeline_files: tuple[Path, ...] = ()) -> Study:
+    """Create the views over already-checked files (shared by open_study and the validator).
+    ``timeline``: the system events with every contract column (NULL-filled), when there are
+    any."""
     files = [str(p) for p in event_files]
     con.read_parquet(files, union_by_name=True).create_view("raw_events", replace=True)
     con.execute(f"CREATE OR REPLACE VIEW events AS SELECT {events_select(present)} FROM raw_events")
     if resource_files:
         con.read_parquet([str(p) for p in resource_files], union_by_name=True).create_view(
             "resources", replace=True)
+    if timeline_files:
+        rel = con.read_parquet([str(p) for p in timeline_files], union_by_name=True)
+        rel.create_view("raw_timeline", replace=True)
+        have = set(rel.columns)
+        con.execute("CREATE OR REPLACE VIEW timeline AS SELECT "
+                    f"{events_select(have, C.TIMELINE_COLUMNS)} FROM raw_timeline")
     return Study(root=root, manifest=manifest, event_files=event_files,
-                 resource_files=resource_files, present_columns=frozenset(present), con=con)
+                 resource_files=resource_files, present_columns=frozenset(present), con=con,
+                 timeline_files=tuple(timeline_files))

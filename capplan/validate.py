@@ -106,6 +106,18 @@ def row_checks(manifest: C.Manifest, present: frozenset[str] | set[str]) -> list
     return checks
 
 
+def check_select(checks: list[RowCheck], example: str) -> tuple[list[str], list]:
+    """One grouped pass over a table for every rule: per rule the count of rows that break it
+    and the first such row (``example``: a struct SQL expression), with the bound parameters."""
+    select, params = ["count(*) AS n_rows"], []
+    for i, chk in enumerate(checks):
+        select.append(f"count(*) FILTER (WHERE {chk.condition}) AS n{i}")
+        select.append(f"min({example}) FILTER (WHERE {chk.condition}) AS ex{i}")
+        params.extend(chk.params)
+        params.extend(chk.params)
+    return select, params
+
+
 def _example(ex: dict | None) -> tuple[str | None, str | None]:
     """(file, 'row N: col=value, …') of an example row (row numbers count from 0)."""
     if not ex:
@@ -166,13 +178,7 @@ def validate_study(study: Study, problems: ProblemList | None = None) -> Problem
         _db_problem(problems, study, exc, "the file list")
         return problems
     checks = row_checks(study.manifest, study.present_columns)
-    ex = _example_struct(study.present_columns)
-    select, params = ["count(*) AS n_rows"], []
-    for i, chk in enumerate(checks):
-        select.append(f"count(*) FILTER (WHERE {chk.condition}) AS n{i}")
-        select.append(f"min({ex}) FILTER (WHERE {chk.condition}) AS ex{i}")
-        params.extend(chk.params)
-        params.extend(chk.params)
+    select, params = check_select(checks, _example_struct(study.present_columns))
     try:
         cur = study.sql(f"SELECT {', '.join(select)} FROM {ROW_VIEW}", params)
         names = [d[0] for d in cur.description]
@@ -189,6 +195,7 @@ def validate_study(study: Study, problems: ProblemList | None = None) -> Problem
                 f"{chk.message} in {n:,} of {n_rows:,} rows", file=file, column=chk.column,
                 example=example, fix=chk.fix, severity=chk.severity, code=chk.code))
     _run_checks(study, problems)
+    validate_timeline(study, problems)
     return problems
 
 
@@ -304,6 +311,136 @@ def _duplicates(study: Study, problems: ProblemList, run_id: str, n_extra: int) 
                  code="duplicate_request_id")
 
 
+# --------------------------------------------------------------------------------------------
+# The timeline (optional system events)
+# --------------------------------------------------------------------------------------------
+
+TIMELINE_ROW_VIEW = "_validate_timeline"
+_TIMELINE_EXAMPLE = ("run_id", "t_ns", "event", "replica", "group", "desired")
+
+
+def timeline_checks(manifest: C.Manifest) -> list[RowCheck]:
+    """Every per-row rule of the timeline table. Conditions are SQL over the timeline columns
+    plus, per row, ``run_end_ns`` (the run's end: its last request stamp or duration_s,
+    whichever is later) and ``known`` (the row's replica served requests in that run or was
+    added by a replica_added event of it)."""
+    checks: list[RowCheck] = []
+    for c in C.TIMELINE_COLUMNS:
+        if c.required and not c.nullable:
+            checks.append(RowCheck(f"timeline_null_{c.name}", c.name, f't."{c.name}" IS NULL',
+                                   f"timeline: required column '{c.name}' is null",
+                                   f"every system event needs {c.name} ({c.meaning})"))
+    checks += [
+        RowCheck("timeline_unknown_event", "event",
+                 "t.event IS NOT NULL AND NOT list_contains(?, t.event)",
+                 "timeline: unknown event",
+                 "use one of " + ", ".join(C.TIMELINE_EVENTS) + " (docs/study-contract.md, "
+                 "section 9)", (list(C.TIMELINE_EVENTS),)),
+        RowCheck("timeline_unknown_run", "run_id",
+                 "t.run_id IS NOT NULL AND NOT list_contains(?, t.run_id)",
+                 "timeline: run_id is not a run of study.yaml",
+                 "use the run_id of the run the event happened in", (list(manifest.run_ids),)),
+        RowCheck("timeline_time_outside_run", "t_ns",
+                 "t.t_ns IS NOT NULL AND f.run_end_ns IS NOT NULL "
+                 "AND (t.t_ns < 0 OR t.t_ns > f.run_end_ns)",
+                 "timeline: event time outside its run",
+                 "t_ns is ns since the run's start on the clock of scheduled_ns (0 … the run's "
+                 "last stamp or duration_s); subtract the run's start, check the unit (ns), or "
+                 "drop events of other runs"),
+        RowCheck("timeline_unknown_replica", "replica",
+                 "t.replica IS NOT NULL AND t.run_id IS NOT NULL AND NOT coalesce(k.known, false)",
+                 "timeline: unknown replica",
+                 "name a replica by the replica_group value its requests carry, or add it with "
+                 "a replica_added event in the same run first"),
+        RowCheck("timeline_decision_without_desired", "desired",
+                 "t.event = 'scale_decision' AND t.desired IS NULL",
+                 "timeline: scale_decision without desired",
+                 "a scale decision states the replicas it wants (desired) and, where known, "
+                 "those ready (ready)"),
+        RowCheck("timeline_negative_count", "desired",
+                 "coalesce(t.desired, 0) < 0 OR coalesce(t.ready, 0) < 0",
+                 "timeline: negative replica count", "desired and ready count replicas: 0 or more"),
+    ]
+    return checks
+
+
+def _timeline_example(ex: dict | None) -> tuple[str | None, str | None]:
+    if not ex:
+        return None, None
+    fields = ", ".join(f"{k}={ex[k]!r}" for k in _TIMELINE_EXAMPLE if ex.get(k) is not None)
+    return ex.get("filename"), f"row {ex.get('file_row_number')}: {fields}"
+
+
+def validate_timeline(study: Study, problems: ProblemList) -> None:
+    """Row checks of ``timeline/`` (when the study has one): unknown events and runs, times
+    outside the run, unknown replicas, decisions without counts — each with its count, the
+    file and row of an example, and a fix. One grouped DuckDB pass."""
+    if not study.timeline_files:
+        return
+    con = study.con
+    try:
+        con.read_parquet([str(p) for p in study.timeline_files], union_by_name=True,
+                         filename=True, file_row_number=True).create_view("_validate_tl_raw",
+                                                                          replace=True)
+        have = set(con.sql("SELECT * FROM _validate_tl_raw LIMIT 0").columns)
+        con.execute(f"CREATE OR REPLACE VIEW {TIMELINE_ROW_VIEW} AS SELECT "
+                    f"{events_select(have, C.TIMELINE_COLUMNS)}, filename, file_row_number "
+                    "FROM _validate_tl_raw")
+    except duckdb.Error as exc:
+        problems.add(f"cannot read the timeline: {str(exc).splitlines()[0]}",
+                     file=str(study.root / C.TIMELINE_DIR), code="bad_parquet",
+                     fix="a timeline parquet file is corrupt; re-export it or remove it")
+        return
+    dur = [(r.run_id, None if r.duration_s is None else int(round(r.duration_s * C.NS_PER_S)))
+           for r in study.manifest.runs]
+    checks = timeline_checks(study.manifest)
+    cols = ["filename", "file_row_number", *_TIMELINE_EXAMPLE]
+    ex = ("struct_pack(" + ", ".join(f'"{c}" := t."{c}"' for c in cols)
+          + ', "run_end_ns" := f.run_end_ns)')
+    select, params = check_select(checks, ex)
+    query = f"""
+        WITH d AS (SELECT unnest(?) AS run_id, unnest(?) AS dur_ns),
+             f AS (SELECT e.run_id,
+                          greatest(max(greatest(e.scheduled_ns, e.sent_ns, e.first_token_ns,
+                                                e.last_token_ns)), max(d.dur_ns)) AS run_end_ns
+                   FROM events e LEFT JOIN d USING (run_id) GROUP BY e.run_id),
+             k AS (SELECT DISTINCT run_id, replica_group AS replica, true AS known FROM events
+                   WHERE replica_group IS NOT NULL
+                   UNION
+                   SELECT DISTINCT run_id, replica, true FROM {TIMELINE_ROW_VIEW}
+                   WHERE event = 'replica_added' AND replica IS NOT NULL)
+        SELECT {', '.join(select)}
+        FROM {TIMELINE_ROW_VIEW} t LEFT JOIN f USING (run_id)
+             LEFT JOIN k ON k.run_id = t.run_id AND k.replica = t.replica"""
+    try:
+        cur = con.execute(query, [[r for r, _ in dur], [d for _, d in dur], *params])
+        names = [d[0] for d in cur.description]
+        row = dict(zip(names, cur.fetchone()))
+    except duckdb.Error as exc:
+        problems.add(f"cannot check the timeline: {str(exc).splitlines()[0]}",
+                     file=str(study.root / C.TIMELINE_DIR), code="bad_parquet",
+                     fix="a timeline or events parquet file cannot be read; re-export it")
+        return
+    for i, chk in enumerate(checks):
+        n = row[f"n{i}"]
+        if n:
+            exr = row[f"ex{i}"]
+            file, example = _timeline_example(exr)
+            fix = chk.fix
+            if chk.code == "timeline_time_outside_run" and exr.get("run_end_ns") is not None:
+                example += f" (run {exr['run_id']} spans 0 … {exr['run_end_ns']:,} ns)"
+            if chk.code == "timeline_unknown_replica":
+                known = [r[0] for r in con.execute(
+                    "SELECT DISTINCT replica_group FROM events WHERE run_id = ? AND "
+                    "replica_group IS NOT NULL ORDER BY 1 LIMIT 8", [exr["run_id"]]).fetchall()]
+                fix += (f"; replicas of run {exr['run_id']}: " + ", ".join(known)) if known else \
+                    f"; the requests of run {exr['run_id']} carry no replica_group"
+            problems.items.append(Problem(
+                f"{chk.message} in {n:,} of {row['n_rows']:,} rows", file=file,
+                column=chk.column, example=example, fix=fix, severity=chk.severity,
+                code=chk.code))
+
+
 def validate_path(path) -> tuple[ProblemList, Study | None]:
     """Validate a study directory end to end and collect *every* problem: manifest, files,
     schema, then (when the manifest and schemas allow opening it) all row and run checks."""
@@ -322,6 +459,8 @@ def validate_path(path) -> tuple[ProblemList, Study | None]:
     con = connect()
     n_before = len(problems.errors)
     present = check_parquet_files(event_files, problems)
+    timeline_files = find_parquet(root / C.TIMELINE_DIR)
+    check_parquet_files(timeline_files, problems, C.TIMELINE_COLUMNS)
     schema_ok = len(problems.errors) == n_before
     if manifest is None or not schema_ok:
         why = "study.yaml cannot be read" if manifest is None else "the schema problems above"
@@ -330,7 +469,8 @@ def validate_path(path) -> tuple[ProblemList, Study | None]:
         return problems, None
     resource_files = find_parquet(root / C.RESOURCES_DIR)
     try:
-        study = build_study(root, manifest, event_files, resource_files, present, con)
+        study = build_study(root, manifest, event_files, resource_files, present, con,
+                            timeline_files)
     except duckdb.Error as exc:
         problems.add(f"cannot open the events: {str(exc).splitlines()[0]}",
                      file=str(root / C.EVENTS_DIR), code="bad_parquet",

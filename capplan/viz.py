@@ -272,3 +272,12 @@ def styled(df: pd.DataFrame):
     if text:
         st = st.set_properties(subset=text, **{"text-align": "left"})
     return st
+
+
+def replace_figure(widget, fig) -> None:
+    """Put a new figure's traces and layout into a displayed ``go.FigureWidget`` in one update
+    (panels redraw in place this way)."""
+    with widget.batch_update():
+        widget.data = ()
+        widget.add_traces(list(fig.data))
+        widget.layout = fig.layout

@@ -8,12 +8,14 @@ Use ``make_study`` (a fixture returning a factory) in any test:
 
 ``events`` may be a pandas frame, a list of row dicts, or {relative file name: frame} to
 split over several parquet files. ``runs`` defaults to one open-loop run per run_id found in
-the events, at offered_rps 1.0. Extra keyword arguments go into study.yaml. ``ev(...)`` builds
+the events, at offered_rps 1.0. ``timeline`` (a frame or row dicts) is written to
+timeline/timeline.parquet. Extra keyword arguments go into study.yaml. ``ev(...)`` builds
 one event row with sensible defaults, so a test only states the fields it is about.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pandas as pd
@@ -45,6 +47,26 @@ def ev(run_id: str = "r1", request_id: str | None = None, *, scheduled_ms: float
     return row
 
 
+def fixed_service_raw(replicas: int = 3, *, arrival: str = "poisson", timeout_s: float = 300.0,
+                      rates=(1.0,), duration_s: float = 60.0, warmup_s: float = 0.0) -> dict:
+    """A synth config (YAML mapping) with deterministic service — fixed 128-token prompts and
+    64-token answers, batch ≤ 16, no queue limit, no ITL lists or power — for the fleet,
+    fluid and timeline tests."""
+    from capplan.synth.config import PRESETS
+
+    raw = copy.deepcopy(PRESETS["small"])
+    raw["system"]["replicas"] = replicas
+    raw["replica"].update({"max_batch": 16, "queue_limit": None, "kv_blocks": 20000})
+    raw["workload"] = {"arrival": {"process": arrival},
+                       "lengths": {"kind": "fixed", "input": 128, "output": 64}}
+    raw["client"] = {"timeout_s": timeout_s}
+    raw["power"] = None
+    raw["output"] = {"itl": False}
+    raw["sweep"] = {"load_model": "open", "rates": list(rates), "duration_s": duration_s,
+                    "warmup_s": warmup_s}
+    return raw
+
+
 def events_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows to a frame with nullable int64 time columns (None stays null in parquet)."""
     df = pd.DataFrame(rows)
@@ -63,7 +85,7 @@ def make_study(tmp_path):
     made = itertools.count()
 
     def _make(events, runs: list[dict] | None = None, *, name: str = "t",
-              load_model: str = "open", dest=None, **manifest_extra):
+              load_model: str = "open", dest=None, timeline=None, **manifest_extra):
         if isinstance(events, list):
             events = events_frame(events)
         if runs is None:
@@ -77,6 +99,8 @@ def make_study(tmp_path):
             runs = [{"run_id": str(r), key: 1 if load_model == "closed" else 1.0} for r in ids]
         manifest = manifest_dict(name, runs, load_model=load_model, **manifest_extra)
         path = dest if dest is not None else tmp_path / f"study{next(made)}"
-        return write_study(path, manifest, events)
+        if isinstance(timeline, list):
+            timeline = pd.DataFrame(timeline)
+        return write_study(path, manifest, events, timeline=timeline)
 
     return _make

@@ -37,8 +37,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("statistics", ("diagnostics", "bootstrap", "reduce")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin")),
-    ("plan", ("plan_spec", "plan", "forecast", "plan_bounds")),
-    ("presentation", ("viz", "export", "whatif", "report", "mix.panel", "mix.page")),
+    ("plan", ("plan_spec", "plan", "plan_dynamics", "forecast", "plan_bounds")),
+    ("presentation", ("viz", "export", "whatif", "whatif_fleet", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
 

@@ -160,11 +160,13 @@ def test_whatif_notebook_executes_and_shows_the_panel(tmp_path):
                             cwd=tmp_path)
     assert not [o for o in _outputs(nb) if o.get("output_type") == "error"]
     views = [o for o in _outputs(nb) if WIDGET in o.get("data", {})]
-    assert len(views) == 1
+    assert len(views) == 2  # the plan panel, then ready time / warm floor / burst
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     html = " ".join(str(m["state"].get("value", "")) for m in state.values()
                     if m["model_name"] == "HTMLModel")
     assert 'data-key="total_gpus"' in html and 'data-key="cslo_lower_bound"' in html
+    assert 'data-key="fleet-cold_start_reserve_groups"' in html and 'data-key="fleet-ready_time_s"' in html
+    assert html.count('data-key="total_gpus"') == 1  # the fleet panel's rows have their own keys
     sliders = [m for m in state.values() if m["model_name"] in ("FloatSliderModel",
                                                                 "SelectionSliderModel")]
     assert len(sliders) >= 5

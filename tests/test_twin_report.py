@@ -23,7 +23,8 @@ def twin_page(tmp_path_factory):
     write_twin(fit_twin(study, reps=30), tfile)
     params = R.ReportParams(study=study, spec=R.default_spec_path(), slo="ttft_ms=2000,tpot_ms=100,attainment=0.99",
                             reps=50, twin=tfile)
-    assert params.notebooks()[-1] == R.TWIN_NOTEBOOK
+    # the twin page, then the timelines page that simulates the plan's checks on the twin
+    assert params.notebooks()[-2:] == (R.TWIN_NOTEBOOK, R.TIMELINE_NOTEBOOK)
     p = params.parameters_for(R.TWIN_NOTEBOOK[0], tmp / "data")
     p.update(replays=4, steady=False)
     nb = R.execute_notebook(R.notebooks_dir() / R.TWIN_NOTEBOOK[0], p, cwd=tmp)

@@ -296,6 +296,10 @@ def test_contract_doc_documents_every_contract_name():
         assert c.meaning in doc, c.name
     for s in C.STATUSES:
         assert f"| `{s}` |" in doc, s
+    for c in C.TIMELINE_COLUMNS:
+        assert f"| `{c.name}` |" in doc and c.meaning in doc, c.name
+    for e in C.TIMELINE_EVENTS:
+        assert f"| `{e}` |" in doc, e
     for k in C.MANIFEST_REQUIRED + C.SYSTEM_KEYS + C.RUN_OPTIONAL + C.ARRIVALS:
         assert f"`{k}`" in doc, k
     assert C.CONTRACT_VERSION in doc and C.PERCENTILE_DEFINITION in doc

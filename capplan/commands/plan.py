@@ -23,7 +23,20 @@ from ..errors import SpecError
               help="GPUs per replica group (TP × PP) when neither the spec nor a study gives it")
 @click.option("--strict", is_flag=True, help="exit 1 when a plan check fails (files are still written)")
 @click.option("--time", "time_", default=None, help="provenance time (ISO); default now (UTC)")
-def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict, time_):
+@click.option("--twin", "twin", default=None, type=click.Path(),
+              help="simulate the failure, rollout and cold-start checks at the planned size on this "
+                   "twin (or synth config); writes plan-simulated.csv (docs/timeline.md)")
+@click.option("--quarter", type=int, default=1, show_default=True,
+              help="with --twin: the quarter whose peak the checks are simulated at (1 = the first)")
+@click.option("--slo-minutes-budget", type=float, default=None,
+              help="with --twin: each check must cause at most this many SLO-minutes; also finds "
+                   "the smallest warm floor and fleet within it")
+@click.option("--day", "day", is_flag=True, default=False,
+              help="with --twin: also simulate a day under the autoscaler (a working day's shape)")
+@click.option("--day-trace", "day_trace", default=None, type=click.Path(dir_okay=False),
+              help="with --day: the day's shape from this trace (Azure CSV or Mooncake JSONL)")
+def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict, time_,
+        twin=None, quarter=1, slo_minutes_budget=None, day=False, day_trace=None):
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
     from ..plan import load_plan_spec, make_plan
@@ -47,6 +60,9 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
 
         spec = dataclasses.replace(spec, slo_classes=None)
     plan = make_plan(spec, capacity=capacity_rps, study=st)
+    if twin is not None and not 1 <= quarter <= len(plan.quarters):  # before anything is written
+        raise SpecError(f"--quarter {quarter} is not in the plan (it has {len(plan.quarters)})",
+                        field="--quarter", fix=f"use 1 … {len(plan.quarters)}")
     params = {"study": study, "spec": spec_path,
               "slo": (str(spec.slo) if spec.slo else None) if spec.slo_classes is None else str(spec.slo_classes),
               "capacity_rps": capacity_rps, "use": spec.capacity.use, "reps": spec.capacity.reps,
@@ -55,6 +71,9 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
     path = export_plan(plan, out_dir, time=time_, study_hash=study_hash, parameters=params)
     click.echo(plan.to_text())
     click.echo(f"\nwrote {path}/plan.xlsx and CSV tables")
+    if twin is not None:
+        _simulate(plan, twin, quarter, slo_minutes_budget, out_dir, day=day or bool(day_trace),
+                  trace=day_trace)
     if strict and not plan.ok:
         click.echo("plan checks failed (--strict): " + "; ".join(c.sentence for c in plan.checks if not c.ok),
                    err=True)
@@ -77,3 +96,32 @@ def _apply_overrides(spec, *, slo, use, reps, seed, confidence):
     if slo is not None:
         spec = dataclasses.replace(spec, slo=SLO.parse(slo))
     return spec
+
+
+def _simulate(plan, twin: str, quarter: int, budget: float | None, out_dir: str, *, day: bool = False,
+              trace: str | None = None) -> None:
+    """The plan's checks simulated on the twin (capplan.plan_dynamics), printed and written."""
+    from pathlib import Path
+
+    from ..io import write_csv
+    from ..plan_dynamics import load_system, simulate_plan, smallest_fleet, smallest_warm_floor
+
+    import dataclasses
+    import tempfile
+
+    from ..plan_dynamics import SimSettings, day_scenario
+
+    system = load_system(twin)
+    dyn = simulate_plan(plan, system, quarter=quarter - 1, budget_slo_minutes=budget)
+    if day:
+        with tempfile.TemporaryDirectory(prefix="capplan-day-") as d:
+            check = day_scenario(plan, system, quarter=quarter - 1, trace=trace,
+                                 settings=SimSettings(window_s=60.0), budget=budget, tmp=Path(d))
+        dyn = dataclasses.replace(dyn, checks=dyn.checks + (check,))
+    click.echo("\n" + dyn.to_text())
+    write_csv(dyn.to_frame(), Path(out_dir) / "plan-simulated.csv")
+    if budget is not None:
+        for search in (smallest_warm_floor(plan, system, budget, quarter=quarter - 1),
+                       smallest_fleet(plan, system, budget, quarter=quarter - 1)):
+            click.echo("\n" + search.to_text())
+    click.echo(f"\nwrote {out_dir}/plan-simulated.csv")

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..errors import SpecError
 from ..slo import SLO
+from ..viz import replace_figure
 
 ATTAINMENT_CHOICES = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
 PLAN_ON = {"tested": "tested mix", "target": "target mix", "classes": "every class"}
@@ -229,8 +230,5 @@ class MixPanel:
         if state is None:
             return
         self.state = state
-        with self.figure.batch_update():
-            self.figure.data = ()
-            self.figure.add_traces(list(state.figure.data))
-            self.figure.layout = state.figure.layout
+        replace_figure(self.figure, state.figure)
         self._show(state)

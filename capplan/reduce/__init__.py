@@ -71,6 +71,11 @@ the units in the same pass, so per-(run, unit, cell) counts, good counts, status
 token sums and log-bucket histograms come out together (``RunStats.cells``); summed over
 cells they are the per-unit arrays. Without cells nothing per cell is built.
 
+*Occupancy by time* (``reduce.occupancy``): requests present in a part of their life (by
+default waiting) per time unit, spread over the units their interval covers — the queue-length
+series of timelines — and ``activity``: when each value of a column (a replica group) first
+and last served.
+
 Every query binds its values; identifiers come from the fixed tables of ``reduce.sql``. The
 SQL is plain (CASE, ORDER BY), so another engine can produce the same columns.
 
@@ -80,12 +85,14 @@ RunStats, CellStats, GridSpec, the block-length rule), ``sql`` (the SQL fragment
 """
 
 from .engine import GRID_HALF, GRID_STEP, reduce_study, resolve_window
+from .occupancy import ACTIVITY_COLUMNS, Occupancy, RunOccupancy, activity, occupancy
 from .stats import (TAIL_FROM, BlockStats, CellStats, GridSpec, RunStats, block_length,
                     max_length, stats_from_series)
 from .units import (CACHE_LABELS, MAX_UNITS, METRICS, NONE_LABEL, Cells, CountUnits, TimeUnits,
                     bucket_labels, time_units_for)
 
 __all__ = [
+    "ACTIVITY_COLUMNS", "Occupancy", "RunOccupancy", "activity", "occupancy",
     "BlockStats", "CACHE_LABELS", "CellStats", "Cells", "CountUnits", "GRID_HALF", "GRID_STEP", "GridSpec",
     "MAX_UNITS", "METRICS", "NONE_LABEL", "RunStats", "TAIL_FROM", "TimeUnits", "block_length",
     "bucket_labels", "max_length", "reduce_study", "resolve_window",

@@ -30,7 +30,7 @@ GRID_STEP = 1.10
 GRID_HALF = 14
 MSER_BINS = 500
 
-def _np(study: Study, q: str, params=None) -> dict:
+def fetch_arrays(study: Study, q: str, params=None) -> dict:
     """Fetch a query as numpy columns (no pandas round trip for large results); NULL reads
     NaN in float columns and 0 in the others."""
     res = study.sql(q, params if params is not None else []).fetchnumpy()
@@ -220,7 +220,7 @@ def _requests(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
                  "m.first_token_ns IS NOT NULL AS started"]
         params += plan.cell_params
     order = "run_idx, sched, h" if tie_break else "run_idx, sched"
-    rq = _np(study, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE m.in_window "
+    rq = fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE m.in_window "
                     f"ORDER BY {order}", params)
     pr = rq["run_idx"]
     if pr.size and np.any(pr[1:] < pr[:-1]):

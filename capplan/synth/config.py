@@ -14,6 +14,8 @@ from pathlib import Path
 from .. import contract as C
 from .. import spec as S
 from ..errors import SpecError
+from .control import ControlSpec
+from .demand import RateProfile
 from .engine import ReplicaParams
 from .lengths import LengthDist
 from .disagg import DisaggSpec, parse_disagg
@@ -87,6 +89,10 @@ class SynthConfig:
     repeats: int = 1
     faults: FaultSpec | None = None
     raw: dict = field(default_factory=dict, compare=False, hash=False)
+    #: demand that changes during each run (open loop; replaces the constant rate), and what
+    #: the fleet does (failures, rollout, autoscaler) — set by the twin's scenario parts
+    demand: RateProfile | None = None
+    control: ControlSpec | None = None
     #: serving policies (docs/scenarios.md): shared prompt prefixes in the workload, the
     #: replicas' prefix cache, queue discipline and admission control; None: not modelled
     prefixes: PrefixWorkload | None = None

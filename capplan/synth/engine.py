@@ -22,6 +22,13 @@ Model (vLLM-like, one FIFO queue per replica):
   ``decode_step_ms(decoding sequences)`` only and the token budget does not apply;
 - ``fault`` (open loop) marks requests the server fails whatever the load: 1 = an immediate
   error, 2 = a stall (never served; the client gives up at its deadline).
+- a fleet ``control`` (:mod:`capplan.synth.control`) may change the replicas during the run:
+  add one (routable once ready), fail one (the requests it holds are lost, or resent once by
+  their clients after a delay — a resent request starts over, its first attempt's tokens are
+  dropped; requests routed to a failed replica before its routes are removed fail at once, or
+  are resent), drain one (no new requests; removed when it holds none, or failed at a
+  deadline). Every change is a timeline row (``SimResult.timeline``). Without a control the
+  run is exactly as before (the presets' output is byte-identical).
 - serving-policy hooks (open loop; without them the run is exactly as before): ``prefix`` (a
   :class:`capplan.synth.prefix.PrefixCache`) finds cached prompt tokens at admission — they are
   not prefilled — caches prompts and answers, and may route by prefix affinity; ``policy`` (a
@@ -135,6 +142,11 @@ class SimResult:
     seg_k: list  # per replica: iterations in the segment
     seg_tok: list  # per replica: tokens computed per iteration (decode + prefill)
     stats: dict = field(default_factory=dict)
+    #: system events — fleet changes (with a control), prefix-cache flushes: (t_ns, event,
+    #: replica index or None, {column: value})
+    timeline: list = field(default_factory=list)
+    #: with a control: each replica's group ("zone/node"), by index
+    groups: list = field(default_factory=list)
     #: separate prefill: tokens emitted off the iteration grid (when a prefill lane finishes),
     #: one row each: request and time. None in mixed mode.
     xtok_rid: np.ndarray | None = None
@@ -142,8 +154,6 @@ class SimResult:
     #: with a prefix cache: prompt tokens computed at each request's first admission (−1: never
     #: admitted); None without one
     computed_input: np.ndarray | None = None
-    #: system events: (t_ns, event, replica index or None, {column: value}) — e.g. cache flushes
-    timeline: list = field(default_factory=list)
     #: replica names when not ``replica-<i>`` (the pools of a disaggregated system)
     replica_names: tuple | None = None
     #: the run's prompt prefixes (capplan.synth.prefix.Prefixes) when the workload has them
@@ -154,7 +164,8 @@ class _Rep:
     __slots__ = ("idx", "it", "wake", "t0", "step", "k", "kind", "tok", "waiting", "nwait",
                  "running", "ndec", "prefilling", "H", "used", "fin_heap", "dl_heap", "pf_done",
                  "seg_i0", "seg_t0", "seg_step", "seg_k", "seg_tok", "assigned", "done", "stopped",
-                 "preemptions", "max_wait", "pf_heap", "lanes_busy")
+                 "preemptions", "max_wait", "pf_heap", "lanes_busy", "routable", "alive", "draining",
+                 "retry_after")
 
     def __init__(self, idx: int, bs: int):
         self.idx = idx
@@ -187,6 +198,10 @@ class _Rep:
         self.max_wait = 0
         self.pf_heap: list = []  # separate prefill: (ready_ns, rid) of prompts on a lane
         self.lanes_busy = 0
+        self.routable = True  # the router may send it requests
+        self.alive = True  # it serves what it holds (False: failed or removed)
+        self.draining = False
+        self.retry_after = None  # failed: resend requests routed to it this long after (ns)
 
 
 def _needs(H, it, k, bs, n):
@@ -230,7 +245,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
              output_tokens: np.ndarray | None = None, tenant: np.ndarray | None = None,
              closed: ClosedLoop | None = None, draw=None, progress=None,
              fault: np.ndarray | None = None, prefill_scale: np.ndarray | None = None,
-             prefix=None, policy=None, deadline_ns: np.ndarray | None = None) -> SimResult:
+             control=None, prefix=None, policy=None, deadline_ns: np.ndarray | None = None) -> SimResult:
     """Simulate one run. Open loop: pass sorted ``sched_ns`` with the lengths (and tenant
     indices, and optionally ``fault`` codes: 1 error, 2 stall, and ``prefill_scale``: a factor
     on each request's prefill-lane time, separate prefill only). Closed loop: pass ``closed``
@@ -238,8 +253,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
     Requests unresolved at ``end_s`` (the hard stop, normally duration + drain) get status
     ``timeout`` when their client deadline had passed by then, else ``cancelled``; tokens
-    received before the end are kept. ``prefix``, ``policy``, ``deadline_ns``: the serving-policy
-    hooks of the module docstring (open loop only)."""
+    received before the end are kept. ``control``: a :class:`capplan.synth.control.Control`
+    (module docstring); ``n_replicas`` is then the initial fleet. ``prefix``, ``policy``,
+    ``deadline_ns``: the serving-policy hooks of the module docstring (open loop only)."""
     bs = params.block_size
     kv_total = params.kv_blocks
     wm = int(params.kv_watermark * kv_total)
@@ -255,6 +271,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     timeout_ns = int(round(timeout_s * 1e9))
     end_ns = int(round(end_s * 1e9))
     reps = [_Rep(i, bs) for i in range(n_replicas)]
+    routing = reps  # the replicas the router considers (all of them without a control)
     sep = params.prefill == "separate"
     lanes = params.prefill_lanes if params.prefill_lanes is not None else INF
     if fault is not None and closed is not None:
@@ -304,6 +321,23 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     lane_tok = [False] * n0  # separate prefill: the current stint's first token came off-grid
     xt_rid: list = []
     xt_ns: list = []
+    # fleet control (None: a fixed fleet, and none of this is touched)
+    ctl = control
+    rheap: list = []  # resent requests: (time, rid)
+    resent: set = set()  # requests already resent once
+    void_from: dict = {}  # rid → first stint of its last attempt (earlier ones are dropped)
+    xvoid_from: dict = {}  # the same for tokens sent off the grid (separate prefill)
+    arr_t: deque = deque()  # arrival times in the control's signal window
+    ft: deque | None = None  # (first-token time, TTFT) in that window
+    tl: list = []  # timeline rows
+    groups: list = []
+    tok_sum = [0, 0]  # Σ (input + output) of arrivals, arrivals: the mean request size
+    if ctl is not None:
+        ft = deque()
+        groups = list(ctl.spec.placement.initial(n_replicas))
+        for R in reps:
+            tl.append((0, "replica_ready", R.idx, {"group": groups[R.idx],
+                                                  "detail": "in service at the start"}))
 
     # closed loop bookkeeping
     cheap: list = []
@@ -658,7 +692,14 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             xt_rid.append(rid)
             xt_ns.append(r)
             lane_tok[rid] = True
+            first_token(rid, r, True)
             prompt_done(R, rid, now, True)  # books as if a prefill iteration had just ended
+
+    def first_token(rid, t, on_time):
+        """A request's prompt is done at ``t``: with a control, its first token (not a
+        re-prefill after preemption) joins the signal window."""
+        if ft is not None and on_time and gen[rid] == 0:
+            ft.append((t, t - sched[rid]))
 
     def prompt_done(R, rid, now, on_time):
         """rid's prompt is computed by iteration R.it − 1 (its token counts when ``on_time``):
@@ -716,6 +757,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         it = R.it
         if kind == 2 and R.pf_done:
             for rid in R.pf_done:
+                first_token(rid, now, now <= (dl[rid] if dl[rid] < end_ns else end_ns))
                 prompt_done(R, rid, now, now <= (dl[rid] if dl[rid] < end_ns else end_ns))
             R.pf_done = []
         if sep and R.pf_heap:
@@ -742,6 +784,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             d, rid = heapq.heappop(dh)
             if state[rid] == PREFILL or state[rid] == DECODE:
                 cut(R, rid, now)
+        if R.draining and not R.running and not R.nwait:
+            removed(R, now)
+            return
         if now >= end_ns:
             for rid in list(R.running):
                 cut(R, rid, now)
@@ -759,6 +804,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             plan(R, now)
 
     def arrive(rid, t):
+        if ctl is not None:
+            arr_t.append(t)
+            tok_sum[0] += inp[rid] + out[rid]
+            tok_sum[1] += 1
         if flt is not None and flt[rid]:  # a fault: the server fails it whatever the load
             state[rid] = DONE
             status[rid] = ERROR if flt[rid] == 1 else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
@@ -771,7 +820,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         best = None
         bw = INF
         cands = [] if pfx is not None and pfx.affinity else None
-        for R in reps:
+        for R in routing:
             if R.stopped:
                 continue
             if R.waiting:
@@ -799,6 +848,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             return
         R = best
         rep_of[rid] = R.idx
+        if not R.alive:  # failed, routes not yet removed: the request fails at once
+            drop(rid, t, R.retry_after)
+            return
         was_empty = R.nwait == 0
         R.waiting.append(rid)
         R.nwait += 1
@@ -815,6 +867,174 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                 R.wake = R.t0 + j * R.step
         elif R.kind == 3 and was_empty and len(R.running) < max_batch and R.lanes_busy < lanes:
             R.wake = t  # prefill lanes work off the batch: admit at once
+
+    # ---- the fleet (only with a control) ----
+    def drop(rid, now, retry_after):
+        """A request its replica lost: resent once ``retry_after`` ns later (starting over,
+        its deadline unchanged), else it ends in an error (tokens received kept)."""
+        if retry_after is not None and rid not in resent and dl[rid] > now:
+            resent.add(rid)
+            state[rid] = WAITING
+            gen[rid] = 0
+            adm[rid] = -1
+            void_from[rid] = len(st_rid)
+            xvoid_from[rid] = len(xt_rid)
+            lane_tok[rid] = False
+            heapq.heappush(rheap, (now + retry_after, rid))
+        else:
+            state[rid] = DONE
+            status[rid] = ERROR
+            resolved(rid, now, True)
+
+    def fail_replica(R, now, retry_after):
+        """R stops at ``now``: iterations finished by then count; what it holds is dropped."""
+        if not R.alive:
+            return
+        if R.kind == 1:
+            j = min((now - R.t0) // R.step, R.k) if R.step else 0
+            if j > 0:
+                record(R, R.t0, R.step, j, R.tok)
+                R.it += j
+                R.done += j * R.tok
+        for rid in list(R.running):
+            if state[rid] == DECODE:
+                cnt = R.it - pst[rid]
+                stint(rid, R.idx, pst[rid], cnt)
+                gen[rid] += cnt
+            drop(rid, now, retry_after)
+        for rid in list(R.waiting):
+            if state[rid] == WAITING and rep_of[rid] == R.idx:
+                drop(rid, now, retry_after)
+        R.waiting.clear()
+        R.nwait = 0
+        R.running = {}
+        R.ndec = 0
+        R.prefilling = []
+        R.pf_done = []
+        R.H = [0] * bs
+        R.used = 0
+        R.fin_heap = []
+        R.dl_heap = []
+        R.pf_heap = []
+        R.lanes_busy = 0
+        R.kind = 0
+        R.k = 0
+        R.wake = INF
+        R.assigned = R.done  # holds nothing: a least-work router sees it idle
+        R.alive = False
+        R.draining = False
+        R.retry_after = retry_after
+
+    def set_routing():
+        nonlocal routing
+        routing = [R for R in reps if R.routable]
+
+    def removed(R, now):
+        R.alive = False
+        R.draining = False
+        R.kind = 0
+        R.wake = INF
+        tl.append((now, "replica_removed", R.idx, {"group": groups[R.idx], "detail": "drained"}))
+
+    class Fleet:
+        """The control's handle on the fleet (capplan.synth.control.Fleet)."""
+
+        def live(self):
+            return [R.idx for R in reps if R.alive and not R.draining]
+
+        def ready(self):
+            return [R.idx for R in reps if R.alive and not R.draining and R.routable]
+
+        def outstanding(self, idx):
+            return reps[idx].assigned - reps[idx].done
+
+        def group_of(self, idx):
+            return groups[idx]
+
+        def add(self, now, ready_at, group):
+            R = _Rep(len(reps), bs)
+            R.routable = False
+            if pol is not None:
+                R.waiting = pol.queue(R.idx)
+            reps.append(R)
+            groups.append(group)
+            tl.append((now, "replica_added", R.idx, {"group": group,
+                                                    "detail": f"ready at {ready_at / 1e9:.3f} s"}))
+            return R.idx
+
+        def make_ready(self, idx, now):
+            R = reps[idx]
+            if R.alive and not R.draining and not R.routable:
+                R.routable = True
+                set_routing()
+                tl.append((now, "replica_ready", idx, {"group": groups[idx]}))
+
+        def fail(self, idx, now, retry_after, detail="failed"):
+            R = reps[idx]
+            if not R.alive:
+                return
+            fail_replica(R, now, retry_after)
+            tl.append((now, "replica_failed", idx, {"group": groups[idx], "detail": detail}))
+
+        def unroute(self, idx, now):
+            R = reps[idx]
+            if R.routable:
+                R.routable = False
+                set_routing()
+                tl.append((now, "replica_removed", idx, {"group": groups[idx],
+                                                        "detail": "routes removed"}))
+
+        def drain(self, idx, now, deadline):
+            R = reps[idx]
+            if not R.alive or R.draining:
+                return
+            R.draining = True
+            if R.routable:
+                R.routable = False
+                set_routing()
+            tl.append((now, "replica_draining", idx, {"group": groups[idx]}))
+            if not R.running and not R.nwait:
+                removed(R, now)
+            elif deadline <= now:
+                self.fail(idx, now, None, "drain deadline")
+            else:
+                ctl.later(deadline, "drain_deadline", idx)
+
+        def drain_deadline(self, idx, now):
+            if reps[idx].alive and reps[idx].draining:
+                self.fail(idx, now, None, "drain deadline: what it still held is lost")
+
+        def log(self, t, event, replica=None, **cols):
+            tl.append((t, event, replica, cols))
+
+        def signals(self, now, window, ttft_limit_ms):
+            from .autoscale import Signals
+
+            while arr_t and arr_t[0] <= now - window:
+                arr_t.popleft()
+            while ft and ft[0][0] <= now - window:
+                ft.popleft()
+            mean_tok = tok_sum[0] / tok_sum[1] if tok_sum[1] else 1.0
+            wait_tok = 0
+            used = cap = 0
+            for R in reps:
+                if not R.alive:
+                    continue
+                for rid in R.waiting:
+                    if state[rid] == WAITING:
+                        wait_tok += inp[rid] + out[rid]
+                if R.routable:
+                    used += R.used
+                    cap += kv_total
+            w_s = min(window, now) / 1e9 if now > 0 else window / 1e9  # a young run: its age
+            ttfts = np.fromiter((x for _, x in ft), dtype=np.float64, count=len(ft))
+            p99 = float(np.percentile(ttfts, 99)) / 1e6 if ttfts.size else float("nan")
+            good = int(np.sum(ttfts <= ttft_limit_ms * 1e6))
+            return Signals(rate_rps=len(arr_t) / w_s, queue=wait_tok / mean_tok, ttft_p99_ms=p99,
+                           kv_use=used / cap if cap else float("nan"),
+                           good_share=min(1.0, good / len(arr_t)) if arr_t else float("nan"))
+
+    fleet = Fleet() if ctl is not None else None
 
     # ---- main loop ----
     ai = 0
@@ -833,6 +1053,26 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             if R.wake < tw:
                 tw = R.wake
                 Rw = R
+        if ctl is not None:
+            tc = ctl.next_ns()
+            tr = rheap[0][0] if rheap else INF
+            if tc >= end_ns:
+                tc = INF
+            if tr >= end_ns:
+                tr = INF
+            if tc < INF and tc <= ta and tc <= tr and tc <= tw:
+                ctl.fire(tc, fleet)
+                continue
+            if tr < INF and tr <= ta and tr <= tw:
+                _, rid = heapq.heappop(rheap)
+                if state[rid] == WAITING:
+                    if dl[rid] <= tr:
+                        state[rid] = DONE
+                        status[rid] = end_status(rid)
+                        resolved(rid, tr)
+                    else:
+                        arrive(rid, tr)
+                continue
         if ta == INF and tw == INF:
             break
         if ta <= tw:
@@ -861,6 +1101,20 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         progress(tick)
 
     n = len(sched)
+    for _, rid in rheap:  # resends due after the end
+        if state[rid] == WAITING:
+            state[rid] = DONE
+            status[rid] = end_status(rid)
+    if void_from:  # a resent request's first attempt streamed tokens its client dropped
+        keep = [i for i, rid in enumerate(st_rid) if i >= void_from.get(rid, 0)]
+        st_rid = [st_rid[i] for i in keep]
+        st_rep = [st_rep[i] for i in keep]
+        st_p = [st_p[i] for i in keep]
+        st_cnt = [st_cnt[i] for i in keep]
+    if xvoid_from:
+        keep = [i for i, rid in enumerate(xt_rid) if i >= xvoid_from.get(rid, 0)]
+        xt_rid = [xt_rid[i] for i in keep]
+        xt_ns = [xt_ns[i] for i in keep]
     # anything still unresolved (only possible with arrivals at/after end) is cancelled
     st_arr = np.asarray(status, dtype=np.int8)
     st_arr[st_arr == UNRESOLVED] = CANCELLED
@@ -872,10 +1126,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         "requests": n,
         "kv_blocks_in_use_at_end": int(sum(R.used for R in reps)),  # 0 unless a bug leaks blocks
     }
-    events: list = []
     if pfx is not None:
         stats.update(pfx.close(end_ns))
-        events = list(pfx.log)
+        tl = tl + list(pfx.log)
     if pol is not None:
         stats.update({f"policy_{k}": v for k, v in pol.counts.items()})
     return SimResult(
@@ -886,9 +1139,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         stint_rid=np.asarray(st_rid, dtype=np.int64), stint_rep=np.asarray(st_rep, dtype=np.int64),
         stint_first_iter=np.asarray(st_p, dtype=np.int64), stint_count=np.asarray(st_cnt, dtype=np.int64),
         seg_i0=seg("seg_i0"), seg_t0=seg("seg_t0"), seg_step=seg("seg_step"), seg_k=seg("seg_k"), seg_tok=seg("seg_tok"),
-        stats=stats,
+        stats=stats, timeline=tl, groups=groups,
         xtok_rid=np.asarray(xt_rid, dtype=np.int64) if sep else None,
         xtok_ns=np.asarray(xt_ns, dtype=np.int64) if sep else None,
         computed_input=None if comp is None else np.asarray(comp, dtype=np.int64),
-        timeline=events,
     )

@@ -221,3 +221,24 @@ def power_arrow(res: SimResult, run_id: str, *, gpus_per_replica: int, idle_w: f
     cols = {k: np.concatenate(v) for k, v in rows.items()}
     fields = [pa.field(c.name, c.dtype, nullable=c.nullable) for c in C.RESOURCE_COLUMNS if c.name in cols]
     return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in fields], schema=pa.schema(fields))
+
+
+def timeline_arrow(res: SimResult, run_id: str) -> pa.Table:
+    """The run's fleet changes (``res.timeline``) as a contract timeline table, in time order
+    (ties keep the order they happened in); replicas named as in ``replica_group``."""
+    rows = sorted(enumerate(res.timeline), key=lambda x: (x[1][0], x[0]))
+    cols: dict[str, list] = {c.name: [] for c in C.TIMELINE_COLUMNS}
+    for _, (t, event, rep, extra) in rows:
+        cols["run_id"].append(run_id)
+        cols["t_ns"].append(int(t))
+        cols["event"].append(event)
+        cols["replica"].append(None if rep is None else f"replica-{rep}")
+        for c in C.TIMELINE_COLUMNS[4:]:
+            v = extra.get(c.name)
+            if c.dtype == pa.int64() and v is not None:
+                v = int(v)
+            elif c.dtype == pa.float64() and v is not None:
+                v = float(v)
+            cols[c.name].append(v)
+    return pa.Table.from_arrays([pa.array(cols[c.name], c.dtype) for c in C.TIMELINE_COLUMNS],
+                                schema=C.TIMELINE_SCHEMA)

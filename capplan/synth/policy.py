@@ -31,7 +31,7 @@ client's own timeout) or **reject** (status rejected at once; the client may ret
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from ..errors import SpecError
@@ -222,7 +222,7 @@ class Policy:
         self.fixed_ns = (spec.route_ms + spec.margin_ms) * 1e6
         self.step_ns = step_ns  # decode step (ns) by batch size
         self.prefill_ns = prefill_ns  # prefill time (ns) of a prompt of n tokens
-        self.adm_t = [deque(maxlen=HISTORY) for _ in range(n_replicas)]
+        self.adm_t: dict = defaultdict(lambda: deque(maxlen=HISTORY))  # replica → its last admissions
         self.deferring = False
         self.counts = {"admitted": 0, "deferred": 0, "rejected": 0}
 

@@ -35,7 +35,7 @@ ties: least work, then the lowest index) — the cache-aware routing of SGLang's
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -207,8 +207,9 @@ class PrefixCache:
         self.tok = px.tok.tolist()
         self.ans_id = px.ans_id.tolist()
         self.ans_tok = px.ans_tok.tolist()
-        self.lru = [OrderedDict() for _ in range(n_replicas)]
-        self.used = [0] * n_replicas
+        self.n = n_replicas
+        self.lru: dict = defaultdict(OrderedDict)  # replica index → its cache (replicas added later start cold)
+        self.used: dict = defaultdict(int)
         self.affinity = spec.router == "prefix_affinity"
         self.pending = sorted((int(round(t * 1e9)), r) for t, r in spec.flushes)
         self.log: list = []
@@ -220,11 +221,10 @@ class PrefixCache:
     def _flush_until(self, now: int) -> None:
         while self.pending and self.pending[0][0] <= now:
             t, r = self.pending.pop(0)
-            for i in range(len(self.lru)) if r is None else (r,):
-                if i < len(self.lru):
-                    self.lru[i].clear()
-                    self.used[i] = 0
-                    self.log.append((t, "cache_flush", i, {"detail": "prefix cache flushed"}))
+            for i in range(max([self.n, *[k + 1 for k in self.lru]])) if r is None else (r,):
+                self.lru[i].clear()
+                self.used[i] = 0
+                self.log.append((t, "cache_flush", i, {"detail": "prefix cache flushed"}))
 
     def _match(self, r: int, rid: int, length: int, touch: bool) -> int:
         c = self.lru[r]

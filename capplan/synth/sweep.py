@@ -23,8 +23,9 @@ from ..errors import SpecError
 from ..io import atomic_dir, events_table, manifest_dict
 from . import arrivals as A
 from .config import SynthConfig
+from .control import Control
 from .engine import ClosedLoop, SimResult, simulate
-from .events import events_arrow, power_arrow
+from .events import events_arrow, power_arrow, timeline_arrow
 
 # Pinned writer options: same table ⇒ same bytes (no timestamps are written by parquet-cpp).
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, row_group_size=1 << 17,
@@ -89,6 +90,8 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
     end_s = dur + cfg.drain
     common = dict(n_replicas=cfg.replicas, params=cfg.replica, timeout_s=cfg.timeout_s, end_s=end_s,
                   progress=progress)
+    if cfg.control is not None:  # a fresh controller per run (it keeps state)
+        common["control"] = Control(cfg.control)
     if cfg.load_model == "closed":
         def draw(n):
             ten = _tenants_for(cfg, n, r_ten)
@@ -103,7 +106,11 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
         inp, out = tr.input_tokens[rows].copy(), np.maximum(tr.output_tokens[rows], 1)
         ten = _tenants_for(cfg, len(sched), r_ten)
     else:
-        sched = A.arrival_times_ns(cfg.arrival.process, level, dur, r_arr, cfg.arrival.cv)
+        if cfg.demand is not None:  # a rate that changes during the run (the level is its scale)
+            proc = cfg.arrival.process if cfg.arrival.process in ("constant", "gamma") else "poisson"
+            sched = cfg.demand.arrivals_ns(dur, r_arr, process=proc, cv=cfg.arrival.cv)
+        else:
+            sched = A.arrival_times_ns(cfg.arrival.process, level, dur, r_arr, cfg.arrival.cv)
         ten = _tenants_for(cfg, len(sched), r_ten)
         inp, out = _lengths_for(cfg, ten, r_len)
     fault = None
@@ -194,6 +201,8 @@ def run_tables(cfg: SynthConfig, plan: RunPlan, progress=None) -> tuple[pa.Table
                          idle_w=cfg.power.idle_w, busy_w=cfg.power.busy_w, horizon_s=horizon,
                          token_budget=cfg.replica.token_budget)
     stats = dict(res.stats)
+    if cfg.control is not None or res.timeline:  # fleet changes, prefix-cache flushes
+        stats["timeline"] = timeline_arrow(res, plan.run_id)
     counts = np.bincount(res.status, minlength=6)
     stats.update(run_id=plan.run_id, level=plan.level, ok=int(counts[0]), rejected=int(counts[1]),
                  timeout=int(counts[2]), error=int(counts[3]), cancelled=int(counts[4]))
@@ -351,6 +360,12 @@ def generate_study(cfg: SynthConfig, out: str | os.PathLike, *, workers: int | N
                         powers[idx], stats[idx] = pw, st
                         if bar is not None:
                             bar.update(st["requests"])
+            timelines = [stats[p.index].pop("timeline", None) for p in plans]
+            if any(t is not None for t in timelines):
+                (tmp / C.TIMELINE_DIR).mkdir()
+                for p, t in zip(plans, timelines):
+                    if t is not None:
+                        write_parquet(t, tmp / C.TIMELINE_DIR / f"{p.run_id}.parquet")
             if cfg.power is not None:
                 (tmp / C.RESOURCES_DIR).mkdir()
                 write_parquet(pa.concat_tables([powers[p.index] for p in plans]),

@@ -17,6 +17,7 @@ from .holdout import check_holdout
 from .model import Twin, TwinWarning
 from .params import DecodePoint, Param, Workload
 from .protocol import SimRun, simulate_protocol
+from . import fleet  # noqa: F401  (registers the failure, rollout, demand and autoscaler parts)
 from .scenario import PARTS, Part, Scenario, ScenarioContext, load_scenario, parse_scenario, register_part, run_scenario
 from .twinfile import load_twin, record_check, twin_from_dict, twin_to_dict, twin_to_yaml, write_twin
 from . import parts  # noqa: F401,E402  (registers the serving-policy scenario parts)

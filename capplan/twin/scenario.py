@@ -19,6 +19,7 @@ parts and how to add one.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -32,7 +33,7 @@ from ..synth.lengths import LengthDist
 from .. import spec as S
 
 FORMAT = "capplan-scenario/1"
-TOP = ("format", "name", "description")
+TOP = ("format", "name", "description", "slo")
 
 
 @dataclass(frozen=True)
@@ -301,6 +302,7 @@ class Scenario:
     path: str | None = None
     sha256: str = ""
     marks: S.Document | None = field(default=None, compare=False, repr=False)  # line marks of the file
+    slo: str | None = None  # recorded in the study, so `capplan timeline` needs no --slo
 
     def apply(self, twin: "Twin") -> ScenarioContext:
         ctx = ScenarioContext(twin, twin.synth_config(name=self.name), (), Path(self.path).parent if self.path else None)
@@ -326,11 +328,20 @@ def parse_scenario(raw: dict, *, base_dir: Path | None = None) -> Scenario:
     parts = []
     for key, cls in PARTS.items():
         if key in d:
-            if cls is WorkloadPart:
+            if "base_dir" in inspect.signature(cls.parse).parameters:  # parts that read files
                 parts.append(cls.parse(d[key], key, base_dir=base_dir))
             else:
                 parts.append(cls.parse(d[key], key))
-    return Scenario(str(d.get("name") or "scenario"), str(d.get("description") or ""), tuple(parts), dict(raw))
+    slo = None
+    if d.get("slo") is not None:
+        from ..slo import SLO
+
+        try:
+            slo = str(SLO.parse(d["slo"]))
+        except SpecError as exc:
+            raise SpecError(exc.message, field="slo", fix=exc.fix) from None
+    return Scenario(str(d.get("name") or "scenario"), str(d.get("description") or ""), tuple(parts), dict(raw),
+                    slo=slo)
 
 
 def load_scenario(path: str | os.PathLike) -> Scenario:
@@ -372,6 +383,7 @@ def run_scenario(twin: "Twin", scenario: Scenario, out: str | os.PathLike, *, tw
     cfg = replace(ctx.config, description=(ctx.config.description + " " + scenario.description).strip(),
                   power=None)
     path, stats = generate_study(cfg, out, workers=workers, progress=progress,
-                                 manifest_extra={"twin": twin_rec, "scenario": sc_rec},
+                                 manifest_extra={"twin": twin_rec, "scenario": sc_rec,
+                                                 **({"slo": scenario.slo} if scenario.slo else {})},
                                  readme_extra="\n".join(readme))
     return path, stats, ctx
