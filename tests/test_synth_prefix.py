@@ -172,3 +172,19 @@ def test_same_config_same_bytes(tmp_path):
     b, _ = generate_study(cfg, tmp_path / "b", workers=2)
     h = lambda p: hashlib.sha256((p / "events" / "r02.parquet").read_bytes()).hexdigest()  # noqa: E731
     assert h(a) == h(b)
+
+
+def test_flush_is_a_timeline_incident(tmp_path):
+    from capplan.timeline import analyse_timeline
+
+    raw = copy.deepcopy(PRESETS["small"])
+    raw["sweep"] = {"load_model": "open", "rates": [3.0], "duration_s": 120.0, "warmup_s": 10.0}
+    raw["workload"]["prefixes"] = {"kind": "system", "groups": 20, "tokens": 2500, "share": 0.9}
+    raw["prefix_cache"] = {"blocks": 5000, "flushes": [{"at_s": 60}]}
+    path, _ = generate_study(parse_config(raw), tmp_path / "s", workers=1)
+    tl = pd.read_parquet(path / "timeline")
+    assert list(tl["event"]) == ["cache_flush"] and tl["t_ns"].item() == 60_000_000_000
+    assert tl["replica"].item() == "replica-0"
+    t = analyse_timeline(path, SLO, window_s=5.0)
+    inc = t.incidents_frame()
+    assert list(inc["kind"]) == ["cache flush"] and inc["t_s"].item() == pytest.approx(60.0)
