@@ -7,7 +7,7 @@
   C_SLO gain against the gain the saved prefill time predicts (Poisson and constant arrivals);
   hit rate and C_SLO over cache sizes; least-work vs prefix-affinity routing on 4 replicas; a
   flush's transient (hit rate, attainment, TTFT p99 per 10-s window).
-- ``pd``: the analytic prefill:decode sweep (deterministic service; every split of 8 one-GPU
+- ``pd`` (and ``pd-demo``): the analytic prefill:decode sweep (deterministic service; every split of 8 one-GPU
   replicas against min(5 p, 8 d)); the colocated vs disaggregated ranking at a loose and a tight
   TTFT limit; a sweep on the default Llama-2-70B / H100 service model.
 - ``policies``: one tenant flooding at 2× capacity — FIFO, VTC fair queuing, priority with aging
@@ -206,13 +206,19 @@ def bench_pd(workers: int) -> dict:
     out["flip"] = rows
     print("\n### Colocated vs disaggregated by TTFT limit (TPOT 30 ms, Poisson, 2,500-token prompts)\n")
     print(table(rows, ["TTFT limit (ms)", "4:4", "5:3", "colocated ×8", "best", "settled"]))
+    return out
+
+
+def bench_pd_demo(workers: int) -> dict:
+    out: dict = {}
     # the default service model (Llama-2-70B on H100, TP4) and the demo's workload, 8 replicas
     demo = copy.deepcopy(PRESETS["demo"])
     demo["system"]["replicas"] = 8
     demo.pop("power", None)
     cfg = parse_config(demo)
-    pre = parse_pool({"replicas": 1, "usd_per_gpu_hour": 2.5}, "prefill", cfg.replica)
-    dec = parse_pool({"replicas": 1, "usd_per_gpu_hour": 2.5}, "decode", cfg.replica)
+    g = cfg.system["gpus_per_replica"]  # TP4: a replica of either pool is 4 GPUs, as colocated
+    pre = parse_pool({"replicas": 1, "usd_per_gpu_hour": 2.5}, "prefill", cfg.replica, base_gpus=g)
+    dec = parse_pool({"replicas": 1, "usd_per_gpu_hour": 2.5}, "decode", cfg.replica, base_gpus=g)
     sw = pd_sweep(cfg, "ttft_ms=2000,tpot_ms=100,attainment=0.99", prefill=pre, decode=dec, total_replicas=8,
                   runs=2, duration_s=900, workers=workers)
     out["demo"] = sw.rows.to_dict("records")
@@ -286,14 +292,15 @@ def bench_speed() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=["cache", "pd", "policies", "speed"])
+    ap.add_argument("--only", nargs="*", default=["cache", "pd", "pd-demo", "policies", "speed"])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     t0 = time.time()
     print(f"load average at start: {os.getloadavg()}")
     res = {}
-    for part, fn in (("cache", bench_cache), ("pd", bench_pd), ("policies", bench_policies)):
+    for part, fn in (("cache", bench_cache), ("pd", bench_pd), ("pd-demo", bench_pd_demo),
+                     ("policies", bench_policies)):
         if part in a.only:
             res[part] = fn(a.workers)
     if "speed" in a.only:
