@@ -295,3 +295,59 @@ def timeline_figure(tl: pd.DataFrame, target: float | None = None):
     fig.update_xaxes(title_text="time in the run (s, window start)", row=2, col=1)
     fig.update_layout(template="plotly_white", height=520)
     return fig
+
+
+# ----------------------------------------------------------------------------- the workload's prefixes
+
+def prefix_workload(study, *, warmup="manifest"):
+    """The shared prefixes a study's requests show, as a ``capplan.synth.prefix.PrefixWorkload``
+    a twin's scenario can replay (docs/scenarios.md, "Shared prefixes from a study"):
+
+    - with ``session_id``: conversations — turns = requests per session (mean), active =
+      conversations open at once (Σ session spans + one mean gap each, over the window's span),
+      system prompt = the prefix below;
+    - else with ``prefix_group``: system prompts — groups = distinct groups, share = requests
+      with a group, Zipf exponent = the least-squares slope of log(requests) on log(rank);
+    - prompt tokens of the shared prefix = the median cached tokens (``input_tokens −
+      computed_input_tokens``) of the hits with a group (or of all hits without groups).
+
+    Returns (PrefixWorkload, notes). Raises StudyError when the study shows no prefix at all."""
+    from .metrics import Window, request_view
+    from .synth.prefix import PrefixWorkload
+
+    study = open_study(study) if not isinstance(study, Study) else study
+    if not (study.has("prefix_group") or study.has("session_id")):
+        raise StudyError("the study labels no shared prefixes (prefix_group, session_id)",
+                         file=str(study.root / C.EVENTS_DIR), column="prefix_group",
+                         fix="write prefix_group (the system prompt a request starts with) or session_id "
+                             "(its conversation), or give the scenario's prefixes by hand")
+    window = warmup if isinstance(warmup, Window) else Window.of(study, None if warmup == "manifest" else warmup)
+    view = request_view(study, window)
+    rows = study.sql(f"""SELECT prefix_group, session_id, scheduled_ns, cached_input_tokens
+                         FROM {view} WHERE in_window ORDER BY run_id, scheduled_ns""").df()
+    notes = []
+    hits = rows["cached_input_tokens"]
+    grouped = rows["prefix_group"].notna()
+    cached = hits[(hits > 0) & (grouped if grouped.any() else True)]
+    tokens = int(round(float(cached.median()))) if len(cached) else 0
+    if not study.has("computed_input_tokens"):
+        notes.append("no computed_input_tokens: the shared prefix's length is unknown, set prefixes.tokens by hand")
+    n = len(rows)
+    if rows["session_id"].notna().any():
+        s = rows[rows["session_id"].notna()]
+        per = s.groupby("session_id")["scheduled_ns"].agg(["count", "min", "max"])
+        turns = float(per["count"].mean())
+        gap = float(((per["max"] - per["min"]) / (per["count"] - 1).clip(lower=1)).mean())
+        span = float(rows["scheduled_ns"].max() - rows["scheduled_ns"].min()) or 1.0
+        active = max(1, int(round(float((per["max"] - per["min"] + gap).sum()) / span)))
+        notes.append(f"{len(per):,} conversations, {turns:.2g} turns on average, about {active} open at once")
+        return PrefixWorkload(kind="sessions", active=active, turns=max(1.0, turns), tokens=tokens), tuple(notes)
+    counts = rows.loc[grouped, "prefix_group"].value_counts().to_numpy(float)
+    zipf = 0.0
+    if len(counts) > 2:
+        slope = np.polyfit(np.log(np.arange(1, len(counts) + 1)), np.log(counts), 1)[0]
+        zipf = max(0.0, float(-slope))
+    notes.append(f"{len(counts)} prefix group(s) on {grouped.mean():.1%} of {n:,} requests, popularity Zipf "
+                 f"{zipf:.2f}; shared prefix {tokens:,} tokens (median cached tokens of the hits)")
+    return PrefixWorkload(kind="system", groups=max(1, len(counts)), tokens=tokens, share=float(grouped.mean()),
+                          zipf=zipf), tuple(notes)

@@ -188,3 +188,23 @@ def test_flush_is_a_timeline_incident(tmp_path):
     t = analyse_timeline(path, SLO, window_s=5.0)
     inc = t.incidents_frame()
     assert list(inc["kind"]) == ["cache flush"] and inc["t_s"].item() == pytest.approx(60.0)
+
+
+def test_prefixes_recovered_from_a_study(tmp_path):
+    from capplan.cache import prefix_workload
+    from capplan.twin import parse_scenario
+
+    cfg = _cfg(prefix_cache={"blocks": 100_000})
+    path, _ = generate_study(cfg.with_(rates=(4.0,), duration_s=300.0), tmp_path / "s", workers=1)
+    pw, notes = prefix_workload(path)
+    assert pw.kind == "system" and pw.groups == 6
+    assert pw.share == pytest.approx(0.8, abs=0.03)
+    assert pw.tokens == 1200 // 16 * 16  # what a hit saves: the prefix's whole blocks
+    assert pw.zipf == pytest.approx(1.0, abs=0.35)
+    sc = parse_scenario({"prefixes": {"from_study": str(path)}})
+    assert sc.parts[0].spec == pw
+    cfg2 = cfg.with_(prefixes=type(cfg.prefixes)(kind="sessions", active=6, turns=5, tokens=0), rates=(2.0,),
+                     duration_s=600.0)
+    path2, _ = generate_study(cfg2, tmp_path / "t", workers=1)
+    pw2, _ = prefix_workload(path2)
+    assert pw2.kind == "sessions" and pw2.turns == pytest.approx(5, rel=0.25) and pw2.active == pytest.approx(6, abs=3)

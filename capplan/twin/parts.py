@@ -31,15 +31,29 @@ class PrefixesPart(Part):
     Mooncake trace's hash ids (with ``workload.arrival: replay``)."""
 
     key: ClassVar[str] = "prefixes"
-    summary: ClassVar[str] = "kind: system (groups, tokens, share, zipf) | sessions (active, turns, tokens) | trace"
+    summary: ClassVar[str] = "kind: system (groups, tokens, share, zipf) | sessions (active, turns, tokens) | trace; " \
+                             "or from_study: PATH (what a study's prefix_group / session_id show)"
     spec: PX.PrefixWorkload = PX.PrefixWorkload()
+    notes: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, raw, fld):
+    def parse(cls, raw, fld, base_dir=None):
+        from pathlib import Path
+
+        from .. import spec as S
+        from ..cache import prefix_workload
+
+        if isinstance(raw, dict) and "from_study" in raw:
+            S.mapping(raw, fld, known=("from_study",))
+            p = Path(str(raw["from_study"])).expanduser()
+            if not p.is_absolute() and base_dir is not None:
+                p = Path(base_dir) / p
+            spec, notes = prefix_workload(p)
+            return cls(spec, tuple(f"prefixes from {p}: {n}" for n in notes))
         return cls(PX.parse_workload(raw, fld))
 
     def apply(self, ctx: ScenarioContext) -> ScenarioContext:
-        return replace(ctx, config=replace(ctx.config, prefixes=self.spec))
+        return replace(ctx, config=replace(ctx.config, prefixes=self.spec), notes=ctx.notes + self.notes)
 
     def describe(self):
         p = self.spec
