@@ -100,3 +100,25 @@ def test_ranking_flips_with_the_ttft_limit():
         best[name] = cmp.best
         assert cmp.settled, cmp.verdict
     assert best == {"loose": "5:3", "tight": "colocated ×8"}
+
+
+def test_simulated_candidates_priced_per_unit_and_not_settled_when_overlapping():
+    from capplan.plan import simulated_candidate
+
+    spec = load_plan_spec({"demand": {"peak_rps": 100.0, "mean_to_peak": 1.0}, "capacity": {"good_fraction": 0.99},
+                           "replica_group": {"gpus_per_replica": 4, "gpus_per_node": 8}, "failure": {"policy": "none"},
+                           "rollout": {"max_surge": 1}, "prices": {"usd_per_gpu_hour": 2.0, "billing": "gpu"}})
+    # a 3:5 unit of 4-GPU replicas: 32 GPUs, prefill GPUs at $3, decode GPUs at $2 → $2.375 per GPU-hour
+    unit = simulated_candidate("3:5", spec, estimate=40.0, ci_low=38.0, ci_high=42.0, gpus_per_group=32,
+                               usd_per_gpu_hour=(12 * 3.0 + 20 * 2.0) / 32)
+    colo = simulated_candidate("colocated ×8", spec, estimate=36.0, ci_low=33.0, ci_high=39.0, gpus_per_group=32)
+    cmp = compare_candidates([unit, colo])
+    df = cmp.to_frame().set_index("candidate")
+    assert df.loc["3:5", "gpus_per_group"] == 32 and df.loc["3:5", "capacity_rps_per_group"] == 38.0
+    groups = -(-100 // 38)  # planned at the lower end of the interval
+    per_1k = groups * 32 * 2.375 / (100 * 3600 * 0.99) * 1000
+    assert df.loc["3:5", "cost_usd_per_1k_good_requests"] == pytest.approx(per_1k)
+    # 3 units × 32 GPUs × $2.375 = $228 per hour against 4 colocated groups × 32 × $2 = $256 …
+    assert cmp.best == "3:5"
+    # … but at the top of its interval (39 req/s) the colocated system needs 3 groups ($192): overlap
+    assert not cmp.settled and "NOT settled" in cmp.verdict
