@@ -1,12 +1,14 @@
 """Serving-policy scenarios at full size: the figures of docs/scenarios.md (issue 17).
 
-    python benchmarks/bench_scenarios.py [--only cache pd policies speed] [--workers 2] [--json out.json]
+    python benchmarks/bench_scenarios.py [--only cache flush pd pd-demo policies speed] [--workers 2] [--json out.json]
 
 - ``cache``: the measured hit rate against the generating cache's own count (system prompts,
   sessions, the Mooncake trace's hash ids); a 90 % hit rate on 3,000-token system prompts —
   C_SLO gain against the gain the saved prefill time predicts (Poisson and constant arrivals);
-  hit rate and C_SLO over cache sizes; least-work vs prefix-affinity routing on 4 replicas; a
-  flush's transient (hit rate, attainment, TTFT p99 per 10-s window).
+  hit rate and C_SLO over cache sizes; least-work vs prefix-affinity routing on 4 replicas.
+- ``flush``: a flush's transient — the same requests with and without a flush, five seeds: the
+  extra misses and prefill work, the flush window's hit rate and attainment, how long until the
+  flushed run is the unflushed one again.
 - ``pd`` (and ``pd-demo``): the analytic prefill:decode sweep (deterministic service; every split of 8 one-GPU
   replicas against min(5 p, 8 d)); the colocated vs disaggregated ranking at a loose and a tight
   TTFT limit; a sweep on the default Llama-2-70B / H100 service model.
@@ -31,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -150,18 +153,60 @@ def bench_cache(workers: int) -> dict:
     out["routers"] = rows
     print("\n### Router on 4 replicas, 8 system prompts, cache for two of them per replica\n")
     print(table(rows, ["router", "hit rate at 8 req/s", "C_SLO", "CI"]))
-    # 5. flush transient
+    return out
+
+
+def bench_flush(workers: int) -> dict:
+    """A flush's transient: the same requests with and without a flush at 300 s, five seeds."""
+    out: dict = {}
     raw = flat()
     raw["workload"]["prefixes"] = {"kind": "system", "groups": 30, "tokens": 3000, "share": 0.9}
-    raw["prefix_cache"] = {"blocks": 20_000, "flushes": [{"at_s": 300}]}
     raw["sweep"] = {"rates": [6.0], "duration_s": 600, "warmup_s": 60}
-    with tempfile.TemporaryDirectory() as d:
-        path, _ = generate_study(parse_config(raw), Path(d) / "s", workers=1)
-        tl = cache_timeline(path, "ttft_ms=2000,attainment=0.99", window_s=10.0)
-    win = tl[(tl["t_s"] >= 250) & (tl["t_s"] < 400)]
-    out["flush"] = win.to_dict("records")
-    print("\n### A flush at 300 s (30 system prompts of 3,000 tokens, 6 req/s; 10-s windows)\n")
-    print(table(out["flush"], ["t_s", "requests", "request_hit_rate", "attainment", "ttft_p99_ms"]))
+    slo, at_s, win = "ttft_ms=2000,attainment=0.99", 300.0, 10.0
+    rows, windows = [], None
+    for seed in range(5):
+        got = {}
+        for name, flushes in (("plain", []), ("flush", [{"at_s": at_s}])):
+            r = copy.deepcopy(raw)
+            r["seed"], r["prefix_cache"] = seed, {"blocks": 20_000, "flushes": flushes}
+            with tempfile.TemporaryDirectory() as d:
+                path, _ = generate_study(parse_config(r), Path(d) / "s", workers=1)
+                tl = cache_timeline(path, slo, window_s=win).set_index("t_s")
+                ev = pd.read_parquet(path / "events").sort_values("request_id").reset_index(drop=True)
+            ev["t_s"] = ev["scheduled_ns"] / 1e9
+            ev["ttft_ms"] = (ev["first_token_ns"] - ev["scheduled_ns"]) / 1e6
+            ev["miss"] = ev["prefix_group"].notna() & (ev["computed_input_tokens"] == ev["input_tokens"])
+            ev["late"] = ~(ev["ttft_ms"] <= 2000)  # no first token counts as late
+            got[name] = ev, tl
+        (a, ta), (b, tb) = got["plain"], got["flush"]
+        after = b["t_s"] >= at_s
+        extra_tok = int(b["computed_input_tokens"].sum() - a["computed_input_tokens"].sum())
+        differ = (tb["attainment"] < ta["attainment"]) | ((tb["request_hit_rate"] - ta["request_hit_rate"]).abs() >= 0.05)
+        differ = differ[differ.index >= at_s]
+        changed = b["late"] != a["late"]
+        rows.append({
+            "seed": seed, "groups after": int(b.loc[after, "prefix_group"].nunique()),
+            "extra misses": int(b["miss"].sum() - a["miss"].sum()), "extra prompt tokens": extra_tok,
+            "extra prefill s": extra_tok * 0.1 / 1000,
+            "hit rate in flush window (plain)": f"{tb.loc[at_s, 'request_hit_rate']:.3f} "
+                                                f"({ta.loc[at_s, 'request_hit_rate']:.3f})",
+            "attainment in flush window (plain)": f"{tb.loc[at_s, 'attainment']:.3f} ({ta.loc[at_s, 'attainment']:.3f})",
+            "max TTFT after flush (plain), s": f"{b.loc[after, 'ttft_ms'].max() / 1e3:.2f} "
+                                               f"({a.loc[after, 'ttft_ms'].max() / 1e3:.2f})",
+            "extra late first tokens": int(b["late"].sum() - a["late"].sum()),
+            "last changed SLO outcome, s after": float(b.loc[changed, "t_s"].max() - at_s) if changed.any() else 0.0,
+            "windows differing": int(differ.sum()),
+            "same as plain from, s after": float(differ[differ].index.max() + win - at_s) if differ.any() else 0.0})
+        if seed == 0:
+            windows = pd.concat([tb[["requests", "request_hit_rate", "attainment"]],
+                                 ta[["request_hit_rate", "attainment"]].add_suffix(" (plain)")], axis=1)
+            windows = windows[(windows.index >= at_s - 30) & (windows.index < at_s + 60)].reset_index()
+    out["flush_windows"] = windows.to_dict("records")
+    out["flush"] = rows
+    print("\n### A flush at 300 s (30 system prompts of 3,000 tokens, 6 req/s; seed 0, 10-s windows)\n")
+    print(table(out["flush_windows"], list(windows.columns)))
+    print("\n### The flush's transient against the same requests without it, five seeds\n")
+    print(table(rows, list(rows[0])))
     return out
 
 
@@ -292,14 +337,14 @@ def bench_speed() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=["cache", "pd", "pd-demo", "policies", "speed"])
+    ap.add_argument("--only", nargs="*", default=["cache", "flush", "pd", "pd-demo", "policies", "speed"])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     t0 = time.time()
     print(f"load average at start: {os.getloadavg()}")
     res = {}
-    for part, fn in (("cache", bench_cache), ("pd", bench_pd), ("pd-demo", bench_pd_demo),
+    for part, fn in (("cache", bench_cache), ("flush", bench_flush), ("pd", bench_pd), ("pd-demo", bench_pd_demo),
                      ("policies", bench_policies)):
         if part in a.only:
             res[part] = fn(a.workers)

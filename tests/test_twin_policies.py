@@ -61,7 +61,8 @@ def test_flush_transient_against_the_same_run_without_it(tmp_path):
     # above, the cache holding all of them; the same requests with and without a flush at 60 s.
     # By hand: a hit saves the prefix's whole blocks, 3,000 // 16 × 16 = 2,992 tokens; after the
     # flush every group's prompt is recomputed once (a few twice, when a second request of the
-    # group is admitted while the first is still being prefilled): about 30 extra misses, 9 s of
+    # group is admitted while the first is still being prefilled; one or two not at all, when a
+    # request still being prefilled at the flush puts its group back): about 30 extra misses, 9 s of
     # extra prefill work at 0.1 ms per token, arriving within a few seconds — a queue that breaks
     # the 2-s TTFT limit for one window, after which the run is the unflushed run again.
     base = _long_system_prompts()
@@ -80,7 +81,7 @@ def test_flush_transient_against_the_same_run_without_it(tmp_path):
     assert done.sum() > 300 and a[done].equals(b[done])
     groups = b.loc[(b["scheduled_ns"] >= 60e9), "prefix_group"].nunique()
     extra = int(b["miss"].sum() - a["miss"].sum())
-    assert groups == 30 and groups <= extra <= groups + 3  # each group recomputed once, a few twice
+    assert groups == 30 and groups - 2 <= extra <= groups + 3  # each group recomputed about once
     assert b["computed_input_tokens"].sum() - a["computed_input_tokens"].sum() == extra * 2992
     # the transient: the window of the flush loses half its hits and most of its SLO …
     assert tb.loc[60.0, "request_hit_rate"] < ta.loc[60.0, "request_hit_rate"] - 0.3
