@@ -16,7 +16,7 @@ from typing import Any
 
 from . import cost as K
 from .errors import SpecError
-from .plan import PlanSpec, load_plan_spec, make_plan
+from .plan import CapacityInfo, PlanSpec, load_plan_spec, make_plan
 from .slo import SLO
 
 
@@ -64,6 +64,39 @@ class Comparison:
         fig.update_layout(title="Cost per 1 000 SLO-meeting requests (bars: planned at the C_SLO lower bound; "
                                 "whiskers: plan at the CI ends)", yaxis_title="USD", template="plotly_white")
         return fig
+
+
+def simulated_candidate(name: str, spec, *, estimate: float, ci_low: float, ci_high: float, gpus_per_group: int,
+                        usd_per_gpu_hour: float | None = None, source: str = "simulated steady-state C_SLO",
+                        notes: tuple[str, ...] = ()) -> Candidate:
+    """A candidate whose capacity was simulated (a twin's C_SLO of a colocated replica group, or
+    of one disaggregated prefill + decode unit — ``capplan.twin.pd``): the group is
+    ``gpus_per_group`` GPUs at ``usd_per_gpu_hour`` (a GPU-weighted mean price for pools of
+    different GPU types), planned at the lower end of the C_SLO interval, its cost interval from
+    the two ends as for a measured candidate."""
+    spec = load_plan_spec(spec)
+    changes = {"gpus_per_replica": int(gpus_per_group)}
+    if usd_per_gpu_hour is not None:
+        changes["price_usd_per_gpu_hour"] = float(usd_per_gpu_hour)
+    cap = CapacityInfo(rps_per_group=float(ci_low if ci_low and ci_low > 0 else estimate), source=source,
+                       estimate=float(estimate), ci_low=float(ci_low), ci_high=float(ci_high),
+                       lower_bound=float(ci_low), confidence=0.95, status="bracketed", notes=tuple(notes))
+    return Candidate(name, spec.with_(**changes), capacity=cap)
+
+
+def sweep_candidates(sweep, spec) -> list[Candidate]:
+    """One candidate per row of a prefill:decode sweep (``capplan.twin.pd.PDSweep``):
+    disaggregated units and the colocated system, each a group of its GPUs at its price."""
+    out = []
+    for r in sweep.rows.to_dict("records"):
+        cost = r.get("cost_usd_per_hour")
+        price = cost / r["gpus"] if cost is not None and math.isfinite(cost) else None
+        what = "disaggregated prefill:decode unit" if r["kind"] == "disaggregated" else "colocated replicas"
+        out.append(simulated_candidate(r["configuration"], spec, estimate=r["cslo_rps"], ci_low=r["cslo_ci_low_rps"],
+                                       ci_high=r["cslo_ci_high_rps"], gpus_per_group=int(r["gpus"]),
+                                       usd_per_gpu_hour=price,
+                                       source=f"simulated steady-state C_SLO of one {what} ({r['gpus']} GPUs)"))
+    return out
 
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "mix": "mix",
     "twin": "twin",
     "design": "design",
+    "cache": "cache",
 }
 
 

@@ -74,6 +74,10 @@ EVENT_COLUMNS: tuple[Column, ...] = (
     Column("slo_class", pa.string(), False, True, "SLO class (e.g. interactive, batch)"),
     Column("finish_reason", pa.string(), False, True, "stop, length, abort, ..."),
     Column("replica_group", pa.string(), False, True, "replica group that served it"),
+    Column("prefix_group", pa.string(), False, True,
+           "shared prompt prefix the request starts with (e.g. a system prompt's name or hash)"),
+    Column("session_id", pa.string(), False, True,
+           "conversation the request belongs to (a multi-turn session; later turns repeat earlier ones)"),
 )
 
 EVENT_COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in EVENT_COLUMNS}
@@ -81,7 +85,8 @@ REQUIRED_EVENT_COLUMNS: tuple[str, ...] = tuple(c.name for c in EVENT_COLUMNS if
 INT_NS_COLUMNS: tuple[str, ...] = tuple(
     c.name for c in EVENT_COLUMNS if c.name.endswith("_ns") and c.dtype == pa.int64()
 )
-STRING_OPTIONAL_COLUMNS: tuple[str, ...] = ("tenant", "slo_class", "finish_reason", "replica_group")
+STRING_OPTIONAL_COLUMNS: tuple[str, ...] = ("tenant", "slo_class", "finish_reason", "replica_group",
+                                            "prefix_group", "session_id")
 
 EVENT_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable) for c in EVENT_COLUMNS])
 
@@ -117,6 +122,7 @@ class TimelineEvent(str, Enum):
     SCALE_DECISION = "scale_decision"  # the autoscaler set its desired count
     FAULT_INJECTED = "fault_injected"  # a test harness broke something on purpose
     ROLLOUT_STEP = "rollout_step"  # a rollout step began (replicas swapped for a new version)
+    CACHE_FLUSH = "cache_flush"  # a replica's prefix cache was emptied (restart, rollout, flush)
 
 
 TIMELINE_EVENTS: tuple[str, ...] = tuple(e.value for e in TimelineEvent)
@@ -151,7 +157,21 @@ MANIFEST_REQUIRED = ("contract", "name", "system", "load_model", "runs")
 SYSTEM_KEYS = ("gpu", "gpus_per_replica", "tp", "pp", "replicas", "engine", "model")
 RUN_REQUIRED_OPEN = ("run_id", "offered_rps")
 RUN_REQUIRED_CLOSED = ("run_id", "concurrency")
-RUN_OPTIONAL = ("arrival", "duration_s", "warmup_s", "repeat", "nominal_rps", "notes")
+RUN_OPTIONAL = ("arrival", "duration_s", "warmup_s", "repeat", "nominal_rps", "notes", "cache_condition")
+
+
+class CacheCondition(str, Enum):
+    """The prefix-cache state a run was measured in (a run's ``cache_condition``). Numbers from
+    runs in different states are not comparable: a warm cache hides prefill work a cold one
+    pays for (docs/scenarios.md, "Measured cache effect")."""
+
+    COLD_MODEL = "cold_model"  # server just started: weights loaded, nothing compiled or cached
+    WARM_MODEL_COLD_KV = "warm_model_cold_kv"  # warmed up (graphs, allocator), prefix cache empty
+    PRODUCTION_WARM = "production_warm"  # the prefix cache holds what production traffic leaves
+    ADVERSARIAL = "adversarial"  # prompts built to miss the cache (unique prefixes)
+
+
+CACHE_CONDITIONS: tuple[str, ...] = tuple(c.value for c in CacheCondition)
 
 # Plausibility thresholds for the validator.
 RATE_MISMATCH_WARN = 0.10  # measured vs nominal offered rate
@@ -212,6 +232,7 @@ class RunSpec:
     repeat: int = 0
     nominal_rps: float | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    cache_condition: str | None = None  # one of CACHE_CONDITIONS, None when not labelled
 
     @property
     def load_level(self) -> float:

@@ -9,6 +9,8 @@ Per request, in the view ``request_view(study, window)`` names (one view per ste
 - ``e2e_ms``       last_token − scheduled;  ``e2e_sent_ms`` last_token − sent
 - ``gen_lag_ms``   sent − scheduled (generator lag)
 - ``queue_ms``     admitted − server_received (or − sent) where the server stamped it
+- ``cached_input_tokens``  input − computed_input_tokens (prompt tokens found in the prefix
+  cache), NULL where the study does not stamp ``computed_input_tokens``
 - ``t_s``          scheduled time in seconds since the run's start
 - ``in_window``    scheduled at or after the run's warm-up in the view's window (every such
   request counts, whenever it finished: an unfinished one is a violation, never dropped)
@@ -120,6 +122,8 @@ def request_view(study: Study, window: Window) -> str:
             e.run_id, e.request_id, e.status, e.tenant, e.slo_class, e.replica_group,
             e.input_tokens, e.output_tokens,
             coalesce(e.computed_input_tokens, e.input_tokens) AS computed_input_tokens{more_tokens},
+            e.input_tokens - e.computed_input_tokens AS cached_input_tokens,
+            e.prefix_group, e.session_id,
             e.scheduled_ns, e.sent_ns, e.first_token_ns, e.last_token_ns,
             e.admitted_ns, e.server_received_ns, e.prefill_start_ns, e.itl_ns,
             m.run_idx, m.load_level, m.offered_rps, m.concurrency, m.repeat,

@@ -54,9 +54,13 @@ COMPARE_NOTEBOOK: tuple[str, str] = ("05-compare.ipynb", "Baseline vs candidate"
 TWIN_NOTEBOOK: tuple[str, str] = ("06-twin.ipynb", "Twin: measured vs simulated")
 WHATIF_NOTEBOOK = "04-whatif.ipynb"
 #: The timelines page, added when the study has system events (timeline/; docs/timeline.md).
-TIMELINE_NOTEBOOK: tuple[str, str] = ("07-timelines.ipynb", "Timelines")
+TIMELINE_NOTEBOOK: tuple[str, str] = ("08-timelines.ipynb", "Timelines")
 MIX_NOTEBOOK = "07-mix.ipynb"
 PLAN_NOTEBOOK = "03-plan.ipynb"
+#: The serving-policies page, added when the study stamps computed_input_tokens (its prefix
+#: cache) or a sweeps file is given with a twin (docs/scenarios.md).
+SCENARIOS_NOTEBOOK: tuple[str, str] = ("09-scenarios.ipynb", "Serving policies: prefix cache, prefill/decode, "
+                                                             "admission")
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -333,6 +337,8 @@ class ReportParams:
         return tuple(rows)
     #: plan with a lower bound the study cannot support honestly (the plan says so)
     accept_optimistic: bool = False
+    cache: bool = False  # the study stamps computed_input_tokens: adds the serving-policies page (09)
+    sweeps: Path | None = None  # sweeps file (with a twin): simulated on the serving-policies page
 
     def notebook_parameters(self, artifacts_dir: Path) -> dict:
         from .slo import SLO
@@ -365,13 +371,17 @@ class ReportParams:
         if name == PLAN_NOTEBOOK:  # the plan may be told to accept an unsupported bound
             return {**self.notebook_parameters(artifacts_dir),
                     "accept_optimistic": bool(self.accept_optimistic)}
+        if name == SCENARIOS_NOTEBOOK[0]:
+            return {**self.notebook_parameters(artifacts_dir), "twin_path": str(self.twin) if self.twin else "",
+                    "sweeps_path": str(self.sweeps) if self.sweeps else ""}
         return self.notebook_parameters(artifacts_dir)
 
     def notebooks(self) -> tuple[tuple[str, str], ...]:
         """(file name, page title) of the report's notebooks, in page order."""
         return (REPORT_NOTEBOOKS + ((COMPARE_NOTEBOOK,) if self.baseline else ())
                 + ((TWIN_NOTEBOOK,) if self.twin else ())
-                + ((TIMELINE_NOTEBOOK,) if self.timelines or self.twin else ()))
+                + ((TIMELINE_NOTEBOOK,) if self.timelines or self.twin else ())
+                + ((SCENARIOS_NOTEBOOK,) if self.cache or self.sweeps else ()))
 
 
 @dataclass(frozen=True)
@@ -438,9 +448,23 @@ def _resolve_twin(twin) -> Path | None:
     return path
 
 
+def _resolve_sweeps(sweeps, twin) -> Path | None:
+    """The sweeps file, read once (it needs a twin to run on)."""
+    if not sweeps:
+        return None
+    if not twin:
+        raise SpecError("--sweeps needs --twin (the sweeps run on the twin)", field="sweeps",
+                        fix="add --twin twin.yaml (capplan twin fit), or drop --sweeps")
+    from .twin.sweepfile import load_sweeps
+
+    path = Path(sweeps).expanduser().resolve()
+    load_sweeps(path)
+    return path
+
+
 def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, confidence=None,
                    time: str | None = None, baseline=None, gates=None, twin=None,
-                   accept_optimistic: bool = False):
+                   accept_optimistic: bool = False, sweeps=None):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
     SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
     ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
@@ -500,7 +524,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
                           reps=reps, confidence=confidence, time=time or _now_utc(),
                           baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin),
                           timelines=bool(opened.timeline_files), notes=notes,
-                          accept_optimistic=bool(accept_optimistic))
+                          accept_optimistic=bool(accept_optimistic),
+                          cache=opened.has("computed_input_tokens"), sweeps=_resolve_sweeps(sweeps, twin))
     return params, opened
 
 
@@ -570,7 +595,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   seed: int | None = None, reps: int | None = None,
                   confidence: float | None = None, time: str | None = None,
                   notebooks: Path | None = None, jobs: int | None = None,
-                  baseline=None, gates=None, twin=None, command: list[str] | None = None,
+                  baseline=None, gates=None, twin=None, command: list[str] | None = None, sweeps=None,
                   accept_optimistic: bool = False,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
@@ -583,8 +608,11 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     compared (different offered workload or SLO) raise NotebookInputError (exit 2).
     When several notebooks fail, a bad-input error (exit 2) is reported first, else the first
     in page order. ``twin`` (twin.yaml) adds the twin page (06-twin: the twin's parameters and
-    its check against the study, check.json under data/twin). ``command`` (the argv that asked
-    for the report) goes into the provenance bundle and reproduce.md."""
+    its check against the study, check.json under data/twin). The serving-policies page
+    (09-scenarios) is added when the study stamps ``computed_input_tokens`` (its measured
+    prefix cache) or ``sweeps`` (a sweeps file, with ``twin``) asks for simulated ones.
+    ``command`` (the argv that asked for the report) goes into the provenance bundle and
+    reproduce.md."""
     from .glossary import glossary_html, link_terms
     from .io import atomic_dir, write_text_atomic
     from .provenance import write_bundle
@@ -594,7 +622,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     say = progress or (lambda _msg: None)
     params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
                                     confidence=confidence, time=time, baseline=baseline,
-                                    gates=gates, twin=twin, accept_optimistic=accept_optimistic)
+                                    gates=gates, twin=twin, accept_optimistic=accept_optimistic,
+                                    sweeps=sweeps)
     report_nbs = params.notebooks()
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     missing = [n for n, _ in report_nbs if not (nb_dir / n).is_file()]

@@ -188,8 +188,19 @@ def _read_manifest(path: Path, problems: ProblemList) -> C.Manifest | None:
             check.warn(S.join(fld, "arrival"), f"{label}: arrival {arrival!r} is not one of "
                        + ", ".join(C.ARRIVALS) + (f" (did you mean {near!r}?)" if near else ""),
                        fix="use one of the contract's arrival names (unknown when in doubt)")
+        cache = r.get("cache_condition")
+        if cache is not None and str(cache) not in C.CACHE_CONDITIONS:
+            near = S.did_you_mean(str(cache), C.CACHE_CONDITIONS)
+            check.error(S.join(fld, "cache_condition"),
+                        f"{label}: cache_condition {cache!r} is not one of " + ", ".join(C.CACHE_CONDITIONS)
+                        + (f" (did you mean {near!r}?)" if near else ""),
+                        example="cache_condition: production_warm",
+                        fix="label the prefix-cache state the run was measured in (docs/study-contract.md), "
+                            "or leave the key out")
+            cache = None
         runs.append(C.RunSpec(
             run_id=run_id, offered_rps=rps, concurrency=conc, arrival=arrival,
+            cache_condition=None if cache is None else str(cache),
             duration_s=dur, warmup_s=warm,
             repeat=num("repeat", integer=True, minimum=0, example="1") or 0,
             nominal_rps=num("nominal_rps", above=0.0, example="4.0"),

@@ -96,6 +96,13 @@ def row_checks(manifest: C.Manifest, present: frozenset[str] | set[str]) -> list
             checks.append(RowCheck(f"negative_{col}", col, f'"{col}" < 0',
                                    f"{col} is negative",
                                    f"{col} counts tokens: write 0 or more"))
+    if "computed_input_tokens" in present:
+        checks.append(RowCheck("computed_above_input", "computed_input_tokens",
+                               '"computed_input_tokens" > "input_tokens"',
+                               "computed_input_tokens (prefill tokens computed, the prefix-cache misses) "
+                               "exceeds input_tokens",
+                               "write the prompt tokens the server computed for the request's first "
+                               "prefill: input_tokens minus the tokens it found in its prefix cache"))
     return checks
 
 

@@ -1,4 +1,4 @@
-"""Notebook 07-timelines executed with papermill on a small simulated study whose runs lose a
+"""Notebook 08-timelines executed with papermill on a small simulated study whose runs lose a
 replica, with a twin fitted to a small sweep of the same system: clean run, the page's numbers are
 capplan.timeline's, the figures and exports are there."""
 
@@ -40,7 +40,7 @@ def executed(tmp_path_factory):
     write_twin(fit_twin(sweep, reps=30), system)
     params = {"study_path": str(study), "slo": SLO, "window_s": 5.0, "twin_path": str(system),
               "capacity_rps": 6.0, "artifacts_dir": str(d / "data"), "seed": 0}
-    nb = R.execute_notebook(Path("notebooks/07-timelines.ipynb"), params, cwd=d)
+    nb = R.execute_notebook(Path("notebooks/08-timelines.ipynb"), params, cwd=d)
     return nb, study, d / "data"
 
 
@@ -89,7 +89,7 @@ def test_the_report_page_draws_offline(executed, tmp_path):
     from test_report import _assert_draws_offline
 
     nb, _, _ = executed
-    page = tmp_path / "07-timelines.html"
+    page = tmp_path / "08-timelines.html"
     page.write_text(R.notebook_to_html(nb, "Timelines — test"), encoding="utf-8")
     _assert_draws_offline([page])
 

@@ -22,8 +22,10 @@ import click
 @click.option("--seed", default=0, show_default=True, type=int, help="bootstrap seed")
 @click.option("--confidence", default=None, type=float,
               help="overall confidence (default: the gates file's, 0.95)")
+@click.option("--allow-cache-mismatch", is_flag=True, default=False,
+              help="compare runs labelled with different prefix-cache conditions (refused by default)")
 def cmd(baseline: str, candidate: str, slo_text: str, gates_path: str | None, out: str | None,
-        reps: int, seed: int, confidence: float | None) -> int:
+        reps: int, seed: int, confidence: float | None, allow_cache_mismatch: bool = False) -> int:
     """Compare CANDIDATE against BASELINE on the same offered trace and SLO."""
     from ..compare import compare, load_gates
     from ..export import check_compare_out, export_comparison
@@ -34,7 +36,7 @@ def cmd(baseline: str, candidate: str, slo_text: str, gates_path: str | None, ou
     if out is not None:
         check_compare_out(out)  # fail before any work
     result = compare(baseline, candidate, slo, gates=gates, confidence=confidence, reps=reps,
-                     seed=seed)
+                     seed=seed, allow_cache_mismatch=allow_cache_mismatch)
     click.echo(result.to_text())
     if out is not None:
         from ..study import open_study

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from ..contract import CACHE_CONDITIONS
 from ..importers import TOOLS, import_paths, write_import
 from ..importers.common import check_out
 
@@ -17,9 +18,15 @@ from ..importers.common import check_out
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--out", "out", required=True, type=click.Path(), help="study directory to write")
 @click.option("--name", default=None, help="study name (default: the first input's name)")
-def cmd(tool: str, paths: tuple[str, ...], out: str, name: str | None) -> int:
+@click.option("--cache-condition", default=None, type=click.Choice(CACHE_CONDITIONS),
+              help="label every run with the prefix-cache state it was measured in (compare refuses to "
+                   "put runs of different states side by side)")
+def cmd(tool: str, paths: tuple[str, ...], out: str, name: str | None, cache_condition: str | None = None) -> int:
     check_out(out, list(paths))  # before parsing: a bad --out fails fast
     result = import_paths(tool, list(paths), name=name)
+    if cache_condition is not None:
+        for r in result.manifest["runs"]:
+            r["cache_condition"] = cache_condition
     for w in result.warnings:
         click.echo(f"WARNING: {w}", err=True)
     write_import(result, out)

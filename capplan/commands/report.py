@@ -34,6 +34,10 @@ from .. import report as R
 @click.option("--twin", type=click.Path(path_type=str), default=None,
               help="twin.yaml (capplan twin fit): adds the twin page (06-twin) with its check "
                    "against STUDY, and data/twin/check.json.")
+@click.option("--sweeps", type=click.Path(path_type=str), default=None,
+              help="sweeps file (capplan-sweeps/1, with --twin): prefix-cache settings, prefill:decode "
+                   "splits and admission / scheduling policies simulated on the serving-policies page "
+                   "(09-scenarios).")
 @click.option("--notebooks", "notebooks", type=click.Path(path_type=str), default=None,
               help="Folder with your own 01-explore/02-envelope/03-plan (and 05-compare) "
                    "notebooks [default: the bundled ones].")
@@ -43,7 +47,7 @@ from .. import report as R
               help="Plan with the study's C_SLO lower bound even where the sweep cannot "
                    "support it honestly (the plan says so); without it such a plan is refused.")
 def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, twin, notebooks, jobs,
-        accept_optimistic):
+        accept_optimistic, sweeps=None):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
     With --baseline, the comparison notebook runs too (baseline vs STUDY); its gate verdict
@@ -56,6 +60,6 @@ def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, t
                              confidence=confidence, time=time_, notebooks=notebooks,
                              jobs=jobs, baseline=baseline, gates=gates, twin=twin,
                              command=(click.get_current_context().find_root().obj or {}).get("argv"),
-                             accept_optimistic=accept_optimistic)
+                             accept_optimistic=accept_optimistic, sweeps=sweeps)
     click.echo(f"report: {result.index}")
     return 0

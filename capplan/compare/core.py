@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from .. import bootstrap as boot
+from ..cache import check_cache_conditions
 from ..envelope import fit_from_stats
 from ..errors import SpecError, StudyError
 from ..slo import SLO
@@ -23,13 +24,16 @@ from .workload import check_slo, check_workload, detect_pairing, match_runs
 
 
 def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = None,
-            reps: int = 1000, seed: int = 0, warmup_s=None) -> Comparison:
+            reps: int = 1000, seed: int = 0, warmup_s=None,
+            allow_cache_mismatch: bool = False) -> Comparison:
     """Compare ``candidate`` against ``baseline`` (study paths or opened Studies) under one SLO.
 
     ``gates``: a path, mapping or Gates (None = templates/gates.yaml defaults);
     ``confidence`` overrides the gates file's; ``warmup_s`` replaces both manifests' warm-ups.
     Deterministic for a given ``seed``. Raises StudyError/SpecError (exit 2) when the studies
-    cannot be put side by side (different offered workload, runs or SLOs)."""
+    cannot be put side by side (different offered workload, runs or SLOs, or matched runs
+    labelled with different prefix-cache conditions unless ``allow_cache_mismatch``:
+    ``capplan.cache.check_cache_conditions``)."""
     slo = SLO.parse(slo)
     g = load_gates(gates)
     conf = g.confidence if confidence is None else confidence_arg(confidence)
@@ -43,9 +47,11 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
     sb, sc = open_study(baseline), open_study(candidate)
     check_slo(sb, sc)
     pairs = match_runs(sb, sc, warmup_s)
+    cache_notes = check_cache_conditions(sb.manifest, sc.manifest, [(p.baseline, p.candidate) for p in pairs],
+                                         allow=allow_cache_mismatch)
     b, c = open_side("baseline", sb, pairs), open_side("candidate", sc, pairs)
     paired, pairing = detect_pairing(sb, sc, pairs, b.offered, c.offered, g.workload.pairing)
-    notes = check_workload(sb, sc, pairs, b.offered, c.offered, g.workload, paired)
+    notes = check_workload(sb, sc, pairs, b.offered, c.offered, g.workload, paired) + cache_notes
 
     # the cells, from the offered lengths; then each side reduced once
     requested = b.offered.has_requested_output and c.offered.has_requested_output

@@ -135,6 +135,7 @@ def _parse_file(path: Path) -> RunData:
             summary = load_json(folder / name, "AIPerf's profile_export_aiperf.json")
     rate, conc, arrival = _load_model(summary, folder)
     cols = new_columns()
+    cached, sessions, turns = [], [], []  # prefix-cache reads, conversations (where reported)
     warm = 0
     for i, r in enumerate(records, 1):
         md, mt = r["metadata"], (r.get("metrics") or {})
@@ -166,6 +167,10 @@ def _parse_file(path: Path) -> RunData:
         if isl is None:
             isl = _value(mt, "error_isl") if _value(mt, "error_isl") is not None else \
                 _value(mt, "usage_prompt_tokens")
+        read = _value(mt, "usage_prompt_cache_read_tokens")
+        cached.append(None if read is None or isl is None else max(0, to_int(isl) - to_int(read)))
+        sessions.append(md.get("conversation_id"))
+        turns.append(md.get("turn_index") or 0)
         add_row(cols,
                 request_id=str(md.get("x_request_id") or md.get("x_correlation_id") or i),
                 scheduled_ns=sched, sent_ns=sent,
@@ -173,6 +178,10 @@ def _parse_file(path: Path) -> RunData:
                 last_token_ns=None if lat is None or ttft is None else sent + lat,
                 input_tokens=to_int(isl), output_tokens=to_int(osl), status=status,
                 itl_ns=[_ms_to_ns(x) for x in icl] if isinstance(icl, list) else None)
+    if any(v is not None for v in cached):  # the server reported prompt-cache reads
+        cols["computed_input_tokens"] = cached
+    if any(t for t in turns) and any(v is not None for v in sessions):  # multi-turn conversations
+        cols["session_id"] = [None if v is None else str(v) for v in sessions]
     run = RunData(run_id=folder.name if folder.name.startswith(("rate_", "concurrency_"))
                   else path.stem, source=str(path), columns=cols, nominal_rps=rate,
                   concurrency=conc, arrival=arrival)

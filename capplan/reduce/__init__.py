@@ -66,7 +66,7 @@ requests where log TTFT gives 1–39).
 Per run: full log-bucket histograms of the same metrics and of generator lag.
 
 *Cells* (optional, ``Cells``): input-length bucket, output-length bucket, length quadrant,
-tenant, SLO class. The cell code is one more column of the same query and is counted with
+tenant, SLO class, prefix-cache hit / miss / unknown (from ``computed_input_tokens``). The cell code is one more column of the same query and is counted with
 the units in the same pass, so per-(run, unit, cell) counts, good counts, status counts,
 token sums and log-bucket histograms come out together (``RunStats.cells``); summed over
 cells they are the per-unit arrays. Without cells nothing per cell is built.
@@ -88,12 +88,12 @@ from .engine import GRID_HALF, GRID_STEP, reduce_study, resolve_window
 from .occupancy import ACTIVITY_COLUMNS, Occupancy, RunOccupancy, activity, occupancy
 from .stats import (TAIL_FROM, BlockStats, CellStats, GridSpec, RunStats, block_length,
                     max_length, stats_from_series)
-from .units import (MAX_UNITS, METRICS, NONE_LABEL, Cells, CountUnits, TimeUnits, bucket_labels,
-                    time_units_for)
+from .units import (CACHE_LABELS, MAX_UNITS, METRICS, NONE_LABEL, Cells, CountUnits, TimeUnits,
+                    bucket_labels, time_units_for)
 
 __all__ = [
     "ACTIVITY_COLUMNS", "Occupancy", "RunOccupancy", "activity", "occupancy",
-    "BlockStats", "CellStats", "Cells", "CountUnits", "GRID_HALF", "GRID_STEP", "GridSpec",
+    "BlockStats", "CACHE_LABELS", "CellStats", "Cells", "CountUnits", "GRID_HALF", "GRID_STEP", "GridSpec",
     "MAX_UNITS", "METRICS", "NONE_LABEL", "RunStats", "TAIL_FROM", "TimeUnits", "block_length",
     "bucket_labels", "max_length", "reduce_study", "resolve_window",
     "stats_from_series", "time_units_for",

@@ -23,7 +23,8 @@ from .sql import (ITL_COL, KEY_COL, STATUS_CODE_SQL, TTFT_COL, cell_sql, fixed_c
                   grid_code_params, grid_code_sql, key_sql)
 from .stats import (KEY_MISSING, TAIL_FROM, BlockStats, CellStats, GridSpec, RunStats,
                     block_length, max_length)
-from .units import MAX_UNITS, METRICS, NONE_LABEL, Cells, CountUnits, TimeUnits, bucket_labels
+from .units import (CACHE_LABELS, MAX_UNITS, METRICS, NONE_LABEL, Cells, CountUnits, TimeUnits,
+                    bucket_labels)
 
 GRID_STEP = 1.10
 GRID_HALF = 14
@@ -214,6 +215,7 @@ def _requests(study: Study, plan: _Plan, grid_x, grid_y, half: int, *,
         cols += [f"{plan.cell_sql} AS cell",
                  "CAST(coalesce(m.input_tokens, 0) AS BIGINT) AS tok_in",
                  "CAST(coalesce(m.output_tokens, 0) AS BIGINT) AS tok_out",
+                 "CAST(coalesce(m.computed_input_tokens, 0) AS BIGINT) AS tok_comp",
                  "CAST(coalesce(m.max_output_tokens, m.output_tokens, 0) AS BIGINT) AS tok_ask",
                  "m.first_token_ns IS NOT NULL AS started"]
         params += plan.cell_params
@@ -425,6 +427,9 @@ def _run_cells(rq: dict, sl: slice, plan: _Plan, unit: np.ndarray, nu: int, ok: 
     sums["output_tokens"] = count(weights=rq["tok_out"][sl].astype(np.float64))
     sums["output_tokens_asked"] = count(weights=rq["tok_ask"][sl].astype(np.float64))
     sums["input_tokens_started"] = count(started, tok_in)
+    tok_comp = rq["tok_comp"][sl].astype(np.float64)
+    sums["computed_input_tokens"] = count(weights=tok_comp)
+    sums["computed_input_tokens_started"] = count(started, tok_comp)
     hist = {}
     for m in plan.cells.hist:
         k = KEY_COL[m]
@@ -478,6 +483,8 @@ def _cell_index(plan: _Plan, codes: np.ndarray) -> pd.DataFrame:
         radix.append(("tenant", max(len(plan.cell_values["tenant"]), 1)))
     if cells.slo_class:
         radix.append(("slo_class", max(len(plan.cell_values["slo_class"]), 1)))
+    if cells.cache:
+        radix.append(("cache", len(CACHE_LABELS)))
     cols, rest = {}, codes.copy()
     for name, r in reversed(radix):
         cols[name] = rest % r
@@ -487,6 +494,8 @@ def _cell_index(plan: _Plan, codes: np.ndarray) -> pd.DataFrame:
         v = cols[name]
         if name in ("tenant", "slo_class"):
             frame[name] = [plan.cell_values[name][i] for i in v]
+        elif name == "cache":
+            frame[name] = [CACHE_LABELS[i] for i in v]
         elif name in ("input_long", "output_long"):
             frame[name] = v.astype(bool)
         else:

@@ -10,7 +10,7 @@ from .. import contract as C
 from .. import sketch
 from ..errors import SpecError
 from ..slo import SLO
-from .units import NONE_LABEL, Cells
+from .units import CACHE_LABELS, NONE_LABEL, Cells
 
 TTFT_COL = {"scheduled": "ttft_ms", "sent": "ttft_sent_ms"}
 ITL_COL = {"p99": "itl_p99_ms", "max": "itl_max_ms"}
@@ -89,6 +89,10 @@ def cell_sql(cells: Cells, tenants: list[str], classes: list[str]) -> tuple[str,
             terms.append(f"(list_position(?, coalesce(m.{col}, ?)) - 1)")
             params += [values, NONE_LABEL]
             radix.append(max(len(values), 1))
+    if cells.cache:
+        terms.append("(CASE WHEN m.cached_input_tokens IS NULL THEN 2 "
+                     "WHEN m.cached_input_tokens > 0 THEN 1 ELSE 0 END)")
+        radix.append(len(CACHE_LABELS))
     code, mult = "0", 1
     for t, r in zip(terms, radix):  # first dimension varies slowest
         code = f"({code}) * {r} + ({t})"

@@ -63,8 +63,10 @@ class CellStats:
     ``sums``: name → (n_units × n_cells) float64 — ``n``, ``n_good``, ``n_ok``, ``st_<status>``
     for each status, ``input_tokens``, ``output_tokens``, ``output_tokens_asked`` (the answer
     lengths asked for: ``max_output_tokens``, the tokens received where it is not recorded —
-    the offered output, e.g. a tenant's demand) and ``input_tokens_started`` (input tokens of
-    requests that got a first token). ``hist``: metric → (unit, cell, key, count)
+    the offered output, e.g. a tenant's demand), ``input_tokens_started`` (input tokens of
+    requests that got a first token), ``computed_input_tokens`` and
+    ``computed_input_tokens_started`` (the prompt tokens actually computed: prefix-cache misses;
+    all of them where not stamped). ``hist``: metric → (unit, cell, key, count)
     int64 arrays, log-bucket histograms of ok requests (``Cells.hist`` metrics)."""
 
     sums: dict = field(repr=False)

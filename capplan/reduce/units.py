@@ -85,13 +85,17 @@ class Cells:
     """Cell dimensions summed in the same pass as the units. Buckets: index = number of edges
     ≤ value (edges [256, 1024] → <256, 256–1024, ≥1024; a missing count reads 0); quadrant:
     (input > split_in, output > split_out); tenant and slo_class: their values ("(none)" when
-    missing). ``hist``: metrics with per-(unit, cell) log-bucket histograms (ok requests)."""
+    missing); cache: ``CACHE_LABELS`` — "hit" when some prompt tokens came from the prefix
+    cache (``computed_input_tokens`` < ``input_tokens``), "miss" when none did, "unknown" where
+    ``computed_input_tokens`` is not stamped. ``hist``: metrics with per-(unit, cell) log-bucket
+    histograms (ok requests)."""
 
     input_edges: tuple[float, ...] = ()
     output_edges: tuple[float, ...] = ()
     quadrant_split: tuple[float, float] | None = None
     tenant: bool = False
     slo_class: bool = False
+    cache: bool = False
     hist: tuple[str, ...] = ("ttft", "tpot")
     input_column: str = "input_tokens"
     output_column: str = "output_tokens"
@@ -133,7 +137,13 @@ class Cells:
             out.append("tenant")
         if self.slo_class:
             out.append("slo_class")
+        if self.cache:
+            out.append("cache")
         return tuple(out)
+
+
+#: the cache cell's values, by code
+CACHE_LABELS = ("miss", "hit", "unknown")
 
 
 def bucket_labels(edges: Sequence[float]) -> list[str]:

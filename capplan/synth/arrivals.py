@@ -70,6 +70,8 @@ class Trace:
     t_s: np.ndarray
     input_tokens: np.ndarray
     output_tokens: np.ndarray
+    #: Mooncake: each row's ``hash_ids`` (512-token prompt blocks), in row order; None otherwise
+    hash_ids: tuple | None = None
 
     @property
     def n(self) -> int:
@@ -106,6 +108,7 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> Trace:
         raise SpecError("trace file not found", file=str(p), field="workload.arrival.path",
                         fix="give the path of an Azure CSV or Mooncake JSONL trace")
     fmt = _detect_format(p) if fmt in ("auto", None) else fmt
+    hashes = None
     if fmt == "azure":
         import pandas as pd
 
@@ -128,7 +131,7 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> Trace:
         inp = df["ContextTokens"].to_numpy(np.int64)
         out = df["GeneratedTokens"].to_numpy(np.int64)
     elif fmt == "mooncake":
-        t, inp_l, out_l = [], [], []
+        t, inp_l, out_l, hid = [], [], [], []
         with open(p, encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
@@ -138,12 +141,14 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> Trace:
                     t.append(int(rec["timestamp"]))
                     inp_l.append(int(rec["input_length"]))
                     out_l.append(int(rec["output_length"]))
+                    hid.append(tuple(int(x) for x in rec.get("hash_ids") or ()))
                 except (ValueError, KeyError, TypeError) as exc:
                     raise SpecError(f"bad Mooncake record at line {lineno}: {exc!r}", file=str(p),
                                     fix="each line: {\"timestamp\": ms, \"input_length\": n, \"output_length\": n}") from None
         ns = np.asarray(t, dtype=np.int64) * 1_000_000
         inp = np.asarray(inp_l, dtype=np.int64)
         out = np.asarray(out_l, dtype=np.int64)
+        hashes = hid if any(hid) else None
     else:
         raise SpecError(f"unknown trace format {fmt!r}", field="workload.arrival.format",
                         fix="azure, mooncake or auto")
@@ -151,22 +156,33 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> Trace:
         raise SpecError("a replay trace needs at least 2 rows", file=str(p))
     order = np.argsort(ns, kind="stable")
     ns, inp, out = ns[order], inp[order], out[order]
+    if hashes is not None:
+        hashes = tuple(hashes[i] for i in order.tolist())
     if (inp < 1).any() or (out < 0).any():
         raise SpecError("trace has non-positive input or negative output lengths", file=str(p))
     t_s = (ns - ns[0]) / 1e9
     if t_s[-1] <= 0:
         raise SpecError("trace spans no time (all timestamps equal)", file=str(p))
-    return Trace(str(p), t_s, inp, out)
+    return Trace(str(p), t_s, inp, out, hashes)
 
 
 def replay_schedule(trace: Trace, rate_rps: float, duration_s: float,
                     start_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(scheduled_ns, input_tokens, output_tokens) of a replay (``replay_rows``)."""
+    ns, rr, _ = replay_rows(trace, rate_rps, duration_s, start_row)
+    # a completion emits at least one token: rows logged with 0 generated tokens replay as 1
+    return ns, trace.input_tokens[rr].copy(), np.maximum(trace.output_tokens[rr], 1)
+
+
+def replay_rows(trace: Trace, rate_rps: float, duration_s: float,
+                start_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Replay the trace's rows in order from ``start_row`` (wrapping to row 0 after the last,
     one mean gap later), its clock scaled so that the run holds exactly
     m = round(rate × duration) rows: the scale maps the first row time after row m−1 onto
     ``duration_s``. Every run thus offers the target rate on average, whatever part of an
     on/off trace it covers, while keeping the trace's burst shape and each row's joint
-    (input, output) lengths. Returns (scheduled_ns, input_tokens, output_tokens); rows with 0
+    (input, output) lengths. Returns (scheduled_ns, trace row of each request, pass over the
+    trace of each request: 0 for the first time through, 1 after wrapping once, …); rows with 0
     generated tokens are replayed as 1-token requests (none in the public traces)."""
     if not (rate_rps > 0) or not math.isfinite(rate_rps):
         raise SpecError(f"offered rate must be a positive number, got {rate_rps}", field="rates")
@@ -186,6 +202,5 @@ def replay_schedule(trace: Trace, rate_rps: float, duration_s: float,
     scale = duration_s / t_end
     ns = np.round(tt[:m] * scale * NS_PER_S).astype(np.int64)
     ns = np.minimum(ns, int(round(duration_s * NS_PER_S)) - 1)  # rounding never pushes past the end
-    rr = rr[:m]
-    # a completion emits at least one token: rows logged with 0 generated tokens replay as 1
-    return ns, trace.input_tokens[rr].copy(), np.maximum(trace.output_tokens[rr], 1)
+    passes = (np.arange(m) + s0) // trace.n
+    return ns, rr[:m], passes

@@ -18,10 +18,13 @@ from .control import ControlSpec
 from .demand import RateProfile
 from .engine import ReplicaParams
 from .lengths import LengthDist
+from .disagg import DisaggSpec, parse_disagg
+from .policy import PolicySpec, parse_policy
+from .prefix import PrefixCacheSpec, PrefixWorkload, parse_cache, parse_workload
 from .service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
 
 TOP_KEYS = ("name", "description", "seed", "system", "replica", "client", "workload", "power",
-            "output", "sweep", "faults")
+            "output", "sweep", "faults", "prefix_cache", "scheduling", "admission", "disaggregation")
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,13 @@ class SynthConfig:
     #: the fleet does (failures, rollout, autoscaler) — set by the twin's scenario parts
     demand: RateProfile | None = None
     control: ControlSpec | None = None
+    #: serving policies (docs/scenarios.md): shared prompt prefixes in the workload, the
+    #: replicas' prefix cache, queue discipline and admission control; None: not modelled
+    prefixes: PrefixWorkload | None = None
+    prefix_cache: PrefixCacheSpec | None = None
+    policy: PolicySpec | None = None
+    #: separate prefill and decode pools (replaces ``replicas`` × ``replica``); None: colocated
+    disagg: DisaggSpec | None = None
 
     @property
     def drain(self) -> float:
@@ -125,7 +135,7 @@ REPLICA_KEYS = ("max_batch", "token_budget", "kv_blocks", "block_size", "kv_wate
                 "prefill_jitter_cv")
 SERVICE_CSV_KEYS = ("csv", "model", "hardware", "tp")
 CLIENT_KEYS = ("timeout_s", "drain_s", "think_s", "backoff_s", "ramp_s")
-WORKLOAD_KEYS = ("arrival", "lengths", "tenants")
+WORKLOAD_KEYS = ("arrival", "lengths", "tenants", "prefixes")
 ARRIVAL_KEYS = ("process", "cv", "path", "format", "start_row")
 TENANT_KEYS = ("name", "share", "slo_class", "lengths")
 POWER_KEYS = ("idle_w", "busy_w")
@@ -342,6 +352,13 @@ def parse_config(raw: dict, *, base_dir: str | os.PathLike | None = None) -> Syn
         ramp_s=_secs(cl, "ramp_s", "client", 0.0, minimum=0.0), arrival=arrival, lengths=lengths,
         tenants=tenants, power=_power(d), itl=S.flag(out.get("itl"), "output.itl", default=True),
         **_sweep(d), faults=_faults(d), raw=dict(raw),
+        prefixes=parse_workload(wl["prefixes"], "workload.prefixes") if wl.get("prefixes") is not None else None,
+        prefix_cache=parse_cache(d["prefix_cache"], "prefix_cache", block_size=replica.block_size)
+        if d.get("prefix_cache") is not None else None,
+        policy=parse_policy(d.get("scheduling"), d.get("admission"))
+        if d.get("scheduling") is not None or d.get("admission") is not None else None,
+        disagg=parse_disagg(d["disaggregation"], "disaggregation", replica, base_gpus=system["gpus_per_replica"],
+                            base_gpu=system["gpu"]) if d.get("disaggregation") is not None else None,
     )
     longest = max([cfg.lengths.max_total] + [t.lengths.max_total for t in cfg.tenants if t.lengths])
     if arrival.process != "replay" and longest > replica.max_model_len:

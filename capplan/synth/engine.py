@@ -29,6 +29,13 @@ Model (vLLM-like, one FIFO queue per replica):
   are resent), drain one (no new requests; removed when it holds none, or failed at a
   deadline). Every change is a timeline row (``SimResult.timeline``). Without a control the
   run is exactly as before (the presets' output is byte-identical).
+- serving-policy hooks (open loop; without them the run is exactly as before): ``prefix`` (a
+  :class:`capplan.synth.prefix.PrefixCache`) finds cached prompt tokens at admission — they are
+  not prefilled — caches prompts and answers, and may route by prefix affinity; ``policy`` (a
+  :class:`capplan.synth.policy.Policy`) orders each replica's queue (FIFO, fair queuing by
+  virtual token counters, priority with aging) and admits, defers or rejects at arrival;
+  ``deadline_ns`` replaces each client's deadline (the decode pool of a disaggregated system,
+  :mod:`capplan.synth.disagg`).
 
 Speed: between scheduling events (arrival that can be admitted, completion, KV block shortage,
 client deadline, end of run) the batch is constant, so k decode iterations of equal length are
@@ -135,7 +142,8 @@ class SimResult:
     seg_k: list  # per replica: iterations in the segment
     seg_tok: list  # per replica: tokens computed per iteration (decode + prefill)
     stats: dict = field(default_factory=dict)
-    #: fleet changes (with a control): (t_ns, event, replica index or None, {column: value})
+    #: system events — fleet changes (with a control), prefix-cache flushes: (t_ns, event,
+    #: replica index or None, {column: value})
     timeline: list = field(default_factory=list)
     #: with a control: each replica's group ("zone/node"), by index
     groups: list = field(default_factory=list)
@@ -143,6 +151,13 @@ class SimResult:
     #: one row each: request and time. None in mixed mode.
     xtok_rid: np.ndarray | None = None
     xtok_ns: np.ndarray | None = None
+    #: with a prefix cache: prompt tokens computed at each request's first admission (−1: never
+    #: admitted); None without one
+    computed_input: np.ndarray | None = None
+    #: replica names when not ``replica-<i>`` (the pools of a disaggregated system)
+    replica_names: tuple | None = None
+    #: the run's prompt prefixes (capplan.synth.prefix.Prefixes) when the workload has them
+    prefixes: object = None
 
 
 class _Rep:
@@ -230,7 +245,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
              output_tokens: np.ndarray | None = None, tenant: np.ndarray | None = None,
              closed: ClosedLoop | None = None, draw=None, progress=None,
              fault: np.ndarray | None = None, prefill_scale: np.ndarray | None = None,
-             control=None) -> SimResult:
+             control=None, prefix=None, policy=None, deadline_ns: np.ndarray | None = None) -> SimResult:
     """Simulate one run. Open loop: pass sorted ``sched_ns`` with the lengths (and tenant
     indices, and optionally ``fault`` codes: 1 error, 2 stall, and ``prefill_scale``: a factor
     on each request's prefill-lane time, separate prefill only). Closed loop: pass ``closed``
@@ -239,7 +254,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     Requests unresolved at ``end_s`` (the hard stop, normally duration + drain) get status
     ``timeout`` when their client deadline had passed by then, else ``cancelled``; tokens
     received before the end are kept. ``control``: a :class:`capplan.synth.control.Control`
-    (module docstring); ``n_replicas`` is then the initial fleet."""
+    (module docstring); ``n_replicas`` is then the initial fleet. ``prefix``, ``policy``,
+    ``deadline_ns``: the serving-policy hooks of the module docstring (open loop only)."""
     bs = params.block_size
     kv_total = params.kv_blocks
     wm = int(params.kv_watermark * kv_total)
@@ -276,6 +292,16 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         sched, inp, out, ten = [], [], [], []
         n0 = 0
     dl = [s + timeout_ns for s in sched]
+    pfx, pol = prefix, policy
+    if closed is not None and (pfx is not None or pol is not None or deadline_ns is not None):
+        raise SpecError("prefix caching, admission and scheduling policies work only for open-loop runs",
+                        field="sweep.load_model")
+    if deadline_ns is not None:
+        dl = np.asarray(deadline_ns, dtype=np.int64).tolist()
+    comp = [-1] * n0 if pfx is not None else None
+    if pol is not None:
+        for R in reps:
+            R.waiting = pol.queue(R.idx)
     state = [WAITING] * n0
     status = [UNRESOLVED] * n0
     gen = [0] * n0  # tokens emitted before the current stint
@@ -372,6 +398,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             seqno[0] += 1
 
     def stint(rid, r, p, cnt):
+        if pol is not None:
+            pol.tokens(rid, cnt)
         if lane_tok[rid]:  # its first token was sent when the prefill lane finished
             lane_tok[rid] = False
             p += 1
@@ -498,6 +526,14 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             state[h] = PREFILL
             plen[h] = L
             rem[h] = L
+            if pfx is not None:  # cached prompt tokens are not prefilled
+                hit = pfx.lookup(R.idx, h, now, L, adm[h] < 0)
+                rem[h] = L - hit
+                R.assigned -= hit
+                if adm[h] < 0:
+                    comp[h] = L - hit
+            if pol is not None:
+                pol.admitted(R.idx, h, now, rem[h])
             R.used += need
             R.running[h] = 1
             R.prefilling.append(h)
@@ -569,7 +605,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             h = admit_head(R, now, need1)
             if h < 0:
                 break
-            L = plen[h]
+            L = rem[h]
             c = L if L < budget - P else budget - P
             chunks.append((h, c))
             P += c
@@ -607,7 +643,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             h = admit_head(R, now, need1)
             if h < 0:
                 break
-            L = plen[h]
+            L = rem[h]
             lane_ns = kp_ns * L + over_ns
             if pfs is not None:
                 lane_ns *= pfs[h]
@@ -671,6 +707,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         it = R.it
         p = it - 1
         pst[rid] = p
+        if pfx is not None:
+            pfx.prefilled(R.idx, rid, now)
         left = out[rid] - gen[rid]
         if left <= 1:
             cnt = 1 if on_time else 0
@@ -679,6 +717,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             del R.running[rid]
             state[rid] = DONE
             status[rid] = OK if cnt else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
+            if cnt and pfx is not None:
+                pfx.finished(R.idx, rid, now)
             resolved(rid, now)
         else:
             state[rid] = DECODE
@@ -734,6 +774,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                 stint(rid, R.idx, pst[rid], cnt)
                 state[rid] = DONE
                 status[rid] = OK
+                if pfx is not None:
+                    pfx.finished(R.idx, rid, now)
                 resolved(rid, now)
             else:
                 cut(R, rid, now)
@@ -777,6 +819,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             return
         best = None
         bw = INF
+        cands = [] if pfx is not None and pfx.affinity else None
         for R in routing:
             if R.stopped:
                 continue
@@ -788,9 +831,16 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             if R.kind == 1 or R.kind == 2:
                 j = (t - R.t0) // R.step
                 w -= (j if j < R.k else R.k) * R.tok
+            if cands is not None:
+                cands.append((R, w))
             if w < bw:
                 bw = w
                 best = R
+        if cands:
+            best = pfx.route(rid, t, cands, best, bw, inp[rid])
+        if best is not None and pol is not None and pol.decide(
+                rid, t, best.idx, best.waiting, best.ndec, inp[rid], ten[rid]) == 2:
+            best = None  # refused by admission control
         if best is None:
             state[rid] = DONE
             status[rid] = REJECTED
@@ -904,6 +954,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         def add(self, now, ready_at, group):
             R = _Rep(len(reps), bs)
             R.routable = False
+            if pol is not None:
+                R.waiting = pol.queue(R.idx)
             reps.append(R)
             groups.append(group)
             tl.append((now, "replica_added", R.idx, {"group": group,
@@ -1074,6 +1126,11 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         "requests": n,
         "kv_blocks_in_use_at_end": int(sum(R.used for R in reps)),  # 0 unless a bug leaks blocks
     }
+    if pfx is not None:
+        stats.update(pfx.close(end_ns))
+        tl = tl + list(pfx.log)
+    if pol is not None:
+        stats.update({f"policy_{k}": v for k, v in pol.counts.items()})
     return SimResult(
         sched_ns=np.asarray(sched, dtype=np.int64), input_tokens=np.asarray(inp, dtype=np.int64),
         target_output=np.asarray(out, dtype=np.int64), tenant=np.asarray(ten, dtype=np.int64),
@@ -1085,4 +1142,5 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         stats=stats, timeline=tl, groups=groups,
         xtok_rid=np.asarray(xt_rid, dtype=np.int64) if sep else None,
         xtok_ns=np.asarray(xt_ns, dtype=np.int64) if sep else None,
+        computed_input=None if comp is None else np.asarray(comp, dtype=np.int64),
     )

@@ -121,8 +121,11 @@ def token_times(res: SimResult, with_itl: bool = True):
 
 
 def events_arrow(res: SimResult, run_id: str, *, tenants: tuple[str, ...] = (),
-                 slo_classes: tuple[str | None, ...] = (), with_itl: bool = True) -> pa.Table:
-    """The run's events as a contract table (one row per offered request, in issue order)."""
+                 slo_classes: tuple[str | None, ...] = (), with_itl: bool = True,
+                 prefixes=None) -> pa.Table:
+    """The run's events as a contract table (one row per offered request, in issue order).
+    With a prefix cache: ``computed_input_tokens``; with ``prefixes`` (a
+    :class:`capplan.synth.prefix.Prefixes`): ``prefix_group`` and ``session_id``."""
     n = len(res.sched_ns)
     n_recv, first, last, offsets, values = token_times(res, with_itl)
     status = res.status.astype(np.int64)
@@ -159,8 +162,20 @@ def events_arrow(res: SimResult, run_id: str, *, tenants: tuple[str, ...] = (),
     cols["finish_reason"] = pc.take(pa.array(["length", "abort", None], pa.string()), pa.array(reason))
     n_rep = len(res.seg_i0)
     rep = np.where(res.replica >= 0, res.replica, n_rep)
-    cols["replica_group"] = pc.take(pa.array([f"replica-{i}" for i in range(n_rep)] + [None], pa.string()),
-                                    pa.array(rep))
+    names = list(res.replica_names) if res.replica_names is not None else [f"replica-{i}" for i in range(n_rep)]
+    cols["replica_group"] = pc.take(pa.array(names + [None], pa.string()), pa.array(rep))
+    if res.computed_input is not None:
+        ci = res.computed_input
+        cols["computed_input_tokens"] = pa.array(ci, pa.int64(), mask=ci < 0)
+    if prefixes is not None:
+        g = prefixes.group
+        if (g >= 0).any():
+            labels = prefixes.group_names
+            cols["prefix_group"] = pa.array([None if x < 0 else (labels[x] if x < len(labels) else f"h{x}")
+                                             for x in g.tolist()], pa.string())
+        se = prefixes.session
+        if (se >= 0).any():
+            cols["session_id"] = pa.array([None if x < 0 else f"s{x:06d}" for x in se.tolist()], pa.string())
     fields = [pa.field(c.name, c.dtype, nullable=c.nullable) for c in C.EVENT_COLUMNS if c.name in cols]
     return pa.Table.from_arrays([cols[f.name] for f in fields], schema=pa.schema(fields))
 

@@ -99,12 +99,14 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
             return a, b, ten
         return simulate(closed=ClosedLoop(int(level), dur, cfg.think_s, cfg.backoff_s, cfg.ramp_s),
                         draw=draw, **common)
+    rows = passes = None
     if cfg.arrival.process == "replay":
         tr = _trace(cfg.arrival.path, cfg.arrival.format)
         row = cfg.arrival.start_row
         if row == "random":  # each run its own stretch: independent workload samples
             row = int(r_arr.integers(tr.n))
-        sched, inp, out = A.replay_schedule(tr, level, dur, row)
+        sched, rows, passes = A.replay_rows(tr, level, dur, row)
+        inp, out = tr.input_tokens[rows].copy(), np.maximum(tr.output_tokens[rows], 1)
         ten = _tenants_for(cfg, len(sched), r_ten)
     else:
         if cfg.demand is not None:  # a rate that changes during the run (the level is its scale)
@@ -122,8 +124,62 @@ def simulate_level(cfg: SynthConfig, level: float, *, duration_s: float | None =
     scale = None
     if cfg.replica.prefill == "separate" and cfg.replica.prefill_jitter_cv > 0:
         scale = lognormal_factors(np.random.default_rng(ss.spawn(1)[0]), len(sched), cfg.replica.prefill_jitter_cv)
-    return simulate(sched_ns=sched, input_tokens=inp, output_tokens=out, tenant=ten, fault=fault,
-                    prefill_scale=scale, **common)
+    hooks, px = serving_hooks(cfg, ss, sched, inp, out, ten, rows, passes)
+    if cfg.disagg is not None:
+        from .disagg import simulate_disagg
+
+        res = simulate_disagg(cfg.disagg, sched_ns=sched, input_tokens=hooks.pop("input_tokens", inp),
+                              output_tokens=out, tenant=ten, timeout_s=cfg.timeout_s, end_s=end_s, fault=fault,
+                              progress=progress, **hooks)
+    else:
+        res = simulate(sched_ns=sched, input_tokens=hooks.pop("input_tokens", inp), output_tokens=out, tenant=ten,
+                       fault=fault, prefill_scale=scale, **hooks, **common)
+    res.prefixes = px
+    return res
+
+
+def serving_hooks(cfg: SynthConfig, ss: np.random.SeedSequence, sched, inp, out, ten, rows=None, passes=None):
+    """The engine's serving-policy hooks for one run (docs/scenarios.md): the prefixes of the
+    prompts (their own random stream, so the other draws stay as they were; the prompts grow by
+    their shared prefixes), the prefix cache and the scheduling / admission policy. Returns
+    (keyword arguments of ``simulate``, the run's Prefixes or None); nothing when the config
+    has none of them."""
+    from . import prefix as P
+    from .policy import Policy
+
+    kw: dict = {}
+    px = None
+    n_rep, rp = cfg.replicas, cfg.replica
+    if cfg.disagg is not None:  # the hooks act on the prefill pool
+        n_rep, rp = cfg.disagg.prefill.replicas, cfg.disagg.prefill.params
+    if cfg.prefixes is not None and cfg.prefixes.kind != "trace":
+        new_inp, px = P.generate(cfg.prefixes, inp, out, np.random.default_rng(ss.spawn(1)[0]))
+        kw["input_tokens"] = inp = new_inp
+    elif cfg.prefixes is not None or (cfg.prefix_cache is not None and rows is not None):
+        tr = _trace(cfg.arrival.path, cfg.arrival.format) if rows is not None else None
+        if tr is None or tr.hash_ids is None:
+            raise SpecError("trace prefixes need a replayed Mooncake trace with hash_ids",
+                            field="workload.prefixes.kind",
+                            fix="workload.arrival: {process: replay, path: <mooncake JSONL>} or another prefix kind")
+        px = P.from_hash_ids(tr.hash_ids, rows, passes, inp)
+    if cfg.prefix_cache is not None:
+        if px is None:  # a cache but no shared prefixes: every lookup misses
+            n = len(sched)
+            px = P.Prefixes(np.zeros(n + 1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                            np.full(n, -1, np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64),
+                            np.full(n, -1, np.int64))
+        kw["prefix"] = P.PrefixCache(cfg.prefix_cache, px, rp.block_size, n_rep)
+    if cfg.policy is not None and cfg.policy.active:
+        sm = rp.service
+        table = sm.step_table_ns(rp.max_batch + 1)
+        kp_ns, over_ns = sm.prefill_ms_per_token * 1e6, sm.prefill_overhead_ms * 1e6
+        kw["policy"] = Policy(cfg.policy, tenants=tuple(t.name for t in cfg.tenants),
+                              classes=tuple(t.slo_class for t in cfg.tenants),
+                              ten=np.asarray(ten).tolist(), sched=np.asarray(sched).tolist(),
+                              inp=np.asarray(inp).tolist(),
+                              step_ns=lambda b: int(table[min(b, len(table) - 1)]),
+                              prefill_ns=lambda n: kp_ns * n + over_ns, n_replicas=n_rep)
+    return kw, px
 
 
 def lognormal_factors(rng: np.random.Generator, n: int, cv: float) -> np.ndarray:
@@ -137,9 +193,10 @@ def run_tables(cfg: SynthConfig, plan: RunPlan, progress=None) -> tuple[pa.Table
     res = simulate_level(cfg, plan.level, duration_s=plan.duration_s, seed_key=(plan.index,), progress=progress)
     names = tuple(t.name for t in cfg.tenants)
     classes = tuple(t.slo_class for t in cfg.tenants)
-    ev = events_table(events_arrow(res, plan.run_id, tenants=names, slo_classes=classes, with_itl=cfg.itl))
+    ev = events_table(events_arrow(res, plan.run_id, tenants=names, slo_classes=classes, with_itl=cfg.itl,
+                                   prefixes=res.prefixes))
     pw = None
-    if cfg.power is not None:
+    if cfg.power is not None and cfg.disagg is None:  # (the power model is per colocated replica)
         last_busy = max((int((t0[-1] + k[-1] * s[-1])) for t0, k, s in zip(res.seg_t0, res.seg_k, res.seg_step)
                          if len(t0)), default=0)
         horizon = max(plan.duration_s, last_busy / C.NS_PER_S)
@@ -147,7 +204,7 @@ def run_tables(cfg: SynthConfig, plan: RunPlan, progress=None) -> tuple[pa.Table
                          idle_w=cfg.power.idle_w, busy_w=cfg.power.busy_w, horizon_s=horizon,
                          token_budget=cfg.replica.token_budget)
     stats = dict(res.stats)
-    if cfg.control is not None:
+    if cfg.control is not None or res.timeline:  # fleet changes, prefix-cache flushes
         stats["timeline"] = timeline_arrow(res, plan.run_id)
     counts = np.bincount(res.status, minlength=6)
     stats.update(run_id=plan.run_id, level=plan.level, ok=int(counts[0]), rejected=int(counts[1]),
@@ -200,8 +257,32 @@ def manifest_for(cfg: SynthConfig, plans: tuple[RunPlan, ...], extra: dict | Non
     }
     if cfg.faults is not None and cfg.faults.any:
         workload["faults"] = {"error_share": cfg.faults.error_share, "stall_share": cfg.faults.stall_share}
+    workload.update(serving_manifest(cfg))
+    if cfg.prefix_cache is not None and cfg.prefix_cache.router == "prefix_affinity":
+        workload["replica"]["router"] = "prefix affinity (least outstanding work within a slack)"
     return manifest_dict(cfg.name, runs, system=dict(cfg.system), workload=workload, load_model=cfg.load_model,
                          **(extra or {}))
+
+
+def serving_manifest(cfg: SynthConfig) -> dict:
+    """The serving policies of ``cfg`` as study.yaml's workload records them (empty without)."""
+    from dataclasses import asdict
+
+    from .policy import describe_policy
+    from .prefix import describe_cache
+
+    out: dict = {}
+    if cfg.prefixes is not None:
+        out["prefixes"] = asdict(cfg.prefixes)
+    if cfg.prefix_cache is not None:
+        out["prefix_cache"] = describe_cache(cfg.prefix_cache)
+    if cfg.policy is not None and cfg.policy.active:
+        out["policy"] = describe_policy(cfg.policy)
+    if cfg.disagg is not None:
+        from .disagg import describe_disagg
+
+        out["disaggregation"] = describe_disagg(cfg.disagg)
+    return out
 
 
 def readme_text(cfg: SynthConfig, plans: tuple[RunPlan, ...], stats: list[dict]) -> str:

@@ -30,8 +30,8 @@ EVENT_FRAME_COLUMNS = ("run_id", "t_s", "event", "replica", "group", "desired", 
                        "signal_value", "rate_rps", "queue_work_s", "detail", "source")
 #: when events share a time, they apply in this order (a replacement is added after the failure)
 _ORDER = {e: i for i, e in enumerate(("fault_injected", "replica_failed", "rollout_step",
-                                      "scale_decision", "replica_draining", "replica_removed",
-                                      "replica_added", "replica_ready"))}
+                                      "scale_decision", "cache_flush", "replica_draining",
+                                      "replica_removed", "replica_added", "replica_ready"))}
 
 
 def recorded_events(study: Study) -> pd.DataFrame:

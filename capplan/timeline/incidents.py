@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-CAUSES = ("fault_injected", "replica_failed", "rollout_step", "scale_decision")
+CAUSES = ("fault_injected", "replica_failed", "rollout_step", "scale_decision", "cache_flush")
 FOLLOW_UPS = ("replica_added", "replica_ready", "replica_draining", "replica_removed")
 
 INCIDENT_COLUMNS = (
@@ -111,6 +111,8 @@ def _kind(inc: pd.DataFrame, prev_desired) -> tuple[str, object, object]:
         return "failure", None, None
     if "rollout_step" in evs:
         return "rollout", None, None
+    if "cache_flush" in evs:
+        return "cache flush", None, None
     if "scale_decision" in evs:
         d = inc[inc["event"] == "scale_decision"].iloc[0]
         to = None if pd.isna(d["desired"]) else int(d["desired"])

@@ -16,7 +16,7 @@ from ..slo import SLO
 EVENT_COLOURS = {"fault_injected": "#d62728", "replica_failed": "#d62728",
                  "replica_added": "#2ca02c", "replica_ready": "#1f77b4",
                  "replica_draining": "#ff7f0e", "replica_removed": "#7f7f7f",
-                 "scale_decision": "#9467bd", "rollout_step": "#8c564b"}
+                 "scale_decision": "#9467bd", "rollout_step": "#8c564b", "cache_flush": "#bcbd22"}
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,12 @@
     chk = twin.check("studies/llama70b", "ttft_ms=2000,tpot_ms=100,attainment=0.99")
     runs = twin.simulate(rates=[4, 5, 6], duration_s=600, warmup_s=30, repeats=3, seed=1)
 
-docs/twin.md describes the estimators, the check, the scenario format and the limits.
+docs/twin.md describes the estimators, the check, the scenario format and the limits;
+docs/scenarios.md the serving-policy scenarios (prefix cache, prefill/decode pools, admission and
+fair scheduling).
 """
 
-from .capacity import SteadyCSLO, steady_cslo
+from .capacity import SteadyCSLO, config_cslo, steady_cslo
 from .check import TwinCheck, check_twin
 from .fit import fit_twin
 from .holdout import check_holdout
@@ -18,8 +20,12 @@ from .protocol import SimRun, simulate_protocol
 from . import fleet  # noqa: F401  (registers the failure, rollout, demand and autoscaler parts)
 from .scenario import PARTS, Part, Scenario, ScenarioContext, load_scenario, parse_scenario, register_part, run_scenario
 from .twinfile import load_twin, record_check, twin_from_dict, twin_to_dict, twin_to_yaml, write_twin
+from . import parts  # noqa: F401,E402  (registers the serving-policy scenario parts)
+from .fairsim import PolicyComparison, compare_policies
+from .pd import PDSweep, pd_sweep
 
 __all__ = ["SteadyCSLO", "steady_cslo", "TwinCheck", "check_twin", "fit_twin", "check_holdout", "Twin",
            "TwinWarning", "DecodePoint", "Param", "Workload", "SimRun", "simulate_protocol", "PARTS", "Part", "Scenario",
            "ScenarioContext", "load_scenario", "parse_scenario", "register_part", "run_scenario", "load_twin",
-           "record_check", "twin_from_dict", "twin_to_dict", "twin_to_yaml", "write_twin"]
+           "record_check", "twin_from_dict", "twin_to_dict", "twin_to_yaml", "write_twin", "config_cslo",
+           "PolicyComparison", "compare_policies", "PDSweep", "pd_sweep"]

@@ -28,7 +28,7 @@ import multiprocessing as mp
 import numpy as np
 
 from ..slo import SLO
-from ..synth.config import ArrivalSpec
+from ..synth.config import ArrivalSpec, SynthConfig
 from ..synth.events import token_times
 from ..synth.sweep import simulate_level
 from ..synth.truth import TRUTH_SEED_OFFSET
@@ -71,6 +71,15 @@ def run_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup
     cfg = twin.synth_config(rates=(rate,), duration_s=duration_s, warmup_s=warmup_s, seed=seed,
                             itl=slo.itl_ms is not None)
     cfg = replace(cfg, arrival=ArrivalSpec("poisson"))
+    return config_counts(cfg, rate, slo, duration_s=duration_s, warmup_s=warmup_s, run=run)
+
+
+def config_counts(cfg, rate: float, slo: SLO, *, duration_s: float, warmup_s: float, run: int,
+                  outcome: bool = False):
+    """(in-window requests, SLO-good ones) of one run of a synth configuration ``cfg`` (its
+    arrival process, seed and serving policies) at ``rate``, on the streams of
+    ``true_attainment``'s replication ``run``; with ``outcome`` also the run's ``Outcome`` and
+    the simulator's ``SimResult``."""
     res = simulate_level(cfg, rate, duration_s=duration_s, seed_key=(TRUTH_SEED_OFFSET + int(run),))
     need_itl = slo.itl_ms is not None
     n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
@@ -79,10 +88,13 @@ def run_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup
         p99, mx = itl_stats(off, val, n_recv > 1)
     o = Outcome(res.sched_ns, first, last, n_recv, res.status.astype(np.int8), p99, mx)
     m = run_metrics(o, slo, int(warmup_s * 1e9))
-    return m["n"], m["n_good"]
+    return (m["n"], m["n_good"], o, res) if outcome else (m["n"], m["n_good"])
 
 
 def _job(args):
+    if isinstance(args[0], SynthConfig):  # a configuration's run (config_counts)
+        cfg, slo, rate, dur, warm, run = args
+        return config_counts(cfg, rate, slo, duration_s=dur, warmup_s=warm, run=run)
     twin, slo, rate, dur, warm, seed, run = args
     return run_counts(twin, rate, slo, duration_s=dur, warmup_s=warm, seed=seed, run=run)
 
@@ -120,14 +132,19 @@ def _logit(p):
 
 def pooled_crossing(sim: _Sim, twin, slo: SLO, *, start: float, runs: int, duration_s: float, warmup_s: float,
                     seed: int, rel_tol: float = REL_TOL):
-    """(rate, per-run crossings, note): bisection on the attainment pooled over ``runs``."""
+    """(rate, per-run crossings, note): bisection on the attainment pooled over ``runs``.
+    ``twin``: a Twin (Poisson arrivals at its measured mix) or a SynthConfig (as configured)."""
     target = slo.attainment
     cache: dict[float, np.ndarray] = {}
 
+    def job(r, m):
+        if isinstance(twin, SynthConfig):
+            return (twin, slo, r, duration_s, warmup_s, m)
+        return (twin, slo, r, duration_s, warmup_s, int(seed), m)
+
     def att(r):
         if r not in cache:
-            cache[r] = np.array(sim.map([(twin, slo, r, duration_s, warmup_s, int(seed), m) for m in range(runs)]),
-                                float)
+            cache[r] = np.array(sim.map([job(r, m) for m in range(runs)]), float)
         c = cache[r]
         return c[:, 1].sum() / max(c[:, 0].sum(), 1.0), c[:, 1] / np.maximum(c[:, 0], 1.0)
 
@@ -181,6 +198,57 @@ def _per_run_crossings(cache: dict, est: float, target: float) -> tuple[float, .
         c = (_logit(target) - b0) / b1 if b1 < 0 else est
         out.append(float(np.clip(c, est / 2, est * 2)))
     return tuple(out)
+
+
+def capacity_guess(cfg: SynthConfig) -> float:
+    """A first guess of a configuration's capacity (req/s), where a C_SLO search starts: 0.8 ×
+    the service model's throughput bound at the workload's mean lengths (prefill and decode
+    pools apart when disaggregated)."""
+    rng = np.random.default_rng(0)
+    inp, out = cfg.lengths.sample(4000, rng)
+    if cfg.prefixes is not None and cfg.prefixes.kind == "system":
+        inp = inp + cfg.prefixes.share * cfg.prefixes.tokens
+    mi, mo = float(np.mean(inp)), float(np.mean(out))
+
+    def pool_caps(rp, n_pre, n_dec, lanes):
+        sm = rp.service
+        pre = n_pre * lanes / max(1e-9, (sm.prefill_ms_per_token * mi + sm.prefill_overhead_ms) / 1e3)
+        b = rp.max_batch
+        dec = n_dec * b / max(1e-9, max(mo - 1, 1) * float(sm.step_ms(b)) / 1e3)
+        return pre, dec
+
+    if cfg.disagg is not None:
+        d = cfg.disagg
+        pre, _ = pool_caps(d.prefill.params, d.prefill.replicas, 0, d.lanes)
+        _, dec = pool_caps(d.decode.params, 0, d.decode.replicas, 1)
+        return 0.8 * min(pre, dec)
+    pre, dec = pool_caps(cfg.replica, cfg.replicas, cfg.replicas, 1)
+    return 0.8 / (1 / pre + 1 / dec)  # colocated: both kinds of work on the same GPUs
+
+
+def config_cslo(cfg: SynthConfig, slo: SLO | str, *, start: float, runs: int = 4, duration_s: float = 1800.0,
+                warmup_s: float | None = None, workers: int | None = None, executor=None,
+                rel_tol: float = REL_TOL) -> SteadyCSLO:
+    """Steady-state C_SLO of a synth configuration as configured (its arrival process, serving
+    policies, pools): the pooled crossing of ``runs`` runs of ``duration_s`` (the first
+    ``warmup_s``, default a sixth, left out), ± 1.96 × the Monte-Carlo SE of the per-run
+    crossings. No parameter uncertainty: the configuration's service times are taken as known."""
+    s = SLO.parse(slo)
+    warmup_s = duration_s * STEADY_WARMUP_SHARE if warmup_s is None else warmup_s
+    runs = max(1, int(runs))
+    workers = max(1, min(int(workers or min(2, os.cpu_count() or 1)), runs))
+    with _Sim(workers, executor) as sim:
+        est, per_run, note = pooled_crossing(sim, cfg, s, start=start, runs=runs, duration_s=duration_s,
+                                             warmup_s=warmup_s, seed=cfg.seed, rel_tol=rel_tol)
+        count = sim.count
+    if note:
+        return SteadyCSLO(est, est, est, per_run, duration_s, warmup_s, count, (note,))
+    se = float(np.std(per_run, ddof=1) / np.sqrt(len(per_run))) if len(per_run) > 1 else 0.0
+    h = 1.959964 * se
+    return SteadyCSLO(est, max(0.0, est - h), est + h, per_run, duration_s, warmup_s, count,
+                      (f"pooled attainment of {runs} independent {duration_s:.0f}-s runs (first {warmup_s:.0f} s left "
+                       f"out), {cfg.arrival.process} arrivals; Monte-Carlo SE {se:.3g} req/s; service times taken as "
+                       "known (no parameter uncertainty)",))
 
 
 def _service_rel_sd(twin) -> float:
