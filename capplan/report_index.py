@@ -88,7 +88,24 @@ def _date_text(start: str, end: str) -> str:
 # ----------------------------------------------------------------------------- sections
 
 
-def answer_section(plan: dict, verdict: dict | None) -> str:
+def _bound_words(plan: dict, env: dict | None) -> str:
+    """One sentence for the answer box: which C_SLO number the plan stands on and whether that
+    lower bound is honest (docs/envelope.md, "Is the bound honest?")."""
+    cap = plan.get("capacity") or {}
+    h = (env or {}).get("honesty") or {}
+    status = h.get("status")
+    if not status:
+        return ""
+    on = cap.get("uses") or ("lower bound" if "lower bound" in str(cap.get("source", "")) else "estimate")
+    if status == "honest":
+        return (f' <span id="bound-honesty">Planned on the C_SLO {on}; the lower bound is <b>honest</b>: '
+                "it includes the run-to-run variation measured near the crossing.</span>")
+    return (f' <span id="bound-honesty">Planned on the C_SLO {on}; the lower bound is <b>{e(status)}</b>: '
+            f"{e(for_readers(_first_sentence(str(h.get('sentence', '')))))} — see “Can the lower bound be "
+            "trusted?” for the runs to add.</span>")
+
+
+def answer_section(plan: dict, verdict: dict | None, env: dict | None = None) -> str:
     q = plan["quarters"][0]
     about = dict(plan["about"])
     billed, gpus = q["billed_gpus"], q["gpus"]
@@ -102,7 +119,7 @@ def answer_section(plan: dict, verdict: dict | None) -> str:
              f"<b>{usd(q['cost_usd_per_1k_good_requests'], cents=True)} per 1 000 SLO-meeting requests</b>. "
              f"It serves a peak demand of {rate(q['peak_rps'])}, planned at {rate(q['demand_rps'])} with the "
              f"demand uncertainty, at {e(about.get('SLO', 'the SLO'))}, and is sized to "
-             f"{e(about.get('failure policy', ''))}.</p>")
+             f"{e(about.get('failure policy', ''))}.{_bound_words(plan, env)}</p>")
     warn = []
     failed = [c for c in plan["checks"] if not c["ok"]]
     if failed:
@@ -239,10 +256,12 @@ def honesty_block(env: dict | None, cap: dict) -> str:
     if isinstance(h, dict):
         status = h.get("status")
         if status:
+            sentence = str(h.get("sentence") or "")
             parts.append(f'<p><b>Status: {e(str(status))}</b>'
-                         + (f" — estimand: {e(str(h['estimand']))}" if h.get("estimand") else "") + "</p>")
-        if h.get("sentence"):
-            parts.append(f"<p>{e(for_readers(str(h['sentence'])))}</p>")
+                         + (f" — {e(for_readers(sentence[:1].upper() + sentence[1:]))}." if sentence else "")
+                         + "</p>")
+        if h.get("estimand"):
+            parts.append(f"<p><b>What the number estimates</b>: {e(for_readers(str(h['estimand'])))}.</p>")
         reasons = h.get("reasons") or []
         if reasons:
             parts.append("<p>Why:</p><ul>" + "".join(f"<li>{e(for_readers(str(r)))}</li>" for r in reasons)
@@ -327,7 +346,7 @@ def index_html(info: IndexInputs, plan: dict | None, env: dict | None, verdict: 
     sub = f"Study <code>{e(info.study_name)}</code>" + (f" · SLO: {e(about['SLO'])}" if "SLO" in about else "")
     body = [f"<h1>{e(title)}</h1>", f'<p class="sub">{sub}</p>']
     if plan:
-        body += [answer_section(plan, verdict), how_sure_section(plan, env), checks_section(plan),
+        body += [answer_section(plan, verdict, env), how_sure_section(plan, env), checks_section(plan),
                  settings_section(plan)]
     else:
         body.append('<p class="warn">This report has no plan export.</p>')

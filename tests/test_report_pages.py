@@ -137,6 +137,21 @@ def test_pages_speak_to_people(demo_report):  # noqa: F811
         assert f'id="{anchor}"' in glossary, anchor
 
 
+def test_index_states_the_honesty_of_the_bound_at_the_top(demo_report):  # noqa: F811
+    """Issue 12: the answer box says which C_SLO number the plan stands on and whether the
+    lower bound is honest, as data/envelope.json has it; the how-sure section gives the
+    estimand in words and, where the bound is not honest, the runs to add."""
+    h = json.loads((demo_report / "data" / "envelope.json").read_text(encoding="utf-8"))["honesty"]
+    soup = BeautifulSoup((demo_report / "index.html").read_text(encoding="utf-8"), "html.parser")
+    answer = soup.find(id="answer-text").get_text(" ")
+    assert f"the lower bound is {h['status']}" in " ".join(answer.split())
+    body = " ".join(soup.find(id="honesty-body").get_text(" ").split())
+    assert f"Status: {h['status']}" in body and "What the number estimates" in body
+    assert "mean attainment of runs like these" in body
+    if h["status"] != "honest":
+        assert "Runs capplan recommends next" in body
+
+
 def test_glossary_doc_is_the_module_text():
     from capplan.glossary import glossary_markdown
 
