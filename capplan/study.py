@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from . import contract as C
 from . import spec as S
+from .dialect import DUCKDB, Dialect
 from .errors import ProblemList, SpecError, StudyError
 
 
@@ -47,6 +48,26 @@ class Study:
 
     def has(self, column: str) -> bool:
         return column in self.present_columns
+
+    # -- what the engine-neutral queries need (``capplan.sparkstudy.SparkStudy`` has the same)
+    dialect = DUCKDB
+    events_view = "events"
+
+    def view_name(self, name: str) -> str:
+        return name
+
+    def has_view(self, name: str) -> bool:
+        return bool(self.con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
+                                     [name]).fetchall()[0][0])
+
+    def register(self, name: str, frame) -> None:
+        """A small pandas frame as a table of this study's connection."""
+        self.con.register("_capplan_frame", frame)
+        self.con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM _capplan_frame")
+        self.con.unregister("_capplan_frame")
+
+    def create_view(self, name: str, select: str) -> None:
+        self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {select}")
 
     def runs_frame(self):
         """Manifest runs as a pandas frame (run_id, offered_rps, concurrency, ...)."""
@@ -90,13 +111,15 @@ RUN_KEYS = tuple(dict.fromkeys(C.RUN_REQUIRED_OPEN + C.RUN_REQUIRED_CLOSED + C.R
 LOAD_MODELS = tuple(m.value for m in C.LoadModel)
 
 
-def parse_manifest(path: Path, problems: ProblemList | None = None) -> C.Manifest | None:
+def parse_manifest(path: Path, problems: ProblemList | None = None, *,
+                   text: str | None = None) -> C.Manifest | None:
     """Read and check study.yaml (with the spec kit: every problem names its field and line).
     Collects problems into ``problems``; without it, raises StudyError listing all of them.
-    Returns None when the manifest is unusable."""
+    Returns None when the manifest is unusable. ``text``: the file's text, already read (a
+    manifest in object storage, read by Spark); ``path`` then only names it."""
     own = problems is None
     problems = problems if problems is not None else ProblemList()
-    manifest = _read_manifest(Path(path), problems)
+    manifest = _read_manifest(Path(path) if text is None else path, problems, text)
     if own:
         problems.raise_if_errors()
     return manifest
@@ -113,15 +136,17 @@ def _near_misses(check: S.Checks, d: dict, field: str, known: tuple[str, ...], w
                        fix=f"rename it to {near} if that is what it means")
 
 
-def _read_manifest(path: Path, problems: ProblemList) -> C.Manifest | None:
+def _read_manifest(path, problems: ProblemList, text: str | None = None) -> C.Manifest | None:
     file = str(path)
-    if not path.is_file():
+    if text is None and not path.is_file():
         problems.add("study manifest not found", file=file,
                      fix=f"a study directory holds {C.MANIFEST_NAME} and events/*.parquet; "
                          "see docs/study-contract.md", code="manifest_missing")
         return None
     try:
-        doc = S.load_yaml(path, what=C.MANIFEST_NAME, fix="see docs/study-contract.md")
+        fix = "see docs/study-contract.md"
+        doc = (S.load_yaml(path, what=C.MANIFEST_NAME, fix=fix) if text is None else
+               S.parse_yaml(text, what=C.MANIFEST_NAME, file=file, fix=fix))
     except SpecError as exc:
         problems.items.append(exc.problem(code="bad_yaml"))
         return None
@@ -195,7 +220,7 @@ def _read_manifest(path: Path, problems: ProblemList) -> C.Manifest | None:
     if problems.errors and not runs:
         return None
     return C.Manifest(
-        contract=str(contract), name=str(raw.get("name", path.parent.name)), system=system,
+        contract=str(contract), name=str(raw.get("name", Path(str(path)).parent.name)), system=system,
         workload=raw.get("workload") or {}, load_model=str(load_model), runs=tuple(runs), raw=raw,
     )
 
@@ -241,38 +266,43 @@ def check_parquet_files(files: tuple[Path, ...], problems: ProblemList) -> set[s
                          "(e.g. pandas.DataFrame.to_parquet) or remove it from events/",
                          code="bad_parquet")
             continue
-        names = set(schema.names)
-        for col in C.REQUIRED_EVENT_COLUMNS:
-            if col not in names:
-                c = C.EVENT_COLUMN_BY_NAME[col]
-                problems.add(f"required column '{col}' is missing", file=str(path), column=col,
-                             example="columns present: " + ", ".join(schema.names[:12]),
-                             fix=f"add '{col}' ({c.dtype}): {c.meaning}", code="missing_column")
-        for field in schema:
-            c = C.EVENT_COLUMN_BY_NAME.get(field.name)
-            if c is None:
-                continue
-            if not _dtype_ok(c.dtype, field.type):
-                problems.add(f"column '{field.name}' has type {field.type}, expected {c.dtype}",
-                             file=str(path), column=field.name,
-                             example=_first_value(path, field.name),
-                             fix=(f"cast it to {c.dtype}" + (" nanoseconds" if c.unit == "ns" else "")),
-                             code="wrong_dtype")
-            present.add(field.name)
+        bad = [(f.name, f.type) for f in schema if f.name in C.EVENT_COLUMN_BY_NAME
+               and not _dtype_ok(C.EVENT_COLUMN_BY_NAME[f.name].dtype, f.type)]
+        present |= schema_problems(str(path), list(schema.names), bad, problems,
+                                   example=lambda col, p=path: _first_value(p, col))
     return present
 
 
-def events_select(present: set[str]) -> str:
+def schema_problems(file: str, names: list[str], bad: list[tuple[str, object]],
+                    problems: ProblemList, example=None) -> set[str]:
+    """The problems of one events schema — required columns missing, contract columns of the
+    wrong type (``bad``: (name, actual type)) — in the words every engine uses; returns the
+    contract columns present. ``example(column)``: an example value, where one can be read."""
+    for col in C.REQUIRED_EVENT_COLUMNS:
+        if col not in names:
+            c = C.EVENT_COLUMN_BY_NAME[col]
+            problems.add(f"required column '{col}' is missing", file=file, column=col,
+                         example="columns present: " + ", ".join(names[:12]),
+                         fix=f"add '{col}' ({c.dtype}): {c.meaning}", code="missing_column")
+    for name, actual in bad:
+        c = C.EVENT_COLUMN_BY_NAME[name]
+        problems.add(f"column '{name}' has type {actual}, expected {c.dtype}",
+                     file=file, column=name, example=example(name) if example else None,
+                     fix=(f"cast it to {c.dtype}" + (" nanoseconds" if c.unit == "ns" else "")),
+                     code="wrong_dtype")
+    return {n for n in names if n in C.EVENT_COLUMN_BY_NAME}
+
+
+def events_select(present: set[str], dialect: Dialect = DUCKDB) -> str:
     """SELECT list that gives every contract column, NULL-filled where a file lacks it.
     Identifiers come from the contract module only (no user input in SQL text)."""
     cols = []
     for c in C.EVENT_COLUMNS:
         if c.name in present:
-            cols.append(f'"{c.name}"')
+            cols.append(dialect.ident(c.name))
         else:
-            sql_type = {"string": "VARCHAR", "int64": "BIGINT", "list<item: int64>": "BIGINT[]"}.get(
-                str(c.dtype), "VARCHAR")
-            cols.append(f'CAST(NULL AS {sql_type}) AS "{c.name}"')
+            cols.append(f"CAST(NULL AS {dialect.type_name(str(c.dtype))}) AS "
+                        f"{dialect.ident(c.name)}")
     return ", ".join(cols)
 
 

@@ -79,15 +79,16 @@ RunStats, CellStats, GridSpec, the block-length rule), ``sql`` (the SQL fragment
 ``engine`` (reduce_study).
 """
 
-from .engine import GRID_HALF, GRID_STEP, reduce_study, resolve_window
-from .stats import (TAIL_FROM, BlockStats, CellStats, GridSpec, RunStats, block_length,
-                    max_length, stats_from_series)
+from .engine import ENGINES, GRID_HALF, GRID_STEP, reduce_study
+from .plan import resolve_window
+from .stats import (FINE_UNITS, TAIL_FROM, BlockStats, CellStats, GridSpec, RunStats,
+                    block_length, block_length_fine, max_length, stats_from_series)
 from .units import (MAX_UNITS, METRICS, Cells, CountUnits, TimeUnits, bucket_labels,
                     time_units_for)
 
 __all__ = [
-    "BlockStats", "CellStats", "Cells", "CountUnits", "GRID_HALF", "GRID_STEP", "GridSpec",
+    "BlockStats", "CellStats", "Cells", "CountUnits", "ENGINES", "FINE_UNITS", "GRID_HALF", "GRID_STEP", "GridSpec",
     "MAX_UNITS", "METRICS", "RunStats", "TAIL_FROM", "TimeUnits", "block_length",
-    "bucket_labels", "max_length", "reduce_study", "resolve_window",
+    "block_length_fine", "bucket_labels", "max_length", "reduce_study", "resolve_window",
     "stats_from_series", "time_units_for",
 ]
