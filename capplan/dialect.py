@@ -61,6 +61,18 @@ class Dialect:
         return f"array_position({values}, {x})" if self.spark else \
             f"coalesce(list_position({values}, {x}), 0)"
 
+    def quantiles(self, col: str) -> str:
+        """Exact type-7 quantiles of ``col`` at the probabilities of one bound list
+        parameter (Spark's ``percentile`` holds a group's distinct values in memory)."""
+        return f"percentile({col}, ?)" if self.spark else f"quantile_cont({col}, ?::DOUBLE[])"
+
+    def list_contains(self, values: str, x: str) -> str:
+        return f"array_contains({values}, {x})" if self.spark else \
+            f"list_contains({values}, {x})"
+
+    def explode(self, x: str) -> str:
+        return f"explode({x})" if self.spark else f"unnest({x})"
+
     def ident(self, name: str) -> str:
         """A quoted identifier (names come from the contract, never from input)."""
         return f"`{name}`" if self.spark else f'"{name}"'

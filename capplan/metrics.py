@@ -338,7 +338,8 @@ class RunSummary:
 def _check_unknown_runs(study: Study) -> None:
     """Events whose run_id is not in the manifest would vanish from every per-run number."""
     row = study.sql(
-        "SELECT count(*), any_value(run_id) FROM events WHERE NOT list_contains(?, run_id)",
+        f"SELECT count(*), min(run_id) FROM {study.events_view} "
+        f"WHERE NOT {study.dialect.list_contains('?', 'run_id')}",
         [list(study.manifest.run_ids)]).fetchone()
     if row[0]:
         raise StudyError(f"{row[0]:,} events have a run_id that is not in study.yaml",
@@ -370,7 +371,7 @@ def summarize(study: Study, slo: SLO | str | dict | None = None, *,
         if col is None:
             continue
         metric_cols.append(f"count({col}) FILTER (WHERE in_window AND status = 'ok') AS {name}_n")
-        metric_cols.append(f"quantile_cont({col}, ?::DOUBLE[]) "
+        metric_cols.append(f"{study.dialect.quantiles(col)} "
                            f"FILTER (WHERE in_window AND status = 'ok') AS {name}_q")
         params.append(pcts)
     params.extend(good_params)
@@ -399,8 +400,8 @@ def summarize(study: Study, slo: SLO | str | dict | None = None, *,
     itl = None
     if study.has("itl_ns"):
         itl = study.sql(f"""
-            SELECT run_id, count(*) AS itl_n, quantile_cont(g / 1e6, ?::DOUBLE[]) AS itl_q
-            FROM (SELECT run_id, unnest(itl_ns) AS g FROM {view}
+            SELECT run_id, count(*) AS itl_n, {study.dialect.quantiles('g / 1e6')} AS itl_q
+            FROM (SELECT run_id, {study.dialect.explode('itl_ns')} AS g FROM {view}
                   WHERE in_window AND status = 'ok' AND itl_ns IS NOT NULL)
             GROUP BY run_id
         """, [pcts]).df()

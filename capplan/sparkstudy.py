@@ -165,6 +165,11 @@ def _is_uri(path: str) -> bool:
     return bool(_SCHEME.match(path)) and not path.lower().startswith("file://")
 
 
+def is_local(path: str) -> bool:
+    """A path on this machine (plain or ``file://``), which the DuckDB-side checks can read."""
+    return not _is_uri(path)
+
+
 def _local(path: str) -> Path:
     return Path(urlparse(path).path if path.lower().startswith("file://") else path).expanduser()
 

@@ -306,15 +306,25 @@ def events_select(present: set[str], dialect: Dialect = DUCKDB) -> str:
     return ", ".join(cols)
 
 
-def connect(threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """A private in-memory DuckDB connection (spills to a temp dir for big studies). DuckDB's
-    own terminal progress bar is off: it would scribble over CLI output and notebook cells."""
+def connect(threads: int | None = None, memory_limit: str | None = None,
+            temp_directory: str | os.PathLike | None = None) -> duckdb.DuckDBPyConnection:
+    """A private in-memory DuckDB connection (spills to a temp dir for big studies:
+    ``temp_directory``, default DuckDB's ``.tmp`` beside the working directory). DuckDB's
+    own terminal progress bar is off: it would scribble over CLI output and notebook cells.
+    A bad ``memory_limit`` or an unusable ``temp_directory`` is a SpecError."""
     config = {}
     if threads:
         config["threads"] = int(threads)
     if memory_limit:
-        config["memory_limit"] = memory_limit
-    con = duckdb.connect(database=":memory:", config=config)
+        config["memory_limit"] = str(memory_limit)
+    if temp_directory:
+        config["temp_directory"] = str(temp_directory)
+    try:
+        con = duckdb.connect(database=":memory:", config=config)
+    except duckdb.Error as exc:
+        raise SpecError(f"DuckDB does not accept these settings: {str(exc).splitlines()[0]}",
+                        field="--memory-limit / --temp-dir",
+                        fix="a memory limit like 4GB or 800MB, and a writable folder") from None
     con.execute("SET enable_progress_bar = false")
     return con
 

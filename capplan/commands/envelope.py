@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ..errors import SpecError
+from .engine import engine_options
 
 
 @click.command("envelope")
@@ -31,15 +32,21 @@ from ..errors import SpecError
 @click.option("--warmup", default="manifest", show_default=True,
               help="manifest (else MSER-5), mser, none, or seconds")
 @click.option("--out", "out", type=click.Path(), default=None, help="write the result as JSON")
-def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, out) -> int:
+@engine_options
+def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, out,
+        engine) -> int:
     """Fit the SLO capacity envelope of a load sweep."""
     from ..envelope import fit_envelope, fit_summary_table
+    from ..reduce import reduce_study
     from ..slo import SLO
 
     if (slo_text is None) == (slo_file is None):
         raise SpecError("give the SLO with --slo, or one SLO per class with --slo-file (not both)",
                         field="--slo", fix="e.g. --slo ttft_ms=2000,attainment=0.99, or --slo-file slo.yaml")
     if slo_file is not None:
+        if engine.spark:
+            raise SpecError("--slo-file runs on DuckDB only", field="--engine",
+                            fix="drop --engine spark, or fit one SLO at a time with --slo")
         return _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out)
     slo = SLO.parse(slo_text)
     if not (0.5 < confidence < 1.0):
@@ -51,12 +58,13 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
         w = float(warmup)
     except ValueError:
         w = warmup
-    p = Path(study)
-    if p.is_file() and p.suffix in (".csv", ".parquet"):
-        env = fit_summary_table(p, slo, confidence=confidence, reps=reps, seed=seed)
+    if not engine.is_study(study):
+        env = fit_summary_table(Path(study), slo, confidence=confidence, reps=reps, seed=seed)
     else:
-        env = fit_envelope(p, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
-                           block_len=block_len, warmup=w)
+        st = engine.open(study)
+        stats = reduce_study(st, slo, warmup=w, progress=engine.progress)
+        env = fit_envelope(st, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
+                           block_len=block_len, warmup=w, stats=stats)
     click.echo(env.to_text())
     if out:
         env.to_json(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import SpecError
+from .engine import engine_options
 
 
 @click.command("plan")
@@ -23,7 +24,9 @@ from ..errors import SpecError
               help="GPUs per replica group (TP × PP) when neither the spec nor a study gives it")
 @click.option("--strict", is_flag=True, help="exit 1 when a plan check fails (files are still written)")
 @click.option("--time", "time_", default=None, help="provenance time (ISO); default now (UTC)")
-def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict, time_):
+@engine_options
+def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict, time_,
+        engine):
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
     from ..plan import load_plan_spec, make_plan
@@ -38,9 +41,7 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
     st = None
     study_hash = None
     if study is not None:
-        from ..study import open_study
-
-        st = open_study(study)
+        st = engine.open(study)
         study_hash = st.content_hash()
     if slo is not None:  # --slo plans with that one SLO, not the spec's SLO classes
         import dataclasses

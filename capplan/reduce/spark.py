@@ -110,15 +110,17 @@ def spark_counts(study, plan, units, tail_from: float):
 
 def _aggregate(study, plan, units, tail_from, rqv, nr, runs):
     d = plan.dialect
-    # 1. whole-run histograms (ok requests; generator lag of all)
-    parts = []
+    # 1. whole-run histograms (ok requests; generator lag of all), one pass over a long
+    #    (run, metric, key) form
+    stacked = []
     for m in METRICS + ("gen_lag_ms",):
         k = KEY_COL[m]
         if k in plan.key_cols:
             f = filter_sql(f"ok_{k}" if m in METRICS else f"has_{k}")
-            parts.append(f"SELECT run_idx, '{m}' AS metric, {k} AS k, count(*) AS c "
-                         f"FROM {rqv} WHERE {f} GROUP BY run_idx, {k}")
-    hdf = _collect(study, " UNION ALL ".join(parts))
+            stacked += [f"'{m}'", f"CASE WHEN {f} THEN {k} ELSE {KEY_MISSING} END"]
+    hdf = _collect(study, f"SELECT run_idx, metric, k, count(*) AS c FROM (SELECT run_idx, "
+                   f"stack({len(stacked) // 2}, {', '.join(stacked)}) AS (metric, k) "
+                   f"FROM {rqv}) WHERE k <> {KEY_MISSING} GROUP BY run_idx, metric, k")
     hists = [dict() for _ in runs]
     for (i, m), g in hdf.groupby(["run_idx", "metric"]):
         kk = g["k"].to_numpy(dtype=np.int64)
@@ -170,15 +172,19 @@ def _aggregate(study, plan, units, tail_from, rqv, nr, runs):
                        pd.DataFrame(th_rows, columns=["run_idx", "metric", "th"]).astype(
                            {"run_idx": "int64", "metric": "object", "th": "int64"}))
         thv = study.view_name("capplan_th")
-        parts = []
+        stacked = []
         for m in METRICS:
             k = KEY_COL[m]
             if k in plan.key_cols:
-                parts.append(f"SELECT r.run_idx, '{m}' AS metric, r.unit, r.{k} AS k, "
-                             f"count(*) AS c FROM {rqv} r JOIN {thv} t ON r.run_idx = t.run_idx "
-                             f"AND t.metric = '{m}' WHERE r.st = 0 AND r.{k} <> {KEY_MISSING} "
-                             f"AND r.{k} >= t.th GROUP BY r.run_idx, r.unit, r.{k}")
-        tdf = _collect(study, " UNION ALL ".join(parts))
+                stacked += [f"'{m}'", f"CASE WHEN {filter_sql('ok_' + k)} THEN {k} "
+                                      f"ELSE {KEY_MISSING} END"]
+        tdf = _collect(study, f"""
+            SELECT r.run_idx, r.metric, r.unit, r.k, count(*) AS c
+            FROM (SELECT run_idx, unit, stack({len(stacked) // 2}, {', '.join(stacked)})
+                         AS (metric, k) FROM {rqv}) r
+            JOIN {thv} t ON r.run_idx = t.run_idx AND r.metric = t.metric
+            WHERE r.k <> {KEY_MISSING} AND r.k >= t.th
+            GROUP BY r.run_idx, r.metric, r.unit, r.k""")
     # 5. cells
     cell_codes, cdf, chdf = None, None, None
     if plan.cells is not None:
