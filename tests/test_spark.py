@@ -229,8 +229,12 @@ def test_the_commands_give_the_same_output_on_both_engines(study_path, spark, tm
                      "--engine", engine, "--out", str(js)]) == 0
         text = capsys.readouterr().out.replace(str(js), "OUT")
         csv = tmp_path / f"{engine}.csv"
+        # --no-check: the study holds events recorded twice on purpose (validate rejects it)
         assert main(["summarize", str(study_path), "--slo", SLO_TT, "--engine", engine,
-                     "--out", str(csv)]) == 0
+                     "--no-check", "--out", str(csv)]) == 0
         summ = capsys.readouterr().out.replace(str(csv), "OUT")
-        out[engine] = (json.loads(js.read_text()), text, summ, csv.read_bytes())
-    assert out["duckdb"] == out["spark"]
+        out[engine] = (json.loads(js.read_text()), text, summ, pd.read_csv(csv))
+    assert out["duckdb"][:3] == out["spark"][:3]
+    # the exact percentiles may differ in the last bit (two interpolation codes): the CSV
+    # keeps every digit, the printed table does not
+    pd.testing.assert_frame_equal(out["duckdb"][3], out["spark"][3], rtol=1e-12)
