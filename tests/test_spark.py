@@ -205,6 +205,21 @@ def test_bad_input_gets_the_duckdb_messages(tmp_path, spark, capsys):
         open_spark_study(cases["no_column"], spark=spark, table="no_sched")
     assert t.value.problems[0].column == "scheduled_ns"
     assert t.value.problems[0].file == "no_sched"
+    # a catalog table of the wrong type: the type named as DuckDB names it, read from the
+    # schema Spark sees (the path a remote folder takes too)
+    spark.createDataFrame(events.drop(columns=["itl_ns"]).astype({"scheduled_ns": "float64"})
+                          ).createOrReplaceTempView("float_sched")
+    with pytest.raises(StudyError) as t:
+        open_spark_study(cases["no_column"], spark=spark, table="float_sched")
+    with pytest.raises(StudyError) as d:
+        reduce_study(cases["wrong_type"], SLO_TT)
+    assert _messages(t.value) == _messages(d.value)
+    assert t.value.problems[0].file == "float_sched"
+    # a table the catalog does not hold, from the command line: exit 2, no traceback
+    assert main(["envelope", str(cases["no_column"] / C.MANIFEST_NAME), "--slo", SLO_TT,
+                 "--engine", "spark", "--events-table", "no_such_table"]) == 2
+    err = capsys.readouterr().err
+    assert "table not found" in err and "no_such_table" in err and "Traceback" not in err
 
 
 def test_cloud_scheme_without_its_connector_is_a_clear_error(spark):
