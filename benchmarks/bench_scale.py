@@ -57,10 +57,10 @@ def build_big(dest: Path, runs: int, rows: int, seed: int = 5, chunk: int = 1_00
 
     if (dest / C.MANIFEST_NAME).is_file():
         return dest
+    # a run at a time, each from its own seed and renamed into place when complete: an
+    # interrupted build resumes at the first missing run and gives the same bytes
     tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / C.EVENTS_DIR).mkdir(parents=True)
-    rng = np.random.default_rng(seed)
+    (tmp / C.EVENTS_DIR).mkdir(parents=True, exist_ok=True)
     status_names = np.array(["ok", "timeout", "rejected"])
     mruns = []
     phi = 0.98
@@ -68,8 +68,16 @@ def build_big(dest: Path, runs: int, rows: int, seed: int = 5, chunk: int = 1_00
         run_id = f"r{k + 1:02d}"
         load = (k + 1) / runs
         rate = 20.0 * (k + 1)
+        mruns.append({"run_id": run_id, "offered_rps": rate, "arrival": "constant",
+                      "duration_s": round(rows / rate, 3), "warmup_s": 0.0})
+        final = tmp / C.EVENTS_DIR / f"{run_id}.parquet"
+        if final.is_file() and pq.ParquetFile(final).metadata.num_rows == rows:
+            continue
+        part = final.with_suffix(".part")
+        rng = np.random.default_rng([seed, k])
         writer = None
         zi = np.zeros(1)
+        t0 = time.perf_counter()
         for start in range(0, rows, chunk):
             n = min(chunk, rows - start)
             i = np.arange(start, start + n)
@@ -94,13 +102,12 @@ def build_big(dest: Path, runs: int, rows: int, seed: int = 5, chunk: int = 1_00
                 "status": pa.array(status_names[st]),
             })
             if writer is None:
-                writer = pq.ParquetWriter(tmp / C.EVENTS_DIR / f"{run_id}.parquet", tbl.schema,
-                                          compression="zstd")
+                writer = pq.ParquetWriter(part, tbl.schema, compression="zstd")
             writer.write_table(tbl, row_group_size=chunk)
         writer.close()
-        mruns.append({"run_id": run_id, "offered_rps": rate, "arrival": "constant",
-                      "duration_s": round(rows / rate, 3), "warmup_s": 0.0})
-        print(f"  built {run_id} ({rows:,} rows)", flush=True)
+        os.replace(part, final)
+        print(f"  built {run_id} ({rows:,} rows) in {time.perf_counter() - t0:.0f} s",
+              flush=True)
     (tmp / C.MANIFEST_NAME).write_text(yaml.safe_dump(
         manifest_dict(f"bench-scale-{runs}x{rows}", mruns), sort_keys=False))
     os.replace(tmp, dest)
