@@ -144,9 +144,26 @@ def _summary(stats) -> dict:
 
 def child_duckdb(path: str, memory_limit: str | None, temp_dir: str | None,
                  fetch_mb: float | None, threads: int) -> dict:
-    from capplan.reduce import reduce_study
+    from capplan.reduce import engine, reduce_study
     from capplan.study import connect, open_study
 
+    # per-stage wall seconds (for the extrapolation): DuckDB's scan + metrics + sort into
+    # numpy (``_fetch``), and numpy's counting (``run_series`` + ``run_counts``); the rest
+    # (open, the first SQL pass, assembly) is the remainder
+    stages = {"fetch": 0.0, "count": 0.0}
+
+    def timed(stage, f):
+        def g(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                stages[stage] += time.perf_counter() - t
+        return g
+
+    engine._fetch = timed("fetch", engine._fetch)
+    engine.run_series = timed("count", engine.run_series)
+    engine.run_counts = timed("count", engine.run_counts)
     t0, c0 = time.perf_counter(), _cpu_s()
     study = open_study(path, con=connect(threads=threads, memory_limit=memory_limit,
                                          temp_directory=temp_dir))
@@ -154,7 +171,7 @@ def child_duckdb(path: str, memory_limit: str | None, temp_dir: str | None,
     wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
     n = sum(r.n for r in stats.runs)
     return {"engine": "duckdb", "wall_s": wall, "cpu_s": cpu, "rss_mb": _rss_mb(), "rows": n,
-            "rows_per_s": n / wall, "summary": _summary(stats)}
+            "rows_per_s": n / wall, "stages_s": stages, "summary": _summary(stats)}
 
 
 def child_spark(path: str, master: str, driver_memory: str) -> dict:
@@ -230,6 +247,8 @@ def main() -> None:
             print(f"{label:34s}{fmt.format(d[key]):>12s}{fmt.format(s[key]):>18s}")
         print(f"{'peak RSS JVM MB':34s}{'—':>12s}{s['jvm_rss_mb']:>18.0f}")
         print(f"{'Spark session start s':34s}{'—':>12s}{s['start_s']:>18.1f}")
+        print(f"{'CPU s per 10^6 rows':34s}{d['cpu_s'] / d['rows'] * 1e6:>12.2f}"
+              f"{s['cpu_s'] / s['rows'] * 1e6:>18.2f}")
         print(f"ratio Spark / DuckDB: wall {s['wall_s'] / d['wall_s']:.1f}×, CPU "
               f"{s['cpu_s'] / d['cpu_s']:.1f}×; statistics equal: {res['same']}")
     else:
@@ -247,6 +266,11 @@ def main() -> None:
         print(f"DuckDB, {d['rows']:,} requests, memory limit {a.memory_limit}, "
               f"{a.threads} threads: wall {d['wall_s']:.0f} s, CPU {d['cpu_s']:.0f} s, "
               f"peak RSS {d['rss_mb']:.0f} MB, {d['rows_per_s'] / 1e6:.2f} M rows/s")
+        st = d["stages_s"]
+        print(f"  stages: DuckDB scan + sort into numpy {st['fetch']:.1f} s, numpy counting "
+              f"{st['count']:.1f} s, the rest {d['wall_s'] - st['fetch'] - st['count']:.1f} s; "
+              f"per 10^6 rows: {d['wall_s'] / d['rows'] * 1e6:.2f} s wall, "
+              f"{d['cpu_s'] / d['rows'] * 1e6:.2f} s CPU")
         if a.clean:
             shutil.rmtree(dest)
         if not a.temp_dir:
