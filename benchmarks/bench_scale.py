@@ -176,8 +176,20 @@ def child_duckdb(path: str, memory_limit: str | None, temp_dir: str | None,
 
 def child_spark(path: str, master: str, driver_memory: str) -> dict:
     from capplan.reduce import reduce_study
+    from capplan.reduce import spark as rspark
     from capplan.sparkstudy import open_spark_study, spark_session
 
+    # what reaches the driver: rows and bytes of every collected (small) result
+    collected = {"rows": 0, "bytes": 0}
+    collect = rspark._collect
+
+    def counted(*a, **k):
+        df = collect(*a, **k)
+        collected["rows"] += len(df)
+        collected["bytes"] += int(df.memory_usage(deep=True).sum())
+        return df
+
+    rspark._collect = counted
     t0, c0 = time.perf_counter(), _cpu_s()
     spark = spark_session(master, conf={"spark.driver.memory": driver_memory,
                                         "spark.ui.enabled": "false"})
@@ -190,7 +202,7 @@ def child_spark(path: str, master: str, driver_memory: str) -> dict:
     out = {"engine": "spark", "master": master, "start_s": t1 - t0, "wall_s": t2 - t1,
            "cpu_s": (c2 - c1) + (j2 - j1), "python_cpu_s": c2 - c1, "jvm_cpu_s": j2 - j1,
            "rss_mb": _rss_mb(), "jvm_rss_mb": _proc_status(jvm, "VmHWM"), "rows": n,
-           "rows_per_s": n / (t2 - t1), "summary": _summary(stats)}
+           "rows_per_s": n / (t2 - t1), "collected": collected, "summary": _summary(stats)}
     spark.stop()
     return out
 
@@ -247,6 +259,8 @@ def main() -> None:
             print(f"{label:34s}{fmt.format(d[key]):>12s}{fmt.format(s[key]):>18s}")
         print(f"{'peak RSS JVM MB':34s}{'—':>12s}{s['jvm_rss_mb']:>18.0f}")
         print(f"{'Spark session start s':34s}{'—':>12s}{s['start_s']:>18.1f}")
+        print(f"{'collected to the driver':34s}{'—':>12s}"
+              f"{s['collected']['rows'] / 1e3:>9.0f} k rows, {s['collected']['bytes'] / 2**20:.1f} MB")
         print(f"{'CPU s per 10^6 rows':34s}{d['cpu_s'] / d['rows'] * 1e6:>12.2f}"
               f"{s['cpu_s'] / s['rows'] * 1e6:>18.2f}")
         print(f"ratio Spark / DuckDB: wall {s['wall_s'] / d['wall_s']:.1f}×, CPU "

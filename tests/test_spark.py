@@ -253,3 +253,16 @@ def test_the_commands_give_the_same_output_on_both_engines(study_path, spark, tm
     # the exact percentiles may differ in the last bit (two interpolation codes): the CSV
     # keeps every digit, the printed table does not
     pd.testing.assert_frame_equal(out["duckdb"][3], out["spark"][3], rtol=1e-12)
+
+
+def test_a_local_master_gets_two_shuffle_partitions_per_core():
+    """Spark's 200 default shuffle partitions are for a cluster; on one machine the reduction
+    uses two per local thread (a cluster master keeps Spark's default)."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[test]')")
+    import os
+
+    from capplan.sparkstudy import _local_cores
+
+    assert _local_cores("local") == 1 and _local_cores("local[3]") == 3
+    assert _local_cores("local[4,2]") == 4 and _local_cores("local[*]") == os.cpu_count()
+    assert _local_cores("spark://host:7077") is None and _local_cores("yarn") is None
