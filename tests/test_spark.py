@@ -258,7 +258,6 @@ def test_the_commands_give_the_same_output_on_both_engines(study_path, spark, tm
 def test_a_local_master_gets_two_shuffle_partitions_per_core():
     """Spark's 200 default shuffle partitions are for a cluster; on one machine the reduction
     uses two per local thread (a cluster master keeps Spark's default)."""
-    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[test]')")
     import os
 
     from capplan.sparkstudy import _local_cores
