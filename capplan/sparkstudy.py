@@ -35,8 +35,10 @@ _tokens = itertools.count()
 
 
 def spark_session(master: str | None = None, *, conf: dict | None = None):
-    """The active SparkSession, or a new one on ``master`` (default ``local[*]``). UTC
-    session time zone, no console progress bar, Arrow for the small collects."""
+    """The active SparkSession, or a new one on ``master``; without one, the master Spark
+    itself picks (spark-submit's ``--master``, ``spark-defaults.conf``, else ``local[*]``).
+    UTC session time zone, no console progress bar, Arrow for the small collects; on a local
+    master two shuffle partitions per thread unless configured."""
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     try:
         from pyspark.sql import SparkSession
@@ -46,27 +48,28 @@ def spark_session(master: str | None = None, *, conf: dict | None = None):
     active = SparkSession.getActiveSession()
     if active is not None and master is None and not conf:
         return active
-    master = master or "local[*]"
-    b = SparkSession.builder.appName("capplan").master(master)
+    b = SparkSession.builder.appName("capplan")
+    if master is not None:
+        b = b.master(master)
     settings = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false",
-                "spark.sql.execution.arrow.pyspark.enabled": "true"}
-    cores = _local_cores(master)
-    if cores is not None:
-        # Spark's default of 200 shuffle partitions is made for a cluster: on one machine
-        # each of the reduction's few shuffles then runs 200 tiny tasks (12× slower on a
-        # 30 k-request study with 2 cores); two per core keeps every core busy
-        settings["spark.sql.shuffle.partitions"] = str(2 * cores)
-    settings.update(conf or {})
+                "spark.sql.execution.arrow.pyspark.enabled": "true", **(conf or {})}
     for k, v in settings.items():
         b = b.config(k, v)
     try:
         spark = b.getOrCreate()
     except Exception as exc:  # no Java, a bad master URL: pyspark raises several types
-        raise SpecError(f"cannot start Spark on {master}: "
+        raise SpecError(f"cannot start Spark on {master or 'its default master'}: "
                         f"{_first_line(exc)}", field="--spark-master",
                         fix="check the master URL (local[*], spark://host:7077, yarn); "
                             + INSTALL_FIX) from None
     spark.sparkContext.setLogLevel("ERROR")
+    cores = _local_cores(spark.sparkContext.master)
+    if cores is not None and not spark.sparkContext.getConf().contains(
+            "spark.sql.shuffle.partitions"):
+        # Spark's default of 200 shuffle partitions is made for a cluster: on one machine
+        # each of the reduction's few shuffles then runs 200 tiny tasks (12x slower on a
+        # 30 k-request study with 2 threads); two per thread keeps every thread busy
+        spark.conf.set("spark.sql.shuffle.partitions", str(2 * cores))
     return spark
 
 

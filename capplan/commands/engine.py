@@ -86,7 +86,8 @@ def engine_options(f):
                           "(local or a cluster: docs/scale.md)"),
         click.option("--spark-master", default=None,
                      help="with --engine spark: the master URL [default: the running "
-                          "session's, else local[*]]"),
+                          "session's, else spark-submit's --master or spark-defaults.conf, "
+                          "else local[*]]"),
         click.option("--events-table", default=None,
                      help="with --engine spark: read the events from this catalog table; "
                           "STUDY then gives study.yaml"),
