@@ -67,7 +67,7 @@ def spark_session(master: str | None = None, *, conf: dict | None = None):
     if cores is not None and not spark.sparkContext.getConf().contains(
             "spark.sql.shuffle.partitions"):
         # Spark's default of 200 shuffle partitions is made for a cluster: on one machine
-        # each of the reduction's few shuffles then runs 200 tiny tasks (12x slower on a
+        # each of the reduction's few shuffles then runs 200 tiny tasks (4x slower on a
         # 30 k-request study with 2 threads); two per thread keeps every thread busy
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * cores))
     return spark

@@ -75,8 +75,11 @@ Every query binds its values; identifiers come from the fixed tables of ``reduce
 SQL is plain (CASE, ORDER BY), so another engine can produce the same columns.
 
 Modules: ``units`` (CountUnits, TimeUnits, Cells, time_units_for), ``stats`` (BlockStats,
-RunStats, CellStats, GridSpec, the block-length rule), ``sql`` (the SQL fragments),
-``engine`` (reduce_study).
+RunStats, CellStats, GridSpec, the block-length rule), ``sql`` (the SQL fragments, one text
+for DuckDB and Spark through ``capplan.dialect``), ``sums`` (the per-unit, per-fine-unit and
+per-cell sums), ``plan`` (window and query plan), ``count`` (numpy counting of fetched
+columns), ``assemble`` (per-run results into ``BlockStats``), ``engine`` (reduce_study and
+the DuckDB engine), ``spark`` (the Spark engine; docs/scale.md).
 """
 
 from .engine import ENGINES, GRID_HALF, GRID_STEP, reduce_study
