@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -40,6 +39,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_envelope import _cpu_s, _rss_mb, build_study  # noqa: E402  (the sweep and meters)
+
 SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
 
 
@@ -112,15 +114,6 @@ def build_big(dest: Path, runs: int, rows: int, seed: int = 5, chunk: int = 1_00
         manifest_dict(f"bench-scale-{runs}x{rows}", mruns), sort_keys=False))
     os.replace(tmp, dest)
     return dest
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _proc_status(pid: int, key: str) -> float:
@@ -241,9 +234,6 @@ def main() -> None:
     load0 = os.getloadavg()
     res: dict = {"load_start": load0}
     if a.what == "engines":
-        sys.path.insert(0, str(HERE))
-        from bench_envelope import build_study
-
         path = HERE / "_data" / "envelope_constant_12x1000000_s11"
         build_study(path, 12, 1_000_000, 11, "constant")
         d = _spawn(["engines", "--child", "duckdb", "--path", str(path), "--memory-limit",

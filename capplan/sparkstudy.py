@@ -22,8 +22,8 @@ from urllib.parse import urlparse
 from . import contract as C
 from .dialect import SPARK
 from .errors import ProblemList, SpecError, StudyError
-from .study import (check_parquet_files, events_select, find_event_files, parse_manifest,
-                    schema_problems)
+from .study import (StudyFacts, check_parquet_files, events_select, find_event_files,
+                    parse_manifest, schema_problems)
 
 INSTALL_FIX = ("install the Spark engine: pip install 'capplan[spark]' (pyspark) and a Java "
                "17 or 21 runtime (Debian/Ubuntu: apt-get install openjdk-17-jre-headless)")
@@ -111,7 +111,7 @@ class SparkResult:
 
 
 @dataclass(frozen=True)
-class SparkStudy:
+class SparkStudy(StudyFacts):
     """A study opened on Spark: the same ``manifest``, ``present_columns`` and ``sql`` as a
     DuckDB ``Study``, the events in the temporary view ``events_view``."""
 
@@ -125,17 +125,6 @@ class SparkStudy:
     input_files: tuple[str, ...] = field(default=(), repr=False)
 
     dialect = SPARK
-
-    @property
-    def name(self) -> str:
-        return self.manifest.name
-
-    @property
-    def load_model(self) -> str:
-        return self.manifest.load_model
-
-    def has(self, column: str) -> bool:
-        return column in self.present_columns
 
     def sql(self, query: str, params: list | None = None) -> SparkResult:
         """Run Spark SQL over this study's views, parameters bound by position."""

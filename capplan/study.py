@@ -22,8 +22,27 @@ from .dialect import DUCKDB, Dialect
 from .errors import ProblemList, SpecError, StudyError
 
 
+class StudyFacts:
+    """What every opened study (DuckDB's ``Study``, Spark's ``SparkStudy``) answers from its
+    ``manifest`` and ``present_columns``."""
+
+    manifest: C.Manifest
+    present_columns: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def load_model(self) -> str:
+        return self.manifest.load_model
+
+    def has(self, column: str) -> bool:
+        return column in self.present_columns
+
+
 @dataclass(frozen=True)
-class Study:
+class Study(StudyFacts):
     """An opened study. ``con`` holds the views ``raw_events`` and ``events`` (and
     ``resources`` when telemetry exists); ``events`` always has every contract column."""
 
@@ -34,20 +53,9 @@ class Study:
     present_columns: frozenset[str]
     con: duckdb.DuckDBPyConnection = field(repr=False, compare=False)
 
-    @property
-    def name(self) -> str:
-        return self.manifest.name
-
-    @property
-    def load_model(self) -> str:
-        return self.manifest.load_model
-
     def sql(self, query: str, params: list | tuple | dict | None = None):
         """Run SQL against this study's views (parameters bound)."""
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
-
-    def has(self, column: str) -> bool:
-        return column in self.present_columns
 
     # -- what the engine-neutral queries need (``capplan.sparkstudy.SparkStudy`` has the same)
     dialect = DUCKDB
