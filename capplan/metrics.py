@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from . import contract as C
+from .dialect import Dialect
 from .earlystop import n_min
 from .errors import StudyError
 from .slo import SLO
@@ -83,41 +84,51 @@ def request_view(study: Study, window: Window) -> str:
     whose ``in_window`` is ``window``. The name is the window's digest, so a name always means
     one window: the view is created on first use and never redefined (lazy: nothing is
     computed until queried)."""
-    name = REQUEST_VIEW_PREFIX + window.key
-    runs_table = "manifest_runs_" + window.key
-    if study.sql("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
-                 [name]).fetchall()[0][0]:
+    name = study.view_name(REQUEST_VIEW_PREFIX + window.key)
+    runs_table = study.view_name("manifest_runs_" + window.key)
+    if study.has_view(name):
         return name
+    study.register(runs_table, window_runs(study.manifest, window))
+    study.create_view(name, request_select(study.dialect, study.has("itl_ns"),
+                                           study.events_view, runs_table))
+    return name
+
+
+def window_runs(manifest: C.Manifest, window: Window) -> pd.DataFrame:
+    """The manifest's runs with their index and warm-up in ns: the table the per-request
+    metrics join (``request_select``)."""
     rows = []
-    for i, r in enumerate(study.manifest.runs):
+    for i, r in enumerate(manifest.runs):
         rows.append({
             "run_id": r.run_id, "run_idx": i, "offered_rps": r.offered_rps,
             "concurrency": r.concurrency,
             "load_level": r.load_level, "repeat": r.repeat, "duration_s": r.duration_s,
             "warmup_ns": int(round(window.seconds(r.run_id) * C.NS_PER_S)),
         })
-    df = pd.DataFrame(rows).astype({"run_id": "object", "run_idx": "int16", "offered_rps": "float64",
-                                    "concurrency": "float64", "load_level": "float64",
-                                    "repeat": "int64", "duration_s": "float64",
-                                    "warmup_ns": "int64"})
-    study.con.register("_manifest_runs_df", df)
-    study.con.execute(f"CREATE OR REPLACE TABLE {runs_table} AS SELECT * FROM _manifest_runs_df")
-    study.con.unregister("_manifest_runs_df")
-    itl = (
-        "CASE WHEN e.itl_ns IS NULL OR len(e.itl_ns) = 0 THEN NULL "
-        "ELSE list_aggregate(e.itl_ns, 'quantile_cont', 0.99) / 1e6 END"
-        if study.has("itl_ns") else "CAST(NULL AS DOUBLE)"
-    )
-    itl_max = (
-        "CASE WHEN e.itl_ns IS NULL OR len(e.itl_ns) = 0 THEN NULL "
-        "ELSE list_max(e.itl_ns) / 1e6 END" if study.has("itl_ns") else "CAST(NULL AS DOUBLE)"
-    )
+    return pd.DataFrame(rows, columns=["run_id", "run_idx", "offered_rps", "concurrency",
+                                       "load_level", "repeat", "duration_s", "warmup_ns"]
+                        ).astype({"run_id": "object", "run_idx": "int16",
+                                  "offered_rps": "float64", "concurrency": "float64",
+                                  "load_level": "float64", "repeat": "int64",
+                                  "duration_s": "float64", "warmup_ns": "int64"})
+
+
+def request_select(dialect: Dialect, has_itl: bool, events: str, runs: str) -> str:
+    """The SELECT of the per-request metrics (columns in the module docstring) over an events
+    table and a table of manifest runs (run_id, run_idx, load_level, offered_rps,
+    concurrency, repeat, duration_s, warmup_ns), in either engine's SQL: the one definition
+    of TTFT, TPOT, ITL, E2E and the window that DuckDB's view and the Spark reduction share."""
+    none = "CAST(NULL AS DOUBLE)"
+    gaps = f"e.itl_ns IS NULL OR {dialect.list_len('e.itl_ns')} = 0"
+    itl = (f"CASE WHEN {gaps} THEN NULL ELSE {dialect.list_quantile('e.itl_ns', 0.99)} / 1e6 END"
+           if has_itl else none)
+    itl_max = (f"CASE WHEN {gaps} THEN NULL ELSE {dialect.list_max('e.itl_ns')} / 1e6 END"
+               if has_itl else none)
     # token counts beyond the three below pass through as the contract declares them
     more_tokens = "".join(f", e.{c.name}" for c in C.EVENT_COLUMNS if c.name.endswith("_tokens")
                           and c.name not in ("input_tokens", "output_tokens",
                                              "computed_input_tokens"))
-    study.con.execute(f"""
-        CREATE OR REPLACE VIEW {name} AS
+    return f"""
         SELECT
             e.run_id, e.request_id, e.status, e.tenant, e.slo_class, e.replica_group,
             e.input_tokens, e.output_tokens,
@@ -141,9 +152,8 @@ def request_view(study: Study, window: Window) -> str:
             (e.last_token_ns - coalesce(e.sent_ns, e.scheduled_ns)) / 1e6 AS e2e_sent_ms,
             (e.sent_ns - e.scheduled_ns) / 1e6 AS gen_lag_ms,
             (e.admitted_ns - coalesce(e.server_received_ns, e.sent_ns)) / 1e6 AS queue_ms
-        FROM events e JOIN {runs_table} m USING (run_id)
-    """)
-    return name
+        FROM {events} e JOIN {runs} m ON e.run_id = m.run_id
+    """
 
 
 def good_predicate(slo: SLO, alias: str = "") -> tuple[str, list]:
@@ -332,7 +342,8 @@ class RunSummary:
 def _check_unknown_runs(study: Study) -> None:
     """Events whose run_id is not in the manifest would vanish from every per-run number."""
     row = study.sql(
-        "SELECT count(*), any_value(run_id) FROM events WHERE NOT list_contains(?, run_id)",
+        f"SELECT count(*), min(run_id) FROM {study.events_view} "
+        f"WHERE NOT {study.dialect.list_contains('?', 'run_id')}",
         [list(study.manifest.run_ids)]).fetchone()
     if row[0]:
         raise StudyError(f"{row[0]:,} events have a run_id that is not in study.yaml",
@@ -364,7 +375,7 @@ def summarize(study: Study, slo: SLO | str | dict | None = None, *,
         if col is None:
             continue
         metric_cols.append(f"count({col}) FILTER (WHERE in_window AND status = 'ok') AS {name}_n")
-        metric_cols.append(f"quantile_cont({col}, ?::DOUBLE[]) "
+        metric_cols.append(f"{study.dialect.quantiles(col)} "
                            f"FILTER (WHERE in_window AND status = 'ok') AS {name}_q")
         params.append(pcts)
     params.extend(good_params)
@@ -393,8 +404,8 @@ def summarize(study: Study, slo: SLO | str | dict | None = None, *,
     itl = None
     if study.has("itl_ns"):
         itl = study.sql(f"""
-            SELECT run_id, count(*) AS itl_n, quantile_cont(g / 1e6, ?::DOUBLE[]) AS itl_q
-            FROM (SELECT run_id, unnest(itl_ns) AS g FROM {view}
+            SELECT run_id, count(*) AS itl_n, {study.dialect.quantiles('g / 1e6')} AS itl_q
+            FROM (SELECT run_id, {study.dialect.explode('itl_ns')} AS g FROM {view}
                   WHERE in_window AND status = 'ok' AND itl_ns IS NOT NULL)
             GROUP BY run_id
         """, [pcts]).df()

@@ -18,11 +18,31 @@ import pyarrow.parquet as pq
 
 from . import contract as C
 from . import spec as S
+from .dialect import DUCKDB, Dialect
 from .errors import ProblemList, SpecError, StudyError
 
 
+class StudyFacts:
+    """What every opened study (DuckDB's ``Study``, Spark's ``SparkStudy``) answers from its
+    ``manifest`` and ``present_columns``."""
+
+    manifest: C.Manifest
+    present_columns: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def load_model(self) -> str:
+        return self.manifest.load_model
+
+    def has(self, column: str) -> bool:
+        return column in self.present_columns
+
+
 @dataclass(frozen=True)
-class Study:
+class Study(StudyFacts):
     """An opened study. ``con`` holds the views ``raw_events`` and ``events`` (and
     ``resources`` when telemetry exists, ``timeline`` when system events exist); ``events``
     and ``timeline`` always have every contract column."""
@@ -35,20 +55,29 @@ class Study:
     con: duckdb.DuckDBPyConnection = field(repr=False, compare=False)
     timeline_files: tuple[Path, ...] = ()
 
-    @property
-    def name(self) -> str:
-        return self.manifest.name
-
-    @property
-    def load_model(self) -> str:
-        return self.manifest.load_model
-
     def sql(self, query: str, params: list | tuple | dict | None = None):
         """Run SQL against this study's views (parameters bound)."""
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
 
-    def has(self, column: str) -> bool:
-        return column in self.present_columns
+    # -- what the engine-neutral queries need (``capplan.sparkstudy.SparkStudy`` has the same)
+    dialect = DUCKDB
+    events_view = "events"
+
+    def view_name(self, name: str) -> str:
+        return name
+
+    def has_view(self, name: str) -> bool:
+        return bool(self.con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
+                                     [name]).fetchall()[0][0])
+
+    def register(self, name: str, frame) -> None:
+        """A small pandas frame as a table of this study's connection."""
+        self.con.register("_capplan_frame", frame)
+        self.con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM _capplan_frame")
+        self.con.unregister("_capplan_frame")
+
+    def create_view(self, name: str, select: str) -> None:
+        self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {select}")
 
     def runs_frame(self):
         """Manifest runs as a pandas frame (run_id, offered_rps, concurrency, ...)."""
@@ -93,13 +122,15 @@ RUN_KEYS = tuple(dict.fromkeys(C.RUN_REQUIRED_OPEN + C.RUN_REQUIRED_CLOSED + C.R
 LOAD_MODELS = tuple(m.value for m in C.LoadModel)
 
 
-def parse_manifest(path: Path, problems: ProblemList | None = None) -> C.Manifest | None:
+def parse_manifest(path: Path, problems: ProblemList | None = None, *,
+                   text: str | None = None) -> C.Manifest | None:
     """Read and check study.yaml (with the spec kit: every problem names its field and line).
     Collects problems into ``problems``; without it, raises StudyError listing all of them.
-    Returns None when the manifest is unusable."""
+    Returns None when the manifest is unusable. ``text``: the file's text, already read (a
+    manifest in object storage, read by Spark); ``path`` then only names it."""
     own = problems is None
     problems = problems if problems is not None else ProblemList()
-    manifest = _read_manifest(Path(path), problems)
+    manifest = _read_manifest(Path(path) if text is None else path, problems, text)
     if own:
         problems.raise_if_errors()
     return manifest
@@ -116,15 +147,17 @@ def _near_misses(check: S.Checks, d: dict, field: str, known: tuple[str, ...], w
                        fix=f"rename it to {near} if that is what it means")
 
 
-def _read_manifest(path: Path, problems: ProblemList) -> C.Manifest | None:
+def _read_manifest(path, problems: ProblemList, text: str | None = None) -> C.Manifest | None:
     file = str(path)
-    if not path.is_file():
+    if text is None and not path.is_file():
         problems.add("study manifest not found", file=file,
                      fix=f"a study directory holds {C.MANIFEST_NAME} and events/*.parquet; "
                          "see docs/study-contract.md", code="manifest_missing")
         return None
     try:
-        doc = S.load_yaml(path, what=C.MANIFEST_NAME, fix="see docs/study-contract.md")
+        fix = "see docs/study-contract.md"
+        doc = (S.load_yaml(path, what=C.MANIFEST_NAME, fix=fix) if text is None else
+               S.parse_yaml(text, what=C.MANIFEST_NAME, file=file, fix=fix))
     except SpecError as exc:
         problems.items.append(exc.problem(code="bad_yaml"))
         return None
@@ -209,7 +242,7 @@ def _read_manifest(path: Path, problems: ProblemList) -> C.Manifest | None:
     if problems.errors and not runs:
         return None
     return C.Manifest(
-        contract=str(contract), name=str(raw.get("name", path.parent.name)), system=system,
+        contract=str(contract), name=str(raw.get("name", Path(str(path)).parent.name)), system=system,
         workload=raw.get("workload") or {}, load_model=str(load_model), runs=tuple(runs), raw=raw,
     )
 
@@ -260,50 +293,68 @@ def check_parquet_files(files: tuple[Path, ...], problems: ProblemList,
                          "(e.g. pandas.DataFrame.to_parquet) or remove it from its folder",
                          code="bad_parquet")
             continue
-        names = set(schema.names)
-        for c in columns:
-            col = c.name
-            if c.required and col not in names:
-                problems.add(f"required column '{col}' is missing", file=str(path), column=col,
-                             example="columns present: " + ", ".join(schema.names[:12]),
-                             fix=f"add '{col}' ({c.dtype}): {c.meaning}", code="missing_column")
-        for field in schema:
-            c = by_name.get(field.name)
-            if c is None:
-                continue
-            if not _dtype_ok(c.dtype, field.type):
-                problems.add(f"column '{field.name}' has type {field.type}, expected {c.dtype}",
-                             file=str(path), column=field.name,
-                             example=_first_value(path, field.name),
-                             fix=(f"cast it to {c.dtype}" + (" nanoseconds" if c.unit == "ns" else "")),
-                             code="wrong_dtype")
-            present.add(field.name)
+        bad = [(f.name, f.type) for f in schema if f.name in by_name
+               and not _dtype_ok(by_name[f.name].dtype, f.type)]
+        present |= schema_problems(str(path), list(schema.names), bad, problems,
+                                   example=lambda col, p=path: _first_value(p, col), columns=columns)
     return present
 
 
-def events_select(present: set[str], columns: tuple[C.Column, ...] = C.EVENT_COLUMNS) -> str:
+def schema_problems(file: str, names: list[str], bad: list[tuple[str, object]],
+                    problems: ProblemList, example=None,
+                    columns: tuple[C.Column, ...] = C.EVENT_COLUMNS) -> set[str]:
+    """The problems of one table's schema — required columns missing, contract columns of the
+    wrong type (``bad``: (name, actual type)) — in the words every engine uses; returns the
+    contract columns present. ``example(column)``: an example value, where one can be read.
+    ``columns``: the table's contract (events by default, ``C.TIMELINE_COLUMNS``)."""
+    by_name = {c.name: c for c in columns}
+    for c in columns:
+        if c.required and c.name not in names:
+            problems.add(f"required column '{c.name}' is missing", file=file, column=c.name,
+                         example="columns present: " + ", ".join(names[:12]),
+                         fix=f"add '{c.name}' ({c.dtype}): {c.meaning}", code="missing_column")
+    for name, actual in bad:
+        c = by_name[name]
+        problems.add(f"column '{name}' has type {actual}, expected {c.dtype}",
+                     file=file, column=name, example=example(name) if example else None,
+                     fix=(f"cast it to {c.dtype}" + (" nanoseconds" if c.unit == "ns" else "")),
+                     code="wrong_dtype")
+    return {n for n in names if n in by_name}
+
+
+def events_select(present: set[str], columns: tuple[C.Column, ...] = C.EVENT_COLUMNS,
+                  dialect: Dialect = DUCKDB) -> str:
     """SELECT list that gives every contract column, NULL-filled where a file lacks it.
     Identifiers come from the contract module only (no user input in SQL text)."""
     cols = []
     for c in columns:
         if c.name in present:
-            cols.append(f'"{c.name}"')
+            cols.append(dialect.ident(c.name))
         else:
-            sql_type = {"string": "VARCHAR", "int64": "BIGINT", "list<item: int64>": "BIGINT[]",
-                        "double": "DOUBLE"}.get(str(c.dtype), "VARCHAR")
-            cols.append(f'CAST(NULL AS {sql_type}) AS "{c.name}"')
+            cols.append(f"CAST(NULL AS {dialect.type_name(str(c.dtype))}) AS "
+                        f"{dialect.ident(c.name)}")
     return ", ".join(cols)
 
 
-def connect(threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """A private in-memory DuckDB connection (spills to a temp dir for big studies). DuckDB's
-    own terminal progress bar is off: it would scribble over CLI output and notebook cells."""
+def connect(threads: int | None = None, memory_limit: str | None = None,
+            temp_directory: str | os.PathLike | None = None) -> duckdb.DuckDBPyConnection:
+    """A private in-memory DuckDB connection (spills to a temp dir for big studies:
+    ``temp_directory``, default DuckDB's ``.tmp`` beside the working directory). DuckDB's
+    own terminal progress bar is off: it would scribble over CLI output and notebook cells.
+    A bad ``memory_limit`` or an unusable ``temp_directory`` is a SpecError."""
     config = {}
     if threads:
         config["threads"] = int(threads)
     if memory_limit:
-        config["memory_limit"] = memory_limit
-    con = duckdb.connect(database=":memory:", config=config)
+        config["memory_limit"] = str(memory_limit)
+    if temp_directory:
+        config["temp_directory"] = str(temp_directory)
+    try:
+        con = duckdb.connect(database=":memory:", config=config)
+    except duckdb.Error as exc:
+        raise SpecError(f"DuckDB does not accept these settings: {str(exc).splitlines()[0]}",
+                        field="--memory-limit / --temp-dir",
+                        fix="a memory limit like 4GB or 800MB, and a writable folder") from None
     con.execute("SET enable_progress_bar = false")
     return con
 

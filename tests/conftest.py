@@ -104,3 +104,23 @@ def make_study(tmp_path):
         return write_study(path, manifest, events, timeline=timeline)
 
     return _make
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for every Spark test (2 threads, 2 shuffle partitions, no UI):
+    starting the JVM takes seconds, a query on a small study well under one. Skipped with a
+    reason when pyspark or a Java runtime is missing (CI installs both: .ci/run)."""
+    import shutil
+
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[test]')")
+    if shutil.which("java") is None and not __import__("os").environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime (Debian: apt-get install openjdk-17-jre-headless)")
+    from capplan.sparkstudy import spark_session
+
+    session = spark_session("local[2]", conf={
+        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+        "spark.ui.enabled": "false", "spark.sql.adaptive.enabled": "false",
+        "spark.driver.memory": "1g"})
+    yield session
+    session.stop()

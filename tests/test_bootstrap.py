@@ -250,9 +250,10 @@ def test_block_length_is_the_max_over_good_and_log_latencies():
     are mostly noise), PW on the log latency series sees the dependence; the run's block length
     is the largest over good and every latency series given (TTFT and TPOT in reduce_study),
     missing values reading as the series' largest."""
-    from capplan.reduce import block_length, max_length
+    from capplan.reduce import FINE_UNITS, block_length, max_length
 
-    n = 20000
+    n = 16000  # per-request series up to FINE_UNITS (past it: test_reduce's fine-unit test)
+    assert n <= FINE_UNITS
     z = ar1(n, 0.97, 5)
     ttft = 500 * np.exp(0.5 * z)
     lim = float(np.quantile(ttft, 0.995))  # 0.5 % violations, clustered in the AR(1) peaks

@@ -31,8 +31,8 @@ DOC = ROOT / "docs" / "architecture.md"
 #: matching name wins. "capplan" is the package itself (its __init__, the public facade).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "contract", "version", "io")),
-    ("kit", ("spec", "slo", "sketch", "earlystop", "periods", "resources")),
-    ("study", ("study", "telemetry", "importers")),
+    ("kit", ("spec", "slo", "sketch", "earlystop", "periods", "resources", "dialect")),
+    ("study", ("study", "sparkstudy", "telemetry", "importers")),
     ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce", "runeffect", "honesty")),
     ("simulation", ("synth",)),

@@ -117,7 +117,7 @@ def test_mix_panel_state_and_widgets(make_study):
     path = _study(make_study)
     spec = {"demand": {"peak_rps": 6.0}, "replica_group": {"gpus_per_node": 8},
             "failure": {"policy": "none"}, "prices": {"usd_per_gpu_hour": 2.0},
-            "capacity": {"reps": 100}}
+            "capacity": {"reps": 100, "accept_optimistic": True}}  # one run per rate
     model = MixModel.build(path, spec, SLO, target=_target(0.5))
     p = model.defaults()
     assert p.plan_on == "target" and dict(p.shares) == {"input <1024": 0.5, "input ≥1024": 0.5}
@@ -130,5 +130,7 @@ def test_mix_panel_state_and_widgets(make_study):
     assert s2.mix.cslo.estimate == pytest.approx(model.mixfit.base.cslo.estimate, rel=1e-9)
     panel = MixPanel(model)
     panel.plan_on.value = "tested"
-    assert panel.state.plan.capacity.rps_per_group == pytest.approx(model.mixfit.base.cslo.lower_bound)
+    # "tested" plans on the headline envelope, as the plan page does
+    assert panel.state.plan.capacity.rps_per_group == pytest.approx(model.envelope.cslo.lower_bound)
+    assert model.envelope.method == "run-effect"
     assert "data-key=\"target_cslo\"" in panel.table.value

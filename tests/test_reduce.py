@@ -215,3 +215,65 @@ def test_resample_is_cached_and_uses_the_run_stream(make_study):
     fresh = s.resample(r.n_units, s.block_units(r.block_len, r.unit_size), 30,
                        np.random.default_rng([2, r.run_idx]))
     assert np.array_equal(fresh.counts(), R.counts())
+
+
+def test_one_run_at_a_time_gives_the_same_statistics(make_study):
+    """Past the fetch budget DuckDB reads one run at a time (a first SQL pass for the pooled
+    histogram of an axis the SLO does not limit, and for the observed cells): the same
+    statistics as the one fetch of every run."""
+    rows = _rows("r1", 60) + _rows("r2", 25, gap_ms=100.0, prefix="b")
+    rows += [ev("r2", "tie-b", scheduled_ms=500.0), ev("r2", "tie-a", scheduled_ms=500.0,
+                                                        ttft_ms=950.0)]
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 4.0},
+                                  {"run_id": "r2", "offered_rps": 10.0, "warmup_s": 0.0}])
+    cells = Cells(input_edges=(1000,), tenant=True)
+    for slo in (SLO_TEXT, "ttft_ms=500,tpot_ms=20,attainment=0.9"):
+        a = reduce_study(path, slo, cells=cells, units=CountUnits(9))
+        b = reduce_study(path, slo, cells=cells, units=CountUnits(9), fetch_mb=1e-6)
+        assert a.grid_spec == b.grid_spec
+        for ra, rb in zip(a.runs, b.runs):
+            assert ra.block_len == rb.block_len
+            for k in ra.units:
+                assert np.array_equal(ra.units[k], rb.units[k], equal_nan=True), k
+            assert np.array_equal(ra.grid, rb.grid)
+            for m in ra.tail:
+                assert all(np.array_equal(x, y) for x, y in zip(ra.tail[m], rb.tail[m]))
+            for k in ra.cells.sums:
+                assert np.array_equal(ra.cells.sums[k], rb.cells.sums[k]), k
+        pd.testing.assert_frame_equal(a.diagnostics, b.diagnostics)
+
+
+def test_ties_are_ordered_by_request_id(make_study):
+    """Two requests at one scheduled time: the one whose request_id sorts first (byte order,
+    the same in DuckDB and Spark) is the earlier, whatever the file order."""
+    rows = [ev("r1", "q2", scheduled_ms=0.0, ttft_ms=100.0),
+            ev("r1", "b", scheduled_ms=100.0, ttft_ms=900.0),   # bad, sorts first
+            ev("r1", "a9", scheduled_ms=100.0, ttft_ms=100.0),  # wait: "a9" < "b"
+            ev("r1", "q4", scheduled_ms=200.0, ttft_ms=100.0)]
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "warmup_s": 0.0}])
+    st = reduce_study(path, SLO_TEXT, units=CountUnits(4))
+    # scheduled order q2, a9, b, q4: only unit 2 (request "b") misses the 500-ms TTFT
+    assert st.runs[0].units["n_good"].tolist() == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_block_length_from_fine_units():
+    """With n ≤ FINE_UNITS the rule is Politis–White on the per-request series; beyond it,
+    PW on per-fine-unit means times n/F — close to the per-request figure for a strongly
+    dependent series, and capped as PW caps a series of n."""
+    from scipy import signal
+
+    from capplan.reduce import FINE_UNITS, block_length
+
+    rng = np.random.default_rng(3)
+    short = signal.lfilter([1.0], [1.0, -0.9], rng.standard_normal(4000))
+    good = (short < 1.0).astype(float)
+    bl_good, bl_lat, metric = block_length(good, {"ttft": np.exp(short)})
+    assert bl_good == B.optimal_block_length(good)
+    logged = np.log(np.maximum(np.exp(short), sketch.MIN_VALUE))  # clamped as keys are
+    assert bl_lat == B.optimal_block_length(logged) and metric == "ttft"
+    n = 8 * FINE_UNITS
+    x = signal.lfilter([1.0], [1.0, -0.999], rng.standard_normal(n))
+    exact = B.optimal_block_length(x).circular
+    fine = block_length(x > 0, {"v": np.exp(x)})[1].circular
+    assert 0.5 * exact < fine < 2.0 * exact
+    assert fine <= np.ceil(min(3 * np.sqrt(n), n / 3))

@@ -86,6 +86,7 @@ def compare_report(small_sweeps, tmp_path_factory) -> dict:
         spec = tmp_path_factory.getbasetemp() / "plan-on-estimate.yaml"
         text = R.default_spec_path().read_text(encoding="utf-8")
         spec.write_text(text.replace("use: lower_bound ", "use: estimate    "), encoding="utf-8")
+        shutil.copy(R.default_spec_path().parent / "mix-demo.csv", spec.parent)  # its mix.target
         so, se = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
             rc = main(["report", str(small_sweeps["d"]), "--baseline", str(small_sweeps["a"]),

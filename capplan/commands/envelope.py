@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ..errors import SpecError
+from .engine import engine_options
 
 
 @click.command("envelope")
@@ -38,17 +39,22 @@ from ..errors import SpecError
               help="take the run-to-run variation near the crossing from this twin (or synth "
                    "config), simulating the study's protocol there (docs/envelope.md)")
 @click.option("--out", "out", type=click.Path(), default=None, help="write the result as JSON")
+@engine_options
 def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, method,
-        twin_path, out) -> int:
+        twin_path, out, engine) -> int:
     """Fit the SLO capacity envelope of a load sweep."""
     from ..envelope import fit_envelope, fit_summary_table
+    from ..reduce import reduce_study
     from ..slo import SLO
 
     if (slo_text is None) == (slo_file is None):
         raise SpecError("give the SLO with --slo, or one SLO per class with --slo-file (not both)",
                         field="--slo", fix="e.g. --slo ttft_ms=2000,attainment=0.99, or --slo-file slo.yaml")
     if slo_file is not None:
-        return _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out)
+        if engine.spark:
+            raise SpecError("--slo-file runs on DuckDB only", field="--engine",
+                            fix="drop --engine spark, or fit one SLO at a time with --slo")
+        return _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out, method)
     slo = SLO.parse(slo_text)
     if not (0.5 < confidence < 1.0):
         raise SpecError(f"--confidence must be between 0.5 and 1, got {confidence}",
@@ -59,12 +65,13 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
         w = float(warmup)
     except ValueError:
         w = warmup
-    p = Path(study)
-    if p.is_file() and p.suffix in (".csv", ".parquet"):
-        env = fit_summary_table(p, slo, confidence=confidence, reps=reps, seed=seed)
+    if not engine.is_study(study):
+        env = fit_summary_table(Path(study), slo, confidence=confidence, reps=reps, seed=seed)
     else:
-        env = fit_envelope(p, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
-                           block_len=block_len, warmup=w, method=method)
+        st = engine.open(study)
+        stats = reduce_study(st, slo, warmup=w, progress=engine.progress)
+        env = fit_envelope(st, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
+                           block_len=block_len, warmup=w, stats=stats, method=method)
         if twin_path and method == "run-effect":
             from dataclasses import replace
 
@@ -72,9 +79,9 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
 
             effect, note = twin_run_effect(env, load_model(twin_path), seed=seed)
             if effect is not None:
-                env = fit_envelope(p, slo, confidence=confidence, reps=reps, seed=seed,
+                env = fit_envelope(st, slo, confidence=confidence, reps=reps, seed=seed,
                                    scheme=scheme, block_len=block_len, warmup=w, method=method,
-                                   stats=env.stats, run_effect=effect)
+                                   stats=stats, run_effect=effect)
             env = replace(env, notes=env.notes + (note,))
     click.echo(env.to_text())
     if out:
@@ -83,7 +90,8 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
     return 0
 
 
-def _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out) -> int:
+def _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out,
+             method="run-effect") -> int:
     """`--slo-file`: the joint C_SLO over SLO classes (capplan.mix.classes)."""
     from ..mix.classes import fit_classes
 
@@ -91,7 +99,7 @@ def _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup,
         w = float(warmup)
     except ValueError:
         w = warmup
-    fit = fit_classes(study, slo_file, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
+    fit = fit_classes(study, slo_file, confidence=confidence, reps=reps, seed=seed, scheme=scheme, method=method,
                       block_len=block_len, warmup=w)
     click.echo(fit.to_text())
     click.echo("")

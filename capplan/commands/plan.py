@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import SpecError
+from .engine import engine_options
 
 
 @click.command("plan")
@@ -40,8 +41,10 @@ from ..errors import SpecError
               help="with --twin: also simulate a day under the autoscaler (a working day's shape)")
 @click.option("--day-trace", "day_trace", default=None, type=click.Path(dir_okay=False),
               help="with --day: the day's shape from this trace (Azure CSV or Mooncake JSONL)")
+@engine_options
 def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidence, gpus_per_replica, strict,
-        accept_optimistic, time_, twin=None, quarter=1, slo_minutes_budget=None, day=False, day_trace=None):
+        accept_optimistic, time_, twin=None, quarter=1, slo_minutes_budget=None, day=False, day_trace=None,
+        engine=None):
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
     from ..plan import load_plan_spec, make_plan
@@ -63,9 +66,7 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
     st = None
     study_hash = None
     if study is not None:
-        from ..study import open_study
-
-        st = open_study(study)
+        st = engine.open(study)
         study_hash = st.content_hash()
     if slo is not None:  # --slo plans with that one SLO, not the spec's SLO classes
         import dataclasses

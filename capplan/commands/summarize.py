@@ -9,6 +9,7 @@ import duckdb
 
 from ..errors import SpecError, StudyError
 from ..io import atomic_path
+from .engine import engine_options
 
 OUT_FORMATS = (".csv", ".parquet")
 
@@ -42,20 +43,21 @@ def write_table(df, dest: str) -> Path:
               help="override every run's warm-up (seconds); default: the manifest's warmup_s")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="run the row-level validator first (errors stop with exit 2)")
+@engine_options
 def cmd(study: str, slo_text: str | None, slo_file: str | None, out: str | None, warmup_s: float | None,
-        check: bool) -> int:
+        check: bool, engine) -> int:
     """Summarize every run of STUDY: funnel, measured vs nominal offered rate, throughput,
     TTFT/TPOT/ITL/E2E percentiles and, with --slo, attainment and goodput."""
     from ..metrics import summarize
     from ..slo import SLO
-    from ..study import connect, open_study
-    from ..validate import open_checked
 
     if out is not None and Path(out).suffix.lower() not in OUT_FORMATS:
         write_table(None, out)  # raises the SpecError before any work
+    if slo_file is not None and engine.spark:
+        raise SpecError("--slo-file runs on DuckDB only", field="--engine",
+                        fix="drop --engine spark, or summarize with --slo")
     slo = SLO.parse(slo_text) if slo_text else None
-    con = connect()  # DuckDB's progress bar is off: stderr is for messages
-    st = (open_checked if check else open_study)(study, con=con)
+    st = engine.open(study, checked=check)
     try:
         result = summarize(st, slo, warmup_s=warmup_s)
     except duckdb.Error as exc:

@@ -251,9 +251,11 @@ def class_counts(study, classes, *, warmup="manifest") -> pd.DataFrame:
 
 
 def fit_classes(study, classes, *, confidence: float = 0.95, reps: int = 1000, seed: int = 0,
-                scheme: str = "circular", block_len: float | None = None, warmup="manifest") -> ClassFit:
+                scheme: str = "circular", block_len: float | None = None, warmup="manifest",
+                method: str = "run-effect") -> ClassFit:
     """Fit C_SLO under one SLO per class (module docstring). ``classes``: an ``SLOClasses``, an
-    SLO-file path or mapping."""
+    SLO-file path or mapping. ``method``: the envelope's interval method (docs/envelope.md;
+    ``"within-run"`` gives each class's raw, typical-run crossing)."""
     classes = load_slo_file(classes)
     st = study if isinstance(study, Study) else open_study(study)
     if st.manifest.load_model == "closed":
@@ -283,7 +285,8 @@ def fit_classes(study, classes, *, confidence: float = 0.95, reps: int = 1000, s
         red = reduced[str(slos[name])]
         idx = [j for j, v in enumerate(values) if v in vals]
         cs = _class_stats(red, idx, joint_bl, drop, reason)
-        envs[name] = fit_from_stats(cs, slos[name], confidence=confidence, reps=reps, seed=seed, scheme=scheme_obj)
+        envs[name] = fit_from_stats(cs, slos[name], confidence=confidence, reps=reps, seed=seed, scheme=scheme_obj,
+                                    method=method)
     return _combine(classes, envs, members, slos, notes, confidence=confidence, reps=reps, seed=seed)
 
 

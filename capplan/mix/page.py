@@ -84,7 +84,7 @@ class MixPage:
               confidence: float = 0.95, twin=None, twin_runs: int | None = None,
               twin_draws: int = 10) -> "MixPage":
         from ..cost import study_facts
-        from ..envelope import fit_envelope
+        from ..envelope import fit_envelope, fit_from_stats
         from ..plan import load_plan_spec, make_plan
         from .classes import fit_classes
 
@@ -115,10 +115,18 @@ class MixPage:
             except CapplanError as exc:  # a bad twin file or a refused cell: said on the page
                 msg, fix = getattr(exc, "message", str(exc)), getattr(exc, "fix", None)
                 problems.append(f"twin {twin_path}: {msg}" + (f" — {fix}" if fix else ""))
-        base = next(iter(mixes.values())).base if mixes else fit_envelope(study, slo, **kw)
+        # the plan page's number: the headline envelope (run-to-run variation included), from
+        # the mix's reduction where there is one
+        first = next(iter(mixes.values())).base if mixes else None
+        env = (fit_from_stats(first.stats, slo, **kw) if first is not None and first.stats is not None
+               else fit_envelope(study, slo, **kw))
         facts = study_facts(study, slo)
-        plan = make_plan(replace(spec, slo=slo, slo_classes=None, mix=replace(spec.mix, target=None)),
-                         study=study, envelope=base, slo=slo, facts=facts)
+        try:
+            plan = make_plan(replace(spec, slo=slo, slo_classes=None, mix=replace(spec.mix, target=None)),
+                             study=study, envelope=env, slo=slo, facts=facts)
+        except SpecError as exc:  # a refused plan (e.g. no honest lower bound) is said on the page
+            plan = None
+            problems.append(f"plan bounds: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         return cls(study=study, spec=spec, slo=slo, classes=cfit, mixes=mixes, plan=plan,
                    target_source=str(path) if path else None, facts=facts, problems=tuple(problems),
                    twins=twins, twin_source=str(twin_path) if twin_path else None)
@@ -183,10 +191,14 @@ class MixPage:
                 "docs/mix.md, \"Target mix\").")
 
     def bounds_frame(self) -> pd.DataFrame:
+        if self.plan is None:  # refused: the reason is in ``problems``
+            return pd.DataFrame(columns=["item", "value", "unit", "formula", "inputs"])
         df = self.plan.to_frame()
         return df[df["key"].isin(BOUND_KEYS)][["item", "value", "unit", "formula", "inputs"]].reset_index(drop=True)
 
     def bounds_checks(self) -> pd.DataFrame:
+        if self.plan is None:
+            return pd.DataFrame(columns=["check", "ok"])
         df = self.plan.checks_frame()
         df = df[df["key"].isin(BOUND_CHECKS)].copy()
         df["ok"] = df["ok"].map({True: "holds", False: "FAILS"})

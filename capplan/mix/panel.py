@@ -51,9 +51,13 @@ class MixModel:
     """The cached, slow part: study, plan spec, the class fit and the reduction with the target's
     cells (read-only after build)."""
 
-    def __init__(self, study, spec, slo, *, target=None, stats=None, mixfit=None, classfit=None):
+    def __init__(self, study, spec, slo, *, target=None, stats=None, mixfit=None, classfit=None,
+                 envelope=None):
         self.study, self.spec, self.slo = study, spec, slo
         self.target, self.stats, self.mixfit, self.classfit = target, stats, mixfit, classfit
+        #: the headline envelope (run-to-run variation included): what "tested" plans on, as the
+        #: plan page does; the reweighting compares like with like on ``mixfit.base``
+        self.envelope = envelope
         from ..cost import study_facts
 
         self.facts = study_facts(study, slo)
@@ -61,6 +65,7 @@ class MixModel:
     @classmethod
     def build(cls, study, spec, slo=None, *, target=None, classes=None, reps: int | None = None,
               seed: int | None = None, confidence: float | None = None) -> "MixModel":
+        from ..envelope import fit_envelope, fit_from_stats
         from ..study import open_study
         from ..plan import load_plan_spec
         from ..reduce import reduce_study
@@ -82,7 +87,9 @@ class MixModel:
         classes = classes if classes is not None else spec.slo_classes
         if classes is not None:
             classfit = fit_classes(study, classes, **kw)
-        return cls(study, spec, slo, target=target, stats=stats, mixfit=mixfit, classfit=classfit)
+        envelope = (fit_from_stats(stats, slo, **kw) if stats is not None else fit_envelope(study, slo, **kw))
+        return cls(study, spec, slo, target=target, stats=stats, mixfit=mixfit, classfit=classfit,
+                   envelope=envelope)
 
     def defaults(self) -> MixParams:
         ct = tuple((c, self.classfit.slos[c].attainment) for c in self.classfit.names) if self.classfit else ()
@@ -121,7 +128,8 @@ def mix_state(model: MixModel, params: MixParams) -> MixState:
         cf = model.classfit.retarget(dict(params.class_targets)) if params.class_targets else model.classfit
     if params.plan_on not in PLAN_ON:
         raise SpecError(f"unknown plan_on {params.plan_on!r}", field="plan_on", fix="one of " + ", ".join(PLAN_ON))
-    source = {"tested": mf.base if mf is not None else None, "target": mf.envelope if mf is not None else None,
+    source = {"tested": model.envelope if model.envelope is not None else (mf.base if mf is not None else None),
+              "target": mf.envelope if mf is not None else None,
               "classes": cf}[params.plan_on]
     if source is None:
         raise SpecError(f"nothing to plan on for {PLAN_ON[params.plan_on]!r}", field="plan_on",

@@ -80,21 +80,25 @@ Every query binds its values; identifiers come from the fixed tables of ``reduce
 SQL is plain (CASE, ORDER BY), so another engine can produce the same columns.
 
 Modules: ``units`` (CountUnits, TimeUnits, Cells, time_units_for), ``stats`` (BlockStats,
-RunStats, CellStats, GridSpec, the block-length rule), ``sql`` (the SQL fragments),
-``engine`` (reduce_study).
+RunStats, CellStats, GridSpec, the block-length rule), ``sql`` (the SQL fragments, one text
+for DuckDB and Spark through ``capplan.dialect``), ``sums`` (the per-unit, per-fine-unit and
+per-cell sums), ``plan`` (window and query plan), ``count`` (numpy counting of fetched
+columns), ``assemble`` (per-run results into ``BlockStats``), ``engine`` (reduce_study and
+the DuckDB engine), ``spark`` (the Spark engine; docs/scale.md).
 """
 
-from .engine import GRID_HALF, GRID_STEP, reduce_study, resolve_window
+from .engine import ENGINES, GRID_HALF, GRID_STEP, reduce_study
 from .occupancy import ACTIVITY_COLUMNS, Occupancy, RunOccupancy, activity, occupancy
-from .stats import (TAIL_FROM, BlockStats, CellStats, GridSpec, RunStats, block_length,
-                    max_length, stats_from_series)
+from .plan import resolve_window
+from .stats import (FINE_UNITS, TAIL_FROM, BlockStats, CellStats, GridSpec, RunStats,
+                    block_length, block_length_fine, max_length, stats_from_series)
 from .units import (CACHE_LABELS, MAX_UNITS, METRICS, NONE_LABEL, Cells, CountUnits, TimeUnits,
                     bucket_labels, time_units_for)
 
 __all__ = [
     "ACTIVITY_COLUMNS", "Occupancy", "RunOccupancy", "activity", "occupancy",
-    "BlockStats", "CACHE_LABELS", "CellStats", "Cells", "CountUnits", "GRID_HALF", "GRID_STEP", "GridSpec",
-    "MAX_UNITS", "METRICS", "NONE_LABEL", "RunStats", "TAIL_FROM", "TimeUnits", "block_length",
-    "bucket_labels", "max_length", "reduce_study", "resolve_window",
+    "BlockStats", "CACHE_LABELS", "CellStats", "Cells", "CountUnits", "ENGINES", "FINE_UNITS", "GRID_HALF",
+    "GRID_STEP", "GridSpec", "MAX_UNITS", "METRICS", "NONE_LABEL", "RunStats", "TAIL_FROM", "TimeUnits",
+    "block_length", "block_length_fine", "bucket_labels", "max_length", "reduce_study", "resolve_window",
     "stats_from_series", "time_units_for",
 ]

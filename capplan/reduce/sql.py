@@ -1,6 +1,10 @@
-"""The SQL fragments of the reduction, in one place. Values are bound parameters;
-identifiers come from the fixed tables here. Plain SQL (CASE, arithmetic), so another engine can
-run it unchanged."""
+"""The SQL of the reduction, in one place and for both engines (``capplan.dialect``): the
+per-request columns (status code, SLO-good flag, grid eligibility, every log-bucket key, the
+grid codes, the cell code), the tie rule of the scheduled order, and the unit index. Values are
+bound parameters; identifiers come from the fixed tables here. DuckDB runs the per-request
+columns in one ordered query and counts in numpy (``engine``); Spark runs the same columns and
+aggregates them in SQL (``spark``); the aggregations of both are listed side by side in
+``sums``."""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ import math
 
 from .. import contract as C
 from .. import sketch
+from ..dialect import Dialect
 from ..errors import SpecError
+from ..metrics import good_predicate
 from ..slo import SLO
 from .units import CACHE_LABELS, NONE_LABEL, Cells
 
@@ -18,35 +24,61 @@ KEY_COL = {"ttft": "kt", "tpot": "kp", "itl": "ki", "e2e": "ke", "gen_lag_ms": "
 STATUS_CODE_SQL = ("CASE m.status " + " ".join(f"WHEN '{s}' THEN {i}"
                                                  for i, s in enumerate(C.STATUSES))
                     + f" ELSE {len(C.STATUSES)} END")
+#: SMALLINT sentinel for a missing latency (failed request) in the per-request columns
+KEY_MISSING = 32767
+#: The scheduled order of a run's requests. Ties in scheduled_ns are broken by request_id
+#: (byte order, the same in DuckDB and Spark), then by the token stamps, so that the order —
+#: hence unit boundaries and the block-length series — is one total order in both engines.
+ORDER_COLUMNS = ("scheduled_ns", "request_id", "first_token_ns", "last_token_ns")
+
+
+def order_sql(alias: str = "m") -> str:
+    return ", ".join(f"{alias}.{c} ASC NULLS LAST" for c in ORDER_COLUMNS)
+
+
+def _f(x: float) -> str:
+    """A float constant of the code as a DOUBLE literal (never user input)."""
+    return f"CAST({float(x)!r} AS DOUBLE)"
 
 
 def ln_sql(col: str) -> str:
     """ln of a latency, clamped as ``sketch.keys`` clamps (shared by its key and grid code)."""
-    return f"ln(greatest({col}, {sketch.MIN_VALUE!r}))"
+    return f"ln(greatest({col}, {_f(sketch.MIN_VALUE)}))"
 
 
 def key_sql(col: str, ktype: str) -> str:
     """Bucket key (``sketch.keys``); parameters: the key of ``sketch.MIN_VALUE`` (values at or
     below it share it, as ``sketch.keys`` clamps them; no logarithm is taken for them, e.g. a
     generator lag of 0), ln γ."""
-    return (f"CAST(CASE WHEN {col} IS NULL THEN NULL WHEN {col} <= {sketch.MIN_VALUE!r} THEN ? "
-            f"ELSE ceil(ln({col}) / ? - {sketch.KEY_EPS!r}) END AS {ktype})")
+    return (f"CAST(CASE WHEN {col} IS NULL THEN NULL WHEN {col} <= {_f(sketch.MIN_VALUE)} "
+            f"THEN ? ELSE ceil(ln({col}) / ? - {_f(sketch.KEY_EPS)}) END AS {ktype})")
 
 
 def grid_code_sql(col: str) -> str:
     """Grid code of a value on an axis anchored at a limit: 0…2h for the finite limits it
     meets, 2h+1 above them all, 0 when missing (a missing TPOT/ITL does not fail a request).
-    Exact at the anchor (a comparison, not a logarithm). Parameters: anchor, h, ln anchor,
-    ln step, 2h+1, h, ln anchor, ln step."""
+    Exact at the anchor (a comparison, not a logarithm); elsewhere ⌈(ln x − ln a)/ln s − ε⌉,
+    so a value on a grid limit meets it in both engines (``capplan.dialect``). Parameters:
+    anchor, h, ln anchor, ln step, 2h+1, h, ln anchor, ln step."""
+    eps = _f(sketch.KEY_EPS)
     return (f"CAST(CASE WHEN {col} IS NULL THEN 0 "
-            f"WHEN {col} <= ? THEN greatest(0, ? + CAST(ceil(({ln_sql(col)} - ?) / ?) AS INTEGER)) "
-            f"ELSE least(?, ? + greatest(1, CAST(ceil(({ln_sql(col)} - ?) / ?) AS INTEGER))) END "
-            "AS SMALLINT)")
+            f"WHEN {col} <= ? THEN greatest(0, ? + CAST(ceil(({ln_sql(col)} - ?) / ? - {eps}) "
+            "AS INTEGER)) "
+            f"ELSE least(?, ? + greatest(1, CAST(ceil(({ln_sql(col)} - ?) / ? - {eps}) "
+            "AS INTEGER))) END AS SMALLINT)")
 
 
 def grid_code_params(anchor: float, step: float, half: int) -> list:
     la, ls = math.log(anchor), math.log(step)
     return [anchor, half, la, ls, 2 * half + 1, half, la, ls]
+
+
+def key_code_sql(dialect: Dialect, key: str) -> str:
+    """Grid code of a log-bucket key on an axis anchored at a bucket edge (the axes the SLO
+    does not limit): h + ⌈(k − k_a)/d⌉ clipped to 0…2h+1, 0 when the key is missing (the
+    numpy form is in ``engine``). Parameters: h, k_a, d, 2h+1."""
+    c = f"(? - {dialect.floor_div(f'(? - {key})', '?')})"
+    return (f"CASE WHEN {key} = {KEY_MISSING} THEN 0 ELSE least(greatest({c}, 0), ?) END")
 
 
 def fixed_conditions(slo: SLO, y_metric: str) -> tuple[str, list]:
@@ -65,7 +97,8 @@ def fixed_conditions(slo: SLO, y_metric: str) -> tuple[str, list]:
     return (" AND ".join(parts) if parts else "TRUE"), params
 
 
-def cell_sql(cells: Cells, tenants: list[str], classes: list[str]) -> tuple[str, list, list]:
+def cell_sql(cells: Cells, tenants: list[str], classes: list[str],
+             dialect: Dialect) -> tuple[str, list, list]:
     """Mixed-radix cell code over the asked dimensions, its parameters and the radices."""
     terms, params, radix = [], [], []
     if cells.input_edges:
@@ -86,7 +119,7 @@ def cell_sql(cells: Cells, tenants: list[str], classes: list[str]) -> tuple[str,
     for on, col, values in ((cells.tenant, "tenant", tenants),
                             (cells.slo_class, "slo_class", classes)):
         if on:
-            terms.append(f"(list_position(?, coalesce(m.{col}, ?)) - 1)")
+            terms.append(f"({dialect.list_position('?', f'coalesce(m.{col}, ?)')} - 1)")
             params += [values, NONE_LABEL]
             radix.append(max(len(values), 1))
     if cells.cache:
@@ -101,3 +134,56 @@ def cell_sql(cells: Cells, tenants: list[str], classes: list[str]) -> tuple[str,
         raise SpecError(f"too many cells ({mult:,}): use fewer bucket edges, tenants or classes",
                         field="cells")
     return f"CAST({code} AS INTEGER)", params, radix
+
+
+def request_columns(plan, *, extra: tuple[str, ...] = ()) -> tuple[list[str], list]:
+    """The per-request columns of the reduction (a ``ReducePlan``), in the plan's dialect:
+    run, scheduled time, SLO-good, grid eligibility (``base``), status code, TTFT and sojourn
+    (float32, as counted), every log-bucket key (each logarithm taken once, here; missing ⇒
+    ``KEY_MISSING``), the grid codes of the axes the SLO limits, and with cells the cell code
+    and token counts. ``extra``: more expressions over the request view ``m``. Returns the
+    SELECT list and its parameters, in order."""
+    ln_g = math.log(sketch.gamma_of(plan.alpha))
+    good_sql, good_params = good_predicate(plan.slo, alias="m")
+    fixed_sql, fixed_params = fixed_conditions(plan.slo, plan.y_metric)
+    cols = ["CAST(m.run_idx AS SMALLINT) AS run_idx", "m.scheduled_ns AS sched", *extra,
+            f"coalesce({good_sql}, FALSE) AS good",
+            f"coalesce(m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}, "
+            "FALSE) AS base",
+            f"CAST({STATUS_CODE_SQL} AS TINYINT) AS st",
+            f"CAST(m.{plan.ttft_col} AS FLOAT) AS ttft",
+            "CAST(m.e2e_ms / 1e3 AS FLOAT) AS soj"]
+    params: list = good_params + fixed_params
+    k_min = int(sketch.keys(sketch.MIN_VALUE, plan.alpha))
+    for k, c in plan.key_cols.items():
+        cols.append(f"coalesce({key_sql(c, plan.ktype)}, {KEY_MISSING}) AS {k}")
+        params += [k_min, ln_g]
+    for name, col, g in (("jx", f"m.{plan.ttft_col}", plan.grid_x),
+                         ("jy", f"m.{plan.y_col}", plan.grid_y)):
+        if g is not None:
+            cols.append(f"{grid_code_sql(col)} AS {name}")
+            params += grid_code_params(g[0], g[1], plan.grid_half)
+    if plan.cells is not None:
+        cols += [f"{plan.cell_sql} AS cell",
+                 "CAST(coalesce(m.input_tokens, 0) AS BIGINT) AS tok_in",
+                 "CAST(coalesce(m.output_tokens, 0) AS BIGINT) AS tok_out",
+                 "CAST(coalesce(m.computed_input_tokens, 0) AS BIGINT) AS tok_comp",
+                 "CAST(coalesce(m.max_output_tokens, m.output_tokens, 0) AS BIGINT) AS tok_ask",
+                 "m.first_token_ns IS NOT NULL AS started"]
+        params += plan.cell_params
+    return cols, params
+
+
+def mser_bins_sql(view: str, ttft_col: str) -> str:
+    """Per run, MSER time bins of the whole run (warm-up included): request count, mean TTFT
+    and first scheduled second of each bin. Parameters: bins, bins."""
+    return f"""
+        WITH s AS (SELECT run_id, greatest(max(scheduled_ns), 1) AS tmax FROM {view}
+                   GROUP BY run_id),
+             b AS (SELECT m.run_id,
+                          least(CAST(floor(m.scheduled_ns * CAST(? AS DOUBLE) / s.tmax) AS BIGINT),
+                                ? - 1) AS bin,
+                          m.{ttft_col} AS ttft, m.t_s AS t_s
+                   FROM {view} m JOIN s ON m.run_id = s.run_id)
+        SELECT run_id, bin, count(*) AS n, avg(ttft) AS ttft, min(t_s) AS t0
+        FROM b GROUP BY run_id, bin"""

@@ -17,6 +17,7 @@ from .. import sketch
 from ..errors import SpecError
 from ..metrics import Window
 from ..slo import SLO
+from .sql import KEY_MISSING
 from .units import MAX_UNITS, Cells, CountUnits, TimeUnits
 
 TAIL_FROM = 0.95
@@ -214,39 +215,85 @@ class BlockStats:
 
 # ============================================================================ block length
 
-KEY_MISSING = 32767  # SMALLINT sentinel for a missing latency (failed request) in the fetch
+#: The block-length rule reads each run at this many "fine units" at most: a run of n
+#: requests is cut into F = min(FINE_UNITS, n) runs of consecutive requests (fine unit
+#: ⌊rank·F/n⌋, like ``CountUnits``) and Politis–White runs on the per-fine-unit means. With
+#: n ≤ F a fine unit is one request, so the rule is PW on the per-request series itself.
+FINE_UNITS = 16384
+
+
+def fine_index(n: int) -> np.ndarray:
+    """Each request's fine unit (⌊rank·F/n⌋, F = min(FINE_UNITS, n))."""
+    f = min(FINE_UNITS, n)
+    return (np.arange(n, dtype=np.int64) * f) // max(n, 1)
 
 
 def block_length(good, latency: Mapping[str, np.ndarray]):
-    """The block-length rule (``capplan.reduce``): Politis–White on the 0/1 ``good`` series
-    and on the log of every series in ``latency`` (metric → per-request series in scheduled
-    order: log-bucket keys, whose values are the log up to α, or raw positive values, logged
-    here). Missing values (NaN, or keys ≥ ``KEY_MISSING``) read as the series' largest value.
-    Each length is capped at min(3√n, n/3) as PW is.
+    """The block-length rule (``capplan.reduce``) on per-request series in scheduled order:
+    ``good`` (0/1) and ``latency`` (metric → log-bucket keys, whose values are the log up to
+    α, with ``KEY_MISSING`` for a missing one; or raw positive values with NaN for missing,
+    logged here). Sums them per fine unit and applies ``block_length_fine``."""
+    good = np.asarray(good, dtype=np.float64)
+    n = good.size
+    fine = fine_index(n)
+    nf = min(FINE_UNITS, n)
+    cnt = np.bincount(fine, minlength=nf).astype(np.float64)
+    sums = {"n": cnt, "good": np.bincount(fine, weights=good, minlength=nf)}
+    lat = {}
+    for m, v in latency.items():
+        v = np.asarray(v)
+        if np.issubdtype(v.dtype, np.integer):
+            has = v < KEY_MISSING
+            v = v.astype(np.float64)
+        else:
+            v = v.astype(np.float64)
+            has = ~np.isnan(v)
+            v = np.log(np.maximum(np.where(has, v, 1.0), sketch.MIN_VALUE))
+        sums[f"{m}_sum"] = np.bincount(fine[has], weights=v[has], minlength=nf)
+        sums[f"{m}_n"] = np.bincount(fine[has], minlength=nf).astype(np.float64)
+        sums[f"{m}_max"] = np.array([v[has].max()]) if has.any() else np.array([np.nan])
+        lat[m] = m
+    return block_length_fine(n, sums, lat)
+
+
+def block_length_fine(n: int, sums: Mapping[str, np.ndarray], latency: Mapping[str, str]):
+    """The block-length rule from per-fine-unit sums (``sums.fine_sums``: ``n``, ``good``,
+    and per latency series ``<col>_sum``, ``<col>_n``, ``<col>_max``; ``latency`` maps a
+    metric to its column prefix). Politis–White on the per-fine-unit mean of the 0/1 good
+    series and of each latency series (a missing latency — a failed request — read as the
+    run's largest value: a failure is a violation), in fine units, times the mean fine-unit
+    size n/F, capped at ⌈min(3√n, n/3)⌉ as PW caps a series of n. With n ≤ FINE_UNITS that is
+    PW on the per-request series (docs/statistics.md#block-length).
 
     Returns (PW on good, the largest PW over the latency series — per scheme — or None, the
     metric with the largest circular one, or ""); the run's block length is the larger of the
     two (``max_length``)."""
-    good = np.asarray(good, dtype=np.float64)
-    n = good.size
     one = boot.BlockLength(1.0, 1.0)
-    bl_good = boot.optimal_block_length(good) if n >= 3 else one
-    if not latency or n < 3:
+    if n < 3:
+        return one, None, ""
+    cnt = np.asarray(sums["n"], dtype=np.float64)
+    keep = cnt > 0
+    cnt = cnt[keep]
+    scale = n / cnt.size
+    cap = math.ceil(min(3 * math.sqrt(n), n / 3))
+
+    def pw(series) -> boot.BlockLength:
+        b = boot.optimal_block_length(series)
+        return boot.BlockLength(min(b.stationary * scale, cap), min(b.circular * scale, cap))
+
+    bl_good = pw(np.asarray(sums["good"], dtype=np.float64)[keep] / cnt)
+    if not latency:
         return bl_good, None, ""
     best, best_m, top = None, "", -1.0
-    for m, v in latency.items():
-        v = np.asarray(v)
-        keys = np.issubdtype(v.dtype, np.integer)
-        v = v.astype(np.float64)
-        miss = np.isnan(v) | (v >= KEY_MISSING) if keys else np.isnan(v)
-        if miss.all():
+    for m, c in latency.items():
+        s_ = np.asarray(sums[f"{c}_sum"], dtype=np.float64)[keep]
+        k_ = np.asarray(sums[f"{c}_n"], dtype=np.float64)[keep]
+        mx = np.asarray(sums[f"{c}_max"], dtype=np.float64)
+        mx = mx[~np.isnan(mx)]
+        if not k_.sum() or not mx.size:
             b = one
         else:
-            if miss.any():
-                v = np.where(miss, np.max(v[~miss]), v)
-            if not keys:
-                v = np.log(np.maximum(v, sketch.MIN_VALUE))
-            b = boot.optimal_block_length(v)
+            b = pw((s_ + (cnt - k_) * float(mx.max())) / cnt)
         best = max_length(best, b) if best is not None else b
         if b.circular > top:
             best_m, top = m, b.circular

@@ -1,0 +1,101 @@
+"""The engine options every command that reads a study's events shares (envelope,
+summarize, plan, report): ``--engine duckdb|spark``, ``--spark-master``, ``--events-table``,
+and DuckDB's ``--memory-limit`` / ``--temp-dir`` for a study bigger than memory
+(docs/scale.md). ``@engine_options`` adds them and hands the command one ``Engine``."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from ..errors import SpecError
+
+ENGINES = ("duckdb", "spark")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The chosen engine and its settings, as the command line gave them."""
+
+    name: str = "duckdb"
+    spark_master: str | None = None
+    events_table: str | None = None
+    memory_limit: str | None = None
+    temp_dir: str | None = None
+
+    def __post_init__(self):
+        if self.name == "duckdb" and (self.spark_master or self.events_table):
+            raise SpecError("--spark-master and --events-table need --engine spark",
+                            field="--engine", fix="add --engine spark")
+        if self.name == "spark" and (self.memory_limit or self.temp_dir):
+            raise SpecError("--memory-limit and --temp-dir are DuckDB settings",
+                            field="--engine", fix="give Spark its memory with its own "
+                            "settings (spark-submit --driver-memory, spark.executor.memory)")
+
+    @property
+    def spark(self) -> bool:
+        return self.name == "spark"
+
+    @property
+    def progress(self) -> bool:
+        """A progress bar over runs, when stderr is a terminal."""
+        return sys.stderr.isatty()
+
+    def is_study(self, path) -> bool:
+        """Whether ``path`` names a study this engine opens (a summary table is not one)."""
+        if self.spark:
+            return True
+        p = Path(path)
+        return not (p.is_file() and p.suffix in (".csv", ".parquet"))
+
+    def open(self, path, *, checked: bool = False):
+        """The study on this engine: a DuckDB ``Study`` (with the memory limit and spill
+        folder), or a ``SparkStudy``. ``checked``: DuckDB's row-level checks first (for a
+        Spark study only where it is on the local disk; remote ones get the schema
+        checks)."""
+        from ..study import connect, open_study
+        from ..validate import open_checked
+
+        if not self.spark:
+            con = connect(memory_limit=self.memory_limit, temp_directory=self.temp_dir)
+            return (open_checked if checked else open_study)(path, con=con)
+        from ..sparkstudy import is_local, open_spark_study, spark_session
+
+        if checked and self.events_table is None and is_local(str(path)):
+            open_checked(path).con.close()
+        return open_spark_study(path, spark=spark_session(self.spark_master),
+                                table=self.events_table)
+
+
+def engine_options(f):
+    """Add the engine options to a click command; it receives ``engine: Engine``."""
+
+    @functools.wraps(f)
+    def wrapper(*args, engine, spark_master, events_table, memory_limit, temp_dir, **kw):
+        return f(*args, engine=Engine(engine, spark_master, events_table, memory_limit,
+                                      temp_dir), **kw)
+
+    options = [
+        click.option("--engine", type=click.Choice(ENGINES), default="duckdb",
+                     show_default=True,
+                     help="reduce the events with DuckDB on this machine, or with Spark "
+                          "(local or a cluster: docs/scale.md)"),
+        click.option("--spark-master", default=None,
+                     help="with --engine spark: the master URL [default: the running "
+                          "session's, else spark-submit's --master or spark-defaults.conf, "
+                          "else local[*]]"),
+        click.option("--events-table", default=None,
+                     help="with --engine spark: read the events from this catalog table; "
+                          "STUDY then gives study.yaml"),
+        click.option("--memory-limit", default=None,
+                     help="DuckDB's memory limit, e.g. 4GB (it spills beyond it)"),
+        click.option("--temp-dir", default=None, type=click.Path(file_okay=False),
+                     help="DuckDB's spill folder [default: .tmp in the working directory]"),
+    ]
+    for o in reversed(options):
+        wrapper = o(wrapper)
+    return wrapper

@@ -1,0 +1,139 @@
+"""The numpy executor of the reduction: one run's ordered per-request arrays (DuckDB's fetch,
+``engine``) → whole-run histograms, block lengths, and every per-unit, grid, tail and cell
+count, with ``np.bincount``. The sums are those of ``sums`` (the same table Spark
+aggregates); the grid, tail and histogram counts are counts of the SQL-computed keys and
+codes, as in ``spark``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .assemble import RunCounts, RunSeries
+from .sql import KEY_COL, KEY_MISSING
+from .stats import FINE_UNITS, CellStats, GridSpec, block_length_fine, fine_index
+from .sums import busy_np, cell_sums, fine_sums, sums_np, unit_sums
+from .units import METRICS, CountUnits
+
+
+def run_series(a: dict, plan, tail_from: float, *, hist: dict | None = None) -> RunSeries:
+    """One run's whole-run histograms (latency of ok requests; generator lag of all), the key
+    above which its tail histograms start, its block lengths and duplicated events.
+    ``hist``: the run's histograms when already counted (``engine``'s streaming pass)."""
+    ok = a["st"] == 0
+    if hist is None:
+        hist = {}
+        for m in METRICS + ("gen_lag_ms",):
+            k = KEY_COL[m]
+            if k not in plan.key_cols:
+                continue
+            keys = a[k]
+            sel = keys != KEY_MISSING
+            if m in METRICS:
+                sel &= ok
+            if not sel.any():
+                continue
+            kk = keys[sel].astype(np.int64)
+            k0 = int(kk.min())
+            hist[m] = (k0, np.bincount(kk - k0).astype(np.int64))
+    n = a["st"].size
+    fine = fine_index(n)
+    sums = sums_np(fine_sums(plan.pw_keys), a, fine, min(FINE_UNITS, n))
+    block = block_length_fine(n, sums, {m: c for m, c in plan.pw_keys})
+    s = a["sched"]
+    dups = 0
+    if "h" in a and s.size > 1:  # adjacent equal (scheduled_ns, request_id hash): twice
+        dups = int(np.sum((a["h"][1:] == a["h"][:-1]) & (s[1:] == s[:-1])))
+    return RunSeries.of(hist, tail_from, block, dups)
+
+
+def units_of(a: dict, units, run_id: str, window) -> tuple[np.ndarray, int]:
+    """Each request's unit and the run's unit count (``CountUnits``: ⌊rank·U/n⌋;
+    ``TimeUnits``: ⌊(scheduled − origin)/width⌋ clipped to [0, U − 1]; the SQL form is
+    ``spark.unit_sql``). Units are non-decreasing, since the requests are in scheduled
+    order."""
+    n = a["sched"].size
+    if isinstance(units, CountUnits):
+        nu = min(int(units.max_units), n)
+        return (np.arange(n, dtype=np.int64) * nu) // max(n, 1), nu
+    origin, width = units.origin_ns(run_id, window), units.width_ns(run_id)
+    u = (a["sched"].astype(np.int64) - origin) // width
+    nu = units.count(run_id)
+    if nu is None:
+        nu = max(1, int(u[-1]) + 1) if n else 1
+    return np.clip(u, 0, nu - 1), nu
+
+
+def key_codes(keys: np.ndarray, anchor_key: int, per: int, half: int) -> np.ndarray:
+    """Grid code of each log-bucket key on an axis anchored at a bucket edge: h + ⌈(k −
+    k_a)/d⌉ clipped to 0…2h+1, 0 when missing (``sql.key_code_sql`` in SQL)."""
+    k = keys.astype(np.int64)
+    c = np.clip(half - ((anchor_key - k) // per), 0, 2 * half + 1)
+    return np.where(k == KEY_MISSING, 0, c)
+
+
+def run_counts(a: dict, plan, units, run_id: str, gspec: GridSpec, series: RunSeries,
+               cell_codes: np.ndarray | None) -> RunCounts:
+    """One run's per-unit sums (``sums.unit_sums``), its cumulative grid counts
+    (units × G × G), per-unit tail histograms and, with cells, per-(unit, cell) sums and
+    histograms."""
+    unit, nu = units_of(a, units, run_id, plan.window)
+    n = unit.size
+    t_s = a["sched"] / 1e9
+    a = {**a, "busy": busy_np(t_s, a["soj"], float(t_s[-1]) if n else np.nan)}
+    res = sums_np(unit_sums(plan.key_cols), a, unit, nu)
+    # the SLO grid: a stored code where the SLO limits the axis, else the code from the key
+    G = gspec.size
+    codes = []
+    for axis, col, key in (("x", "jx", "kt"), ("y", "jy", KEY_COL[plan.y_metric])):
+        if col in plan.stored_codes:
+            codes.append(a[col].astype(np.int64))
+        elif key not in plan.key_cols:
+            codes.append(np.zeros(n, dtype=np.int64))
+        else:
+            ka, per = gspec.x_keys if axis == "x" else gspec.y_keys
+            codes.append(key_codes(a[key], ka, per, gspec.half))
+    base = a["base"]
+    flat = (unit[base] * G + codes[0][base]) * G + codes[1][base]
+    grid = np.bincount(flat, minlength=nu * G * G).reshape(nu, G, G)
+    # tails: units × bins above the run's threshold
+    ok = a["st"] == 0
+    tails = {}
+    for m, th in series.thresholds.items():
+        k0, dense_run = series.hist[m]
+        nb = k0 + dense_run.size - th
+        keys = a[KEY_COL[m]]
+        sel = ok & (keys != KEY_MISSING) & (keys >= th)
+        idx = unit[sel] * nb + (keys[sel].astype(np.int64) - th)
+        tails[m] = np.bincount(idx, minlength=nu * nb).reshape(nu, nb).astype(np.float64)
+    cstats = None
+    if cell_codes is not None:
+        cstats = run_cells(a, plan, unit, nu, ok, cell_codes)
+    return RunCounts.of(res, nu, grid, tails, series, cstats)
+
+
+def run_cells(a: dict, plan, unit: np.ndarray, nu: int, ok: np.ndarray,
+              cell_codes: np.ndarray) -> CellStats:
+    """Per-(unit, cell) sums (``sums.cell_sums``) and log-bucket histograms of one run."""
+    nc = cell_codes.size
+    cell = np.searchsorted(cell_codes, a["cell"].astype(np.int64))
+    flat = unit * nc + cell
+    flat_sums = sums_np(cell_sums(), a, flat, nu * nc)
+    sums = {k: v.reshape(nu, nc) for k, v in flat_sums.items()}
+    hist = {}
+    for m in plan.cells.hist:
+        k = KEY_COL[m]
+        if k not in plan.key_cols:
+            continue
+        keys = a[k]
+        sel = ok & (keys != KEY_MISSING)
+        kk = keys[sel].astype(np.int64)
+        if not kk.size:
+            hist[m] = tuple(np.zeros(0, dtype=np.int64) for _ in range(4))
+            continue
+        k0 = int(kk.min())
+        code = flat[sel] * (int(kk.max()) - k0 + 1) + (kk - k0)
+        vals, cnt = np.unique(code, return_counts=True)
+        uc, kd = np.divmod(vals, int(kk.max()) - k0 + 1)
+        u_, c_ = np.divmod(uc, nc)
+        hist[m] = (u_, c_, kd + k0, cnt.astype(np.int64))
+    return CellStats(sums=sums, hist=hist)

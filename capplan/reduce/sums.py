@@ -1,0 +1,189 @@
+"""What is summed per (run, unit), per (run, unit, cell) and per (run, fine unit): one table,
+read by both executors — numpy over DuckDB's ordered per-request arrays (``count``) and
+Spark SQL aggregates (``spark``) — so the two cannot drift.
+
+Each sum is (kind, value column, filter) over the per-request columns of ``reduce.sql`` plus
+two the executors add: ``busy`` (seconds in flight inside the window, see ``busy_sql``) and
+the unit indices. A filter is a name of ``FILTERS``, which holds it in both forms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import contract as C
+from .sql import KEY_COL, KEY_MISSING
+from .units import METRICS
+
+STATUS_NAMES = (*C.STATUSES, "other")
+
+
+@dataclass(frozen=True)
+class Sum:
+    """``kind``: count | sum | min | max; ``value``: a per-request column (sum, min, max);
+    ``where``: a name in ``FILTERS`` or None (every request)."""
+
+    kind: str
+    value: str | None = None
+    where: str | None = None
+
+    def sql(self) -> str:
+        """The Spark/DuckDB aggregate (over the per-request columns)."""
+        cond = None if self.where is None else filter_sql(self.where)
+        if self.kind == "count":
+            return "count(*)" if cond is None else f"count(CASE WHEN {cond} THEN 1 END)"
+        v = self.value if cond is None else f"CASE WHEN {cond} THEN {self.value} END"
+        if self.kind == "sum":  # an empty sum is 0, as np.bincount gives it
+            return f"coalesce(sum(CAST({v} AS DOUBLE)), CAST(0.0 AS DOUBLE))"
+        return f"{self.kind}({v})"
+
+
+def filter_sql(name: str) -> str:
+    """A filter of ``FILTERS`` in SQL: ``good``, ``base``, ``ok``, ``st<j>``, ``has_ttft``,
+    ``has_soj``, ``started``, ``ok_<key column>``, ``has_<key column>``."""
+    if name in ("good", "base", "started"):
+        return name
+    if name == "ok":
+        return "st = 0"
+    if name.startswith("st") and name[2:].isdigit():
+        return f"st = {int(name[2:])}"
+    if name == "has_ttft":
+        return "ttft IS NOT NULL"
+    if name == "has_soj":
+        return "soj IS NOT NULL"
+    if name.startswith("ok_"):
+        return f"st = 0 AND {name[3:]} <> {KEY_MISSING}"
+    if name.startswith("has_"):
+        return f"{name[4:]} <> {KEY_MISSING}"
+    raise KeyError(name)
+
+
+def filter_np(name: str, a: dict) -> np.ndarray:
+    """The same filter over one run's numpy columns ``a``: NaN is SQL's NULL (TTFT and
+    sojourn are float), KEY_MISSING a missing key."""
+    if name in ("good", "base", "started"):
+        return a[name].astype(bool)
+    if name == "ok":
+        return a["st"] == 0
+    if name.startswith("st") and name[2:].isdigit():
+        return a["st"] == int(name[2:])
+    if name == "has_ttft":
+        return ~np.isnan(a["ttft"])
+    if name == "has_soj":
+        return ~np.isnan(a["soj"])
+    if name.startswith("ok_"):
+        return (a["st"] == 0) & (a[name[3:]] != KEY_MISSING)
+    if name.startswith("has_"):
+        return a[name[4:]] != KEY_MISSING
+    raise KeyError(name)
+
+
+def unit_sums(key_cols) -> dict[str, Sum]:
+    """Per (run, unit): requests, SLO-good, per status, latency counts of ok requests, first and
+    last scheduled ns, TTFT sum and count, seconds in flight (``busy``), sojourn seconds, and
+    events recorded twice (``dup``: the same scheduled_ns and request_id as the previous
+    request in the scheduled order)."""
+    out = {"n": Sum("count"), "n_good": Sum("count", where="good")}
+    for j, s in enumerate(STATUS_NAMES):
+        out[f"st_{s}"] = Sum("count", where=f"st{j}")
+    for m in METRICS:
+        k = KEY_COL[m]
+        if k in key_cols:
+            out[f"cnt_{m}"] = Sum("count", where=f"ok_{k}")
+    out.update({"t0_ns": Sum("min", "sched"), "t1_ns": Sum("max", "sched"),
+                "ttft_sum": Sum("sum", "ttft", "has_ttft"), "ttft_n": Sum("count",
+                                                                          where="has_ttft"),
+                "busy_s": Sum("sum", "busy"), "soj_s": Sum("sum", "soj", "has_soj")})
+    return out
+
+
+def cell_sums() -> dict[str, Sum]:
+    """Per (run, unit, cell) (``CellStats.sums``)."""
+    out = {"n": Sum("count"), "n_good": Sum("count", where="good"),
+           "n_ok": Sum("count", where="ok")}
+    for j, s in enumerate(C.STATUSES):
+        out[f"st_{s}"] = Sum("count", where=f"st{j}")
+    out.update({"input_tokens": Sum("sum", "tok_in"), "output_tokens": Sum("sum", "tok_out"),
+                "output_tokens_asked": Sum("sum", "tok_ask"),
+                "input_tokens_started": Sum("sum", "tok_in", "started"),
+                "computed_input_tokens": Sum("sum", "tok_comp"),
+                "computed_input_tokens_started": Sum("sum", "tok_comp", "started")})
+    return out
+
+
+def fine_sums(pw_keys) -> dict[str, Sum]:
+    """Per (run, fine unit), the inputs of the block-length rule
+    (``stats.block_length_fine``): requests, SLO-good, and per latency series the sum, count
+    and largest of its present keys."""
+    out = {"n": Sum("count"), "good": Sum("count", where="good")}
+    for _, k in pw_keys:
+        out[f"{k}_sum"] = Sum("sum", k, f"has_{k}")
+        out[f"{k}_n"] = Sum("count", where=f"has_{k}")
+        out[f"{k}_max"] = Sum("max", k, f"has_{k}")
+    return out
+
+
+def sums_np(sums: dict[str, Sum], a: dict, group: np.ndarray, size: int) -> dict:
+    """Every sum of ``sums`` over one run's numpy columns ``a``, grouped by ``group`` (values
+    0…size−1). count/sum → float64; min/max → float64 with NaN for an empty group. Filters
+    are computed once each; the status counts in one pass."""
+    masks: dict[str, np.ndarray] = {}
+
+    def mask(name):
+        if name not in masks:
+            masks[name] = filter_np(name, a)
+        return masks[name]
+
+    out: dict[str, np.ndarray] = {}
+    st_names = [n for n, s in sums.items() if s.kind == "count" and s.where
+                and s.where.startswith("st") and s.where[2:].isdigit()]
+    if st_names:  # one bincount for every status
+        ns = len(STATUS_NAMES)
+        by = np.bincount(group * ns + np.minimum(a["st"].astype(np.int64), ns - 1),
+                         minlength=size * ns).reshape(size, ns).astype(np.float64)
+        for n in st_names:
+            out[n] = by[:, int(sums[n].where[2:])].copy()
+    for name, s in sums.items():
+        if name in out:
+            continue
+        sel = None if s.where is None else mask(s.where)
+        g = group if sel is None else group[sel]
+        if s.kind == "count":
+            out[name] = np.bincount(g, minlength=size).astype(np.float64)
+        elif s.kind == "sum":
+            v = a[s.value] if sel is None else a[s.value][sel]
+            out[name] = np.bincount(g, weights=v.astype(np.float64), minlength=size)
+        else:
+            v = (a[s.value] if sel is None else a[s.value][sel]).astype(np.float64)
+            out[name] = _extreme(s.kind, g, v, size)
+    return out
+
+
+def _extreme(kind: str, g: np.ndarray, v: np.ndarray, size: int) -> np.ndarray:
+    """min or max of ``v`` per group ``g`` (non-decreasing: the requests are in scheduled
+    order and units follow it), NaN for an empty group."""
+    res = np.full(size, np.nan)
+    if not g.size:
+        return res
+    starts = np.searchsorted(g, np.arange(size), side="left")
+    ends = np.searchsorted(g, np.arange(size), side="right")
+    has = ends > starts
+    op = np.minimum if kind == "min" else np.maximum
+    res[has] = op.reduceat(v, starts[has])
+    return res
+
+
+def busy_np(t_s: np.ndarray, soj: np.ndarray, t_last: float) -> np.ndarray:
+    """Seconds each request is in flight inside the window: from its scheduled time to its
+    end (scheduled + sojourn), or to the window's last scheduled time when it has no end or
+    ends later (Little's law, ``diagnostics``)."""
+    soj = soj.astype(np.float64)
+    end = np.where(np.isnan(soj), np.inf, t_s + soj)
+    return np.maximum(0.0, np.minimum(end, t_last) - t_s)
+
+
+def busy_sql(t_s: str, soj: str, t_last: str) -> str:
+    """``busy_np`` in SQL (the same operations in the same order, so the same doubles)."""
+    return (f"greatest(CAST(0.0 AS DOUBLE), least(coalesce({t_s} + CAST({soj} AS DOUBLE), "
+            f"{t_last}), {t_last}) - {t_s})")
