@@ -12,6 +12,11 @@ instead of a traceback::
     nb = notebook.setup(study_path=study_path, spec_path=spec_path, slo=slo, seed=seed,
                         reps=reps, confidence=confidence)
     nb.study, nb.spec, nb.slo, nb.reps, nb.seed, nb.confidence
+
+The envelope and plan notebooks also take ``engine`` / ``spark_master`` (``capplan report
+--engine spark``) and fit with ``nb.envelope()``: the study's events are then reduced on Spark
+(the same statistics, hence the same envelope with the same seed; docs/scale.md), while
+``nb.study`` stays the local DuckDB study for what reads single requests.
 """
 
 from __future__ import annotations
@@ -37,18 +42,44 @@ class Inputs:
     reps: int
     confidence: float
     spec_path: Path
+    engine: str = "duckdb"  # where envelope() reduces the events: "duckdb" or "spark"
+    spark_master: str | None = None  # with "spark": the master URL (None: Spark's default)
 
     def header(self) -> str:
         """'**Study** `name` (13 runs, open loop) · **SLO** …' (markdown)."""
         st = self.study
+        on = (f" · statistics reduced on Spark (master {self.spark_master or 'Spark default'})"
+              if self.engine == "spark" else "")
         return (f"**Study** `{st.name}` ({len(st.manifest.runs)} runs, {st.load_model} loop) · "
-                f"**SLO** {self.slo.describe()} · bootstrap: {self.reps} replicates, seed {self.seed}")
+                f"**SLO** {self.slo.describe()} · bootstrap: {self.reps} replicates, seed {self.seed}"
+                + on)
+
+    def stats(self):
+        """The study reduced for the SLO on Spark (``reduce_study``), or None on DuckDB
+        (``fit_envelope`` then reduces the study itself)."""
+        if self.engine != "spark":
+            return None
+        from .reduce import reduce_study
+        from .sparkstudy import open_spark_study, spark_session
+
+        study = open_spark_study(self.study.root, spark=spark_session(self.spark_master))
+        return reduce_study(study, self.slo)
+
+    def envelope(self):
+        """The study's SLO capacity envelope with these inputs (SLO, confidence, reps, seed),
+        reduced on the chosen engine."""
+        from .envelope import fit_envelope
+
+        return fit_envelope(self.study, self.slo, confidence=self.confidence, reps=self.reps,
+                            seed=self.seed, stats=self.stats())
 
 
-def resolve(study_path=None, spec_path=None, slo=None, *, seed=None, reps=None, confidence=None) -> Inputs:
+def resolve(study_path=None, spec_path=None, slo=None, *, seed=None, reps=None, confidence=None,
+            engine=None, spark_master=None) -> Inputs:
     """Open the study and spec; SLO, reps, seed and confidence default to the spec's (empty,
     None, 0 or a negative value means "the spec's"). The same rule as ``capplan report`` and
-    ``capplan plan``, so a notebook run by hand shows the report's numbers."""
+    ``capplan plan``, so a notebook run by hand shows the report's numbers. ``engine``:
+    "duckdb" (default, also for empty) or "spark", with ``spark_master``."""
     from .plan_spec import load_plan_spec
     from .study import open_study
 
@@ -62,8 +93,14 @@ def resolve(study_path=None, spec_path=None, slo=None, *, seed=None, reps=None, 
     confidence = cap.confidence if not confidence or confidence <= 0 else float(confidence)
     if reps < 10:
         raise SpecError(f"reps must be ≥ 10, got {reps}", field="reps")
+    from .reduce import ENGINES
+
+    engine = engine or "duckdb"
+    if engine not in ENGINES:
+        raise SpecError(f"unknown engine {engine!r}", field="engine",
+                        fix="use " + " or ".join(ENGINES))
     return Inputs(study=study, spec=spec, slo=slo_obj, seed=seed, reps=reps, confidence=confidence,
-                  spec_path=spec_file)
+                  spec_path=spec_file, engine=engine, spark_master=spark_master or None)
 
 
 def show_errors_plainly(shell=None) -> None:
@@ -89,7 +126,7 @@ def show_errors_plainly(shell=None) -> None:
 
 
 def setup(*, study_path: str = "", spec_path: str = "", slo=None, seed: int = -1, reps: int = 0,
-          confidence: float = 0.0) -> Inputs:
+          confidence: float = 0.0, engine: str = "", spark_master: str = "") -> Inputs:
     """Error display and plotly renderer, then :func:`resolve` (see the module docstring)."""
     import plotly.io as pio
 
@@ -97,4 +134,4 @@ def setup(*, study_path: str = "", spec_path: str = "", slo=None, seed: int = -1
     # mimetype for JupyterLab, inline HTML (plotly.js once per page) for papermill and offline HTML
     pio.renderers.default = "plotly_mimetype+notebook"
     return resolve(study_path or None, spec_path or None, slo or None, seed=seed, reps=reps,
-                   confidence=confidence)
+                   confidence=confidence, engine=engine, spark_master=spark_master)

@@ -61,6 +61,9 @@ PLAN_NOTEBOOK = "03-plan.ipynb"
 #: cache) or a sweeps file is given with a twin (docs/scenarios.md).
 SCENARIOS_NOTEBOOK: tuple[str, str] = ("09-scenarios.ipynb", "Serving policies: prefix cache, prefill/decode, "
                                                              "admission")
+#: The pages whose envelope reduction runs on the report's engine (``--engine spark``); the
+#: others read the local study with DuckDB (docs/scale.md "capplan report on Spark").
+ENGINE_NOTEBOOKS = ("02-envelope.ipynb", PLAN_NOTEBOOK)
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
@@ -319,6 +322,16 @@ class ReportParams:
     twin: Path | None = None  # twin.yaml: adds the twin page (06-twin); the mix page runs its target mix through it
     timelines: bool = False  # the study has system events: adds the timelines page
     notes: tuple[str, ...] = ()  # said out loud before the notebooks run (e.g. what --slo dropped)
+    engine: str = "duckdb"  # reduction engine of the envelope and plan pages (ENGINE_NOTEBOOKS)
+    spark_master: str | None = None  # with engine "spark": the master URL (None: Spark's default)
+
+    def engine_text(self) -> str:
+        """The provenance row's words for the reduction engine."""
+        if self.engine != "spark":
+            return "DuckDB, this machine"
+        pages = " and ".join(_page_name(n) for n in ENGINE_NOTEBOOKS)
+        return (f"Spark (master {self.spark_master or 'Spark default'}) for {pages}; "
+                "DuckDB on this machine for the pages that read single requests")
 
     def provenance_rows(self, study_name: str, study_hash: str,
                         baseline: tuple[str, str] | None = None) -> tuple[tuple[str, str], ...]:
@@ -333,6 +346,7 @@ class ReportParams:
             rows += [("twin", str(self.twin))]
         rows += [("plan spec", str(self.spec)), ("SLO", self.slo), ("confidence", f"{self.confidence:g}"),
                  ("bootstrap replicates", str(self.reps)), ("seed", str(self.seed)),
+                 ("reduction engine", self.engine_text()),
                  ("provenance time", self.time), ("capplan", __version__)]
         return tuple(rows)
     #: plan with a lower bound the study cannot support honestly (the plan says so)
@@ -358,7 +372,13 @@ class ReportParams:
         """Notebook 6's parameters: the usual set plus the twin file."""
         return {**self.notebook_parameters(artifacts_dir), "twin_path": str(self.twin)}
 
+    def engine_parameters(self) -> dict:
+        """The engine parameters of the envelope and plan pages (``notebook.setup``)."""
+        return {"engine": self.engine, "spark_master": self.spark_master or ""}
+
     def parameters_for(self, name: str, artifacts_dir: Path) -> dict:
+        if name == ENGINE_NOTEBOOKS[0]:
+            return {**self.notebook_parameters(artifacts_dir), **self.engine_parameters()}
         if name == COMPARE_NOTEBOOK[0]:
             return self.compare_parameters(artifacts_dir)
         if name == TWIN_NOTEBOOK[0]:
@@ -369,7 +389,7 @@ class ReportParams:
         if name == MIX_NOTEBOOK and self.twin:  # the mix page runs the target mix through the twin too
             return self.twin_parameters(artifacts_dir)
         if name == PLAN_NOTEBOOK:  # the plan may be told to accept an unsupported bound
-            return {**self.notebook_parameters(artifacts_dir),
+            return {**self.notebook_parameters(artifacts_dir), **self.engine_parameters(),
                     "accept_optimistic": bool(self.accept_optimistic)}
         if name == SCENARIOS_NOTEBOOK[0]:
             return {**self.notebook_parameters(artifacts_dir), "twin_path": str(self.twin) if self.twin else "",
@@ -462,19 +482,71 @@ def _resolve_sweeps(sweeps, twin) -> Path | None:
     return path
 
 
+def _check_engine(engine: str, spark_master: str | None, study) -> tuple[str, ...]:
+    """The engine choice checked before any kernel starts (exit 2): a known engine, a
+    master only with Spark, pyspark installed, and a study on this machine's disk (a remote
+    one is read by the commands that take it). Returns the notes said out loud."""
+    import importlib.util
+
+    from .reduce import ENGINES
+    from .sparkstudy import INSTALL_FIX, is_local
+
+    if engine not in ENGINES:
+        raise SpecError(f"unknown engine {engine!r}", field="--engine",
+                        fix="use " + " or ".join(ENGINES))
+    if study and not is_local(str(study)):
+        raise SpecError(f"capplan report reads a study on this machine's disk, not {study}",
+                        field="STUDY",
+                        fix="copy the study here (the pages that read single requests use "
+                            "DuckDB), or reduce it where it is with capplan envelope, summarize "
+                            "or plan STUDY --engine spark (they take s3a://, hdfs://, abfss:// "
+                            "paths and --events-table; docs/scale.md)")
+    if engine != "spark":
+        if spark_master:
+            raise SpecError("--spark-master needs --engine spark", field="--engine",
+                            fix="add --engine spark")
+        return ()
+    if importlib.util.find_spec("pyspark") is None:
+        raise SpecError("the Spark engine needs pyspark, which is not installed",
+                        field="--engine", fix=INSTALL_FIX)
+    pages = ", ".join(n.removesuffix(".ipynb") for n in ENGINE_NOTEBOOKS)
+    return (f"--engine spark: the envelope and plan pages ({pages}) reduce the events on Spark "
+            f"(master {spark_master or 'Spark default'}); the other pages read the local study "
+            "with DuckDB",)
+
+
+def _check_engine_parameter(nb_dir: Path) -> None:
+    """A notebook of ``ENGINE_NOTEBOOKS`` without an ``engine`` parameter (an older copy in
+    ``--notebooks``) would silently reduce on DuckDB: refuse it (exit 2)."""
+    import papermill
+
+    for name in ENGINE_NOTEBOOKS:
+        if "engine" not in papermill.inspect_notebook(str(nb_dir / name)):
+            raise SpecError(f"{name} has no engine parameter, so it cannot reduce on Spark",
+                            file=str(nb_dir / name), field="--engine",
+                            fix="add engine and spark_master to its parameters cell and pass "
+                                "them to notebook.setup (as the bundled notebook does), or drop "
+                                "--engine spark")
+
+
 def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, confidence=None,
                    time: str | None = None, baseline=None, gates=None, twin=None,
-                   accept_optimistic: bool = False, sweeps=None):
+                   accept_optimistic: bool = False, sweeps=None, engine: str = "duckdb",
+                   spark_master: str | None = None):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
     SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
     ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
-    directory) adds the comparison; ``gates`` (YAML) sets its gates. Raises StudyError /
-    SpecError (exit 2)."""
+    directory) adds the comparison; ``gates`` (YAML) sets its gates. ``engine`` ("duckdb" or
+    "spark", with ``spark_master``) reduces the envelope and plan pages' events
+    (``ENGINE_NOTEBOOKS``); the study must be on this machine's disk (plain or ``file://``)
+    either way. Raises StudyError / SpecError (exit 2)."""
     from .plan import gpus_per_group, load_plan_spec
     from .slo import SLO, override_note
+    from .sparkstudy import local_path
     from .study import open_study
 
-    study_path = Path(study).expanduser().resolve() if study else demo_study_path()
+    engine_notes = _check_engine(engine, spark_master, study)
+    study_path = local_path(str(study)).resolve() if study else demo_study_path()
     opened = open_study(study_path)
     spec_path = Path(spec).expanduser().resolve() if spec else default_spec_path()
     if not spec_path.is_file():
@@ -483,7 +555,7 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     plan_spec = load_plan_spec(spec_path)
     gpus_per_group(plan_spec, opened)  # a spec that disagrees with the study fails here, not in a kernel
     slo_obj = SLO.parse(slo) if slo else (plan_spec.slo or SLO.parse(DEFAULT_SLO))
-    notes = tuple(n for n in (override_note(plan_spec.slo, slo_obj) if slo else None,) if n)
+    notes = tuple(n for n in (override_note(plan_spec.slo, slo_obj) if slo else None,) if n) + engine_notes
     cap = plan_spec.capacity
     reps = cap.reps if reps is None else int(reps)
     seed = cap.seed if seed is None else int(seed)
@@ -525,7 +597,8 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
                           baseline=baseline_path, gates=gates_path, twin=_resolve_twin(twin),
                           timelines=bool(opened.timeline_files), notes=notes,
                           accept_optimistic=bool(accept_optimistic),
-                          cache=opened.has("computed_input_tokens"), sweeps=_resolve_sweeps(sweeps, twin))
+                          cache=opened.has("computed_input_tokens"), sweeps=_resolve_sweeps(sweeps, twin),
+                          engine=engine, spark_master=spark_master or None)
     return params, opened
 
 
@@ -596,7 +669,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
                   confidence: float | None = None, time: str | None = None,
                   notebooks: Path | None = None, jobs: int | None = None,
                   baseline=None, gates=None, twin=None, command: list[str] | None = None, sweeps=None,
-                  accept_optimistic: bool = False,
+                  accept_optimistic: bool = False, engine: str = "duckdb",
+                  spark_master: str | None = None,
                   progress: Progress | None = _stderr) -> ReportResult:
     """Render the report (see the module docstring). SLO/seed/reps/confidence default to the
     spec's; ``time`` (ISO) is the provenance time of the plan and comparison exports (default:
@@ -612,7 +686,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     (09-scenarios) is added when the study stamps ``computed_input_tokens`` (its measured
     prefix cache) or ``sweeps`` (a sweeps file, with ``twin``) asks for simulated ones.
     ``command`` (the argv that asked for the report) goes into the provenance bundle and
-    reproduce.md."""
+    reproduce.md. ``engine`` ("duckdb" or "spark") and ``spark_master``: where the envelope
+    and plan pages reduce the events (the same numbers either way; docs/scale.md)."""
     from .glossary import glossary_html, link_terms
     from .io import atomic_dir, write_text_atomic
     from .provenance import write_bundle
@@ -623,12 +698,14 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     params, opened = resolve_params(study, spec, slo=slo, seed=seed, reps=reps,
                                     confidence=confidence, time=time, baseline=baseline,
                                     gates=gates, twin=twin, accept_optimistic=accept_optimistic,
-                                    sweeps=sweeps)
+                                    sweeps=sweeps, engine=engine, spark_master=spark_master)
     report_nbs = params.notebooks()
     nb_dir = Path(notebooks) if notebooks else notebooks_dir()
     missing = [n for n, _ in report_nbs if not (nb_dir / n).is_file()]
     if missing:
         raise SpecError(f"notebook(s) missing: {', '.join(missing)}", file=str(nb_dir))
+    if params.engine == "spark":
+        _check_engine_parameter(nb_dir)
     out_dir = Path(out).expanduser().resolve() if out else default_out_dir(opened.name)
     check_out_dir(out_dir)
     study_hash = opened.content_hash()
@@ -675,7 +752,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         meta = {"capplan": __version__, "study": str(params.study), "study_name": opened.name,
                 "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,
-                "time": params.time, "notes": list(params.notes), "command": command or [],
+                "time": params.time, "engine": params.engine, "spark_master": params.spark_master,
+                "notes": list(params.notes), "command": command or [],
                 "pages": [p for p, _ in pages], "exports": exports}
         if params.twin is not None:
             import hashlib

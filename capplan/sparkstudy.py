@@ -179,7 +179,8 @@ def is_local(path: str) -> bool:
     return not _is_uri(path)
 
 
-def _local(path: str) -> Path:
+def local_path(path: str) -> Path:
+    """A local study path, plain or ``file://``, as a Path."""
     return Path(urlparse(path).path if path.lower().startswith("file://") else path).expanduser()
 
 
@@ -256,13 +257,13 @@ def open_spark_study(path, *, spark=None, table: str | None = None) -> SparkStud
     text = None
     if local:
         # the checks of open_study, before Spark starts: same messages, exit 2
-        lroot = _local(root)
+        lroot = local_path(root)
         if not lroot.exists():
             raise StudyError("study directory does not exist", file=str(lroot),
                              fix="pass the folder that holds study.yaml and events/",
                              code="no_study")
         problems = ProblemList()
-        mpath = _local(manifest_file) if manifest_file else lroot / C.MANIFEST_NAME
+        mpath = local_path(manifest_file) if manifest_file else lroot / C.MANIFEST_NAME
         manifest = parse_manifest(mpath, problems)
         problems.raise_if_errors()
         text = mpath.read_text(encoding="utf-8-sig")
@@ -284,7 +285,7 @@ def open_spark_study(path, *, spark=None, table: str | None = None) -> SparkStud
             where = table
         elif local:
             df = spark.read.option("mergeSchema", "true").parquet(*files)
-            where = str(_local(root) / C.EVENTS_DIR)
+            where = str(local_path(root) / C.EVENTS_DIR)
         else:
             where = f"{root}/{C.EVENTS_DIR}"
             df = (spark.read.option("mergeSchema", "true")

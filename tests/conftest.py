@@ -106,16 +106,22 @@ def make_study(tmp_path):
     return _make
 
 
-@pytest.fixture(scope="session")
-def spark():
-    """One local Spark session for every Spark test (2 threads, 2 shuffle partitions, no UI):
-    starting the JVM takes seconds, a query on a small study well under one. Skipped with a
-    reason when pyspark or a Java runtime is missing (CI installs both: .ci/run)."""
+def need_spark() -> None:
+    """Skip the calling test, with the reason, when pyspark or a Java runtime is missing (CI
+    installs both: .ci/run)."""
     import shutil
 
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[test]')")
     if shutil.which("java") is None and not __import__("os").environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime (Debian: apt-get install openjdk-17-jre-headless)")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for every Spark test (2 threads, 2 shuffle partitions, no UI):
+    starting the JVM takes seconds, a query on a small study well under one. Skipped with a
+    reason when pyspark or a Java runtime is missing (``need_spark``)."""
+    need_spark()
     from capplan.sparkstudy import spark_session
 
     session = spark_session("local[2]", conf={

@@ -75,18 +75,26 @@ def small_sweeps(tmp_path_factory) -> dict[str, Path]:
     return {k: root / k for k in "abcd"}
 
 
+def estimate_spec(base: Path) -> Path:
+    """The bundled spec planning on the C_SLO estimate, written once under ``base``: the small
+    sweeps (4 rates × 60 s, one run each) have no honest lower bound (the plan would refuse
+    it)."""
+    spec = base / "plan-on-estimate.yaml"
+    if not spec.exists():
+        text = R.default_spec_path().read_text(encoding="utf-8")
+        spec.write_text(text.replace("use: lower_bound ", "use: estimate    "), encoding="utf-8")
+        shutil.copy(R.default_spec_path().parent / "mix-demo.csv", spec.parent)  # its mix.target
+    return spec
+
+
 @pytest.fixture(scope="session")
 def compare_report(small_sweeps, tmp_path_factory) -> dict:
     """`capplan report d --baseline a` through the CLI, once per session: its exit code,
     stdout, stderr and output folder."""
     if "compare" not in _CACHE:
         out = tmp_path_factory.getbasetemp() / "capplan-reports" / "compare"
-        # 4 rates × 60 s, one run each: no honest lower bound (the plan would refuse it), so the
-        # plan page plans on the estimate; the comparison is what is under test here
-        spec = tmp_path_factory.getbasetemp() / "plan-on-estimate.yaml"
-        text = R.default_spec_path().read_text(encoding="utf-8")
-        spec.write_text(text.replace("use: lower_bound ", "use: estimate    "), encoding="utf-8")
-        shutil.copy(R.default_spec_path().parent / "mix-demo.csv", spec.parent)  # its mix.target
+        # the plan page plans on the estimate; the comparison is what is under test here
+        spec = estimate_spec(tmp_path_factory.getbasetemp())
         so, se = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
             rc = main(["report", str(small_sweeps["d"]), "--baseline", str(small_sweeps["a"]),

@@ -71,6 +71,23 @@ class Engine:
                                 table=self.events_table)
 
 
+def engine_option(help_extra: str = ""):
+    """``--engine duckdb|spark`` (also ``capplan report``'s, which takes only it and
+    ``--spark-master``)."""
+    return click.option("--engine", type=click.Choice(ENGINES), default="duckdb",
+                        show_default=True,
+                        help="reduce the events with DuckDB on this machine, or with Spark "
+                             "(local or a cluster: docs/scale.md)" + help_extra)
+
+
+def spark_master_option():
+    """``--spark-master URL``."""
+    return click.option("--spark-master", default=None,
+                        help="with --engine spark: the master URL [default: the running "
+                             "session's, else spark-submit's --master or spark-defaults.conf, "
+                             "else local[*]]")
+
+
 def engine_options(f):
     """Add the engine options to a click command; it receives ``engine: Engine``."""
 
@@ -80,14 +97,8 @@ def engine_options(f):
                                       temp_dir), **kw)
 
     options = [
-        click.option("--engine", type=click.Choice(ENGINES), default="duckdb",
-                     show_default=True,
-                     help="reduce the events with DuckDB on this machine, or with Spark "
-                          "(local or a cluster: docs/scale.md)"),
-        click.option("--spark-master", default=None,
-                     help="with --engine spark: the master URL [default: the running "
-                          "session's, else spark-submit's --master or spark-defaults.conf, "
-                          "else local[*]]"),
+        engine_option(),
+        spark_master_option(),
         click.option("--events-table", default=None,
                      help="with --engine spark: read the events from this catalog table; "
                           "STUDY then gives study.yaml"),

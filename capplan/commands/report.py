@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .. import report as R
+from .engine import Engine, engine_option, spark_master_option
 
 
 @click.command("report")
@@ -46,8 +47,11 @@ from .. import report as R
 @click.option("--accept-optimistic", is_flag=True,
               help="Plan with the study's C_SLO lower bound even where the sweep cannot "
                    "support it honestly (the plan says so); without it such a plan is refused.")
+@engine_option("; in the report, the envelope and plan pages reduce on it, the other pages "
+               "read the local study with DuckDB")
+@spark_master_option()
 def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, twin, notebooks, jobs,
-        accept_optimistic, sweeps=None):
+        accept_optimistic, sweeps=None, engine="duckdb", spark_master=None):
     """Run the explore, envelope and plan notebooks on STUDY (default: the bundled demo
     study) and write an offline HTML report with index.html and the plan as CSV/XLSX.
     With --baseline, the comparison notebook runs too (baseline vs STUDY); its gate verdict
@@ -55,11 +59,16 @@ def cmd(study, spec, out, slo, seed, reps, confidence, time_, baseline, gates, t
 
     Progress goes to stderr; the index path is printed on stdout. A failing notebook is
     reported with the cell that failed (exit 1); a bad study, baseline or spec, or studies
-    that cannot be compared, exit 2 with nothing written."""
+    that cannot be compared, exit 2 with nothing written.
+
+    With --engine spark the envelope and plan pages reduce the events on Spark (same
+    numbers as DuckDB with the same seed); STUDY must be on this machine's disk."""
+    engine = Engine(engine, spark_master)  # --spark-master without --engine spark: exit 2
     result = R.render_report(study, spec=spec, out=out, slo=slo, seed=seed, reps=reps,
                              confidence=confidence, time=time_, notebooks=notebooks,
                              jobs=jobs, baseline=baseline, gates=gates, twin=twin,
                              command=(click.get_current_context().find_root().obj or {}).get("argv"),
-                             accept_optimistic=accept_optimistic, sweeps=sweeps)
+                             accept_optimistic=accept_optimistic, sweeps=sweeps,
+                             engine=engine.name, spark_master=engine.spark_master)
     click.echo(f"report: {result.index}")
     return 0
