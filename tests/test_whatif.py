@@ -99,6 +99,8 @@ def test_panel_wiring_headless(model):
     panel.ttft.value = 1500.0
     assert tuple(_runs_y(panel)) != tuple(runs0)
     assert "redrawn in" in panel.status.value
+    # the honesty of the bound the plan stands on, as the report's index says it
+    assert f"lower bound: {panel.state.envelope.honesty.status}" in panel.status.value
     # the legend names the estimate, the interval and the lower bound
     names = " | ".join(str(t.name) for t in panel.figure.data)
     assert "C_SLO estimate" in names and "C_SLO lower bound" in names and "interval" in names

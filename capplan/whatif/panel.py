@@ -270,8 +270,11 @@ class WhatIfPanel:
         if state is None:
             return
         slo = getattr(state.envelope, "slo", None)
+        h = getattr(state.envelope, "honesty", None)  # as the report's index says it
+        honesty = (f"<span id='whatif-honesty'>lower bound: {html.escape(h.status)}</span> · "
+                   if h is not None else "")
         self.status.value = (f"<small>SLO: {html.escape(slo.describe() if slo else '')} · "
-                             f"capacity: {html.escape(state.plan.capacity.source)} · "
+                             f"capacity: {html.escape(state.plan.capacity.source)} · {honesty}"
                              f"redrawn in {state.seconds * 1000:.0f} ms</small>")
         self.table.value = table_html(state.table, state.plan)
         self.quarters.value = quarters_html(state.quarters)
