@@ -121,10 +121,6 @@ class SpecError(CapplanError):
                        severity=severity, code=self.code or code, field=self.field,
                        line=self.line, col=self.col)
 
-    def __str__(self) -> str:
-        # the whole message with its field and fix: a notebook or a report shows str(exc) only
-        return self.format().removeprefix("ERROR: ")
-
     def format(self) -> str:
         lines = [f"ERROR: {self.message}"]
         loc = where(self.file, self.line, self.col)

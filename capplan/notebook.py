@@ -103,6 +103,11 @@ def resolve(study_path=None, spec_path=None, slo=None, *, seed=None, reps=None, 
                   spec_path=spec_file, engine=engine, spark_master=spark_master or None)
 
 
+#: the first traceback line of a capplan input error shown in a notebook (``capplan.report``
+#: reads the formatted message after it back out of the failed cell)
+INPUT_ERROR_HEAD = "capplan could not use this input"
+
+
 def show_errors_plainly(shell=None) -> None:
     """In IPython, show a capplan input error (StudyError, SpecError, …) as the command line
     prints it — the problem, the file or field, the fix — instead of a traceback. The cell
@@ -118,7 +123,7 @@ def show_errors_plainly(shell=None) -> None:
 
     def handler(self, etype, value, tb, tb_offset=None):
         text = value.format() if isinstance(value, CapplanError) else str(value)
-        stb = [f"{etype.__name__}: capplan could not use this input", *text.splitlines()]
+        stb = [f"{etype.__name__}: {INPUT_ERROR_HEAD}", *text.splitlines()]
         self._showtraceback(etype, value, stb)
         return stb
 

@@ -457,7 +457,7 @@ def capacity_from_envelope(envelope, spec: PlanSpec, *, replicas: int = 1, study
         runs = "; ".join(r.describe() for r in h.runs_to_add) if h is not None else ""
         raise SpecError(
             f"the study gives no usable C_SLO {use.replace('_', ' ')} (status: {status}, value: {value})"
-            + (f": {h.sentence}" if h is not None and not h.honest else ""),
+            + (": this sweep cannot support a lower bound here" if h is not None and not h.honest else ""),
             field="capacity.use",
             fix=(f"add these runs ({runs}; `capplan design` costs them), " if runs else
                  "test lower and higher offered rates so the SLO crossing is bracketed, ")

@@ -251,6 +251,21 @@ class NotebookInputError(ReportError):
 INPUT_ERRORS = frozenset({"StudyError", "SpecError", "TelemetryError"})
 
 
+def _input_error_text(exc) -> str:
+    """capplan's whole message (problem, field, fix) as the kernel's error handler printed it
+    (``notebook.show_errors_plainly``); the bare exception value where the cell failed before
+    the handler was installed."""
+    from .notebook import INPUT_ERROR_HEAD
+
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", x) for x in (exc.traceback or [])]
+    for i, line in enumerate(lines):
+        if line.endswith(INPUT_ERROR_HEAD):
+            text = "\n".join(x for x in lines[i + 1:] if x.strip())
+            if text:
+                return text
+    return f"ERROR: {exc.evalue}"
+
+
 def execution_error(notebook: str, exc: Exception) -> ReportError:
     """Turn a papermill/nbclient failure into a message naming the notebook and the cell.
     A capplan input error raised in the kernel becomes :class:`NotebookInputError` (exit 2)
@@ -261,7 +276,7 @@ def execution_error(notebook: str, exc: Exception) -> ReportError:
         where = f"cell {exc.cell_index}"
         if exc.exec_count is not None:
             where += f" (In [{exc.exec_count}])"
-        err = NotebookInputError(f"ERROR: {exc.evalue}\n  (raised by {exc.ename} in notebook "
+        err = NotebookInputError(f"{_input_error_text(exc)}\n  (raised by {exc.ename} in notebook "
                                  f"{notebook} at {where}; nothing was written)")
         err.notebook = notebook
         err.cell_index = exc.cell_index
