@@ -89,3 +89,5 @@ class Dialect:
 
 DUCKDB = Dialect("duckdb")
 SPARK = Dialect("spark")
+#: the reduction engines, by name (``--engine``; ``reduce_study(engine=)``)
+ENGINES = (DUCKDB.name, SPARK.name)

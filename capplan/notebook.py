@@ -93,7 +93,7 @@ def resolve(study_path=None, spec_path=None, slo=None, *, seed=None, reps=None, 
     confidence = cap.confidence if not confidence or confidence <= 0 else float(confidence)
     if reps < 10:
         raise SpecError(f"reps must be ≥ 10, got {reps}", field="reps")
-    from .reduce import ENGINES
+    from .dialect import ENGINES
 
     engine = engine or "duckdb"
     if engine not in ENGINES:

@@ -503,7 +503,7 @@ def _check_engine(engine: str, spark_master: str | None, study) -> tuple[str, ..
     one is read by the commands that take it). Returns the notes said out loud."""
     import importlib.util
 
-    from .reduce import ENGINES
+    from .dialect import ENGINES
     from .sparkstudy import INSTALL_FIX, is_local
 
     if engine not in ENGINES:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import click
 
+from ..dialect import ENGINES
 from ..errors import SpecError
-
-ENGINES = ("duckdb", "spark")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import sketch
+from ..dialect import ENGINES
 from ..errors import SpecError, StudyError
 from ..slo import SLO
 from ..study import Study, open_study
@@ -24,7 +25,6 @@ from .units import MAX_UNITS, CountUnits, TimeUnits
 
 GRID_STEP = 1.10
 GRID_HALF = 14
-ENGINES = ("duckdb", "spark")
 #: the per-request columns of a reduction are fetched at once up to this many bytes; a
 #: larger study is read one run at a time (``fetch_mb``)
 FETCH_MB = 2048
