@@ -46,6 +46,11 @@ class RunToAdd:
         return {"rate_rps": self.rate_rps, "repeats": self.repeats,
                 "duration_s": self.duration_s, "why": self.why}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunToAdd":
+        """Back from ``to_dict`` (the envelope JSON the report reads)."""
+        return cls(float(d["rate_rps"]), int(d["repeats"]), float(d["duration_s"]), str(d.get("why", "")))
+
     def describe(self) -> str:
         return (f"{self.repeats} × {self.rate_rps:g} req/s for {self.duration_s:.0f} s "
                 f"({self.why})")

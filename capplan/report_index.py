@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .glossary import for_readers, link_terms
+from .honesty import RunToAdd
 from .plan_text import plural
 
 e = html.escape
@@ -270,7 +271,7 @@ def honesty_block(env: dict | None, cap: dict) -> str:
         if runs:
             parts.append("<p>Runs capplan recommends next (<code>capplan design</code> costs them and "
                          "prints the load-test commands):</p><ul>"
-                         + "".join(f"<li>{e(_run_text(x, cap.get('unit') or 'req/s'))}</li>" for x in runs)
+                         + "".join(f"<li>{e(RunToAdd.from_dict(x).describe())}</li>" for x in runs)
                          + "</ul>")
         elif status == "honest":
             parts.append("<p>No further runs are needed for an honest bound; <code>capplan design</code> "
@@ -287,17 +288,6 @@ def honesty_block(env: dict | None, cap: dict) -> str:
                          + f" {e(cap.get('unit') or 'req/s')}, each repeated (≥ 3 runs) near C_SLO.</p>")
     parts.append("</div>")
     return "".join(parts)
-
-
-def _run_text(x, unit: str = "req/s") -> str:
-    """A recommended run in words: "3 runs at 5.5 req/s, 600 s each — why"."""
-    if not isinstance(x, dict):
-        return str(x)
-    n, rate, dur = int(x.get("repeats") or 1), x.get("rate_rps"), x.get("duration_s")
-    text = f"{n} run{'s' if n != 1 else ''} at {float(rate):g} {unit}" if rate is not None else f"{n} run(s)"
-    if dur:
-        text += f", {float(dur):.0f} s each"
-    return text + (f" — {x['why']}" if x.get("why") else "")
 
 
 def checks_section(plan: dict) -> str:
