@@ -172,6 +172,9 @@ def test_mix_page_states_a_missing_twin_and_the_report_passes_the_twin(case):
                          twin=str(case["tmp"] / "nope.yaml"))
     assert not page.twins and "The target mix was not run through the twin" in page.no_twin_text()
     assert "nope.yaml" in page.no_twin_text()
+    # the page's what-if plans "tested" on the headline envelope, the one the page's plan uses
+    assert page.envelope is not None and page.envelope.method == "run-effect"
+    assert page.panel().model.envelope is page.envelope
     params = R.ReportParams(study=case["path"], spec=R.default_spec_path(), slo=SLO, twin=case["twin_file"])
     assert params.parameters_for("07-mix.ipynb", case["tmp"])["twin_path"] == str(case["twin_file"])
     assert "twin_path" not in R.ReportParams(study=case["path"], spec=R.default_spec_path()).parameters_for(

@@ -78,6 +78,8 @@ class MixPage:
     problems: tuple[str, ...] = ()
     twins: dict = field(repr=False, default_factory=dict)  # period → TwinMix (the target mix through the twin)
     twin_source: str | None = None
+    #: the headline envelope (run-to-run variation included): the plan's number, as on the plan page
+    envelope: object = field(repr=False, default=None)
 
     @classmethod
     def build(cls, study, spec, slo, *, slo_file=None, target=None, reps: int = 1000, seed: int = 0,
@@ -129,7 +131,7 @@ class MixPage:
             problems.append(f"plan bounds: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         return cls(study=study, spec=spec, slo=slo, classes=cfit, mixes=mixes, plan=plan,
                    target_source=str(path) if path else None, facts=facts, problems=tuple(problems),
-                   twins=twins, twin_source=str(twin_path) if twin_path else None)
+                   twins=twins, twin_source=str(twin_path) if twin_path else None, envelope=env)
 
     @property
     def kv(self):
@@ -212,7 +214,8 @@ class MixPage:
             return None
         m = next(iter(self.mixes.values()), None)
         model = MixModel(self.study, self.spec, self.slo, target=m.target if m else None,
-                         stats=m.base.stats if m else None, mixfit=m, classfit=self.classes)
+                         stats=m.base.stats if m else None, mixfit=m, classfit=self.classes,
+                         envelope=self.envelope)
         return MixPanel(model)
 
     def export(self, out_dir, *, time: str | None = None) -> Path:
