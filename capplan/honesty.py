@@ -101,15 +101,15 @@ def estimand(duration_s: float, warmup_s: float, target: float, settling: bool) 
 
 
 def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound: float,
-           runs, near_rates: tuple[float, ...], n_near: int, n_near_failing: int,
+           runs, near_rates: tuple[float, ...], n_near: int,
            effect_source: str, repeats_near: int, target: float,
            suggested_rates: tuple[float, ...] = ()) -> Honesty:
     """Decide the honesty of a fitted envelope.
 
     ``runs``: the per-run table (columns x, usable, warnings, warmup_s, load_level and
     optionally duration); ``near_rates``: the tested rates bracketing the estimate (or the top
-    ones when it is above the range); ``n_near`` / ``n_near_failing``: usable runs at the levels
-    near the crossing, and those with at least one violation; ``effect_source``: where the
+    ones when it is above the range); ``n_near``: usable runs at the levels near the crossing
+    with both outcomes; ``effect_source``: where the
     between-run SD came from (``RunEffect.source``); ``repeats_near``: the most runs at one of
     the bracketing rates."""
     use = runs[runs["usable"]] if len(runs) else runs
