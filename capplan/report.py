@@ -392,24 +392,22 @@ class ReportParams:
         return {"engine": self.engine, "spark_master": self.spark_master or ""}
 
     def parameters_for(self, name: str, artifacts_dir: Path) -> dict:
-        if name == ENGINE_NOTEBOOKS[0]:
-            return {**self.notebook_parameters(artifacts_dir), **self.engine_parameters()}
+        """Each notebook's parameters: the common ones plus what that page needs."""
         if name == COMPARE_NOTEBOOK[0]:
             return self.compare_parameters(artifacts_dir)
-        if name == TWIN_NOTEBOOK[0]:
+        # the twin page; the mix page runs its target mix through the twin too
+        if name == TWIN_NOTEBOOK[0] or (name == MIX_NOTEBOOK and self.twin):
             return self.twin_parameters(artifacts_dir)
-        if name == TIMELINE_NOTEBOOK[0]:  # with a twin, the plan's checks are simulated on it
-            return {**self.notebook_parameters(artifacts_dir),
-                    "twin_path": str(self.twin) if self.twin else ""}
-        if name == MIX_NOTEBOOK and self.twin:  # the mix page runs the target mix through the twin too
-            return self.twin_parameters(artifacts_dir)
+        p = self.notebook_parameters(artifacts_dir)
+        if name in ENGINE_NOTEBOOKS:
+            p.update(self.engine_parameters())
         if name == PLAN_NOTEBOOK:  # the plan may be told to accept an unsupported bound
-            return {**self.notebook_parameters(artifacts_dir), **self.engine_parameters(),
-                    "accept_optimistic": bool(self.accept_optimistic)}
+            p["accept_optimistic"] = bool(self.accept_optimistic)
+        if name in (TIMELINE_NOTEBOOK[0], SCENARIOS_NOTEBOOK[0]):  # simulated on the twin, if any
+            p["twin_path"] = str(self.twin) if self.twin else ""
         if name == SCENARIOS_NOTEBOOK[0]:
-            return {**self.notebook_parameters(artifacts_dir), "twin_path": str(self.twin) if self.twin else "",
-                    "sweeps_path": str(self.sweeps) if self.sweeps else ""}
-        return self.notebook_parameters(artifacts_dir)
+            p["sweeps_path"] = str(self.sweeps) if self.sweeps else ""
+        return p
 
     def notebooks(self) -> tuple[tuple[str, str], ...]:
         """(file name, page title) of the report's notebooks, in page order."""
