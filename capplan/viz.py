@@ -457,10 +457,31 @@ def checks_frame(plan) -> pd.DataFrame:
     return pd.DataFrame({"ok": ["FAILS" if not c.ok else ("holds, with a caveat" if c.caveat else "holds")
                                 for c in rows],
                          "check": [c.sentence for c in rows], "caveat": [for_readers(c.caveat) for c in rows]})
-def replace_figure(widget, fig) -> None:
-    """Put a new figure's traces and layout into a displayed ``go.FigureWidget`` in one update
-    (panels redraw in place this way)."""
-    with widget.batch_update():
-        widget.data = ()
-        widget.add_traces(list(fig.data))
-        widget.layout = fig.layout
+class FigureArea:
+    """A chart that a panel redraws in place: an ipywidgets ``Output`` showing plotly's own
+    mimetype, drawn by the plotly extension that JupyterLab and Voila load once per page.
+
+    Not a ``go.FigureWidget``: in plotly 6+ that is an anywidget whose model carries all of
+    plotly.js (~5 MB) through the kernel and the server to every page, which is what made
+    several people opening the what-if app at once wait on each other. ``.figure`` is the
+    figure on screen, ``.widget`` the ``Output`` to place in a layout."""
+
+    def __init__(self, fig: go.Figure | None = None, *, css_class: str | None = None):
+        import ipywidgets as W
+
+        self.widget = W.Output(layout=W.Layout(width="100%"))
+        if css_class:
+            self.widget.add_class(css_class)
+        self.figure = go.Figure()
+        self.show(fig if fig is not None else go.Figure())
+
+    def show(self, fig: go.Figure) -> None:
+        import json
+
+        from IPython.display import display
+
+        self.figure = fig
+        self.widget.clear_output(wait=True)
+        with self.widget:
+            display({"application/vnd.plotly.v1+json": json.loads(fig.to_json()),
+                     "text/plain": "<plotly figure>"}, raw=True)

@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .errors import SpecError
-from .viz import replace_figure
+from .viz import FigureArea
 
 TABLE_KEYS = ("ready_time_s", "cold_start_reserve_groups", "warm_floor_topup_groups",
               "total_groups", "total_gpus", "cost_usd_per_month")
@@ -192,12 +192,12 @@ class FleetWhatIfPanel:
         self.status = W.HTML()
         self.table = W.HTML()
         self.state = self._state(p)
-        self.figure = go.FigureWidget(self.state.figure if self.state else go.Figure())
+        self.chart = FigureArea(self.state.figure if self.state else None, css_class="capplan-fleet-chart")
         self._show(self.state)
         for c in (self.ready, self.floor, self.burst):
             c.observe(self._on_change, names="value")
         self.widget = W.VBox([W.HBox([W.VBox([self.ready, self.floor, self.burst]),
-                                      W.VBox([self.table, self.status])]), self.figure])
+                                      W.VBox([self.table, self.status])]), self.chart.widget])
 
     @classmethod
     def from_model(cls, model, *, system=None, **kw) -> "FleetWhatIfPanel":
@@ -207,6 +207,11 @@ class FleetWhatIfPanel:
         cap = capacity_from_envelope(model.envelope, model.spec, replicas=model.study.manifest.replicas,
                                      study_name=model.study.name)
         return cls(model.spec, cap, study=model.study, system=system, **kw)
+
+    @property
+    def figure(self) -> go.Figure:
+        """The figure on screen."""
+        return self.chart.figure
 
     def params(self) -> FleetParams:
         return FleetParams(float(self.ready.value), int(self.floor.value), float(self.burst.value))
@@ -234,5 +239,5 @@ class FleetWhatIfPanel:
         if state is None:
             return
         self.state = state
-        replace_figure(self.figure, state.figure)
+        self.chart.show(state.figure)
         self._show(state)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..errors import SpecError
 from ..slo import SLO
-from ..viz import replace_figure
+from ..viz import FigureArea
 
 ATTAINMENT_CHOICES = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
 PLAN_ON = {"tested": "tested mix", "target": "target mix", "classes": "every class"}
@@ -185,7 +185,6 @@ class MixPanel:
 
     def __init__(self, model: MixModel, params: MixParams | None = None):
         import ipywidgets as W
-        import plotly.graph_objects as go
 
         self.model = model
         p = params or model.defaults()
@@ -205,12 +204,17 @@ class MixPanel:
         self.plan_on = W.ToggleButtons(options=opts, value=p.plan_on, description="plan on", style=style)
         self.status, self.table = W.HTML(), W.HTML()
         self.state = self._state(p)
-        self.figure = go.FigureWidget(self.state.figure if self.state is not None else go.Figure())
+        self.chart = FigureArea(self.state.figure if self.state is not None else None)
         self._show(self.state)
         self.controls = [*self.class_sliders.values(), *self.share_sliders.values(), self.plan_on]
         for c in self.controls:
             c.observe(self._on_change, names="value")
-        self.widget = W.VBox([W.HBox([W.VBox(self.controls), W.VBox([self.table, self.status])]), self.figure])
+        self.widget = W.VBox([W.HBox([W.VBox(self.controls), W.VBox([self.table, self.status])]), self.chart.widget])
+
+    @property
+    def figure(self):
+        """The figure on screen."""
+        return self.chart.figure
 
     def params(self) -> MixParams:
         return MixParams(class_targets=tuple((c, float(s.value)) for c, s in self.class_sliders.items()),
@@ -238,5 +242,5 @@ class MixPanel:
         if state is None:
             return
         self.state = state
-        replace_figure(self.figure, state.figure)
+        self.chart.show(state.figure)
         self._show(state)

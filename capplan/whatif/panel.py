@@ -1,7 +1,7 @@
 """The what-if panel: ipywidgets wired to :func:`~capplan.whatif.model.whatif_state`.
 
 Every control has ``continuous_update=False`` and ``.observe(..., names="value")``; a change
-recomputes the state and updates the plan table, the quarters and a ``go.FigureWidget`` in
+recomputes the state and updates the plan table, the quarters and the chart in
 place. What a person sees:
 
 - **first paint at once**: :meth:`WhatIfPanel.start` shows a progress bar and what is being
@@ -18,8 +18,9 @@ place. What a person sees:
 - a layout that keeps every slider and its value readable from about 800 px wide (JupyterLab
   at 1280 px with the file browser open).
 
-The chart is an Output widget showing plotly's mimetype (``panel.figure`` is the figure on
-screen): a FigureWidget would send all of plotly.js through the kernel to every page.
+The chart is a :class:`capplan.viz.FigureArea` (plotly's mimetype in an Output widget;
+``panel.figure`` is the figure on screen): a FigureWidget would send all of plotly.js through
+the kernel to every page.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from ..errors import CapplanError
+from ..viz import FigureArea
 from .model import (ATTAINMENT_CHOICES, CAPACITY_USES, POLICY_LABELS, NoCapacity, WhatIfModel,
                     WhatIfParams, WhatIfState, save_scenario, whatif_state)
 
@@ -162,10 +164,9 @@ class WhatIfPanel:
         self.quarters = W.HTML()
         state = self._state(p)
         self.state = state
-        self.chart = W.Output(layout=W.Layout(width="100%"))
-        self.chart.add_class("capplan-plan-chart")  # the fleet panel below has a chart of its own
-        self.figure = state.figure if state is not None else go.Figure()
-        self._draw(self.figure)
+        # the fleet panel below has a chart of its own
+        self.plot = FigureArea(state.figure if state is not None else None, css_class="capplan-plan-chart")
+        self.chart = self.plot.widget
         self._show(state)
         self.controls = [c for c in (self.ttft, self.tpot, self.attainment, self.peak, self.uncertainty,
                                      self.policy, self.price, self.capacity_use) if c is not None]
@@ -288,22 +289,13 @@ class WhatIfPanel:
             self.state = None
             return
         self.state = state
-        self._draw(state.figure)
+        self.plot.show(state.figure)
         self._show(state)
 
-    def _draw(self, fig: go.Figure) -> None:
-        """Show ``fig`` in the chart area as plotly's own mimetype (drawn by the plotly extension
-        that JupyterLab and Voila load once per page), not as a FigureWidget, whose model carries
-        all of plotly.js (~5 MB) through the kernel to every page."""
-        import json
-
-        from IPython.display import display
-
-        self.figure = fig
-        self.chart.clear_output(wait=True)
-        with self.chart:
-            display({"application/vnd.plotly.v1+json": json.loads(fig.to_json()),
-                     "text/plain": "<plotly figure: the plan>"}, raw=True)
+    @property
+    def figure(self) -> go.Figure:
+        """The figure on screen."""
+        return self.plot.figure
 
     def _on_save(self, _button=None) -> Path | None:
         """Write the scenario on screen and offer it for download."""
