@@ -281,3 +281,17 @@ def test_block_length_is_the_max_over_good_and_log_latencies():
     assert b2.stationary == pytest.approx(max(
         optimal_block_length(filled)["stationary"].iloc[0],
         optimal_block_length(kt.astype(float))["stationary"].iloc[0]), rel=1e-9)
+
+
+def test_bias_corrected_interval_hand_computed():
+    """Replicates exactly N(0, 1) (quantile grid) and an estimate of 0.5: z0 = Φ⁻¹(Φ(0.5)) =
+    0.5, so the BC ends are the replicates' quantiles at Φ(2·0.5 ∓ 1.96), i.e. −0.96 and 2.96;
+    at an estimate equal to the replicates' median BC is the percentile interval."""
+    from scipy.stats import norm
+
+    v = norm.ppf((np.arange(200_000) + 0.5) / 200_000)
+    lo, hi = B.bias_corrected_ci(v, 0.5, 0.95)
+    assert lo == pytest.approx(1.0 - 1.959964, abs=2e-3)
+    assert hi == pytest.approx(1.0 + 1.959964, abs=2e-3)
+    assert B.bias_corrected_ci(v, 0.0, 0.95) == pytest.approx(B.percentile_ci(v, 0.95), abs=1e-3)
+    assert all(math.isnan(x) for x in B.bias_corrected_ci([], 0.0))

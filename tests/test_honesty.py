@@ -53,6 +53,24 @@ def test_small_sweep_bound_is_below_the_truth_and_useful(small_sweeps):
     assert old_excluded >= 1  # the reproduced bug
 
 
+def test_interval_upper_end_is_bias_corrected_and_the_planning_side_is_not(small_sweeps):
+    """The run-effect interval: lower end and lower bound are the replicate crossings'
+    percentiles (the planning side, whose coverage was measured); the upper end is the larger of
+    the percentile and the bias-corrected end, since the replicates sit mostly below the
+    estimate near a steep crossing and leave the percentile interval short above."""
+    widened = 0
+    for i, st in enumerate(small_sweeps):
+        env = fit_from_stats(st, SLO, reps=400, seed=i)
+        c, v = env.cslo, env.crossing_replicates
+        lo, hi = boot.percentile_ci(v, c.confidence)
+        bc_hi = boot.bias_corrected_ci(v, c.estimate, c.confidence)[1]
+        assert c.ci_low == pytest.approx(min(lo, c.estimate))
+        assert c.lower_bound == pytest.approx(min(boot.lower_bound(v, c.confidence), c.estimate))
+        assert c.ci_high == pytest.approx(max(hi, bc_hi, c.estimate))
+        widened += bc_hi > hi + 1e-9
+    assert widened >= 1  # these sweeps' replicates are skewed below their estimates
+
+
 def test_zero_violation_runs_keep_what_their_own_data_justify(small_sweeps):
     """A run with no violation and no lower-load run with violations is taken as independent
     requests (stated prior): N_eff = n and its attainment interval is Clopper–Pearson at n."""
