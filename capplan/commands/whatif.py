@@ -8,9 +8,10 @@ Voila listens on 127.0.0.1 only.
 For several people at once: the envelope is fitted here, once, and cached on disk
 (CAPPLAN_CACHE_DIR), so each kernel loads it in about a second; ``--pool`` kernels are started
 and run in advance (Voila's pre-heated pool), so the first visitors get a finished page; the
-kernel of a closed tab is shut down when the page unloads, and any left over (a crashed
-browser) is culled after ``--cull-after`` idle seconds; users see plain messages, never
-tracebacks.
+kernel of a closed or crashed tab is culled after ``--cull-after`` idle seconds (Voila's own
+shutdown on page unload is refused by its XSRF check, so culling is what reclaims them), but
+never in the first ``--cull-after`` seconds after it left the pool, while its visitor's page
+connects (``capplan.whatif.kernels``); users see plain messages, never tracebacks.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def voila_command(notebook: Path, port: int, token: str, *, pool: int = 4, cull_
            "--Voila.ip=127.0.0.1", f"--token={token}", "--VoilaConfiguration.show_tracebacks=False",
            f"--MappingKernelManager.cull_idle_timeout={int(cull_after_s)}",
            f"--MappingKernelManager.cull_interval={max(5, int(cull_after_s) // 3)}",
-           "--MappingKernelManager.cull_connected=False"]
+           "--MappingKernelManager.cull_connected=False",
+           # culls closed tabs' kernels, never one just handed to a visitor (capplan.whatif.kernels)
+           "--VoilaConfiguration.multi_kernel_manager_class=capplan.whatif.kernels.GraceKernelManager"]
     if pool > 0:
         # refill the pool 20 s after a visitor takes a kernel, not 1 s: visitors arriving together
         # are served before new kernels compete with them for the CPU
