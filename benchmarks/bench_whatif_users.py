@@ -3,6 +3,7 @@ kernels left after they close their tabs.
 
     python benchmarks/bench_whatif_users.py [--users 4] [--pool 4] [--reps 200] [--baseline-python PY]
                                             [--close crash|unload] [--cull-after 30] [--watch 120]
+                                            [--late N]
 
 For each variant, in one run: start `capplan whatif` on 127.0.0.1 (fresh cache folder, so the
 one-off fit is part of the server's start-up, before anyone arrives), wait until Voila's
@@ -141,6 +142,31 @@ async def visit_and_leave(url: str, users: int, how: str, server_pid: int, pool:
             "reclaimed_after_s": reclaimed, "visitors": visitors}
 
 
+async def late_visits(url: str, n: int, wait_s: float) -> list:
+    """``n`` visitors one after another, each ``wait_s`` after the last (longer than the cull
+    timeout, so the pooled kernel they get has idled past it): the time each waits for the plan
+    table, or None when it never shows (60 s). Catches a culler that shuts a kernel down under
+    the visitor it was just handed to."""
+    from playwright.async_api import async_playwright
+
+    out = []
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for _ in range(n):
+            await asyncio.sleep(wait_s)
+            page = await (await browser.new_context(viewport={"width": 1280, "height": 900})).new_page()
+            t0 = time.perf_counter()
+            try:
+                await page.goto(url, timeout=60_000)
+                await page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=60_000)
+                out.append(time.perf_counter() - t0)
+            except Exception:
+                out.append(None)
+            await page.close()
+        await browser.close()
+    return out
+
+
 def run_variant(name: str, python: str, pool: int, args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="capplan-bench-users-"))
     port, token = free_port(), "bench"
@@ -176,8 +202,10 @@ def run_variant(name: str, python: str, pool: int, args) -> dict:
                                            proc.pid, pool, args.watch))
         alive = kernel_pids(proc.pid)
         left = len(alive)
+        late = (asyncio.run(late_visits(f"http://127.0.0.1:{port}/?token={token}", args.late,
+                                        2 * args.cull_after + 10)) if args.late and pool > 0 else [])
         return {"name": name, "pool": pool, "port_s": t_port, "ready_s": t_ready, "kernels_before": before,
-                "kernels_left": left, "user_kernels_left": len(alive & seen["visitors"]), **seen}
+                "kernels_left": left, "user_kernels_left": len(alive & seen["visitors"]), "late": late, **seen}
     except Exception:
         print(f"{name}: server log (last 3000 characters):\n"
               + (work / "server.log").read_text(errors="replace")[-3000:], file=sys.stderr)
@@ -204,6 +232,9 @@ def main() -> int:
     ap.add_argument("--cull-after", type=int, default=30)
     ap.add_argument("--close", choices=("crash", "unload"), default="crash")
     ap.add_argument("--watch", type=int, default=120, help="seconds to watch kernels after the tabs close")
+    ap.add_argument("--late", type=int, default=0,
+                    help="then this many single visitors, 2×cull-after+10 s apart (pooled kernels idle past "
+                         "the cull timeout): each must still get the plan table")
     ap.add_argument("--baseline-python", default=None,
                     help="an interpreter whose capplan is the baseline (no --pool/--cull-after options)")
     args = ap.parse_args()
@@ -235,6 +266,9 @@ def main() -> int:
                       "baseline")
     for r in results:
         print(f"{r['name']}: after close (s, kernels, of them the visitors'): {r['trace']}")
+        if r.get("late"):
+            shown = ", ".join("never (60 s)" if t is None else f"{t:.1f} s" for t in r["late"])
+            print(f"{r['name']}: later visitors, {2 * args.cull_after + 10} s apart, plan table after: {shown}")
     return 0
 
 
