@@ -395,12 +395,6 @@ def ratio_replicates(counts: np.ndarray, num, den) -> np.ndarray:
         return top / bot
 
 
-def mean_replicates(counts: np.ndarray, x) -> np.ndarray:
-    """Replicates of the mean of a per-unit series (one observation per unit)."""
-    n = counts.n_units if isinstance(counts, Resample) else counts.shape[1]
-    return ratio_replicates(counts, x, np.ones(n))
-
-
 def quantile_replicates(counts: np.ndarray, hist, k0: int, p, alpha: float = sketch.DEFAULT_ALPHA,
                         below=None) -> np.ndarray:
     """Replicates of quantile(s) p from per-unit log-bucket histograms ``hist`` (units × bins,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +50,7 @@ class ProposedRun:
     why: str
 
     def to_dict(self) -> dict:
-        return {"rate_rps": self.rate_rps, "repeats": self.repeats,
-                "duration_s": self.duration_s, "warmup_s": self.warmup_s, "why": self.why}
+        return asdict(self)
 
     @property
     def minutes(self) -> float:

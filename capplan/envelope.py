@@ -639,12 +639,12 @@ def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
         # on one replica with repeats). The lower end and the lower bound, the planning side,
         # stay the percentile's, whose coverage was measured (docs/envelope.md, "Coverage").
         hi = max(hi, boot.bias_corrected_ci(vals, est, confidence)[1])
-    if run_effect and est == est and not (lo <= est <= hi and lb <= est):
-        # the estimate is a plausible value by construction: an interval of replicate
-        # crossings that excludes it (replicates skewed by a bound near 0 or 1) is widened
-        notes.append(f"the percentile interval [{lo:.3g}, {hi:.3g}] excluded the estimate "
-                     f"{est:.3g}; widened to contain it")
-        lo, hi, lb = min(lo, est), max(hi, est), min(lb, est)
+        if not (lo <= est <= hi and lb <= est):
+            # the estimate is a plausible value by construction: an interval of replicate
+            # crossings that excludes it (replicates skewed by a bound near 0 or 1) is widened
+            notes.append(f"the percentile interval [{lo:.3g}, {hi:.3g}] excluded the estimate "
+                         f"{est:.3g}; widened to contain it")
+            lo, hi, lb = min(lo, est), max(hi, est), min(lb, est)
     if est_flag == 1:
         status = STATUS_ABOVE
         hi = est if not closed_loop else max(hi, est)

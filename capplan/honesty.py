@@ -21,7 +21,7 @@ Status:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 HONEST = "honest"
 UNSUPPORTED = "unsupported"
@@ -43,8 +43,7 @@ class RunToAdd:
     why: str
 
     def to_dict(self) -> dict:
-        return {"rate_rps": self.rate_rps, "repeats": self.repeats,
-                "duration_s": self.duration_s, "why": self.why}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunToAdd":

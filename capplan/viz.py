@@ -472,8 +472,7 @@ class FigureArea:
         self.widget = W.Output(layout=W.Layout(width="100%"))
         if css_class:
             self.widget.add_class(css_class)
-        self.figure = go.Figure()
-        self.show(fig if fig is not None else go.Figure())
+        self.show(go.Figure() if fig is None else fig)
 
     def show(self, fig: go.Figure) -> None:
         import json

@@ -192,12 +192,12 @@ class FleetWhatIfPanel:
         self.status = W.HTML()
         self.table = W.HTML()
         self.state = self._state(p)
-        self.chart = FigureArea(self.state.figure if self.state else None, css_class="capplan-fleet-chart")
+        self.plot = FigureArea(self.state.figure if self.state else None, css_class="capplan-fleet-chart")
         self._show(self.state)
         for c in (self.ready, self.floor, self.burst):
             c.observe(self._on_change, names="value")
         self.widget = W.VBox([W.HBox([W.VBox([self.ready, self.floor, self.burst]),
-                                      W.VBox([self.table, self.status])]), self.chart.widget])
+                                      W.VBox([self.table, self.status])]), self.plot.widget])
 
     @classmethod
     def from_model(cls, model, *, system=None, **kw) -> "FleetWhatIfPanel":
@@ -211,7 +211,7 @@ class FleetWhatIfPanel:
     @property
     def figure(self) -> go.Figure:
         """The figure on screen."""
-        return self.chart.figure
+        return self.plot.figure
 
     def params(self) -> FleetParams:
         return FleetParams(float(self.ready.value), int(self.floor.value), float(self.burst.value))
@@ -239,5 +239,5 @@ class FleetWhatIfPanel:
         if state is None:
             return
         self.state = state
-        self.chart.show(state.figure)
+        self.plot.show(state.figure)
         self._show(state)

@@ -204,17 +204,17 @@ class MixPanel:
         self.plan_on = W.ToggleButtons(options=opts, value=p.plan_on, description="plan on", style=style)
         self.status, self.table = W.HTML(), W.HTML()
         self.state = self._state(p)
-        self.chart = FigureArea(self.state.figure if self.state is not None else None)
+        self.plot = FigureArea(self.state.figure if self.state is not None else None)
         self._show(self.state)
         self.controls = [*self.class_sliders.values(), *self.share_sliders.values(), self.plan_on]
         for c in self.controls:
             c.observe(self._on_change, names="value")
-        self.widget = W.VBox([W.HBox([W.VBox(self.controls), W.VBox([self.table, self.status])]), self.chart.widget])
+        self.widget = W.VBox([W.HBox([W.VBox(self.controls), W.VBox([self.table, self.status])]), self.plot.widget])
 
     @property
     def figure(self):
         """The figure on screen."""
-        return self.chart.figure
+        return self.plot.figure
 
     def params(self) -> MixParams:
         return MixParams(class_targets=tuple((c, float(s.value)) for c, s in self.class_sliders.items()),
@@ -242,5 +242,5 @@ class MixPanel:
         if state is None:
             return
         self.state = state
-        self.chart.show(state.figure)
+        self.plot.show(state.figure)
         self._show(state)

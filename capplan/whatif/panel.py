@@ -164,7 +164,7 @@ class WhatIfPanel:
         self.quarters = W.HTML()
         state = self._state(p)
         self.state = state
-        # the fleet panel below has a chart of its own
+        # the fleet panel below has a chart of its own; ``chart`` is the widget the layout moves
         self.plot = FigureArea(state.figure if state is not None else None, css_class="capplan-plan-chart")
         self.chart = self.plot.widget
         self._show(state)
