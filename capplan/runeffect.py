@@ -133,7 +133,10 @@ class RunEffect:
             y = logit_point(a * nn, nn)
             if np.all((a <= 0) | (a >= 1)):
                 continue
-            binom = np.mean(1.0 / (nn * np.clip(a, 1e-6, 1 - 1e-6) * np.clip(1 - a, 1e-6, 1)))
+            # the binomial variance of each logit at the same (k + ½) / (n + 1) point: a run
+            # with no violation (common near the crossing) must not count as infinitely noisy
+            p = (a * nn + 0.5) / (nn + 1.0)
+            binom = np.mean(1.0 / (nn * p * (1.0 - p)))
             var.append(max(float(np.var(y, ddof=1)) - binom, 0.0))
             wts.append(a.size - 1)
         if not var:

@@ -83,6 +83,21 @@ def test_from_samples_subtracts_the_binomial_part():
     assert r.tau == pytest.approx(0.7, abs=0.1)
 
 
+def test_from_samples_keeps_runs_without_violations():
+    """Near the crossing some simulated runs have no violation at all; they enter with the
+    same (k + ½) / (n + 1) point as their logit, not as infinitely noisy (which zeroed τ at
+    every rate that had one: a twin of one replica gave τ = 0)."""
+    rng = np.random.default_rng(4)
+    att, nn = {}, {}
+    for rate, eta in ((5.5, 5.5), (6.0, 4.5)):
+        e = eta + 0.7 * rng.standard_normal(200)
+        att[rate] = 1 - rng.binomial(1000, 1 - expit(e)) / 1000
+        nn[rate] = np.full(200, 1000.0)
+    assert all(np.any(a == 1.0) for a in att.values())
+    r = rfx.RunEffect.from_samples(att, nn)
+    assert r.tau == pytest.approx(0.7, abs=0.15)
+
+
 def test_apply_targets_the_mean_run():
     """The marginal attainment of an informative run is below its own (median-run) value;
     runs below the window and without violations keep their replicates."""
