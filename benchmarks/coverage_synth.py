@@ -19,6 +19,10 @@ Designs (``DESIGNS``; SLO ``ttft_ms=2000,tpot_ms=100,attainment=0.99``; no ITL l
 - ``small``: the case of issue 12 — one replica, 300-s runs, rates 0.5, 1, 2, 3, 4, 6 req/s
   (light-load runs with no violations beside overloaded ones; tests/fixtures/
   synth_small_sweep.yaml);
+- ``demo``, ``gamma``, ``replay``, ``kv1`` also with the method ``run-effect+twin``: a twin is
+  fitted to each sweep's own events (``capplan.twin.fit.fit_twin``) and the between-run SD near
+  the crossing taken from 20 simulated runs of it at each bracketing rate
+  (``capplan.design.twin_run_effect``), as ``capplan twin fit`` + ``capplan envelope --twin`` do;
 - ``aiperf``: the real-client shape — 8 Poisson rates × 40 s against one small-model replica,
   warm-up found by MSER-5 (no manifest warm-up; tests/fixtures/synth_aiperf_shape.yaml); the
   truth is the **steady-state** capacity (600-s runs), what a planner needs, not the 40-s
@@ -63,7 +67,11 @@ ROOT = HERE.parent
 SLO_TEXT = "ttft_ms=2000,tpot_ms=100,attainment=0.99"
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace2023_conv.csv"
 DEMO_RATES = (1.0, 2.0, 3.0, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0, 8.0, 10.0, 12.0)
-METHODS = ("run-effect", "within-run")
+#: "run-effect+twin": the run-effect interval with the between-run SD from a twin fitted to the
+#: sweep's own events (``capplan twin fit`` then ``capplan envelope --twin``), on the designs
+#: with one run per rate (``Design.twin``)
+METHODS = ("run-effect", "within-run", "run-effect+twin")
+TWIN = "run-effect+twin"
 
 
 def _demo_raw() -> dict:
@@ -102,6 +110,7 @@ class Design:
     rounds: int = 0         # capplan design rounds
     round_minutes: float = 35.0
     k: int = 100
+    twin: bool = False      # also measure the interval with τ from a twin fitted to the sweep
 
     def config(self, seed: int):
         from capplan.synth import parse_config
@@ -140,16 +149,17 @@ def _designs() -> dict[str, Design]:
     small = _fixture("synth_small_sweep.yaml")
     aiperf = _fixture("synth_aiperf_shape.yaml")
     d = {
-        "demo": Design("demo", demo, 5.65, k=300),
-        "gamma": Design("gamma", gamma, 4.68),
-        "replay": Design("replay", replay, 5.0),
-        "kv1": Design("kv1", kv1, 1.95),
+        "demo": Design("demo", demo, 5.65, k=300, twin=True),
+        "gamma": Design("gamma", gamma, 4.68, twin=True),
+        "replay": Design("replay", replay, 5.0, twin=True),
+        "kv1": Design("kv1", kv1, 1.95, twin=True),
         "designed": Design("designed", designed, 5.65, rounds=2),
         "small": Design("small", small, 2.62),
         "aiperf": Design("aiperf", aiperf, 10.0, warmup="mser", truth_duration_s=600.0),
     }
     for base in ("demo", "gamma", "replay", "kv1"):
-        d[f"{base}_rep"] = replace(d[base], name=f"{base}_rep", repeats_near=3, k=100)
+        d[f"{base}_rep"] = replace(d[base], name=f"{base}_rep", repeats_near=3, k=100,
+                                   twin=False)
     return d
 
 
@@ -204,10 +214,19 @@ def truth(design: Design, replications: int, refresh: bool = False) -> dict:
 
 # ------------------------------------------------------------------------------ sweeps
 
-def _fit(stats, design: Design, method: str, reps: int, seed: int) -> dict:
+def _fit(stats, design: Design, method: str, reps: int, seed: int, study=None) -> dict:
     from capplan.envelope import fit_from_stats
 
-    e = fit_from_stats(stats, SLO_TEXT, reps=reps, seed=seed, method=method)
+    if method == TWIN:
+        from capplan.design import twin_run_effect
+        from capplan.twin.fit import fit_twin
+
+        e = fit_from_stats(stats, SLO_TEXT, reps=reps, seed=seed)
+        effect, _ = twin_run_effect(e, fit_twin(study, reps=50, seed=seed), seed=seed)
+        if effect is not None:
+            e = fit_from_stats(stats, SLO_TEXT, reps=reps, seed=seed, run_effect=effect)
+    else:
+        e = fit_from_stats(stats, SLO_TEXT, reps=reps, seed=seed, method=method)
     c = e.cslo
     return {"estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
             "lower_bound": c.lower_bound, "status": c.status,
@@ -217,7 +236,7 @@ def _fit(stats, design: Design, method: str, reps: int, seed: int) -> dict:
 
 def one_sweep(args) -> dict:
     """Generate sweep ``k`` of a design (with its design rounds), fit it with each method."""
-    name, k, seed, reps, fit_seed = args
+    name, k, seed, reps, fit_seed, methods = args
     from capplan.design import propose
     from capplan.envelope import fit_from_stats
     from capplan.reduce import reduce_study
@@ -246,8 +265,9 @@ def one_sweep(args) -> dict:
                     plans.append(RunPlan(i, f"r{i + 1:02d}", r.rate_rps, rep, r.duration_s))
         out["minutes"] = round(sum(p.duration_s for p in plans) / 60.0, 2)
         out["runs"] = len(plans)
-        for m in METHODS:
-            out[m] = _fit(stats, design, m, reps, fit_seed + k)
+        for m in methods:
+            if m != TWIN or design.twin:
+                out[m] = _fit(stats, design, m, reps, fit_seed + k, study=path)
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -267,6 +287,8 @@ def summarize(results: list[dict], tr: dict) -> dict:
             "K": len(results),
             "minutes": float(np.mean([r.get("minutes", math.nan) for r in results]))}
     for m in METHODS:
+        if not all(m in r for r in results):
+            continue
         rows = [r[m] for r in results]
         f = lambda key: np.array([np.nan if x[key] is None else x[key] for x in rows], float)  # noqa: E731
         lo, hi, lb, est = f("ci_low"), f("ci_high"), f("lower_bound"), f("estimate")
@@ -297,6 +319,8 @@ def table(summaries: dict) -> str:
     lines = [head, "|" + "---|" * 13]
     for name, s in summaries.items():
         for m in METHODS:
+            if m not in s:
+                continue
             d = s[m]
             lines.append(
                 f"| {name} | {m}{' (old)' if m == 'within-run' else ''} | {s['K']} | "
@@ -318,6 +342,9 @@ def main(argv=None) -> int:
                     help="comma-separated: " + ", ".join(DESIGNS))
     ap.add_argument("--k", type=int, default=None, help="sweeps per design (default: per design)")
     ap.add_argument("--reps", type=int, default=400)
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="comma-separated interval methods to measure: " + ", ".join(METHODS)
+                    + f" ({TWIN} only on the designs with one run per rate)")
     ap.add_argument("--seed", type=int, default=5000, help="sweep k uses synth seed SEED + k")
     ap.add_argument("--fit-seed", type=int, default=0, help="sweep k's bootstrap seed = this + k")
     ap.add_argument("--truth-replications", type=int, default=200)
@@ -327,6 +354,9 @@ def main(argv=None) -> int:
     ap.add_argument("--from-json", default=None, help="re-summarise the sweeps of an earlier --out")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.designs.split(",") if n.strip()]
+    methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
+    if any(m not in METHODS for m in methods):
+        ap.error(f"unknown method(s) in {methods}; known: {', '.join(METHODS)}")
     bad = [n for n in names if n not in DESIGNS]
     if bad:
         ap.error(f"unknown design(s) {bad}; known: {', '.join(DESIGNS)}")
@@ -346,7 +376,7 @@ def main(argv=None) -> int:
             results = old["sweeps"][name]
         else:
             k = a.k or d.k
-            jobs = [(name, i, a.seed, a.reps, a.fit_seed) for i in range(k)]
+            jobs = [(name, i, a.seed, a.reps, a.fit_seed, methods) for i in range(k)]
             if a.jobs > 1:
                 from concurrent.futures import ProcessPoolExecutor
 
@@ -362,6 +392,8 @@ def main(argv=None) -> int:
               f"{tr['replications']} runs per rate) [{s['truth_seconds']:.0f} s]; {s['K']} sweeps "
               f"[{s['seconds']:.0f} s]", flush=True)
         for m in METHODS:
+            if m not in s:
+                continue
             x = s[m]
             print(f"  {m:11s} two-sided {x['coverage_two_sided']:.3f} lower bound "
                   f"{x['coverage_lower_bound']:.3f} [{x['cp_lower_bound'][0]:.3f}, "

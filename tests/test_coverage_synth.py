@@ -25,7 +25,8 @@ def bench():
 def test_small_design_rows(bench):
     """Four sweeps of the small design (truth from the fixture's header): the default bound
     holds on each, the old method's row is there, and the table prints."""
-    results = [bench.one_sweep(("small", k, 5000, 200, 0)) for k in range(4)]
+    methods = ("run-effect", "within-run")
+    results = [bench.one_sweep(("small", k, 5000, 200, 0, methods)) for k in range(4)]
     tr = {"capacity": 2.589, "se": 0.01, "kind": "this protocol"}
     s = bench.summarize(results, tr)
     new, old = s["run-effect"], s["within-run"]
@@ -37,6 +38,22 @@ def test_small_design_rows(bench):
     assert old["share_honest"] == 0.0  # the within-run bound is labelled optimistic
     text = bench.table({"small": s})
     assert "within-run (old)" in text and "| small | run-effect | 4 |" in text
+    assert bench.TWIN not in s
+
+
+def test_twin_row(bench, monkeypatch):
+    """The twin method fits a twin to the sweep's own events and takes τ from it: its row is
+    measured only where the design asks for it, and is summarised beside the others."""
+    from dataclasses import replace
+
+    monkeypatch.setitem(bench.DESIGNS, "small_twin",
+                        replace(bench.DESIGNS["small"], name="small_twin", twin=True))
+    r = bench.one_sweep(("small_twin", 0, 5000, 100, 0, bench.METHODS))
+    c = r[bench.TWIN]
+    assert c["ci_low"] <= c["estimate"] <= c["ci_high"]
+    assert c["tau"] is not None and c["tau"] != r["run-effect"]["tau"]
+    s = bench.summarize([r], {"capacity": 2.589, "se": 0.01, "kind": "this protocol"})
+    assert "| small_twin | run-effect+twin | 1 |" in bench.table({"small_twin": s})
 
 
 def test_designs_are_well_formed(bench):
