@@ -206,8 +206,11 @@ def test_envelope_json_carries_honesty(tmp_path):
 
 def test_twin_supplies_the_run_to_run_variation(small_sweeps):
     """With a model of the system (here its own synth configuration standing in for a twin),
-    the run-to-run variation is simulated, not assumed: the bound becomes honest. A twin whose
-    last check disagreed is not used."""
+    the run-to-run variation is simulated, not assumed. With one run per rate the bound stays
+    unsupported (the crossing rests on single runs; docs/envelope.md "Coverage": with the true
+    system as the twin, one replica with a KV limit still covered 0.63), and says why; with
+    repeats near the crossing the twin's variation makes it honest. A twin whose last check
+    disagreed is not used."""
     from dataclasses import replace
 
     from capplan.design import twin_run_effect
@@ -220,7 +223,10 @@ def test_twin_supplies_the_run_to_run_variation(small_sweeps):
     assert eff is not None and eff.source == "twin" and eff.tau > 0
     tw = fit_from_stats(st, SLO, reps=200, seed=0, run_effect=eff)
     assert tw.run_effect.source == "twin"
-    assert tw.honesty.status == "honest"
+    assert tw.honesty.status == "unsupported"
+    assert any("from a twin" in r for r in tw.honesty.reasons)
+    assert tw.honesty.runs_to_add and all("more than one run" in r.why
+                                          for r in tw.honesty.runs_to_add)
     assert tw.cslo.lower_bound <= TRUTH_SMALL
     assert tw.refit(attainment=0.98).run_effect.source == "twin"  # a refit keeps it
 
@@ -232,3 +238,23 @@ def test_twin_supplies_the_run_to_run_variation(small_sweeps):
 
     eff2, note2 = twin_run_effect(env, Disagreeing())
     assert eff2 is None and "disagreed" in note2
+
+
+def test_a_twin_counts_with_repeats_near_the_crossing():
+    """The rule behind the twin case above, on the assessment alone: a twin's (or a given)
+    run-to-run variation makes the bound honest once a rate bracketing C_SLO has repeats, even
+    when too few of them have both outcomes to measure it from the sweep; without repeats it
+    does not."""
+    import pandas as pd
+
+    from capplan.honesty import assess
+
+    runs = pd.DataFrame({"x": [5.0, 5.5, 5.5, 6.0], "usable": True, "warnings": "",
+                         "warmup_s": 30.0, "load_level": [5.0, 5.5, 5.5, 6.0],
+                         "duration_s": 600.0})
+    common = dict(method="run-effect", status="bracketed", iid=False, estimate=5.6,
+                  lower_bound=5.3, runs=runs, near_rates=(5.5, 6.0), n_near=1, target=0.99)
+    assert assess(effect_source="twin", repeats_near=2, **common).status == "honest"
+    assert assess(effect_source="sweep", repeats_near=2, **common).status == "unsupported"
+    single = assess(effect_source="twin", repeats_near=1, **common)
+    assert single.status == "unsupported" and "from a twin" in single.reasons[0]
