@@ -416,6 +416,8 @@ class Envelope:
         """A between-run SD that was given (twin), which a refit keeps; an estimated one is
         re-estimated for the new SLO."""
         e = self.run_effect
+        if e is not None and e.source == "twin" and e.twin_tau == e.twin_tau:
+            return rfx.RunEffect.fixed(e.twin_tau, "twin")
         return e if e is not None and e.source in ("twin", "given") else None
 
     def surface(self, ttft_ms_grid=None, tpot_ms_grid=None, *, reps: int | None = None) -> Surface:

@@ -29,7 +29,10 @@ straight line in logit attainment vs rate (a random-effects meta-regression; res
 likelihood on a grid), with repeats at a rate counting directly. The fixed effects have flat
 priors and τ a half-normal prior (``PRIOR_SCALE``); each replicate draws its own τ from the
 posterior, so an estimate from three runs is as wide as three runs allow. A twin (or any model
-that simulates the protocol) can supply τ instead (``RunEffect.from_samples``).
+that simulates the protocol) can supply a τ (``RunEffect.from_samples``) that holds the
+estimate at or above it (``RunEffect.at_least``), never one that replaces it: a twin fitted to
+a sweep showed less run-to-run variation than the system had. ``RunEffect.fixed(τ, "given")``
+uses a value as it is.
 
 Runs with no violation below the crossing get no run effect: their replicates already come
 from the Beta bound at N_eff (``capplan.envelope``), and light load does not congest.
@@ -38,7 +41,7 @@ from the Beta bound at N_eff (``capplan.envelope``), and light load does not con
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import isotonic_regression
@@ -87,6 +90,8 @@ class RunEffect:
     #: d logit(attainment) / d rate near the crossing (per req/s; 0 when unknown): turns the
     #: realised-rate noise of a run into logit noise (``apply``)
     slope: float = 0.0
+    #: source "twin": the twin's τ, below which this effect is not allowed (``at_least``)
+    twin_tau: float = math.nan
 
     def draws(self, reps: int, rng: np.random.Generator) -> np.ndarray:
         """τ per replicate from the posterior (a constant when it is known)."""
@@ -97,6 +102,10 @@ class RunEffect:
     def sentence(self) -> str:
         if self.source == "none":
             return "no between-run variation modelled (within-run bootstrap only)"
+        if self.source == "twin" and self.twin_tau == self.twin_tau:
+            return (f"between-run SD of logit attainment τ = {self.tau:.2f} "
+                    f"(90 % {self.tau_low:.2f}–{self.tau_high:.2f}): this sweep's estimate, held "
+                    f"at or above the twin's {self.twin_tau:.2f}")
         if self.source in ("twin", "given"):
             return (f"between-run SD of logit attainment τ = {self.tau:.2f} "
                     f"({'from the twin' if self.source == 'twin' else 'given'})")
@@ -110,7 +119,19 @@ class RunEffect:
     def to_dict(self) -> dict:
         return {"tau": self.tau, "tau_low": self.tau_low, "tau_high": self.tau_high,
                 "n_runs": self.n_runs, "source": self.source, "prior_scale": self.prior_scale,
-                "slope_per_rps": self.slope}
+                "slope_per_rps": self.slope,
+                "twin_tau": None if self.twin_tau != self.twin_tau else self.twin_tau}
+
+    def at_least(self, twin_tau: float) -> "RunEffect":
+        """This (estimated) effect with τ held at or above a twin's: a twin may add run-to-run
+        variation the sweep did not show, never take away what the sweep's posterior allows.
+        Measured: τ from a twin fitted to the sweep's own events was too small — used alone,
+        its lower bound was at or below the truth in 79 % of demo-protocol sweeps against 98 %
+        for the sweep's own τ (docs/envelope.md, "Coverage")."""
+        t = float(twin_tau)
+        return replace(self, tau=max(self.tau, t), tau_low=max(self.tau_low, t),
+                       tau_high=max(self.tau_high, t), source="twin", twin_tau=t,
+                       grid=np.maximum(self.grid, t))
 
     @classmethod
     def fixed(cls, tau: float, source: str = "given") -> "RunEffect":
@@ -305,7 +326,8 @@ def apply(n, k, x, level, att_rep, deff, target, *, rng: np.random.Generator,
           effect: RunEffect | None = None, prior_scale: float | None = None,
           rate_var=None) -> RunEffectFit:
     """The run-effect model on one sweep's usable runs: estimate τ from the runs near the
-    crossing (unless ``effect`` is given), then per run the marginal attainment and, per
+    crossing (unless ``effect`` is given; a twin's, source "twin", only holds the estimate at
+    or above its τ: ``RunEffect.at_least``), then per run the marginal attainment and, per
     replicate, the within-run replicate plus a run-effect draw, marginalised with that
     replicate's τ. The run effect applies from the lowest level near the crossing upwards:
     below it the server is far from congestion and runs do not vary that way.
@@ -324,9 +346,10 @@ def apply(n, k, x, level, att_rep, deff, target, *, rng: np.random.Generator,
     y = logit_point(k, n)
     Y = logit(np.clip(att_rep, eps, 1.0 - eps))
     used = window(level, k / np.maximum(n, 1.0), x, target) & (n > 0)
-    if effect is None:
-        effect = estimate(n[used], (n - k)[used], np.asarray(deff, dtype=np.float64)[used],
-                          x[used], prior_scale=prior_scale)
+    if effect is None or effect.source == "twin":
+        own = estimate(n[used], (n - k)[used], np.asarray(deff, dtype=np.float64)[used],
+                       x[used], prior_scale=prior_scale)
+        effect = own if effect is None else own.at_least(effect.tau)
     x_from = float(np.min(x[used])) if used.any() else math.inf
     has = ((x >= x_from) & (k < n)).astype(np.float64)  # no run effect where nothing fails
     taus = effect.draws(reps, rng)

@@ -258,3 +258,23 @@ def test_a_twin_counts_with_repeats_near_the_crossing():
     assert assess(effect_source="sweep", repeats_near=2, **common).status == "unsupported"
     single = assess(effect_source="twin", repeats_near=1, **common)
     assert single.status == "unsupported" and "from a twin" in single.reasons[0]
+
+
+def test_a_twin_cannot_narrow_the_sweeps_own_run_to_run_variation(small_sweeps):
+    """A twin's τ holds the sweep's estimate at or above it, never replaces it: a twin that
+    shows almost no run-to-run variation leaves the bound where the sweep alone puts it (a twin
+    fitted to the sweep's own events was too optimistic on the simulator: docs/envelope.md
+    "Coverage"), one that shows more lowers it; a refit keeps the twin's value."""
+    from capplan.runeffect import RunEffect
+
+    st = small_sweeps[0]
+    own = fit_from_stats(st, SLO, reps=200, seed=0)
+    calm = fit_from_stats(st, SLO, reps=200, seed=0, run_effect=RunEffect.fixed(0.01, "twin"))
+    wild = fit_from_stats(st, SLO, reps=200, seed=0, run_effect=RunEffect.fixed(2.0, "twin"))
+    assert calm.run_effect.source == "twin" and calm.run_effect.twin_tau == 0.01
+    assert calm.run_effect.tau == own.run_effect.tau
+    assert calm.cslo.lower_bound == pytest.approx(own.cslo.lower_bound, rel=0.02)
+    assert wild.run_effect.tau == 2.0
+    assert wild.cslo.lower_bound < own.cslo.lower_bound
+    assert "held at or above the twin's 0.01" in calm.run_effect.sentence()
+    assert calm.refit(attainment=0.98).run_effect.twin_tau == 0.01
