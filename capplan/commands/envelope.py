@@ -36,8 +36,9 @@ from .engine import engine_options
               help="interval: with the between-run variation (default) or the within-run "
                    "bootstrap alone (optimistic near saturation; docs/envelope.md)")
 @click.option("--twin", "twin_path", type=click.Path(dir_okay=False), default=None,
-              help="take the run-to-run variation near the crossing from this twin (or synth "
-                   "config), simulating the study's protocol there (docs/envelope.md)")
+              help="hold the run-to-run variation near the crossing at or above what this "
+                   "twin (or synth config) shows when it runs the study's protocol there; it "
+                   "can widen the interval, never narrow it (docs/envelope.md)")
 @click.option("--out", "out", type=click.Path(), default=None, help="write the result as JSON")
 @engine_options
 def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, method,
