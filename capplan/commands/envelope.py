@@ -38,7 +38,7 @@ from .engine import engine_options
 @click.option("--twin", "twin_path", type=click.Path(dir_okay=False), default=None,
               help="hold the run-to-run variation near the crossing at or above what this "
                    "twin (or synth config) shows when it runs the study's protocol there; it "
-                   "can widen the interval, never narrow it (docs/envelope.md)")
+                   "can raise the sweep's own estimate, never lower it (docs/envelope.md)")
 @click.option("--out", "out", type=click.Path(), default=None, help="write the result as JSON")
 @engine_options
 def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, method,
