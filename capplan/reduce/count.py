@@ -11,7 +11,7 @@ import numpy as np
 from .assemble import RunCounts, RunSeries
 from .sql import KEY_COL, KEY_MISSING
 from .stats import FINE_UNITS, CellStats, GridSpec, block_length_fine, fine_index
-from .sums import busy_np, cell_sums, fine_sums, sums_np, unit_sums
+from .sums import busy_np, cell_sums, fine_sums, group_bounds, sums_np, unit_sums
 from .units import METRICS, CountUnits
 
 
@@ -37,7 +37,8 @@ def run_series(a: dict, plan, tail_from: float, *, hist: dict | None = None) -> 
             hist[m] = (k0, np.bincount(kk - k0).astype(np.int64))
     n = a["st"].size
     fine = fine_index(n)
-    sums = sums_np(fine_sums(plan.pw_keys), a, fine, min(FINE_UNITS, n))
+    nf = min(FINE_UNITS, n)
+    sums = sums_np(fine_sums(plan.pw_keys), a, fine, nf, group_bounds(fine, nf))
     block = block_length_fine(n, sums, {m: c for m, c in plan.pw_keys})
     s = a["sched"]
     dups = 0
@@ -80,7 +81,7 @@ def run_counts(a: dict, plan, units, run_id: str, gspec: GridSpec, series: RunSe
     n = unit.size
     t_s = a["sched"] / 1e9
     a = {**a, "busy": busy_np(t_s, a["soj"], float(t_s[-1]) if n else np.nan)}
-    res = sums_np(unit_sums(plan.key_cols), a, unit, nu)
+    res = sums_np(unit_sums(plan.key_cols), a, unit, nu, group_bounds(unit, nu))
     # the SLO grid: a stored code where the SLO limits the axis, else the code from the key
     G = gspec.size
     codes = []
