@@ -31,20 +31,19 @@ FETCH_MB = 2048
 
 
 def fetch_arrays(study: Study, q: str, params=None) -> dict:
-    """Fetch a query as numpy columns through Arrow (no pandas round trip; on 12 M rows about
-    15 % faster than DuckDB's ``fetchnumpy``, whose masked arrays cost a copy per column);
-    NULL reads NaN in float columns and 0 in the others. Parameters stay bound."""
-    import warnings
-
+    """Fetch a query as numpy columns through Arrow (no pandas round trip); NULL reads NaN in
+    float columns and 0 in the others. Parameters stay bound. The query runs as a relation
+    (``sql``), whose Arrow result DuckDB builds in parallel as it collects it; through
+    ``execute()`` the rows are materialised first and copied to Arrow once more (12 × 10^6
+    ordered requests: 1.12 s against 1.25 s wall, 2.17 against 2.44 CPU s). It runs on a
+    cursor of the study's connection (same database, views and settings), because DuckDB
+    refuses a relation on a connection that still holds an unfinished ``execute()`` result,
+    and so that two threads can fetch at once."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    # execute() on the study's connection, read to the end (a result another caller left
-    # open is replaced, as any query does); DuckDB warns that Arrow from an execute() result
-    # copies the rows once — measured, and still faster than fetchnumpy
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")
-        tbl = study.sql(q, list(params) if params else []).to_arrow_table()
+    with study.con.cursor() as cur:
+        tbl = cur.sql(q, params=list(params) if params else None).to_arrow_table()
     out = {}
     for name in tbl.column_names:
         col = tbl.column(name)
@@ -147,7 +146,8 @@ def _row_bytes(plan, tie_break: bool) -> int:
 
 
 def _slices(rq: dict, nr: int) -> list[slice]:
-    bounds = np.searchsorted(rq["run_idx"], np.arange(nr + 1), side="left")
+    r = rq["run_idx"]  # searched in its own dtype (int16): no int64 copy of the column
+    bounds = np.append(np.searchsorted(r, np.arange(nr, dtype=r.dtype), side="left"), r.size)
     return [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(nr)]
 
 
@@ -185,6 +185,15 @@ def _cell_codes(study: Study, plan) -> np.ndarray:
     return np.asarray(rows["cell"], dtype=np.int64)
 
 
+def _fetch_run(study: Study, plan, run_id: str) -> dict:
+    """One run's requests in the tie rule's order (sorted again with it only when the run has
+    ties in scheduled time)."""
+    a = _fetch(study, plan, tie_break=False, run_id=run_id)
+    if _ties(a).size:
+        a = _fetch(study, plan, tie_break=True, run_id=run_id)
+    return a
+
+
 def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
                    progress: bool):
     """Every run's ``RunSeries`` and ``RunCounts``, the grid spec and the observed cells.
@@ -193,7 +202,9 @@ def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
     unanchored grid axis and the observed cells), so memory holds one run at a time."""
     runs = study.manifest.runs
     nr = len(runs)
-    n_rows = int(study.sql("SELECT count(*) FROM raw_events").fetchone()[0])
+    # fetchall, not fetchone: a result read to its end leaves the connection free for the
+    # caller's next relation (the fetches run on cursors)
+    n_rows = int(study.sql("SELECT count(*) FROM raw_events").fetchall()[0][0])
     if n_rows * _row_bytes(plan, True) <= fetch_mb * 2**20:
         rq = _fetch(study, plan, tie_break=False)
         if _ties(rq).size:  # ties in scheduled time: sort again with the tie rule
@@ -224,9 +235,7 @@ def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
 
         bar = tqdm(total=nr, unit="run", desc="reduce", file=sys.stderr, leave=False)
     for r in runs:
-        a = _fetch(study, plan, tie_break=False, run_id=r.run_id)
-        if _ties(a).size:
-            a = _fetch(study, plan, tie_break=True, run_id=r.run_id)
+        a = _fetch_run(study, plan, r.run_id)
         per_run.append(run_series(a, plan, tail_from))
         by_unit.append(run_counts(a, plan, units, r.run_id, gspec, per_run[-1], cell_codes))
         del a
