@@ -23,7 +23,16 @@ the per-request columns anyway. Ties in ``scheduled_ns`` are found from the orde
 no string column is read on the common path (on a 12 M-request sweep with random string ids,
 reading and hashing ``request_id`` was a third of the reduction); only when some run has ties
 is the query run again with a hash of ``request_id`` as tie-break, which also finds events
-recorded twice.
+recorded twice. Counts over units (contiguous runs of the ordered requests) are segment sums
+(``np.add.reduceat``) where they are integers; float sums stay ``np.bincount``.
+
+*Run by run.* Where every row group of the event files holds one run (one file per run, as
+harnesses write them; checked from the parquet footers), the same query is run once per run,
+filtered on run_id, on two threads, and each run is counted as soon as it arrives: DuckDB's
+scan and sort of one run overlap the counting of another, each sort needs the memory of one
+run, and a run with ties alone is sorted again with the tie-break (figures in
+``engine._counts_by_run`` and benchmarks/README.md). Files that mix runs in a row group keep
+the one query, which reads each row once.
 
 *Units* (the lattice sub-blocks of the block bootstrap), chosen by a small frozen object:
 - ``CountUnits(max_units)`` (the envelope's default): ``U = min(max_units, n)`` units of
