@@ -112,18 +112,20 @@ def _fetch_columns(plan, tie_break: bool) -> tuple[list[str], list]:
     return request_columns(plan, extra=("hash(m.request_id) AS h",) if tie_break else ())
 
 
-def _fetch(study: Study, plan, *, tie_break: bool, run_id: str | None = None) -> dict:
+def _fetch(study: Study, plan, *, tie_break: bool, run_id: str | None = None,
+           ordered: bool = True) -> dict:
     """The window's requests (all runs, or one) in scheduled order as numpy columns: one
     DuckDB query (scan, per-request metrics and keys, sort). Without ``tie_break`` the order
-    is by scheduled time only, which is the tie rule's order whenever a run has no ties."""
+    is by scheduled time only, which is the tie rule's order whenever a run has no ties.
+    ``ordered=False`` (one run): no sort, the rows as the scan gives them."""
     cols, params = _fetch_columns(plan, tie_break)
     where = "m.in_window"
     if run_id is not None:
         where += " AND m.run_id = ?"
         params = params + [run_id]
     order = "m.run_idx, " + (order_sql("m") if tie_break else "m.scheduled_ns")
-    rq = fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE {where} "
-                    f"ORDER BY {order}", params)
+    rq = fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE {where}"
+                      + (f" ORDER BY {order}" if ordered else ""), params)
     pr = rq["run_idx"]
     if pr.size and np.any(pr[1:] < pr[:-1]):
         raise StudyError("internal: the reduction lost the scheduled order of requests",
@@ -186,9 +188,18 @@ def _cell_codes(study: Study, plan) -> np.ndarray:
 
 
 def _fetch_run(study: Study, plan, run_id: str) -> dict:
-    """One run's requests in the tie rule's order (sorted again with it only when the run has
-    ties in scheduled time)."""
-    a = _fetch(study, plan, tie_break=False, run_id=run_id)
+    """One run's requests in the tie rule's order. Read as the scan gives them (no ORDER BY)
+    and sorted by scheduled time in numpy unless already in that order (a file written in
+    scheduled order needs no sort at all): while no two requests share a scheduled time that
+    is the one order SQL's sort would give. A run with ties is read again, sorted in SQL by
+    the tie rule. On 12 runs of 10^6 requests, reading run by run: 2.9 CPU s with DuckDB's
+    sort, 2.0 without (rows in scheduled order), 2.55 with numpy's (rows in completion
+    order)."""
+    a = _fetch(study, plan, tie_break=False, run_id=run_id, ordered=False)
+    s = a["sched"]
+    if s.size > 1 and np.any(s[1:] < s[:-1]):
+        o = np.argsort(s, kind="stable")
+        a = {k: v[o] for k, v in a.items()}
     if _ties(a).size:
         a = _fetch(study, plan, tie_break=True, run_id=run_id)
     return a
