@@ -16,8 +16,8 @@ from ..dialect import ENGINES
 from ..errors import SpecError, StudyError
 from ..slo import SLO
 from ..study import Study, open_study
-from .assemble import RunSeries, assemble, grid_spec
-from .count import run_counts, run_series
+from .assemble import RunCounts, RunSeries, assemble, grid_spec
+from .count import grid_counts, run_counts, run_series, unit_counts
 from .plan import make_plan, resolve_window
 from .sql import KEY_COL, KEY_MISSING, TTFT_COL, order_sql, request_columns
 from .stats import TAIL_FROM, BlockStats
@@ -191,14 +191,15 @@ def _fetch_run(study: Study, plan, run_id: str) -> dict:
     """One run's requests in the tie rule's order. Read as the scan gives them (no ORDER BY)
     and sorted by scheduled time in numpy unless already in that order (a file written in
     scheduled order needs no sort at all): while no two requests share a scheduled time that
-    is the one order SQL's sort would give. A run with ties is read again, sorted in SQL by
-    the tie rule. On 12 runs of 10^6 requests, reading run by run: 2.9 CPU s with DuckDB's
-    sort, 2.0 without (rows in scheduled order), 2.55 with numpy's (rows in completion
-    order)."""
+    is the one order SQL's sort would give, whatever the sort algorithm (hence numpy's
+    fastest, not a stable one: 12 against 17–35 ms per 10^6 requests in completion order). A
+    run with ties is read again, sorted in SQL by the tie rule. On 12 runs of 10^6 requests,
+    reading run by run: 2.9 CPU s with DuckDB's sort, 2.0 without (rows in scheduled order),
+    2.55 with numpy's stable sort (rows in completion order)."""
     a = _fetch(study, plan, tie_break=False, run_id=run_id, ordered=False)
     s = a["sched"]
     if s.size > 1 and np.any(s[1:] < s[:-1]):
-        o = np.argsort(s, kind="stable")
+        o = np.argsort(s)
         a = {k: v[o] for k, v in a.items()}
     if _ties(a).size:
         a = _fetch(study, plan, tie_break=True, run_id=run_id)
@@ -228,38 +229,45 @@ def _pooled_axes(plan) -> bool:
 
 def _counts_by_run(study: Study, plan, units, tail_from: float):
     """The in-memory reduction of a study whose row groups hold one run each: one query per
-    run on two threads, each run counted as soon as it is fetched, so DuckDB's scan and sort
-    of one run overlap the numpy counting of another, and each sort needs the memory of one
-    run. On the 12 × 10^6-request sweeps of benchmarks/bench_envelope.py (2-core VM, a fresh
+    run on two threads, each run counted as soon as it is fetched, so DuckDB's scan of one
+    run overlaps the numpy counting of another, and no sort needs the whole study's memory.
+    On the 12 × 10^6-request sweeps of benchmarks/bench_envelope.py (2-core VM, a fresh
     process each, shared box): constant shape 2.6–3.4 s → 1.8–1.9 s wall, system CPU (page
     faults) 1.3–2.0 → 0.4–0.5 s, peak RSS 2.0 → 0.75 GB; Poisson shape 2.9 → 2.1–2.3 s,
-    1.9 → 1.05 GB. Where the grid spec needs pooled histograms, or cells need the observed
-    cell codes, every run's whole-run part comes first and the per-unit counts after, from
-    the arrays kept in memory."""
+    1.9 → 1.05 GB (DuckDB still sorting each run). Where the grid spec needs the pooled
+    histograms (an axis without a limit), a run keeps only its grid inputs
+    (``count.UnitCounts``) until every run is in; with cells, whose codes must all be known
+    first, the per-unit counts come after every run's whole-run part, from the arrays kept
+    in memory."""
     runs = study.manifest.runs
-    two_pass = _pooled_axes(plan) or plan.cells is not None
-    gspec = None if two_pass else grid_spec(plan, [dict() for _ in runs])
+    gspec = None if _pooled_axes(plan) else grid_spec(plan, [dict() for _ in runs])
+    cells = plan.cells is not None
 
     def first(r):
         a = _fetch_run(study, plan, r.run_id)
         s = run_series(a, plan, tail_from)
-        if two_pass:
+        if cells:
             return a, s, None
-        return None, s, run_counts(a, plan, units, r.run_id, gspec, s, None)
+        part = unit_counts(a, plan, units, r.run_id, s, None)
+        if gspec is None:
+            return None, s, part
+        return None, s, part.counts(grid_counts(part.grid_in, plan, gspec, part.n_units))
 
     # two threads: DuckDB, numpy's counting and scipy's FFT release the GIL
     with ThreadPoolExecutor(max_workers=2) as pool:
         got = list(pool.map(first, runs))
         per_run = [g[1] for g in got]
-        if not two_pass:
-            return per_run, [g[2] for g in got], gspec, None
+        if gspec is None:
+            gspec = grid_spec(plan, [r.hist for r in per_run])
+        if not cells:  # a run is counted (RunCounts) or waits for its grid (UnitCounts)
+            by_unit = [c if isinstance(c, RunCounts) else
+                       c.counts(grid_counts(c.grid_in, plan, gspec, c.n_units))
+                       for _, _, c in got]
+            return per_run, by_unit, gspec, None
         arrays = [g[0] for g in got]
         del got
-        cell_codes = None
-        if plan.cells is not None:  # the observed cells, in code order
-            cell_codes = np.unique(np.concatenate(
-                [np.unique(a["cell"]) for a in arrays])).astype(np.int64)
-        gspec = grid_spec(plan, [r.hist for r in per_run])
+        cell_codes = np.unique(np.concatenate(  # the observed cells, in code order
+            [np.unique(a["cell"]) for a in arrays])).astype(np.int64)
         by_unit = list(pool.map(
             lambda i: run_counts(arrays[i], plan, units, runs[i].run_id, gspec, per_run[i],
                                  cell_codes), range(len(runs))))
