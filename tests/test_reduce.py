@@ -243,12 +243,13 @@ def test_one_run_at_a_time_gives_the_same_statistics(make_study):
         pd.testing.assert_frame_equal(a.diagnostics, b.diagnostics)
 
 
-def test_run_by_run_gives_the_one_fetch_statistics(make_study):
+def test_run_by_run_gives_the_one_fetch_statistics(make_study, monkeypatch):
     """Event files whose row groups hold one run each are fetched run by run on two threads
-    (``engine._counts_by_run``); one file with every run is fetched at once. The same events
-    in either layout give the same statistics, bit for bit: with ties in one run and not in
-    the other, an event recorded twice, an axis without a limit, cells and time units."""
-    from capplan.reduce.engine import _runs_apart
+    (``engine._counts_by_run``, here whatever the runs' length); one file with every run is
+    fetched at once. The same events in either layout give the same statistics, bit for bit:
+    with ties in one run and not in the other, an event recorded twice, rows out of
+    scheduled order, an axis without a limit, cells and time units."""
+    from capplan.reduce import engine
 
     from conftest import events_frame
 
@@ -262,7 +263,10 @@ def test_run_by_run_gives_the_one_fetch_statistics(make_study):
     one = make_study(r1 + r2, runs=runs)
     apart = make_study({"r1.parquet": events_frame(r1[::-1]), "r2.parquet": events_frame(r2)},
                        runs=runs)
-    assert _runs_apart(open_study(apart)) and not _runs_apart(open_study(one))
+    n = len(r1) + len(r2)
+    assert not engine._by_run(open_study(apart), n)  # short runs: one query
+    monkeypatch.setattr(engine, "BY_RUN_ROWS_PER_FILE", 0)
+    assert engine._by_run(open_study(apart), n) and not engine._by_run(open_study(one), n)
     cells = Cells(input_edges=(1000,), tenant=True)
     for slo, kw in ((SLO_TEXT, {}), ("ttft_ms=500,tpot_ms=20,attainment=0.9", {}),
                     (SLO_TEXT, {"cells": cells, "units": CountUnits(9)}),

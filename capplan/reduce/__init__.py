@@ -27,12 +27,14 @@ recorded twice. Counts over units (contiguous runs of the ordered requests) are 
 (``np.add.reduceat``) where they are integers; float sums stay ``np.bincount``.
 
 *Run by run.* Where every row group of the event files holds one run (one file per run, as
-harnesses write them; checked from the parquet footers), the same query is run once per run,
-filtered on run_id, on two threads, and each run is counted as soon as it arrives: DuckDB's
-scan and sort of one run overlap the counting of another, each sort needs the memory of one
-run, and a run with ties alone is sorted again with the tie-break (figures in
-``engine._counts_by_run`` and benchmarks/README.md). Files that mix runs in a row group keep
-the one query, which reads each row once.
+harnesses write them; checked from the parquet footers) and the runs are long enough to pay
+for a query each (``engine.BY_RUN_ROWS_PER_FILE``), the same columns are read once per run,
+filtered on run_id and without ORDER BY, on two threads, and each run is counted as soon as
+it arrives: DuckDB's scan of one run overlaps the counting of another, and no sort needs the
+whole study's memory. A run is sorted by scheduled time in numpy, and only when the file is
+not already in that order; while no two requests share a time, that is the one order SQL's
+sort gives, and a run with ties is read again sorted by the tie rule in SQL. Otherwise the
+one ordered query above reads every run.
 
 *Units* (the lattice sub-blocks of the block bootstrap), chosen by a small frozen object:
 - ``CountUnits(max_units)`` (the envelope's default): ``U = min(max_units, n)`` units of

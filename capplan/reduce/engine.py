@@ -187,18 +187,20 @@ def _cell_codes(study: Study, plan) -> np.ndarray:
     return np.asarray(rows["cell"], dtype=np.int64)
 
 
-def _fetch_run(study: Study, plan, run_id: str) -> dict:
-    """One run's requests in the tie rule's order. Read as the scan gives them (no ORDER BY)
-    and sorted by scheduled time in numpy unless already in that order (a file written in
-    scheduled order needs no sort at all): while no two requests share a scheduled time that
-    is the one order SQL's sort would give, whatever the sort algorithm (hence numpy's
-    fastest, not a stable one: 12 against 17–35 ms per 10^6 requests in completion order). A
-    run with ties is read again, sorted in SQL by the tie rule. On 12 runs of 10^6 requests,
-    reading run by run: 2.9 CPU s with DuckDB's sort, 2.0 without (rows in scheduled order),
-    2.55 with numpy's stable sort (rows in completion order)."""
-    a = _fetch(study, plan, tie_break=False, run_id=run_id, ordered=False)
+def _fetch_run(study: Study, plan, run_id: str, *, numpy_sort: bool = True) -> dict:
+    """One run's requests in the tie rule's order. With ``numpy_sort``, read as the scan
+    gives them (no ORDER BY) and sorted by scheduled time in numpy unless already in that
+    order (a file written in scheduled order needs no sort at all): while no two requests
+    share a scheduled time that is the one order SQL's sort would give, whatever the sort
+    algorithm (hence numpy's fastest, not a stable one: 12 against 17–35 ms per 10^6
+    requests in completion order). A run with ties is read again, sorted in SQL by the tie
+    rule. On 12 runs of 10^6 requests, reading run by run: 2.9 CPU s with DuckDB's sort, 2.0
+    without (rows in scheduled order), 2.55 with numpy's stable sort (rows in completion
+    order). Without ``numpy_sort`` DuckDB sorts (the streaming path: its sort spills to disk
+    under a memory limit, numpy's would not)."""
+    a = _fetch(study, plan, tie_break=False, run_id=run_id, ordered=not numpy_sort)
     s = a["sched"]
-    if s.size > 1 and np.any(s[1:] < s[:-1]):
+    if numpy_sort and s.size > 1 and np.any(s[1:] < s[:-1]):
         o = np.argsort(s)
         a = {k: v[o] for k, v in a.items()}
     if _ties(a).size:
@@ -206,13 +208,23 @@ def _fetch_run(study: Study, plan, run_id: str) -> dict:
     return a
 
 
-def _runs_apart(study: Study) -> bool:
-    """Whether every row group of the event files holds one run (its run_id statistics have
-    min = max): then a query of one run reads only that run's row groups, and fetching run by
-    run reads each row once. Only the speed depends on it: a run's query filters on run_id
-    either way."""
+#: reading run by run pays a query per run, and each query opens every event file; it pays
+#: off when a run has at least this many requests per event file. Whole reduction, CPU s,
+#: one query → run by run (one file per run): 12 × 10^6 requests 4.3–4.6 → 2.7–2.9
+#: (constant shape), 4.0 → 3.1–3.2 (Poisson shape); 30 × 200k 4.1–4.5 → 2.1; but
+#: 30 × 60k 1.0 → 1.3–1.75, 30 × 20k 0.7 → 1.2 and 200 × 2000 3.6 → 14.5
+BY_RUN_ROWS_PER_FILE = 4096
+
+
+def _by_run(study: Study, n_rows: int) -> bool:
+    """Whether to read the study run by run (``_counts_by_run``): every row group of the
+    event files holds one run (its run_id statistics have min = max), so a query of one run
+    reads only that run's row groups and each row is read once; and the runs are long enough
+    for a query per run (``BY_RUN_ROWS_PER_FILE``). Only the speed depends on it: a run's
+    query filters on run_id either way."""
     files = [str(f) for f in study.event_files]
-    if not files:
+    nr = len(study.manifest.runs)
+    if not files or not nr or n_rows < BY_RUN_ROWS_PER_FILE * nr * len(files):
         return False
     total, mixed = study.sql(
         "SELECT count(*), count(*) FILTER (WHERE stats_min_value IS NULL OR "
@@ -228,17 +240,14 @@ def _pooled_axes(plan) -> bool:
 
 
 def _counts_by_run(study: Study, plan, units, tail_from: float):
-    """The in-memory reduction of a study whose row groups hold one run each: one query per
-    run on two threads, each run counted as soon as it is fetched, so DuckDB's scan of one
-    run overlaps the numpy counting of another, and no sort needs the whole study's memory.
-    On the 12 × 10^6-request sweeps of benchmarks/bench_envelope.py (2-core VM, a fresh
-    process each, shared box): constant shape 2.6–3.4 s → 1.8–1.9 s wall, system CPU (page
-    faults) 1.3–2.0 → 0.4–0.5 s, peak RSS 2.0 → 0.75 GB; Poisson shape 2.9 → 2.1–2.3 s,
-    1.9 → 1.05 GB (DuckDB still sorting each run). Where the grid spec needs the pooled
-    histograms (an axis without a limit), a run keeps only its grid inputs
-    (``count.UnitCounts``) until every run is in; with cells, whose codes must all be known
-    first, the per-unit counts come after every run's whole-run part, from the arrays kept
-    in memory."""
+    """The in-memory reduction of a study whose row groups hold one run each (``_by_run``):
+    one query per run on two threads, each run counted as soon as it is fetched, so DuckDB's
+    scan of one run overlaps the numpy counting of another and no sort needs the whole
+    study's memory (figures at ``BY_RUN_ROWS_PER_FILE`` and in benchmarks/README.md). Where
+    the grid spec needs the pooled histograms (an axis without a limit), a run keeps only
+    its grid inputs (``count.UnitCounts``) until every run is in; with cells, whose codes
+    must all be known first, the per-unit counts come after every run's whole-run part,
+    from the arrays kept in memory."""
     runs = study.manifest.runs
     gspec = None if _pooled_axes(plan) else grid_spec(plan, [dict() for _ in runs])
     cells = plan.cells is not None
@@ -277,9 +286,9 @@ def _counts_by_run(study: Study, plan, units, tail_from: float):
 def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
                    progress: bool):
     """Every run's ``RunSeries`` and ``RunCounts``, the grid spec and the observed cells.
-    In memory: run by run on two threads where the row groups hold one run each
-    (``_counts_by_run``), else one ordered fetch of every run, counted per run on two
-    threads. Past ``fetch_mb``: one fetch per run (a first SQL pass gives the pooled
+    In memory: run by run on two threads where the row groups hold one run each and the
+    runs are long (``_by_run``, ``_counts_by_run``), else one ordered fetch of every run,
+    counted per run on two threads. Past ``fetch_mb``: one fetch per run (a first SQL pass gives the pooled
     histograms of an unanchored grid axis and the observed cells), so memory holds one run
     at a time."""
     runs = study.manifest.runs
@@ -288,7 +297,7 @@ def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
     # caller's next relation (the fetches run on cursors)
     n_rows = int(study.sql("SELECT count(*) FROM raw_events").fetchall()[0][0])
     if n_rows * _row_bytes(plan, True) <= fetch_mb * 2**20:
-        if _runs_apart(study):
+        if _by_run(study, n_rows):
             return _counts_by_run(study, plan, units, tail_from)
         rq = _fetch(study, plan, tie_break=False)
         if _ties(rq).size:  # ties in scheduled time: sort again with the tie rule
@@ -319,7 +328,7 @@ def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
 
         bar = tqdm(total=nr, unit="run", desc="reduce", file=sys.stderr, leave=False)
     for r in runs:
-        a = _fetch_run(study, plan, r.run_id)
+        a = _fetch_run(study, plan, r.run_id, numpy_sort=False)
         per_run.append(run_series(a, plan, tail_from))
         by_unit.append(run_counts(a, plan, units, r.run_id, gspec, per_run[-1], cell_codes))
         del a
