@@ -288,9 +288,9 @@ def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
     """Every run's ``RunSeries`` and ``RunCounts``, the grid spec and the observed cells.
     In memory: run by run on two threads where the row groups hold one run each and the
     runs are long (``_by_run``, ``_counts_by_run``), else one ordered fetch of every run,
-    counted per run on two threads. Past ``fetch_mb``: one fetch per run (a first SQL pass gives the pooled
-    histograms of an unanchored grid axis and the observed cells), so memory holds one run
-    at a time."""
+    counted per run on two threads. Past ``fetch_mb``: one fetch per run (a first SQL pass
+    gives the pooled histograms of an unanchored grid axis and the observed cells), so
+    memory holds one run at a time."""
     runs = study.manifest.runs
     nr = len(runs)
     # fetchall, not fetchone: a result read to its end leaves the connection free for the
