@@ -243,6 +243,62 @@ def test_one_run_at_a_time_gives_the_same_statistics(make_study):
         pd.testing.assert_frame_equal(a.diagnostics, b.diagnostics)
 
 
+def test_run_by_run_gives_the_one_fetch_statistics(make_study, monkeypatch):
+    """Event files whose row groups hold one run each are fetched run by run on two threads
+    (``engine._counts_by_run``, here whatever the runs' length); one file with every run is
+    fetched at once. The same events in either layout give the same statistics, bit for bit:
+    with ties in one run and not in the other, an event recorded twice, rows out of
+    scheduled order, an axis without a limit, cells and time units."""
+    from capplan.reduce import engine
+
+    from conftest import events_frame
+
+    r1 = _rows("r1", 60)
+    r2 = _rows("r2", 25, gap_ms=100.0, prefix="b")
+    r2 += [ev("r2", "tie-b", scheduled_ms=500.0), ev("r2", "tie-a", scheduled_ms=500.0,
+                                                      ttft_ms=950.0)]
+    r2.append(dict(r2[3]))  # recorded twice
+    runs = [{"run_id": "r1", "offered_rps": 4.0}, {"run_id": "r2", "offered_rps": 10.0,
+                                                   "warmup_s": 0.0}]
+    one = make_study(r1 + r2, runs=runs)
+    apart = make_study({"r1.parquet": events_frame(r1[::-1]), "r2.parquet": events_frame(r2)},
+                       runs=runs)
+    n = len(r1) + len(r2)
+    assert not engine._by_run(open_study(apart), n)  # short runs: one query
+    monkeypatch.setattr(engine, "BY_RUN_ROWS_PER_FILE", 0)
+    assert engine._by_run(open_study(apart), n) and not engine._by_run(open_study(one), n)
+    cells = Cells(input_edges=(1000,), tenant=True)
+    for slo, kw in ((SLO_TEXT, {}), ("ttft_ms=500,tpot_ms=20,attainment=0.9", {}),
+                    (SLO_TEXT, {"cells": cells, "units": CountUnits(9)}),
+                    ("ttft_ms=500,tpot_ms=20,attainment=0.9", {"units": TimeUnits(1.0)})):
+        a, b = reduce_study(one, slo, **kw), reduce_study(apart, slo, **kw)
+        assert a.grid_spec == b.grid_spec
+        for ra, rb in zip(a.runs, b.runs, strict=True):
+            assert ra.block_len == rb.block_len and ra.hist.keys() == rb.hist.keys()
+            for k in ra.units:
+                assert np.array_equal(ra.units[k], rb.units[k], equal_nan=True), k
+                assert ra.units[k].dtype == rb.units[k].dtype, k
+            assert np.array_equal(ra.grid, rb.grid) and ra.grid.dtype == rb.grid.dtype
+            for m in ra.hist:
+                assert ra.hist[m][0] == rb.hist[m][0]
+                assert np.array_equal(ra.hist[m][1], rb.hist[m][1])
+            for m in ra.tail:
+                assert all(np.array_equal(x, y) for x, y in zip(ra.tail[m], rb.tail[m]))
+            assert (ra.cells is None) == (rb.cells is None)
+            if ra.cells is not None:
+                for k in ra.cells.sums:
+                    assert np.array_equal(ra.cells.sums[k], rb.cells.sums[k]), k
+                for m in ra.cells.hist:
+                    assert all(np.array_equal(x, y) for x, y in
+                               zip(ra.cells.hist[m], rb.cells.hist[m]))
+        pd.testing.assert_frame_equal(a.diagnostics, b.diagnostics)
+        assert a.diagnostics["duplicates"].tolist() == [0, 1]
+    for path in (one, apart):  # the study's connection is left free for the caller's queries
+        study = open_study(path)
+        reduce_study(study, SLO_TEXT)
+        assert study.con.sql("SELECT 1").fetchall() == [(1,)]
+
+
 def test_ties_are_ordered_by_request_id(make_study):
     """Two requests at one scheduled time: the one whose request_id sorts first (byte order,
     the same in DuckDB and Spark) is the earlier, whatever the file order."""

@@ -23,7 +23,18 @@ the per-request columns anyway. Ties in ``scheduled_ns`` are found from the orde
 no string column is read on the common path (on a 12 M-request sweep with random string ids,
 reading and hashing ``request_id`` was a third of the reduction); only when some run has ties
 is the query run again with a hash of ``request_id`` as tie-break, which also finds events
-recorded twice.
+recorded twice. Counts over units (contiguous runs of the ordered requests) are segment sums
+(``np.add.reduceat``) where they are integers; float sums stay ``np.bincount``.
+
+*Run by run.* Where every row group of the event files holds one run (one file per run, as
+harnesses write them; checked from the parquet footers) and the runs are long enough to pay
+for a query each (``engine.BY_RUN_ROWS_PER_FILE``), the same columns are read once per run,
+filtered on run_id and without ORDER BY, on two threads, and each run is counted as soon as
+it arrives: DuckDB's scan of one run overlaps the counting of another, and no sort needs the
+whole study's memory. A run is sorted by scheduled time in numpy, and only when the file is
+not already in that order; while no two requests share a time, that is the one order SQL's
+sort gives, and a run with ties is read again sorted by the tie rule in SQL. Otherwise the
+one ordered query above reads every run.
 
 *Units* (the lattice sub-blocks of the block bootstrap), chosen by a small frozen object:
 - ``CountUnits(max_units)`` (the envelope's default): ``U = min(max_units, n)`` units of

@@ -6,12 +6,14 @@ codes, as in ``spark``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .assemble import RunCounts, RunSeries
 from .sql import KEY_COL, KEY_MISSING
 from .stats import FINE_UNITS, CellStats, GridSpec, block_length_fine, fine_index
-from .sums import busy_np, cell_sums, fine_sums, sums_np, unit_sums
+from .sums import busy_np, cell_sums, fine_sums, group_bounds, sums_np, unit_sums
 from .units import METRICS, CountUnits
 
 
@@ -37,7 +39,8 @@ def run_series(a: dict, plan, tail_from: float, *, hist: dict | None = None) -> 
             hist[m] = (k0, np.bincount(kk - k0).astype(np.int64))
     n = a["st"].size
     fine = fine_index(n)
-    sums = sums_np(fine_sums(plan.pw_keys), a, fine, min(FINE_UNITS, n))
+    nf = min(FINE_UNITS, n)
+    sums = sums_np(fine_sums(plan.pw_keys), a, fine, nf, group_bounds(fine, nf))
     block = block_length_fine(n, sums, {m: c for m, c in plan.pw_keys})
     s = a["sched"]
     dups = 0
@@ -76,25 +79,46 @@ def run_counts(a: dict, plan, units, run_id: str, gspec: GridSpec, series: RunSe
     """One run's per-unit sums (``sums.unit_sums``), its cumulative grid counts
     (units × G × G), per-unit tail histograms and, with cells, per-(unit, cell) sums and
     histograms."""
+    part = unit_counts(a, plan, units, run_id, series, cell_codes)
+    return part.counts(grid_counts(part.grid_in, plan, gspec, part.n_units))
+
+
+@dataclass(frozen=True)
+class UnitCounts:
+    """One run's per-unit counts but the SLO grid, and the few per-request columns the grid
+    reads (``grid_in``: the unit and the grid inputs of each grid-eligible request), so that
+    a run can be counted before the grid spec is known (it needs every run's histograms when
+    an axis has no limit) while its other columns are dropped."""
+
+    sums: dict
+    n_units: int
+    tails: dict
+    cells: CellStats | None
+    series: RunSeries
+    grid_in: dict
+
+    def counts(self, grid: np.ndarray) -> RunCounts:
+        return RunCounts.of(self.sums, self.n_units, grid, self.tails, self.series, self.cells)
+
+
+def unit_counts(a: dict, plan, units, run_id: str, series: RunSeries,
+                cell_codes: np.ndarray | None) -> UnitCounts:
+    """``run_counts`` without the grid: per-unit sums, tails and cells, and the grid's
+    inputs (``UnitCounts.grid_in``)."""
     unit, nu = units_of(a, units, run_id, plan.window)
     n = unit.size
     t_s = a["sched"] / 1e9
     a = {**a, "busy": busy_np(t_s, a["soj"], float(t_s[-1]) if n else np.nan)}
-    res = sums_np(unit_sums(plan.key_cols), a, unit, nu)
-    # the SLO grid: a stored code where the SLO limits the axis, else the code from the key
-    G = gspec.size
-    codes = []
+    res = sums_np(unit_sums(plan.key_cols), a, unit, nu, group_bounds(unit, nu))
+    # the grid's inputs, of grid-eligible requests: per axis, the stored code where the SLO
+    # limits it, else the log-bucket key (coded once the grid spec is known), else nothing
+    base = a["base"]
+    grid_in = {"unit": unit[base]}
     for axis, col, key in (("x", "jx", "kt"), ("y", "jy", KEY_COL[plan.y_metric])):
         if col in plan.stored_codes:
-            codes.append(a[col].astype(np.int64))
-        elif key not in plan.key_cols:
-            codes.append(np.zeros(n, dtype=np.int64))
-        else:
-            ka, per = gspec.x_keys if axis == "x" else gspec.y_keys
-            codes.append(key_codes(a[key], ka, per, gspec.half))
-    base = a["base"]
-    flat = (unit[base] * G + codes[0][base]) * G + codes[1][base]
-    grid = np.bincount(flat, minlength=nu * G * G).reshape(nu, G, G)
+            grid_in[axis] = ("code", a[col][base])
+        elif key in plan.key_cols:
+            grid_in[axis] = ("key", a[key][base])
     # tails: units × bins above the run's threshold
     ok = a["st"] == 0
     tails = {}
@@ -108,7 +132,27 @@ def run_counts(a: dict, plan, units, run_id: str, gspec: GridSpec, series: RunSe
     cstats = None
     if cell_codes is not None:
         cstats = run_cells(a, plan, unit, nu, ok, cell_codes)
-    return RunCounts.of(res, nu, grid, tails, series, cstats)
+    return UnitCounts(res, nu, tails, cstats, series, grid_in)
+
+
+def grid_counts(grid_in: dict, plan, gspec: GridSpec, nu: int) -> np.ndarray:
+    """The (units × G × G) counts of grid-eligible requests by grid code (not cumulative):
+    a stored code where the SLO limits the axis, else the code of the key
+    (``key_codes``), 0 on an axis without data."""
+    G = gspec.size
+    unit = grid_in["unit"]
+    codes = []
+    for axis in ("x", "y"):
+        kind, v = grid_in.get(axis, (None, None))
+        if kind == "code":
+            codes.append(v.astype(np.int64))
+        elif kind == "key":
+            ka, per = gspec.x_keys if axis == "x" else gspec.y_keys
+            codes.append(key_codes(v, ka, per, gspec.half))
+        else:
+            codes.append(np.zeros(unit.size, dtype=np.int64))
+    flat = (unit * G + codes[0]) * G + codes[1]
+    return np.bincount(flat, minlength=nu * G * G).reshape(nu, G, G)
 
 
 def run_cells(a: dict, plan, unit: np.ndarray, nu: int, ok: np.ndarray,

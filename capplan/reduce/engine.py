@@ -16,8 +16,8 @@ from ..dialect import ENGINES
 from ..errors import SpecError, StudyError
 from ..slo import SLO
 from ..study import Study, open_study
-from .assemble import RunSeries, assemble, grid_spec
-from .count import run_counts, run_series
+from .assemble import RunCounts, RunSeries, assemble, grid_spec
+from .count import grid_counts, run_counts, run_series, unit_counts
 from .plan import make_plan, resolve_window
 from .sql import KEY_COL, KEY_MISSING, TTFT_COL, order_sql, request_columns
 from .stats import TAIL_FROM, BlockStats
@@ -31,20 +31,19 @@ FETCH_MB = 2048
 
 
 def fetch_arrays(study: Study, q: str, params=None) -> dict:
-    """Fetch a query as numpy columns through Arrow (no pandas round trip; on 12 M rows about
-    15 % faster than DuckDB's ``fetchnumpy``, whose masked arrays cost a copy per column);
-    NULL reads NaN in float columns and 0 in the others. Parameters stay bound."""
-    import warnings
-
+    """Fetch a query as numpy columns through Arrow (no pandas round trip); NULL reads NaN in
+    float columns and 0 in the others. Parameters stay bound. The query runs as a relation
+    (``sql``), whose Arrow result DuckDB builds in parallel as it collects it; through
+    ``execute()`` the rows are materialised first and copied to Arrow once more (12 × 10^6
+    ordered requests: 1.12 s against 1.25 s wall, 2.17 against 2.44 CPU s). It runs on a
+    cursor of the study's connection (same database, views and settings), because DuckDB
+    refuses a relation on a connection that still holds an unfinished ``execute()`` result,
+    and so that two threads can fetch at once."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    # execute() on the study's connection, read to the end (a result another caller left
-    # open is replaced, as any query does); DuckDB warns that Arrow from an execute() result
-    # copies the rows once — measured, and still faster than fetchnumpy
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")
-        tbl = study.sql(q, list(params) if params else []).to_arrow_table()
+    with study.con.cursor() as cur:
+        tbl = cur.sql(q, params=list(params) if params else None).to_arrow_table()
     out = {}
     for name in tbl.column_names:
         col = tbl.column(name)
@@ -113,18 +112,20 @@ def _fetch_columns(plan, tie_break: bool) -> tuple[list[str], list]:
     return request_columns(plan, extra=("hash(m.request_id) AS h",) if tie_break else ())
 
 
-def _fetch(study: Study, plan, *, tie_break: bool, run_id: str | None = None) -> dict:
+def _fetch(study: Study, plan, *, tie_break: bool, run_id: str | None = None,
+           ordered: bool = True) -> dict:
     """The window's requests (all runs, or one) in scheduled order as numpy columns: one
     DuckDB query (scan, per-request metrics and keys, sort). Without ``tie_break`` the order
-    is by scheduled time only, which is the tie rule's order whenever a run has no ties."""
+    is by scheduled time only, which is the tie rule's order whenever a run has no ties.
+    ``ordered=False`` (one run): no sort, the rows as the scan gives them."""
     cols, params = _fetch_columns(plan, tie_break)
     where = "m.in_window"
     if run_id is not None:
         where += " AND m.run_id = ?"
         params = params + [run_id]
     order = "m.run_idx, " + (order_sql("m") if tie_break else "m.scheduled_ns")
-    rq = fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE {where} "
-                    f"ORDER BY {order}", params)
+    rq = fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE {where}"
+                      + (f" ORDER BY {order}" if ordered else ""), params)
     pr = rq["run_idx"]
     if pr.size and np.any(pr[1:] < pr[:-1]):
         raise StudyError("internal: the reduction lost the scheduled order of requests",
@@ -147,7 +148,8 @@ def _row_bytes(plan, tie_break: bool) -> int:
 
 
 def _slices(rq: dict, nr: int) -> list[slice]:
-    bounds = np.searchsorted(rq["run_idx"], np.arange(nr + 1), side="left")
+    r = rq["run_idx"]  # searched in its own dtype (int16): no int64 copy of the column
+    bounds = np.append(np.searchsorted(r, np.arange(nr, dtype=r.dtype), side="left"), r.size)
     return [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(nr)]
 
 
@@ -185,16 +187,118 @@ def _cell_codes(study: Study, plan) -> np.ndarray:
     return np.asarray(rows["cell"], dtype=np.int64)
 
 
+def _fetch_run(study: Study, plan, run_id: str, *, numpy_sort: bool = True) -> dict:
+    """One run's requests in the tie rule's order. With ``numpy_sort``, read as the scan
+    gives them (no ORDER BY) and sorted by scheduled time in numpy unless already in that
+    order (a file written in scheduled order needs no sort at all): while no two requests
+    share a scheduled time that is the one order SQL's sort would give, whatever the sort
+    algorithm (hence numpy's fastest, not a stable one: 12 against 17–35 ms per 10^6
+    requests in completion order). A run with ties is read again, sorted in SQL by the tie
+    rule. On 12 runs of 10^6 requests, reading run by run: 2.9 CPU s with DuckDB's sort, 2.0
+    without (rows in scheduled order), 2.55 with numpy's stable sort (rows in completion
+    order). Without ``numpy_sort`` DuckDB sorts (the streaming path: its sort spills to disk
+    under a memory limit, numpy's would not)."""
+    a = _fetch(study, plan, tie_break=False, run_id=run_id, ordered=not numpy_sort)
+    s = a["sched"]
+    if numpy_sort and s.size > 1 and np.any(s[1:] < s[:-1]):
+        o = np.argsort(s)
+        a = {k: v[o] for k, v in a.items()}
+    if _ties(a).size:
+        a = _fetch(study, plan, tie_break=True, run_id=run_id)
+    return a
+
+
+#: reading run by run pays a query per run, and each query opens every event file; it pays
+#: off when a run has at least this many requests per event file. Whole reduction, CPU s,
+#: one query → run by run (one file per run): 12 × 10^6 requests 4.3–4.6 → 2.7–2.9
+#: (constant shape), 4.0 → 3.1–3.2 (Poisson shape); 30 × 200k 4.1–4.5 → 2.1; but
+#: 30 × 60k 1.0 → 1.3–1.75, 30 × 20k 0.7 → 1.2 and 200 × 2000 3.6 → 14.5
+BY_RUN_ROWS_PER_FILE = 4096
+
+
+def _by_run(study: Study, n_rows: int) -> bool:
+    """Whether to read the study run by run (``_counts_by_run``): every row group of the
+    event files holds one run (its run_id statistics have min = max), so a query of one run
+    reads only that run's row groups and each row is read once; and the runs are long enough
+    for a query per run (``BY_RUN_ROWS_PER_FILE``). Only the speed depends on it: a run's
+    query filters on run_id either way."""
+    files = [str(f) for f in study.event_files]
+    nr = len(study.manifest.runs)
+    if not files or not nr or n_rows < BY_RUN_ROWS_PER_FILE * nr * len(files):
+        return False
+    total, mixed = study.sql(
+        "SELECT count(*), count(*) FILTER (WHERE stats_min_value IS NULL OR "
+        "stats_max_value IS NULL OR stats_min_value <> stats_max_value) "
+        "FROM parquet_metadata(?) WHERE path_in_schema = 'run_id'", [files]).fetchall()[0]
+    return bool(total) and not mixed
+
+
+def _pooled_axes(plan) -> bool:
+    """Whether the grid spec needs the pooled histograms (an axis the SLO does not limit)."""
+    return any(not limited and KEY_COL[m] in plan.key_cols
+               for m, limited in (("ttft", plan.x_limited), (plan.y_metric, plan.y_limited)))
+
+
+def _counts_by_run(study: Study, plan, units, tail_from: float):
+    """The in-memory reduction of a study whose row groups hold one run each (``_by_run``):
+    one query per run on two threads, each run counted as soon as it is fetched, so DuckDB's
+    scan of one run overlaps the numpy counting of another and no sort needs the whole
+    study's memory (figures at ``BY_RUN_ROWS_PER_FILE`` and in benchmarks/README.md). Where
+    the grid spec needs the pooled histograms (an axis without a limit), a run keeps only
+    its grid inputs (``count.UnitCounts``) until every run is in; with cells, whose codes
+    must all be known first, the per-unit counts come after every run's whole-run part,
+    from the arrays kept in memory."""
+    runs = study.manifest.runs
+    gspec = None if _pooled_axes(plan) else grid_spec(plan, [dict() for _ in runs])
+    cells = plan.cells is not None
+
+    def first(r):
+        a = _fetch_run(study, plan, r.run_id)
+        s = run_series(a, plan, tail_from)
+        if cells:
+            return a, s, None
+        part = unit_counts(a, plan, units, r.run_id, s, None)
+        if gspec is None:
+            return None, s, part
+        return None, s, part.counts(grid_counts(part.grid_in, plan, gspec, part.n_units))
+
+    # two threads: DuckDB, numpy's counting and scipy's FFT release the GIL
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        got = list(pool.map(first, runs))
+        per_run = [g[1] for g in got]
+        if gspec is None:
+            gspec = grid_spec(plan, [r.hist for r in per_run])
+        if not cells:  # a run is counted (RunCounts) or waits for its grid (UnitCounts)
+            by_unit = [c if isinstance(c, RunCounts) else
+                       c.counts(grid_counts(c.grid_in, plan, gspec, c.n_units))
+                       for _, _, c in got]
+            return per_run, by_unit, gspec, None
+        arrays = [g[0] for g in got]
+        del got
+        cell_codes = np.unique(np.concatenate(  # the observed cells, in code order
+            [np.unique(a["cell"]) for a in arrays])).astype(np.int64)
+        by_unit = list(pool.map(
+            lambda i: run_counts(arrays[i], plan, units, runs[i].run_id, gspec, per_run[i],
+                                 cell_codes), range(len(runs))))
+    return per_run, by_unit, gspec, cell_codes
+
+
 def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
                    progress: bool):
     """Every run's ``RunSeries`` and ``RunCounts``, the grid spec and the observed cells.
-    In memory: one ordered fetch of every run, counted per run on two threads. Past
-    ``fetch_mb``: one fetch per run (a first SQL pass gives the pooled histograms of an
-    unanchored grid axis and the observed cells), so memory holds one run at a time."""
+    In memory: run by run on two threads where the row groups hold one run each and the
+    runs are long (``_by_run``, ``_counts_by_run``), else one ordered fetch of every run,
+    counted per run on two threads. Past ``fetch_mb``: one fetch per run (a first SQL pass
+    gives the pooled histograms of an unanchored grid axis and the observed cells), so
+    memory holds one run at a time."""
     runs = study.manifest.runs
     nr = len(runs)
-    n_rows = int(study.sql("SELECT count(*) FROM raw_events").fetchone()[0])
+    # fetchall, not fetchone: a result read to its end leaves the connection free for the
+    # caller's next relation (the fetches run on cursors)
+    n_rows = int(study.sql("SELECT count(*) FROM raw_events").fetchall()[0][0])
     if n_rows * _row_bytes(plan, True) <= fetch_mb * 2**20:
+        if _by_run(study, n_rows):
+            return _counts_by_run(study, plan, units, tail_from)
         rq = _fetch(study, plan, tie_break=False)
         if _ties(rq).size:  # ties in scheduled time: sort again with the tie rule
             rq = _fetch(study, plan, tie_break=True)
@@ -224,9 +328,7 @@ def _duckdb_counts(study: Study, plan, units, tail_from: float, fetch_mb: float,
 
         bar = tqdm(total=nr, unit="run", desc="reduce", file=sys.stderr, leave=False)
     for r in runs:
-        a = _fetch(study, plan, tie_break=False, run_id=r.run_id)
-        if _ties(a).size:
-            a = _fetch(study, plan, tie_break=True, run_id=r.run_id)
+        a = _fetch_run(study, plan, r.run_id, numpy_sort=False)
         per_run.append(run_series(a, plan, tail_from))
         by_unit.append(run_counts(a, plan, units, r.run_id, gspec, per_run[-1], cell_codes))
         del a

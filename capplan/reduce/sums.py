@@ -124,10 +124,18 @@ def fine_sums(pw_keys) -> dict[str, Sum]:
     return out
 
 
-def sums_np(sums: dict[str, Sum], a: dict, group: np.ndarray, size: int) -> dict:
+def sums_np(sums: dict[str, Sum], a: dict, group: np.ndarray, size: int,
+            bounds: np.ndarray | None = None) -> dict:
     """Every sum of ``sums`` over one run's numpy columns ``a``, grouped by ``group`` (values
     0…size−1). count/sum → float64; min/max → float64 with NaN for an empty group. Filters
-    are computed once each; the status counts in one pass."""
+    are computed once each; the status counts in one pass.
+
+    ``bounds``: where each group starts (size + 1 offsets, the last one the row count) when
+    the groups are contiguous, i.e. ``group`` is non-decreasing (units and fine units of
+    requests in scheduled order). Counts and sums of integer columns then come from segment
+    sums (``np.add.reduceat`` in int64: exact, so the same numbers as ``np.bincount``, and
+    several times faster than a boolean-indexed copy and a bincount); sums of float columns
+    keep ``np.bincount``, whose sequential order of addition they were defined by."""
     masks: dict[str, np.ndarray] = {}
 
     def mask(name):
@@ -138,7 +146,7 @@ def sums_np(sums: dict[str, Sum], a: dict, group: np.ndarray, size: int) -> dict
     out: dict[str, np.ndarray] = {}
     st_names = [n for n, s in sums.items() if s.kind == "count" and s.where
                 and s.where.startswith("st") and s.where[2:].isdigit()]
-    if st_names:  # one bincount for every status
+    if st_names and bounds is None:  # one bincount for every status
         ns = len(STATUS_NAMES)
         by = np.bincount(group * ns + np.minimum(a["st"].astype(np.int64), ns - 1),
                          minlength=size * ns).reshape(size, ns).astype(np.float64)
@@ -148,6 +156,17 @@ def sums_np(sums: dict[str, Sum], a: dict, group: np.ndarray, size: int) -> dict
         if name in out:
             continue
         sel = None if s.where is None else mask(s.where)
+        if bounds is not None and (s.kind in ("count", "min", "max") or (
+                s.kind == "sum" and np.issubdtype(a[s.value].dtype, np.integer))):
+            if s.kind == "count":
+                out[name] = (np.diff(bounds) if sel is None else
+                             segment_sums(sel, bounds)).astype(np.float64)
+            elif s.kind == "sum":
+                v = a[s.value] if sel is None else np.where(sel, a[s.value], 0)
+                out[name] = segment_sums(v, bounds).astype(np.float64)
+            else:
+                out[name] = segment_extremes(s.kind, a[s.value], sel, bounds)
+            continue
         g = group if sel is None else group[sel]
         if s.kind == "count":
             out[name] = np.bincount(g, minlength=size).astype(np.float64)
@@ -158,6 +177,47 @@ def sums_np(sums: dict[str, Sum], a: dict, group: np.ndarray, size: int) -> dict
             v = (a[s.value] if sel is None else a[s.value][sel]).astype(np.float64)
             out[name] = _extreme(s.kind, g, v, size)
     return out
+
+
+def group_bounds(group: np.ndarray, size: int) -> np.ndarray:
+    """Where each of the groups 0…size−1 of a non-decreasing ``group`` starts, and the row
+    count: the ``bounds`` of ``sums_np``."""
+    return np.searchsorted(group, np.arange(size + 1), side="left")
+
+
+def segment_sums(v: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """int64 sums of ``v`` (integers or booleans) over the contiguous segments
+    ``bounds[i]:bounds[i + 1]`` (0 for an empty one). Exact while a segment's sum stays
+    below 2^63 (keys are below 2^31, so for any run of fewer than 4·10^9 requests)."""
+    out = np.zeros(bounds.size - 1, dtype=np.int64)
+    has = bounds[1:] > bounds[:-1]
+    if has.any():  # reduceat reads an empty segment as one element: leave those out
+        out[has] = np.add.reduceat(v, bounds[:-1][has], dtype=np.int64)
+    return out
+
+
+def segment_extremes(kind: str, v: np.ndarray, sel: np.ndarray | None,
+                     bounds: np.ndarray) -> np.ndarray:
+    """min or max of ``v`` (where ``sel``) over the contiguous segments of ``bounds``, as
+    float64 (NaN for a segment with no value). The extreme is taken before the conversion
+    to float64, which is monotone, so it is the extreme of the converted values."""
+    res = np.full(bounds.size - 1, np.nan)
+    op = np.minimum if kind == "min" else np.maximum
+    if sel is not None:  # rows left out read as the operation's identity
+        if np.issubdtype(v.dtype, np.integer):
+            info = np.iinfo(v.dtype)
+            fill = info.max if kind == "min" else info.min
+        else:
+            fill = np.inf if kind == "min" else -np.inf
+        v = np.where(sel, v, np.asarray(fill, dtype=v.dtype))
+        has = segment_sums(sel, bounds) > 0
+    else:
+        has = bounds[1:] > bounds[:-1]
+    nonempty = bounds[1:] > bounds[:-1]
+    if nonempty.any():
+        ext = op.reduceat(v, bounds[:-1][nonempty])
+        res[has] = np.asarray(ext, dtype=np.float64)[has[nonempty]]
+    return res
 
 
 def _extreme(kind: str, g: np.ndarray, v: np.ndarray, size: int) -> np.ndarray:
