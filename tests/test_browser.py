@@ -104,7 +104,7 @@ def test_slider_moves_the_rendered_plan(whatif_app):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(whatif_app)
+            page.goto(whatif_app, wait_until="commit", timeout=120_000)
             page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=120_000)
             assert page.inner_text('tr[data-key="peak_rps"] td.value') == f"{start.peak_rps:g}"
             page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
@@ -136,7 +136,7 @@ def test_impossible_ttft_hides_the_plan_and_names_the_fix(whatif_app):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.goto(whatif_app)
+            page.goto(whatif_app, wait_until="commit", timeout=120_000)
             page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=120_000)
             page.wait_for_selector(".capplan-plan-chart .js-plotly-plot", timeout=60_000)
             row = page.locator(".widget-slider", has_text="TTFT limit")
