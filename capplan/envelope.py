@@ -413,12 +413,15 @@ class Envelope:
 
     @property
     def _given_effect(self):
-        """A between-run SD that was given (twin), which a refit keeps; an estimated one is
-        re-estimated for the new SLO."""
+        """What a refit keeps of the between-run SD: a given value as it is, a twin's τ (the
+        floor the new fit's own estimate is held at); an estimated one is re-estimated for
+        the new SLO."""
         e = self.run_effect
-        if e is not None and e.source == "twin" and e.twin_tau == e.twin_tau:
+        if e is None:
+            return None
+        if e.source == "twin":  # a fitted twin effect always carries its floor (apply)
             return rfx.RunEffect.fixed(e.twin_tau, "twin")
-        return e if e is not None and e.source in ("twin", "given") else None
+        return e if e.source == "given" else None
 
     def surface(self, ttft_ms_grid=None, tpot_ms_grid=None, *, reps: int | None = None) -> Surface:
         """C_SLO over TTFT × TPOT (or ITL) limits (grid values snap to the reduction grid;
