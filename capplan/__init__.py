@@ -25,10 +25,12 @@ from .version import __version__
 from .contract import CONTRACT_VERSION, Status
 from .errors import CapplanError, SpecError, StudyError
 from .slo import SLO
-from .study import Study, open_study
 
-#: name → (module, attribute), imported on first use (module ``__getattr__``, PEP 562)
+#: name → (module, attribute), imported on first use (module ``__getattr__``, PEP 562); the
+#: study (DuckDB) too, so that ``capplan telemetry record`` runs on a GPU node without DuckDB
 _LAZY = {
+    "Study": ("capplan.study", "Study"),
+    "open_study": ("capplan.study", "open_study"),
     "fit_envelope": ("capplan.envelope", "fit_envelope"),
     "Envelope": ("capplan.envelope", "Envelope"),
     "summarize": ("capplan.metrics", "summarize"),

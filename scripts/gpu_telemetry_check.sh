@@ -3,8 +3,9 @@
 #
 #   OUT=/some/dir bash scripts/gpu_telemetry_check.sh
 #
-# Installs capplan, records 20 s at 0.1 s on every GPU while a ~12 s matmul load runs (then
-# ~6 s idle) when torch with CUDA is importable, else idle, and prints a summary: rows, GPUs,
+# Installs capplan (or uses the checkout where pip cannot), records 20 s at 0.1 s on every GPU
+# while a ~12 s matmul load runs (then ~6 s idle) when torch with CUDA is importable, else
+# idle, and prints a summary: rows, GPUs,
 # power min/mean/max (W), energy-counter delta vs integrated power (J), utilisation, memory,
 # SM clock, sample spacing, and the GPU name / driver / power limit from the sidecar.
 # Exit code: that of `capplan telemetry record` (2 = no NVIDIA driver). Takes < 2 min.
@@ -13,10 +14,15 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 echo "== install"
+# `capplan` is the installed command; without a package index (pip cannot build or fetch
+# dependencies) the checkout itself is used: PYTHONPATH plus `python -m capplan`. The telemetry
+# recorder needs only nvidia-ml-py, pyarrow, pyyaml, click and numpy/pandas, not DuckDB.
+CAPPLAN=(capplan)
 timeout 60 pip install -q -e . 2>&1 | tail -3 || true
-if ! python -c "import capplan.telemetry, pynvml" 2>/dev/null; then
-  echo "capplan or nvidia-ml-py not importable after install (no package index here?); trying --no-deps"
-  timeout 30 pip install -q --no-deps -e . 2>&1 | tail -3 || true
+if ! python -c "import capplan.telemetry, pynvml" 2>/dev/null || ! command -v capplan >/dev/null; then
+  echo "capplan not installed (no package index here?): using the checkout (PYTHONPATH, python -m capplan)"
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  CAPPLAN=(python -m capplan)
 fi
 python -c "import capplan.telemetry, pynvml" || { echo "FAILED: cannot import capplan.telemetry / pynvml"; exit 3; }
 nvidia-smi --query-gpu=index,name,driver_version,power.limit --format=csv 2>/dev/null || echo "(nvidia-smi not available)"
@@ -43,7 +49,7 @@ else
 fi
 
 echo "== record"
-timeout 90 capplan telemetry record --interval 0.1 --duration 20 --run-id gpucheck \
+timeout 90 "${CAPPLAN[@]}" telemetry record --interval 0.1 --duration 20 --run-id gpucheck \
   --out "$OUT/resources.parquet" "${CMD[@]}"
 rc=$?
 if [ ! -f "$OUT/resources.parquet" ]; then

@@ -201,3 +201,18 @@ def test_no_gpu_and_bad_options(monkeypatch, tmp_path, capsys):
     assert main(["telemetry", "record", "--duration", "1", "--out", str(tmp_path / "b.parquet"), "--",
                  "/nonexistent/bench"]) == 2
     assert "cannot start the command" in capsys.readouterr().err
+
+
+def test_recorder_runs_without_duckdb():
+    """A GPU node may have NVML and pyarrow but no DuckDB (scripts/gpu_telemetry_check.sh on a
+    box without a package index): ``capplan telemetry record`` must not need it."""
+    import subprocess
+
+    code = ("import sys; sys.modules['duckdb'] = None\n"
+            "import capplan, capplan.telemetry, capplan.cost\n"
+            "from capplan.cli import main\n"
+            "try:\n    main(['telemetry', 'record', '--help'])\nexcept SystemExit as e:\n"
+            "    sys.exit(e.code)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--interval" in r.stdout
