@@ -50,8 +50,9 @@ def test_estimate_finds_no_run_effect_in_binomial_runs():
 def test_estimate_falls_back_to_the_prior_with_two_runs():
     e = rfx.estimate([3000, 3000], [10, 200], [1, 1], [5.5, 6.0])
     assert e.source == "prior"
-    # half-normal(1): median 0.674
-    assert e.tau == pytest.approx(0.674, abs=0.05)
+    # half-normal(0.7): median 0.674 × 0.7 = 0.472
+    assert e.tau == pytest.approx(0.674 * rfx.PRIOR_SCALE, abs=0.05)
+    assert rfx.PRIOR_SCALE == 0.7
 
 
 def test_dispersion_index_poisson_and_gamma():
