@@ -117,15 +117,17 @@ def _tiny_study(make_study) -> Path:
 # ------------------------------------------------------------------------- bad input: exit 2
 
 def test_a_refused_plan_names_its_fix_and_writes_nothing(small_sweeps, tmp_path, capsys):
-    """A plan refused in the plan notebook (a 60-s sweep gives no usable lower bound) stops the
-    report with capplan's whole message — problem, field and fix — as the CLI prints it."""
+    """A plan refused in the plan notebook (a 60-s sweep, one run per rate: its lower bound is not
+    honest) stops the report with capplan's whole message — problem, field and fix — as the CLI
+    prints it."""
     out = tmp_path / "rep"
     rc = main(["report", str(small_sweeps["d"]), "--out", str(out), "--slo", CMP_SLO,
                "--reps", str(CMP_REPS), "--seed", "0", "--time", TIME])
     err = capsys.readouterr().err
     assert rc == 2 and not out.exists()
-    assert "ERROR: the study gives no usable C_SLO lower bound" in err
-    assert "field:   capacity.use" in err and "fix:" in err and "capplan design" in err
+    assert "ERROR: the study's C_SLO lower bound" in err and "is not an honest lower bound" in err
+    assert "field:   capacity.accept_optimistic" in err and "fix:" in err
+    assert "capplan design" in err and "--accept-optimistic" in err
     assert "raised by SpecError in notebook 03-plan.ipynb" in err and "Traceback" not in err
 
 
