@@ -22,7 +22,7 @@ import pytest
 from capplan import report as R
 from capplan.cli import main
 
-REPS = 200  # small bootstrap for tests: the pipeline, not the statistics, is under test
+REPS = 1000  # the spec's replicate count: test_same_numbers_in_notebooks_report_cli_and_whatif needs it
 TIME = "2026-01-01T00:00:00+00:00"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
