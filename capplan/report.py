@@ -37,6 +37,7 @@ from typing import Callable
 
 from .version import __version__
 from .errors import CapplanError, SpecError
+from .plan_spec import CapacitySpec
 from .notebook import DEFAULT_SLO  # noqa: F401  (re-exported)
 from .resources import (baseline_study_path, bundled, default_spec_path,  # noqa: F401
                         demo_study_path, notebooks_dir, templates_dir)
@@ -67,9 +68,11 @@ ENGINE_NOTEBOOKS = ("02-envelope.ipynb", PLAN_NOTEBOOK)
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
-DEFAULT_REPS = 200
-DEFAULT_SEED = 0
-DEFAULT_CONFIDENCE = 0.95
+#: a report's bootstrap defaults are the plan spec's (``capacity.reps/seed/confidence``), so a
+#: ``ReportParams`` built in Python fits what ``capplan plan`` and the report's CLI fit
+DEFAULT_REPS = CapacitySpec.reps
+DEFAULT_SEED = CapacitySpec.seed
+DEFAULT_CONFIDENCE = CapacitySpec.confidence
 CELL_TIMEOUT_S = 900
 
 Progress = Callable[[str], None]

@@ -5,9 +5,9 @@
 #
 # Installs capplan (or uses the checkout where pip cannot), records 20 s at 0.1 s on every GPU
 # while a ~12 s matmul load runs (then ~6 s idle) when torch with CUDA is importable, else
-# idle, and prints a summary: rows, GPUs,
-# power min/mean/max (W), energy-counter delta vs integrated power (J), utilisation, memory,
-# SM clock, sample spacing, and the GPU name / driver / power limit from the sidecar.
+# idle, and prints a summary: rows, GPUs, power min/mean/max (W), energy-counter delta vs
+# integrated power (J), utilisation, memory, SM clock, sample spacing, and the GPU name /
+# driver / power limit from the sidecar.
 # Exit code: that of `capplan telemetry record` (2 = no NVIDIA driver). Takes < 2 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."

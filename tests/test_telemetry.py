@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -206,8 +207,6 @@ def test_no_gpu_and_bad_options(monkeypatch, tmp_path, capsys):
 def test_recorder_runs_without_duckdb():
     """A GPU node may have NVML and pyarrow but no DuckDB (scripts/gpu_telemetry_check.sh on a
     box without a package index): ``capplan telemetry record`` must not need it."""
-    import subprocess
-
     code = ("import sys; sys.modules['duckdb'] = None\n"
             "import capplan, capplan.telemetry, capplan.cost\n"
             "from capplan.cli import main\n"
