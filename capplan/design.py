@@ -195,11 +195,15 @@ def _fit_outcome(env, rate: float, duration_s: float, warmup_s: float, rng) -> d
     """One simulated run at ``rate`` from the current fit: a 0/1 good series with violations
     in clusters of the nearest run's design effect."""
     x, y = _curve(env)
+    span = max(duration_s - warmup_s, 1.0)
+    asked = rate
+    # a Poisson client realises the asked rate ± √(λ/T): the run lands where it lands
+    rate = max(float(rng.poisson(asked * span)) / span, 0.5 * asked)
     eta = float(np.interp(rate, x, y, left=y[0], right=y[-1]))
     if rate > x[-1] and x.size >= 2 and x[-1] > x[-2]:  # extrapolate the last slope
         eta = y[-1] + (y[-1] - y[-2]) / (x[-1] - x[-2]) * (rate - x[-1])
     tau = env.run_effect.tau if env.run_effect is not None else 0.0
-    n = max(int(round(rate * max(duration_s - warmup_s, 1.0))), 20)
+    n = max(int(round(rate * span)), 20)
     a = float(expit(eta + tau * rng.standard_normal()))
     d = _deff_at(env, rate)
     v = int(rng.binomial(max(int(n / d), 1), 1 - a) * d)
@@ -210,7 +214,7 @@ def _fit_outcome(env, rate: float, duration_s: float, warmup_s: float, rng) -> d
         starts = rng.choice(n, size=max(v // size, 1), replace=False)
         idx = np.unique(np.concatenate([np.arange(s, min(s + size, n)) for s in starts]))[:v]
         good[idx] = 0.0
-    return {"good": good, "rate_rps": rate}
+    return {"good": good, "rate_rps": rate, "asked_rps": asked}
 
 
 def _model_outcomes(model, rate: float, duration_s: float, warmup_s: float, slo, sims: int,
@@ -303,7 +307,8 @@ def add_runs(stats: BlockStats, new: list[dict]) -> BlockStats:
     base = max((r.run_idx for r in runs), default=-1) + 1
     series = [d for d in new if "good" in d]
     for i, d in enumerate(series):
-        s = stats_from_series([{"run_id": f"sim{base + i}", "load_level": d["rate_rps"],
+        s = stats_from_series([{"run_id": f"sim{base + i}",
+                                "load_level": d.get("asked_rps", d["rate_rps"]),
                                 "good": d["good"], "rate_rps": d["rate_rps"]}], stats.slo)
         r = replace(s.runs[0], run_idx=base + i)
         runs.append(r)
@@ -399,6 +404,19 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     left = float(budget_minutes)
     notes = []
     cands = _candidates(start)
+    if start.honesty is not None and start.honesty.status == "unsupported" \
+            and start.honesty.runs_to_add:
+        # one run alone cannot make an unsupported bound honest (it needs repeats near the
+        # crossing), so the greedy step below would propose nothing: start from the runs the
+        # honesty rule names, the cheapest set that can, checked on simulated outcomes
+        chosen, cur, stats, note = _honest_package(start, stats, slo, fit, warm, sims, rng,
+                                                   model)
+        left -= sum(r.minutes for r in chosen)
+        notes.append(note)
+        if left < 0:
+            notes.append(f"these runs take {sum(r.minutes for r in chosen):.0f} min, more than "
+                         f"the budget of {budget_minutes:g} min: no smaller set can make the "
+                         "bound honest")
     while left >= dur / 60.0 - 1e-9 and len(chosen) < max_runs:
         g0 = _gap(cur)
         best = None
@@ -437,6 +455,66 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
                   budget_minutes=float(budget_minutes), current=_summary(start),
                   expected=expected, runs=tuple(chosen), existing=_existing(start), source=src,
                   notes=tuple(notes))
+
+
+#: simulated outcomes of the honest package that must come out honest (else a run is added)
+HONEST_SHARE = 0.5
+#: runs at the estimate the package may add after the named runs
+MAX_EXTRA = 3
+
+
+def _outcomes(cur, runs, warm, rng, model, slo) -> list[dict]:
+    out = []
+    for r in runs:
+        for _ in range(r.repeats):
+            if model is None:
+                out.append(_fit_outcome(cur, r.rate_rps, r.duration_s, warm, rng))
+            else:
+                out += _model_outcomes(model, r.rate_rps, r.duration_s, warm, slo, 1,
+                                       int(rng.integers(2**31)))
+    return out
+
+
+def _honest_package(start, stats, slo, fit, warm, sims, rng, model):
+    """The cheapest runs expected to make an unsupported bound honest: the runs the honesty
+    rule names (``Honesty.runs_to_add``), taken one at a time — nearest the estimate first,
+    alternating between the rates — then runs at the estimate, until at least
+    ``HONEST_SHARE`` of ``sims`` simulated outcomes of the set come out honest.
+    Returns (runs, the median outcome's envelope, its stats, a note saying what is expected)."""
+    from .envelope import fit_from_stats
+    from .honesty import askable
+
+    est = start.cslo.estimate
+    add = sorted(start.honesty.runs_to_add,
+                 key=lambda r: abs(r.rate_rps - est) if est == est else 0.0)
+    singles = []
+    for k in range(max(r.repeats for r in add)):
+        singles += [r for r in add if r.repeats > k]
+    at = askable(est) if est == est and est > 0 else add[0].rate_rps
+    dur = add[0].duration_s
+    singles += [replace(add[0], rate_rps=at, repeats=1, duration_s=dur,
+                        why="at the estimate: more runs with both outcomes")] * MAX_EXTRA
+    sims = max(int(sims), 2)
+    runs: list[ProposedRun] = []
+    for i, r in enumerate(singles):
+        same = [j for j, q in enumerate(runs) if abs(q.rate_rps - r.rate_rps) < 1e-9]
+        if same:
+            runs[same[0]] = replace(runs[same[0]], repeats=runs[same[0]].repeats + 1)
+        else:
+            runs.append(ProposedRun(r.rate_rps, 1, r.duration_s, warm, r.why))
+        if i + 1 < min(2, len(singles)):
+            continue  # one run alone never makes repeats
+        envs = [fit_from_stats(add_runs(stats, _outcomes(start, runs, warm, rng, model, slo)),
+                               slo, **fit) for _ in range(sims)]
+        honest = sum(e.honesty is not None and e.honesty.honest for e in envs)
+        if honest >= HONEST_SHARE * sims:
+            break
+    med = sorted(envs, key=lambda e: e.cslo.lower_bound)[len(envs) // 2]
+    n = sum(r.repeats for r in runs)
+    note = (f"the bound is unsupported: the honesty rule asks for repeats near the crossing; "
+            f"the {n} run(s) proposed first are the fewest that came out honest in {honest} of "
+            f"{sims} simulated outcomes")
+    return runs, med, med.stats, note
 
 
 # ------------------------------------------------------------------------------ files

@@ -74,6 +74,10 @@ _SEED_SWEEP = 1_000_003  # stream id of the sweep-level draws (independent of ru
 #: bootstrap cannot see and targets the mean run (``capplan.runeffect``); "within-run" is the
 #: block bootstrap alone, as before 2026-12 (kept for comparison: docs/envelope.md "Coverage")
 METHODS = ("run-effect", "within-run")
+#: runs asked at rates closer than this (relative) are one load level: a design that asks for
+#: 3 × 10.0871 and 3 × 10.1189 req/s asked for six repeats, and a client cannot tell such rates
+#: apart (a 60-s Poisson run realises its rate ± 4 %). docs/envelope.md, "Levels and repeats".
+LEVEL_TOL_REL = 0.02
 #: the diagnostics reason of a run whose warm-up search found no steady state
 NO_STEADY_STATE = "warm-up (MSER-5) did not end in the first half: no steady state"
 P_CI = 0.99  # the percentile that gets a bootstrap CI in the per-run table
@@ -927,6 +931,27 @@ def _percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, con
     return df
 
 
+def group_levels(asked, tol_rel: float = LEVEL_TOL_REL) -> np.ndarray:
+    """The load level of each run: runs whose asked rates lie within ``tol_rel`` of their
+    neighbour (single linkage on the sorted distinct rates) share one level, placed at the
+    run-weighted mean of their asked rates. Levels are *what was asked*; the fit's x is each
+    level's mean *measured* rate, so repeats are recognised whatever their realised rates."""
+    a = np.asarray(asked, dtype=np.float64)
+    out = a.copy()
+    u = np.unique(a[np.isfinite(a)])
+    if u.size < 2:
+        return out
+    start = 0
+    for i in range(1, u.size + 1):
+        if i == u.size or u[i] > u[i - 1] * (1.0 + tol_rel):
+            grp = u[start:i]
+            if grp.size > 1:
+                sel = np.isin(a, grp)
+                out[sel] = float(np.mean(a[sel]))
+            start = i
+    return out
+
+
 def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.95,
                    reps: int = 1000, seed: int = 0, scheme: str | boot.Scheme = "circular",
                    block_len: float | None = None, method: str = "run-effect",
@@ -959,6 +984,15 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.9
     runs = runs.merge(pct, on="run_id", how="left")
     closed = stats.closed_loop
     runs["x"] = runs["concurrency"] if closed else runs["measured_rps"].fillna(runs["offered_rps"])
+    runs["asked_rps"] = runs["load_level"]
+    if not closed:  # repeats asked at rates a client cannot tell apart share one level
+        grouped = group_levels(runs["load_level"].to_numpy(float))
+        for lv in np.unique(grouped[grouped != runs["load_level"].to_numpy(float)]):
+            ids = runs.loc[grouped == lv, "run_id"].tolist()
+            notes.append(f"runs {', '.join(ids)} were asked at rates within "
+                         f"{LEVEL_TOL_REL:.0%} of each other: one level ({lv:.4g} req/s), "
+                         "treated as repeats")
+        runs["load_level"] = grouped
     runs["goodput_rps"] = runs["measured_rps"] * runs["attainment"]
     runs["throughput_rps"] = runs["measured_rps"] * runs["n_ok"] / runs["n"]
     use = runs["usable"].to_numpy(bool)
@@ -1000,22 +1034,35 @@ def _near_rates(env: Envelope) -> tuple[float, ...]:
 
 
 def _honesty(env: Envelope) -> hon.Honesty:
-    """``capplan.honesty.assess`` on a fitted envelope."""
+    """``capplan.honesty.assess`` on a fitted envelope. Repeats near the crossing are the runs
+    of a bracketing level, or — whatever rate they were asked at — the usable runs whose
+    measured rates lie within ``honesty.neighbourhood`` of the estimate."""
     near = _near_rates(env)
     runs = env.runs
     use = runs[runs["usable"]]
     win = use[use["tau_window"]] if "tau_window" in use.columns else use.iloc[:0]
     lv = env.levels
-    rep_near = int(lv.loc[lv["x"].round(9).isin([round(v, 9) for v in near]), "n_runs"].max()) \
-        if near else 0
+    at = lv["x"].round(9).isin([round(v, 9) for v in near])
+    rep_near = int(lv.loc[at, "n_runs"].max()) if near else 0
     c = env.cslo
+    if (not c.closed_loop and c.status == STATUS_BRACKETED and c.estimate == c.estimate
+            and len(use) and {"duration_s", "warmup_s"} <= set(use.columns)):
+        span = float(use["duration_s"].astype(float).median()) - float(
+            use["warmup_s"].astype(float).fillna(0.0).median())
+        h = hon.neighbourhood(c.estimate, span)
+        around = int((np.abs(use["x"].astype(float) - c.estimate) <= h).sum())
+        rep_near = max(rep_near, around)
+    level_runs = {round(float(k), 9): int(v)
+                  for k, v in use.groupby("load_level").size().items()}
     return hon.assess(
         method=env.method, status=c.status, iid=env.iid_assumption, estimate=c.estimate,
         lower_bound=c.lower_bound, runs=runs.assign(x=runs["x"].astype(float)),
         near_rates=tuple(float(v) for v in lv["x"] if any(abs(v - u) < 1e-9 for u in near)),
         n_near=len(win),
         effect_source="none" if env.run_effect is None else env.run_effect.source,
-        repeats_near=rep_near, target=env.target, suggested_rates=c.suggested_rates)
+        repeats_near=rep_near, target=env.target, suggested_rates=c.suggested_rates,
+        near_levels=tuple(float(v) for v in lv.loc[at, "load_level"]),
+        level_runs=level_runs)
 
 
 def _rate_var(stats: BlockStats) -> np.ndarray:

@@ -90,22 +90,54 @@ def _fmt_s(v: float) -> str:
     return f"{v:.0f} s" if v == v else "unknown length"
 
 
-def estimand(duration_s: float, warmup_s: float, target: float, settling: bool) -> str:
-    """The sentence that says what C_SLO estimates."""
+def estimand(duration_s: float, warmup_s: float, target: float, settling: bool,
+             overloaded: tuple[float, ...] = (), estimate: float = math.nan) -> str:
+    """The sentence that says what C_SLO estimates. ``overloaded``: the levels near the
+    crossing with a run whose TTFT rose over the whole run (its queue grew): above the
+    estimate that is what overload looks like, at or below it the runs did not settle."""
     base = (f"the largest offered rate at which the mean attainment of runs like these "
             f"({_fmt_s(duration_s)} long, {_fmt_s(warmup_s)} warm-up, each started on an idle "
             f"server) meets {target:g}")
-    if settling:
-        return (base + "; runs near the crossing were still settling at their end, so the "
-                "steady-state capacity (what long production traffic meets) is likely lower")
-    return (base + "; no run near the crossing was still settling at its end (TTFT trend "
-            "test), so runs of this length approximate the steady state")
+    above = [v for v in overloaded if estimate == estimate and v > estimate]
+    below = [v for v in overloaded if v not in above]
+    if settling or below:
+        return (base + "; runs near the crossing were still settling at their end"
+                + (f" (TTFT rising over the run at {', '.join(f'{v:.3g}' for v in below)} "
+                   "req/s)" if below else "") + ", so the steady-state capacity (what long "
+                "production traffic meets) is likely lower")
+    tail = ("; no run near the crossing was still settling at its end (TTFT trend test), so "
+            "runs of this length approximate the steady state")
+    if above:
+        tail += (f"; the run(s) at {', '.join(f'{v:.3g}' for v in above)} req/s, above the "
+                 "crossing, are overloaded (their queue grows over the run), as expected above "
+                 "capacity")
+    return base + tail
+
+
+def askable(rate: float) -> float:
+    """A rate a load generator can be asked for: three significant digits (10.0871 → 10.1).
+    Runs asked at it join the level it came from (levels group rates within 2 %)."""
+    return float(f"{float(rate):.3g}")
+
+
+def neighbourhood(estimate: float, span_s: float) -> float:
+    """Half-width (req/s) of the rates counted as repeats at the estimate: two standard
+    deviations of the rate a Poisson run of ``span_s`` seconds realises at the estimate
+    (√(λ/T)), at least 2 % of it. Runs whose *measured* rates fall this close to the estimate
+    cannot be told apart from runs asked at the estimate, whatever rate they were asked at."""
+    est = float(estimate)
+    if not (est == est and est > 0):
+        return 0.0
+    sd = math.sqrt(est / span_s) if span_s == span_s and span_s > 0 else 0.0
+    return max(0.02 * est, 2.0 * sd)
 
 
 def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound: float,
            runs, near_rates: tuple[float, ...], n_near: int,
            effect_source: str, repeats_near: int, target: float,
-           suggested_rates: tuple[float, ...] = ()) -> Honesty:
+           suggested_rates: tuple[float, ...] = (),
+           near_levels: tuple[float, ...] | None = None,
+           level_runs: dict | None = None) -> Honesty:
     """Decide the honesty of a fitted envelope.
 
     ``runs``: the per-run table (columns x, usable, warnings, warmup_s, load_level and
@@ -113,14 +145,28 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
     ones when it is above the range); ``n_near``: usable runs at the levels near the crossing
     with both outcomes; ``effect_source``: where the
     between-run SD came from (``RunEffect.source``); ``repeats_near``: the most runs at one of
-    the bracketing rates."""
+    the bracketing rates (or in the neighbourhood of the estimate); ``near_levels``: the asked
+    load levels of the bracketing rates (the runs to add name them), ``level_runs``: usable runs
+    per load level (so the runs to add do not ask again for runs the sweep has)."""
     use = runs[runs["usable"]] if len(runs) else runs
-    near = use[use["x"].round(9).isin([round(v, 9) for v in near_rates])] if len(use) else use
+    if near_levels is not None and "load_level" in runs.columns:
+        keys = [round(v, 9) for v in near_levels]
+        near = use[use["load_level"].astype(float).round(9).isin(keys)] if len(use) else use
+        near_all = runs[runs["load_level"].astype(float).round(9).isin(keys)] if len(runs) else runs
+    else:
+        near = use[use["x"].round(9).isin([round(v, 9) for v in near_rates])] if len(use) else use
+        near_all = near
+    level_runs = level_runs or {}
     dur = _median(near, "duration_s") if len(near) else _median(use, "duration_s")
     warm = _median(near, "warmup_s") if len(near) else _median(use, "warmup_s")
     settling = bool(len(near)) and bool(near["warnings"].astype(str).str.contains(
         "too short").any())
-    est_text = estimand(dur, warm, target, settling)
+    over = []
+    if len(near_all) and "warnings" in near_all.columns:
+        ov = near_all[near_all["warnings"].astype(str).str.contains("non-stationary")]
+        over = sorted({float(v) for v in ov["load_level"]}) if "load_level" in ov.columns else []
+    est_text = estimand(dur, warm, target, settling, overloaded=tuple(over),
+                        estimate=estimate)
     if method == "within-run" or iid:
         why = ("the input is a summary table: requests are assumed independent"
                if iid else "the within-run bootstrap alone was asked for (method within-run)")
@@ -131,10 +177,17 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
         rates = tuple(sorted(suggested_rates))
         return Honesty(UNSUPPORTED, est_text, "no tested rate meets the SLO: there is no bound",
                        ("every tested rate fails the target",),
-                       tuple(RunToAdd(r, 1, dur, "below the tested range") for r in rates))
+                       tuple(RunToAdd(askable(r), 1, dur, "below the tested range")
+                             for r in rates))
     reasons, add = [], []
+    if dur == dur and dur >= 10.0:  # the nominal length a load tool is asked for (not 299.87 s)
+        dur = float(round(dur / 10.0) * 10.0)
     longer = max(2.0 * dur, 300.0) if dur == dur else 600.0
-    rates = tuple(sorted(near_rates)) or tuple(sorted(suggested_rates))
+    levels = tuple(sorted(near_levels if near_levels is not None else near_rates))
+    rates = levels or tuple(sorted(suggested_rates))
+
+    def have(level: float) -> int:
+        return int(level_runs.get(round(float(level), 9), 1))
     measured = repeats_near >= 2 and (effect_source in ("twin", "given")
                                       or (effect_source == "sweep" and n_near >= MIN_RUNS_NEAR))
     if not measured:
@@ -147,10 +200,14 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
                 "even with the true system as the twin: docs/envelope.md, 'Coverage'")
         elif repeats_near < 2:
             reasons.append(
-                "one run at each rate bracketing C_SLO: how much runs differ there — which "
-                "decides how optimistic a single run is — is assumed (a prior), not measured; "
-                "on simulated systems that prior held for some (two replicas) and not for "
-                "others (one replica, a bursty trace): docs/envelope.md, 'Coverage'")
+                "one run at each rate bracketing C_SLO: the crossing rests on single runs, and "
+                + ("how much runs differ there — which decides how optimistic a single run "
+                   "is — is assumed (a prior), not measured"
+                   if effect_source != "sweep" or n_near < MIN_RUNS_NEAR else
+                   f"the run-to-run variation estimated from {n_near} runs near it cannot "
+                   "tell a lucky single run from the level's mean")
+                + "; on simulated systems one run per rate held for some (two replicas) and "
+                "not for others (one replica, a bursty trace): docs/envelope.md, 'Coverage'")
         else:
             reasons.append(
                 f"only {n_near} run(s) near the crossing have both outcomes: how much runs "
@@ -158,14 +215,21 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
         why = ("repeat a rate bracketing C_SLO so the crossing rests on more than one run"
                if effect_source in ("twin", "given") else
                "repeat a rate bracketing C_SLO to measure run-to-run variation")
-        add += [RunToAdd(r, REPEATS, dur if not settling else longer, why) for r in rates]
+        if repeats_near < 2 or effect_source in ("twin", "given"):
+            add += [RunToAdd(askable(r), max(REPEATS - have(r), 1),
+                             dur if not settling else longer, why) for r in rates]
+        else:  # repeats exist, too few runs with both outcomes: runs at the estimate have both
+            add.append(RunToAdd(askable(estimate), MIN_RUNS_NEAR - n_near,
+                                dur if not settling else longer,
+                                "runs at the estimate, where both outcomes occur, to measure "
+                                "run-to-run variation"))
     if settling:
         reasons.append("runs near the crossing were still settling (TTFT trending) at their "
                        "end: too short for a steady-state bound")
-        have = {round(a.rate_rps, 9) for a in add}
+        planned = {round(a.rate_rps, 9) for a in add}
         add = [RunToAdd(a.rate_rps, a.repeats, longer, a.why + "; longer runs") for a in add]
-        add += [RunToAdd(r, 1, longer, "longer run to reach steady state") for r in rates
-                if round(r, 9) not in have]
+        add += [RunToAdd(askable(r), 1, longer, "longer run to reach steady state")
+                for r in rates if round(askable(r), 9) not in planned]
     if not (lower_bound == lower_bound) or lower_bound <= 0:
         reasons.append("the lower bound is 0: replicates fail already at the lowest rate")
     if reasons:
