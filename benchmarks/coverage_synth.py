@@ -70,8 +70,12 @@ DEMO_RATES = (1.0, 2.0, 3.0, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0, 8.0, 10.0, 12.0)
 #: "run-effect+twin": the run-effect interval with the between-run SD from a twin fitted to the
 #: sweep's own events (``capplan twin fit`` then ``capplan envelope --twin``), on the designs
 #: with one run per rate (``Design.twin``)
-METHODS = ("run-effect", "within-run", "run-effect+twin")
+METHODS = ("run-effect", "within-run", "run-effect+twin", "measured-levels")
 TWIN = "run-effect+twin"
+#: the run-effect interval with each run's level keyed on its *measured* rate, as the importers
+#: wrote real clients' runs before levels came from the asked rate (the old rule's row of the
+#: short-run designs)
+MEASURED_LEVELS = "measured-levels"
 
 
 def _demo_raw() -> dict:
@@ -111,6 +115,9 @@ class Design:
     round_minutes: float = 35.0
     k: int = 100
     twin: bool = False      # also measure the interval with τ from a twin fitted to the sweep
+    #: repeats near capacity asked at rates scattered ± this (relative, uniform), as a planner
+    #: following two rounds of runs-to-add asks 10.0871 and 10.1189 req/s
+    jitter_asked: float = 0.0
 
     def config(self, seed: int):
         from capplan.synth import parse_config
@@ -123,10 +130,14 @@ class Design:
         from capplan.synth.sweep import RunPlan
 
         out, i = [], 0
+        rng = np.random.default_rng([int(cfg.seed), 77])
         for lv in cfg.rates:
             m = self.repeats_near if abs(lv / self.pilot - 1) <= 0.15 else 1
             for rep in range(m):
-                out.append(RunPlan(i, f"r{i + 1:02d}", float(lv), rep, cfg.run_duration_s(lv)))
+                r = float(lv)
+                if m > 1 and self.jitter_asked:
+                    r = round(r * (1 + rng.uniform(-self.jitter_asked, self.jitter_asked)), 4)
+                out.append(RunPlan(i, f"r{i + 1:02d}", r, rep, cfg.run_duration_s(lv)))
                 i += 1
         return tuple(out)
 
@@ -148,6 +159,9 @@ def _designs() -> dict[str, Design]:
     designed["sweep"]["rates"] = [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
     small = _fixture("synth_small_sweep.yaml")
     aiperf = _fixture("synth_aiperf_shape.yaml")
+    short = copy.deepcopy(aiperf)
+    short["sweep"]["rates"] = [4.0, 6.0, 8.0, 10.0, 12.0, 14.0]
+    short["sweep"]["duration_s"] = 60.0
     d = {
         "demo": Design("demo", demo, 5.65, k=300, twin=True),
         "gamma": Design("gamma", gamma, 4.68, twin=True),
@@ -156,6 +170,10 @@ def _designs() -> dict[str, Design]:
         "designed": Design("designed", designed, 5.65, rounds=2),
         "small": Design("small", small, 2.62),
         "aiperf": Design("aiperf", aiperf, 10.0, warmup="mser", truth_duration_s=600.0),
+        # the real-client shape of issues 25 and 32: 60-s Poisson runs started idle (200–840
+        # requests), light-load runs with no violation, the truth this protocol's
+        "short": Design("short", short, 10.5),
+        "short_rep": Design("short_rep", short, 10.5, repeats_near=3, jitter_asked=0.01),
     }
     for base in ("demo", "gamma", "replay", "kv1"):
         d[f"{base}_rep"] = replace(d[base], name=f"{base}_rep", repeats_near=3, k=100,
@@ -225,6 +243,9 @@ def _fit(stats, design: Design, method: str, reps: int, seed: int, study=None) -
         effect, _ = twin_run_effect(e, fit_twin(study, reps=50, seed=seed), seed=seed)
         if effect is not None:
             e = fit_from_stats(stats, SLO_TEXT, reps=reps, seed=seed, run_effect=effect)
+    elif method == MEASURED_LEVELS:
+        runs = tuple(replace(r, load_level=float(r.measured_rps)) for r in stats.runs)
+        e = fit_from_stats(replace(stats, runs=runs, _cache={}), SLO_TEXT, reps=reps, seed=seed)
     else:
         e = fit_from_stats(stats, SLO_TEXT, reps=reps, seed=seed, method=method)
     c = e.cslo
@@ -342,7 +363,7 @@ def main(argv=None) -> int:
                     help="comma-separated: " + ", ".join(DESIGNS))
     ap.add_argument("--k", type=int, default=None, help="sweeps per design (default: per design)")
     ap.add_argument("--reps", type=int, default=400)
-    ap.add_argument("--methods", default=",".join(METHODS),
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != MEASURED_LEVELS),
                     help="comma-separated interval methods to measure: " + ", ".join(METHODS)
                     + f" ({TWIN} only on the designs with one run per rate)")
     ap.add_argument("--seed", type=int, default=5000, help="sweep k uses synth seed SEED + k")
