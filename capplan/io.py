@@ -122,16 +122,29 @@ def events_table(data, columns: tuple[C.Column, ...] = C.EVENT_COLUMNS) -> pa.Ta
 
 def write_study(dest: str | os.PathLike, manifest: dict, events, *, resources=None,
                 timeline=None, events_name: str = "events.parquet", row_group_size: int = 1 << 20,
-                compression: str = "zstd", overwrite: bool = True) -> Path:
+                compression: str = "zstd", overwrite: bool = True,
+                carry_from: str | os.PathLike | None = None) -> Path:
     """Write a whole study directory atomically. ``events`` may be one table/frame or a
     mapping {relative file name: table} to split over several files; ``timeline`` (system
-    events, optional) likewise, under timeline/."""
+    events, optional) likewise, under timeline/. ``carry_from``: an existing study whose files
+    (all but study.yaml: its event files, resources, timeline, anything else) are copied into
+    the new directory first, so ``events`` are added beside its event files (appending runs)."""
     dest = Path(dest)
     with atomic_dir(dest, overwrite=overwrite) as tmp:
-        (tmp / C.EVENTS_DIR).mkdir()
+        if carry_from is not None:
+            for entry in Path(carry_from).iterdir():
+                if entry.name == C.MANIFEST_NAME:
+                    continue
+                if entry.is_dir():
+                    shutil.copytree(entry, tmp / entry.name)
+                else:
+                    shutil.copy2(entry, tmp / entry.name)
+        (tmp / C.EVENTS_DIR).mkdir(exist_ok=True)
         parts = events if isinstance(events, dict) else {events_name: events}
         for rel, tbl in parts.items():
             out = tmp / C.EVENTS_DIR / rel
+            if out.exists():
+                raise FileExistsError(f"{out.name} exists in the carried-over study")
             out.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(events_table(tbl), out, row_group_size=row_group_size,
                            compression=compression)

@@ -9,6 +9,7 @@ computes from the imported study with the number the tool itself wrote, within 1
 from __future__ import annotations
 
 import gzip
+import shutil
 import json
 from pathlib import Path
 
@@ -148,7 +149,8 @@ def test_guidellm_startup_burst_detected_in_real_output(tmp_path):
         assert runs[rid].get("guidellm_startup_burst_requests", 0) == n
     # nominal vs measured disagreement > 10 % is warned about
     for rid, r in runs.items():
-        off = abs(r["offered_rps"] / r["nominal_rps"] - 1) > 0.10
+        assert r["offered_rps"] == r["nominal_rps"]  # the level is the rate GuideLLM was asked for
+        off = abs(r["measured_rps"] / r["nominal_rps"] - 1) > 0.10
         assert off == any(w.startswith(f"run {rid}:") and "nominal" in w for w in res.warnings)
 
 
@@ -206,7 +208,9 @@ def _aiperf_records(rate, root=AIPERF, folder=None):
 def _check_aiperf_run(study, rid, recs):
     """Counts, clocks and per-request TTFT/E2E/ITL of one imported AIPerf run vs its records."""
     got = _counts(study)[rid]
-    assert sum(got.values()) == len(recs)
+    added = (study.manifest.run(rid).extra.get("added_unexported_requests") or {}).get("cancelled", 0)
+    assert sum(got.values()) == len(recs) + added
+    assert got.get("cancelled", 0) == added + sum(1 for r in recs if r["metadata"].get("was_cancelled"))
     assert got["ok"] == sum(1 for r in recs if not r.get("error"))
     assert got.get("timeout", 0) == sum(1 for r in recs if (r.get("error") or {}).get("type") == "TimeoutError")
     t0 = min(r["metadata"]["credit_issued_ns"] for r in recs)
@@ -241,8 +245,9 @@ def test_aiperf_records_match_source(tmp_path):
         assert runs[rid]["nominal_rps"] == summary["run_info"]["variation_values"]["phases.profiling.rate"]
         assert runs[rid]["arrival"] == "poisson"
         _check_aiperf_run(study, rid, recs)
-    # AIPerf drops cancelled requests from its exports; the log count is reported, not lost
+    # AIPerf drops cancelled requests from its exports; the log count becomes cancelled rows
     assert runs["rate_6.0"]["missing_cancelled_requests"] == 1
+    assert runs["rate_6.0"]["added_unexported_requests"] == {"cancelled": 1}
     assert any("cancelled=1" in w and "rate_6.0" in w for w in res.warnings)
 
 
@@ -421,7 +426,7 @@ def test_cli_import_prints_runs_and_warnings(tmp_path, capsys):
     assert main(["import", "auto", str(GL_POISSON), "--out", str(out), "--name", "gl"]) == 0
     o, e = capsys.readouterr()
     assert "imported 121 requests from guidellm" in o
-    assert "poisson@8: offered" in o and "(nominal 8)" in o
+    assert "poisson@8: offered 8 rps (nominal 8, measured" in o
     assert "WARNING: run poisson@8: GuideLLM start-up burst" in e
     assert main(["validate", str(out)]) == 0
     assert open_study(out).manifest.name == "gl"
@@ -712,3 +717,197 @@ def test_requested_output_tokens_from_request_bodies(tmp_path):
     assert {v for (v,) in study.sql("SELECT max_output_tokens FROM events").fetchall()} == {8}
     _, study = _study(tmp_path / "v", "vllm", VLLM)
     assert study.sql("SELECT count(max_output_tokens) FROM events").fetchone()[0] == 0
+
+
+# ------------------------------------------------------------------------------------------
+# levels from what was asked, runs from what happened; the workload; unexported requests
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tool,path,asked", [
+    # (run id, the rate the tool was asked for, read from the tool's own files)
+    ("aiperf", AIPERF, {"rate_3.0": 3.0, "rate_6.0": 6.0}),  # input_config.phases / run_info
+    ("guidellm", GL_POISSON, {"poisson@2": 2.0, "poisson@4": 4.0, "poisson@8": 8.0}),  # strategy.rate
+    ("vllm", VLLM, {"rate_2": 2.0, "rate_4": 4.0}),  # request_rate
+    ("inference-perf", IPERF, {"stage_0": 4.0, "stage_1": 8.0}),  # load_summary.requested_rate
+])
+def test_offered_rps_is_the_asked_rate_measured_beside_it(tool, path, asked):
+    from capplan.importers.common import measured_rps
+
+    res = import_paths(tool, [path])
+    runs = {r["run_id"]: r for r in res.manifest["runs"]}
+    assert {rid: runs[rid]["offered_rps"] for rid in asked} == asked
+    for rid, rate in asked.items():
+        r = runs[rid]
+        assert r["nominal_rps"] == rate and "offered_rps_from" not in r
+        sched = [s for s, x in zip(res.events["scheduled_ns"].to_pylist(),
+                                   res.events["run_id"].to_pylist()) if x == rid]
+        assert r["measured_rps"] == pytest.approx(measured_rps(sched), rel=1e-6)
+
+
+def test_offered_rps_measured_when_the_tool_does_not_say(tmp_path):
+    """An AIPerf run without profile_export_aiperf.json in a folder that names no rate: the
+    level is the measured rate, said so (offered_rps_from: measured)."""
+    d = tmp_path / "myrun"
+    d.mkdir()
+    shutil.copy(AIPERF / "rate_3.0" / "profile_export.jsonl", d)
+    run = import_paths("aiperf", [d]).manifest["runs"][0]
+    assert run["offered_rps_from"] == "measured" and "nominal_rps" not in run
+    assert run["offered_rps"] == run["measured_rps"]
+
+
+LEN_KEYS = {"mean", "sd", "min", "p50", "p90", "p99", "max"}
+
+
+def _wl(tool, *paths):
+    res = import_paths(tool, [str(p) for p in paths])
+    wl = res.manifest["workload"]
+    assert wl["tool"] == res.tool
+    assert LEN_KEYS <= set(wl["input_tokens"]) and LEN_KEYS <= set(wl["output_tokens"])
+    return wl
+
+
+def test_workload_aiperf():
+    wl = _wl("aiperf", AIPERF)
+    assert wl["tool_version"] == "0.13.0" and wl["arrival"] == "poisson"
+    assert wl["endpoint"] == "chat" and wl["streaming"] is True
+    assert wl["asked"] == {"input_tokens": 32, "output_tokens": 8}  # --isl 32 --osl 8
+    assert wl["input_tokens"]["p50"] == 32 and wl["input_tokens"]["sd"] == 0
+    assert wl["output_tokens"]["from"] == "asked" and wl["output_tokens"]["max"] == 8
+    assert wl["tokenizer"] == "/tmp/imp7/tok" and wl["grace_s"] == 1.0 and wl["seed"] == 42
+    assert "output_fixed" not in wl
+    wl = _wl("aiperf", FIX / "aiperf" / "concurrency_sweep")
+    assert wl["arrival"] == "concurrency"
+
+
+def test_workload_guidellm():
+    wl = _wl("guidellm", GL_POISSON)
+    assert wl["tool_version"] == "0.8.1" and wl["arrival"] == "poisson"
+    assert wl["endpoint"] == "chat" and wl["streaming"] is True
+    assert wl["asked"] == {"input_tokens": 32, "output_tokens": 8}  # data prompt/output_tokens
+    assert wl["output_fixed"] is True  # ignore_eos in the request bodies
+    assert wl["output_tokens"]["from"] == "asked" and wl["output_tokens"]["p50"] == 8
+    assert wl["seed"] == 42 and wl["tokenizer"] == "/tmp/imp7/tok"
+    wl = _wl("guidellm", GL_2025)
+    assert wl["endpoint"] == "completions" and "tool_version" not in wl
+    assert wl["output_tokens"]["from"] == "received"
+
+
+def test_workload_vllm():
+    wl = _wl("vllm", VLLM)
+    assert wl["arrival"] == "poisson" and wl["endpoint"] == "completions"
+    assert wl["input_tokens"]["p50"] == 64 and wl["output_tokens"]["from"] == "received"
+    assert wl["tokenizer"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert _wl("vllm", VLLM_CLOSED)["arrival"] == "concurrency"
+
+
+def test_workload_inference_perf():
+    wl = _wl("inference-perf", IPERF)
+    assert wl["arrival"] == "poisson" and wl["endpoint"] == "completions"
+    assert wl["streaming"] is True and wl["output_fixed"] is True  # server.ignore_eos
+    assert wl["asked"] == {"input_tokens": 30, "output_tokens": 12}  # distribution means
+    assert wl["output_tokens"]["from"] == "asked"
+
+
+def test_workload_genai_perf():
+    wl = _wl("genai-perf", GENAI)
+    assert wl["endpoint"] == "chat" and wl["streaming"] is True and wl["tool_version"] == "0.0.8"
+    assert wl["output_tokens"] == {"mean": 8.0, "sd": 0.0, "min": 8, "p50": 8, "p90": 8,
+                                   "p99": 8, "max": 8, "from": "asked"}
+
+
+def test_workload_sglang():
+    wl = _wl("sglang", SGLANG)
+    # no timestamps, but bench_serving at a finite rate sends Poisson arrivals
+    assert wl["arrival"] == "poisson" and wl["endpoint"] == "unknown"
+    assert wl["input_tokens"]["p50"] == 64
+
+
+def test_workload_llmperf():
+    wl = _wl("llmperf", LLMPERF)
+    assert wl["arrival"] == "concurrency" and wl["tool_version"] == "2023-08-31"
+    assert wl["asked"] == {"input_tokens": 64, "output_tokens": 16}
+    assert wl["output_tokens"]["from"] == "received"
+
+
+def test_length_summary_rounds_sensibly():
+    from capplan.importers.common import length_summary
+
+    assert length_summary([]) is None and length_summary([None]) is None
+    s = length_summary([10, 20, 30, None])
+    assert s == {"mean": 20.0, "sd": 10.0, "min": 10, "p50": 20, "p90": 28, "p99": 29.8, "max": 30}
+    assert length_summary([7])["sd"] == 0.0
+
+
+def test_aiperf_cancelled_requests_become_rows(tmp_path):
+    """rate_6.0's log says cancelled=1 for a request in no export: the run has one more request,
+    status cancelled, no tokens, asked lengths, inside the run's schedule."""
+    recs = _aiperf_records("6.0")
+    res, study = _study(tmp_path, "aiperf", AIPERF / "rate_6.0")
+    assert res.added == {"rate_6.0": {"cancelled": 1}}
+    rows = study.sql("SELECT * FROM events WHERE run_id = 'rate_6.0'").df().to_dict("records")
+    assert len(rows) == len(recs) + 1
+    (c,) = [r for r in rows if r["request_id"].startswith("unexported-")]
+    assert c["status"] == "cancelled" and c["output_tokens"] == 0
+    assert pd.isna(c["first_token_ns"]) and pd.isna(c["sent_ns"])
+    assert c["input_tokens"] == 32 and c["max_output_tokens"] == 8
+    sched = sorted(r["scheduled_ns"] for r in rows if r is not c)
+    assert sched[-2] <= c["scheduled_ns"] <= sched[-1]  # within the last mean gap
+    # it counts in every denominator: attainment over offered is below 1 by that request
+    n_ok = sum(r["status"] == "ok" for r in rows)
+    assert n_ok < len(rows) - 1
+    cli_out = tmp_path / "S2"
+    assert main(["import", "aiperf", str(AIPERF / "rate_6.0"), "--out", str(cli_out)]) == 0
+
+
+def test_cancelled_rows_in_the_import_summary(tmp_path, capsys):
+    assert main(["import", "aiperf", str(AIPERF), "--out", str(tmp_path / "S")]) == 0
+    o = capsys.readouterr().out
+    assert "rate_6.0: offered 6 rps" in o and "1 cancelled row(s) added" in o
+    assert "rate_3.0" in o and o.count("row(s) added") == 1
+
+
+def test_vllm_failed_requests_not_listed_are_added(tmp_path):
+    src = json.loads(next(VLLM.glob("*.json")).read_text())
+    src["failed"] += 3
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps(src))
+    res = import_paths("vllm", [f])
+    rid = res.manifest["runs"][0]["run_id"]
+    assert res.added == {rid: {"error": 3}}
+    assert sum(res.status_counts()[rid].values()) == len(src["errors"]) + 3
+    assert any("added 3 error row(s)" in w for w in res.warnings)
+
+
+def test_guidellm_incomplete_requests_are_already_cancelled_rows():
+    src = _json(GL_POISSON)
+    res = import_paths("guidellm", [GL_POISSON])
+    assert res.added == {}
+    for b in src["benchmarks"]:
+        rid = f"poisson@{b['config']['strategy']['rate']:g}"
+        assert res.status_counts()[rid].get("cancelled", 0) == len(b["requests"]["incomplete"])
+
+
+def test_aiperf_run_ids_are_folder_names_made_unique(tmp_path):
+    # a single-run artifact dir: the run is the folder name, not 'profile_export'
+    a = tmp_path / "rate10_rep0"
+    b = tmp_path / "other" / "rate10_rep0"
+    for d in (a, b):
+        shutil.copytree(AIPERF / "rate_3.0", d)
+    res = import_paths("aiperf", [a, b, AIPERF / "rate_6.0"])
+    assert [r["run_id"] for r in res.manifest["runs"]] == ["rate10_rep0", "rate10_rep0-2", "rate_6.0"]
+    assert set(res.status_counts()) == {"rate10_rep0", "rate10_rep0-2", "rate_6.0"}
+
+
+def test_study_name_skips_generic_folders(tmp_path):
+    from capplan.importers import study_name
+
+    assert study_name([str(AIPERF)], "aiperf")[0] == "aiperf"  # artifacts/ → the folder above
+    assert study_name([str(GL_POISSON)], "guidellm")[0] == "poisson_v2"
+    assert study_name([str(GL_POISSON)], "guidellm", "mine") == ("mine", "--name")
+    out = tmp_path / "out"
+    out.mkdir()
+    name, how = study_name([str(out)], "vllm", today="2026-01-02")
+    assert name == tmp_path.name and "generic" in how
+    assert study_name(["/out/results"], "vllm", today="2026-01-02")[0] == "vllm-2026-01-02"
+    res = import_paths("aiperf", [AIPERF])
+    assert res.manifest["name"] == "aiperf" and "folder above 'artifacts'" in res.notes[0]

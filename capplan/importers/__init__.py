@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import StudyError
@@ -153,8 +154,49 @@ def import_paths(tool: str, paths: list[str | os.PathLike], *, name: str | None 
                 fix="import one tool's outputs per study")
         tool = tools[0]
     runs = _module(tool).parse(strs)
-    label = name or Path(strs[0]).resolve().name.split(".")[0] or tool
-    return assemble(tool, runs, name=label, system=system, workload=workload)
+    label, how = study_name(strs, tool, name)
+    res = assemble(tool, runs, name=label, system=system, workload=workload)
+    return replace(res, notes=(*res.notes, f"study name {label!r} ({how})"))
 
 
-__all__ = ["TOOLS", "ImportResult", "detect", "import_paths", "write_import", "canonical_tool"]
+#: folder and file names that say nothing about the study (the tools' defaults)
+GENERIC_NAMES = frozenset({
+    "artifacts", "artifact", "out", "output", "outputs", "result", "results", "reports", "report",
+    "data", "runs", "run", "tmp", "temp", "benchmarks", "benchmark", "profile_export",
+    "per_request_lifecycle_metrics", "export", "exports", "logs", ".", ""})
+
+
+def _stem(name: str) -> str:
+    """A file name without its data extensions (``poisson_v2.json.gz`` → ``poisson_v2``)."""
+    for ext in (".gz", ".json", ".jsonl", ".yaml", ".yml"):
+        name = name.removesuffix(ext)
+    return name
+
+
+def study_name(paths: list[str], tool: str, name: str | None = None,
+               today: str | None = None) -> tuple[str, str]:
+    """(study name, where it came from): ``name`` when given; else the first input's name
+    (extensions dropped) unless it is a tool default like ``artifacts`` or ``out``, in which case
+    the nearest folder above with a telling name; else ``<tool>-<date>``."""
+    if name:
+        return name, "--name"
+    p = Path(paths[0]).resolve()
+    first = _stem(p.name) if p.is_file() else p.name
+    for q in (p, *p.parents):
+        label = first if q == p else q.name
+        if label.lower() not in GENERIC_NAMES and not label.startswith("/"):
+            if q == p:
+                return label, "the input's name"
+            return label, f"the folder above {first!r}, a generic name"
+        if q.parent == q:
+            break
+    import datetime as _dt
+
+    day = today or _dt.date.today().isoformat()
+    return f"{tool}-{day}", "the tool and today's date: the input names are generic"
+
+
+from .append import Appended, append_import, merge_into  # noqa: E402
+
+__all__ = ["TOOLS", "ImportResult", "Appended", "detect", "import_paths", "write_import",
+           "append_import", "merge_into", "canonical_tool", "study_name"]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (RunData, add_row, load_json, load_jsonl, new_columns, parse_rate,
-                     status_from_error, to_int)
+from .common import (RunData, add_row, add_unexported_rows, endpoint_kind, load_json, load_jsonl,
+                     new_columns, parse_rate, status_from_error, to_int)
 
 TOOL = "aiperf"
 RECORDS = "profile_export.jsonl"
@@ -134,7 +134,8 @@ def _parse_file(path: Path) -> RunData:
         if (folder / name).is_file():
             summary = load_json(folder / name, "AIPerf's profile_export_aiperf.json")
     rate, conc, arrival = _load_model(summary, folder)
-    cols = new_columns()
+    facts, fixed_osl = _workload(summary)
+    cols = new_columns("max_output_tokens")
     cached, sessions, turns = [], [], []  # prefix-cache reads, conversations (where reported)
     warm = 0
     for i, r in enumerate(records, 1):
@@ -177,14 +178,17 @@ def _parse_file(path: Path) -> RunData:
                 first_token_ns=None if ttft is None else sent + ttft,
                 last_token_ns=None if lat is None or ttft is None else sent + lat,
                 input_tokens=to_int(isl), output_tokens=to_int(osl), status=status,
+                max_output_tokens=fixed_osl,
                 itl_ns=[_ms_to_ns(x) for x in icl] if isinstance(icl, list) else None)
     if any(v is not None for v in cached):  # the server reported prompt-cache reads
         cols["computed_input_tokens"] = cached
     if any(t for t in turns) and any(v is not None for v in sessions):  # multi-turn conversations
         cols["session_id"] = [None if v is None else str(v) for v in sessions]
-    run = RunData(run_id=folder.name if folder.name.startswith(("rate_", "concurrency_"))
-                  else path.stem, source=str(path), columns=cols, nominal_rps=rate,
-                  concurrency=conc, arrival=arrival)
+    if fixed_osl is None:  # the asked output length varied per request and AIPerf keeps no body
+        del cols["max_output_tokens"]
+    # the run is the folder AIPerf wrote it to (rate_6.0 in a sweep, the --artifact-dir name else)
+    run = RunData(run_id=folder.name or path.stem, source=str(path), columns=cols,
+                  nominal_rps=rate, concurrency=conc, arrival=arrival, workload=facts)
     if summary:
         phases = [ph for ph in ((summary.get("input_config") or {}).get("phases") or [])
                   if isinstance(ph, dict) and ph.get("kind") == "profiling"]
@@ -199,8 +203,65 @@ def _parse_file(path: Path) -> RunData:
     missing = _cancelled_in_log(folder)
     if missing:
         run.extra["missing_cancelled_requests"] = missing
+        asked = facts.get("asked") or {}
+        add_unexported_rows(run, missing, C.Status.CANCELLED.value,
+                            input_tokens=asked.get("input_tokens"), max_output_tokens=fixed_osl)
         run.warnings.append(
             f"AIPerf's log reports cancelled={missing} in the profiling phase, but AIPerf drops "
-            "requests cancelled at the grace cut-off from every export: they are missing here, "
-            "so attainment is overstated by up to that many violations")
+            "requests cancelled at the grace cut-off from every export: added as "
+            f"{missing} cancelled row(s) without tokens at the end of the run's schedule")
     return run
+
+
+def _isint(v) -> int | float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if f.is_integer() else f
+
+
+def _workload(summary: dict | None) -> tuple[dict, int | None]:
+    """(workload facts, the fixed asked output length or None) from profile_export_aiperf.json:
+    aiperf_version, endpoint type / streaming, dataset isl/osl (--isl/--osl), ignore_eos among
+    the extra inputs, tokenizer, grace period and seed."""
+    if not isinstance(summary, dict):
+        return {}, None
+    ic = summary.get("input_config") or {}
+    f: dict = {}
+    if summary.get("aiperf_version"):
+        f["tool_version"] = str(summary["aiperf_version"])
+    ep = ic.get("endpoint") or {}
+    if ep.get("type"):
+        f["endpoint"] = endpoint_kind(ep.get("type"))
+    if isinstance(ep.get("streaming"), bool):
+        f["streaming"] = ep["streaming"]
+    extra = ep.get("extra") or {}
+    if isinstance(extra, list):  # [[key, value], ...] in some versions
+        extra = {str(x[0]): x[1] for x in extra if isinstance(x, (list, tuple)) and len(x) == 2}
+    if isinstance(extra, dict) and str(extra.get("ignore_eos")).lower() == "true":
+        f["output_fixed"] = True
+    fixed_osl = None
+    ds = [d for d in (ic.get("datasets") or []) if isinstance(d, dict)]
+    if ds:
+        prompts = ds[0].get("prompts") or {}
+        isl, osl = prompts.get("isl") or {}, prompts.get("osl") or {}
+        asked = {}
+        if isinstance(isl, dict) and _isint(isl.get("mean")) is not None:
+            asked["input_tokens"] = _isint(isl["mean"])
+        if isinstance(osl, dict) and _isint(osl.get("mean")) is not None:
+            asked["output_tokens"] = _isint(osl["mean"])
+            if not float(osl.get("stddev") or 0) and isinstance(asked["output_tokens"], int):
+                fixed_osl = asked["output_tokens"]  # every request asked max_tokens = --osl
+        if asked:
+            f["asked"] = asked
+        if ds[0].get("random_seed") is not None:
+            f["seed"] = ds[0]["random_seed"]
+    tok = (ic.get("tokenizer") or {}).get("name")
+    if tok:
+        f["tokenizer"] = str(tok)
+    phases = [ph for ph in (ic.get("phases") or []) if isinstance(ph, dict)
+              and (ph.get("kind") or ph.get("name")) == "profiling"]
+    if phases and phases[0].get("grace_period") is not None:
+        f["grace_s"] = float(phases[0]["grace_period"])
+    return f, fixed_osl

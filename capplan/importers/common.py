@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from .. import contract as C
 from ..errors import StudyError
@@ -48,6 +49,12 @@ class RunData:
     timestamps: str = "measured"  # "measured" | "none" (order and arrival times unknown)
     extra: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: what the tool's config says about the offered workload (``workload_facts``): tool_version,
+    #: arrival (the configured process, when the run's own ``arrival`` cannot show it), endpoint,
+    #: streaming, asked {input_tokens, output_tokens}, output_fixed, tokenizer, grace_s, seed
+    workload: dict = field(default_factory=dict)
+    #: rows added for requests the tool counted but did not export: {status: count}
+    added: dict = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -62,6 +69,13 @@ class ImportResult:
     manifest: dict
     events: pa.Table
     warnings: tuple[str, ...]
+    #: informational lines for the summary (e.g. where the study name came from)
+    notes: tuple[str, ...] = ()
+    #: {run_id: the run's own workload summary} (``summarize_workload`` over that run alone);
+    #: ``append_import`` compares these with the study's workload
+    run_workloads: dict = field(default_factory=dict)
+    #: {run_id: {status: rows added for requests the tool counted but did not export}}
+    added: dict = field(default_factory=dict)
 
     def status_counts(self) -> dict[str, dict[str, int]]:
         """{run_id: {status: count}} (for the CLI summary and tests)."""
@@ -269,6 +283,153 @@ def fmt_rate(v: float | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------
+# the offered workload
+# ------------------------------------------------------------------------------------------
+
+#: workload keys that come from the tools' configs (combined over runs by ``summarize_workload``)
+FACT_KEYS = ("tool", "tool_version", "arrival", "endpoint", "streaming", "asked", "output_fixed",
+             "tokenizer", "grace_s", "seed")
+#: the workload keys capplan derives (recomputed, never carried over)
+DERIVED_KEYS = ("input_tokens", "output_tokens", "mixed")
+
+
+def _num(v: float) -> float | int:
+    """A token count as people read it: integers stay integers, else one decimal."""
+    v = float(v)
+    return int(v) if v.is_integer() else round(v, 1)
+
+
+def length_summary(values) -> dict | None:
+    """{mean, sd, min, p50, p90, p99, max} of token counts (nulls skipped; percentiles type 7;
+    mean and sd to two decimals, the rest integers or one decimal). None when no value."""
+    import numpy as np
+
+    a = np.asarray([float(v) for v in values if v is not None], dtype=float)
+    if a.size == 0:
+        return None
+    q = np.percentile(a, [50, 90, 99])  # numpy's default 'linear' is Hyndman & Fan type 7
+    return {"mean": round(float(a.mean()), 2), "sd": round(float(a.std(ddof=1)) if a.size > 1 else 0.0, 2),
+            "min": _num(a.min()), "p50": _num(q[0]), "p90": _num(q[1]), "p99": _num(q[2]),
+            "max": _num(a.max())}
+
+
+def endpoint_kind(text) -> str:
+    """chat | completions | unknown, from a tool's endpoint / request format / backend name."""
+    t = str(text or "").lower()
+    if "chat" in t:
+        return "chat"
+    if "completion" in t or t in ("vllm", "openai", "tgi", "text_completions"):
+        return "completions"
+    return "unknown"
+
+
+def _combine_facts(facts: list[dict]) -> tuple[dict, list[str]]:
+    """One value per fact key when every run that states it agrees; a disagreement makes a
+    string ``mixed`` and drops a number (named in the returned list)."""
+    out: dict = {}
+    mixed: list[str] = []
+    for key in FACT_KEYS:
+        if key == "asked":
+            asked: dict = {}
+            for sub in ("input_tokens", "output_tokens"):
+                vals = [f["asked"][sub] for f in facts
+                        if isinstance(f.get("asked"), dict) and f["asked"].get(sub) is not None]
+                if vals and all(v == vals[0] for v in vals):
+                    asked[sub] = vals[0]
+                elif vals:
+                    mixed.append(f"asked.{sub}")
+            if asked:
+                out["asked"] = asked
+            continue
+        vals = [f[key] for f in facts if f.get(key) is not None]
+        if not vals:
+            continue
+        if all(v == vals[0] for v in vals):
+            out[key] = vals[0]
+        elif isinstance(vals[0], str):
+            out[key] = "mixed"
+            mixed.append(key)
+        else:
+            mixed.append(key)
+    return out, mixed
+
+
+def summarize_workload(events: pa.Table, facts: list[dict], *, keep: dict | None = None) -> dict:
+    """The manifest's ``workload`` block: the tools' stated facts combined over ``facts`` (one
+    mapping per run, ``FACT_KEYS``) and the lengths summarised from ``events``: ``input_tokens``
+    over every row; ``output_tokens`` over ``max_output_tokens`` where stamped (``from: asked``),
+    else over the tokens received by ``ok`` rows (``from: received``). ``keep``: keys of an
+    existing workload that capplan does not derive (e.g. ``client``), carried over."""
+    out, mixed = _combine_facts(facts)
+    cols = set(events.column_names)
+    inp = length_summary(events["input_tokens"].to_pylist()) if "input_tokens" in cols else None
+    if inp is not None:
+        out["input_tokens"] = inp
+    asked = (length_summary(events["max_output_tokens"].to_pylist())
+             if "max_output_tokens" in cols else None)
+    if asked is not None:
+        out["output_tokens"] = {**asked, "from": "asked"}
+    elif "output_tokens" in cols:
+        st = events["status"].to_pylist()
+        got = [v for v, s in zip(events["output_tokens"].to_pylist(), st) if s == "ok"]
+        rec = length_summary(got or events["output_tokens"].to_pylist())
+        if rec is not None:
+            out["output_tokens"] = {**rec, "from": "received"}
+    if mixed:
+        out["mixed"] = mixed
+    out.setdefault("arrival", "unknown")
+    out.setdefault("endpoint", "unknown")
+    order = ["tool", "tool_version", "arrival", "endpoint", "streaming", "input_tokens",
+             "output_tokens", "output_fixed", "asked", "tokenizer", "grace_s", "seed", "mixed"]
+    block = {k: out[k] for k in order if k in out}
+    for k, v in (keep or {}).items():
+        if k not in FACT_KEYS and k not in DERIVED_KEYS and k not in block:
+            block[k] = v
+    return block
+
+
+def run_facts(tool: str, r: RunData, closed: bool) -> dict:
+    """The workload facts of one run: the tool's stated config plus the arrival process (a
+    closed-loop run's is ``concurrency``; a run without timestamps takes the configured one)."""
+    f = {"tool": tool, **r.workload}
+    if closed:
+        f["arrival"] = "concurrency"
+    elif r.arrival not in (None, "unknown"):
+        f["arrival"] = r.arrival
+    f.setdefault("arrival", "unknown")
+    return f
+
+
+def add_unexported_rows(run: RunData, n: int, status: str, *, input_tokens: int | None = None,
+                        max_output_tokens: int | None = None) -> None:
+    """Add ``n`` rows for requests the tool counted but left out of its per-request export (AIPerf
+    drops those cancelled at the grace cut-off; vLLM counts failures it may not list), so every
+    denominator includes them. They carry no tokens and no stamps besides ``scheduled_ns``: the
+    requests still open at the cut-off are the latest sent, so they are spread over the last
+    ``n`` mean inter-arrival gaps *before* the run's last intended start (at last − (k − ½)·gap),
+    inside the run's span, which keeps its duration and lets the measured rate count them.
+    Input length: ``input_tokens`` (the asked length), else the run's mean; the asked output
+    length goes to ``max_output_tokens`` when the run has that column."""
+    if n <= 0:
+        return
+    cols = run.columns
+    sched = sorted(v for v in cols["scheduled_ns"] if v is not None)
+    if input_tokens is None:
+        vals = [v for v in cols["input_tokens"] if v is not None]
+        input_tokens = int(round(sum(vals) / len(vals))) if vals else 0
+    gap = (sched[-1] - sched[0]) / (len(sched) - 1) if len(sched) > 1 else 0.0
+    last, first = (sched[-1], sched[0]) if sched else (0, 0)
+    for k in range(1, n + 1):
+        t = max(first, int(round(last - (k - 0.5) * gap)))
+        values = dict(request_id=f"unexported-{status}-{k}", scheduled_ns=t, input_tokens=int(input_tokens),
+                      output_tokens=0, status=status)
+        if "max_output_tokens" in cols:
+            values["max_output_tokens"] = max_output_tokens
+        add_row(cols, **values)
+    run.added[status] = run.added.get(status, 0) + n
+
+
+# ------------------------------------------------------------------------------------------
 # assembly
 # ------------------------------------------------------------------------------------------
 
@@ -294,14 +455,10 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
     # work on copies: the caller's RunData stay as parsed
     runs = [replace(r, columns=dict(r.columns), extra=dict(r.extra), warnings=list(r.warnings))
             for r in runs]
-    ids = [r.run_id for r in runs]
-    dup = {i for i in ids if ids.count(i) > 1}
-    if dup:  # several files with the same label (e.g. two vLLM files at one rate)
-        seen: dict[str, int] = {}
-        for r in runs:
-            if r.run_id in dup:
-                seen[r.run_id] = seen.get(r.run_id, 0) + 1
-                r.run_id = f"{r.run_id}-{seen[r.run_id]}"
+    taken: set[str] = set()
+    for r in runs:  # several files with one label (two vLLM files at one rate): -2, -3, …
+        r.run_id = unique_id(r.run_id, taken)
+        taken.add(r.run_id)
     closed = [r for r in runs if r.concurrency is not None and r.nominal_rps is None]
     load_model = C.LoadModel.CLOSED.value if len(closed) == len(runs) else C.LoadModel.OPEN.value
     manifest_runs = []
@@ -321,19 +478,27 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
             if rate is not None:
                 entry["measured_rps"] = round(rate, 6)
         else:
-            if rate is None:
-                rate, how = _fallback_rate(r)
+            # the level is what the tool was asked for, when it says; else what was measured
+            if r.nominal_rps is not None:
+                entry["offered_rps"] = float(r.nominal_rps)
+            elif rate is None:
+                fb, how = _fallback_rate(r)
+                entry["offered_rps"] = round(fb, 6)
                 entry["offered_rps_from"] = how
                 warnings.append(f"run {r.run_id}: intended starts give no rate (all at once, or "
-                                f"one request); offered rate {fmt_rate(rate)} rps taken from {how}")
-            entry["offered_rps"] = round(rate, 6)
+                                f"one request); offered rate {fmt_rate(fb)} rps taken from {how}")
+            else:
+                entry["offered_rps"] = round(rate, 6)
+                entry["offered_rps_from"] = "measured"
+            if rate is not None and r.timestamps != "none":
+                entry["measured_rps"] = round(rate, 6)
             if r.concurrency is not None:
                 entry["concurrency"] = int(r.concurrency)
             entry["arrival"] = r.arrival if r.arrival in C.ARRIVALS else "unknown"
             if r.concurrency is not None and r.nominal_rps is None:
                 warnings.append(f"run {r.run_id}: closed-loop run (concurrency {r.concurrency}) in "
                                 f"a sweep with open-loop runs; placed at its measured rate "
-                                f"{fmt_rate(rate)} rps")
+                                f"{fmt_rate(entry['offered_rps'])} rps")
         if r.nominal_rps is not None:
             entry["nominal_rps"] = float(r.nominal_rps)
             if rate is not None and r.timestamps != "none" and \
@@ -348,6 +513,8 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
         if r.timestamps == "none":
             entry["timestamps"] = "none"
         entry["source"] = r.source
+        if r.added:
+            entry["added_unexported_requests"] = dict(r.added)
         entry.update(r.extra)
         manifest_runs.append(entry)
         kept.append(r)
@@ -372,10 +539,28 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
     if system is None and len(models) == 1 and None not in models:
         system = {"gpu": "unknown", "gpus_per_replica": 1, "tp": 1, "pp": 1, "replicas": 1,
                   "model": models.pop()}  # hardware is not in any tool's output: fill it in
-    manifest = manifest_dict(name, manifest_runs, system=system, workload=workload,
+    events = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+    closed_run = {r.run_id: r.concurrency is not None and r.nominal_rps is None for r in kept}
+    facts = {r.run_id: run_facts(tool, r, closed_run[r.run_id]) for r in kept}
+    run_workloads = {rid: summarize_workload(
+        events.filter(pa.compute.equal(events["run_id"], rid)), [f]) for rid, f in facts.items()}
+    block = summarize_workload(events, list(facts.values()))
+    block.update(workload or {})  # what the caller states wins
+    manifest = manifest_dict(name, manifest_runs, system=system, workload=block,
                              load_model=load_model, **top)
-    events = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    return ImportResult(tool=tool, manifest=manifest, events=events, warnings=tuple(warnings))
+    return ImportResult(tool=tool, manifest=manifest, events=events, warnings=tuple(warnings),
+                        run_workloads=run_workloads,
+                        added={r.run_id: dict(r.added) for r in kept if r.added})
+
+
+def unique_id(run_id: str, taken) -> str:
+    """``run_id``, or ``run_id-2``, ``-3``, … when it is taken."""
+    if run_id not in taken:
+        return run_id
+    k = 2
+    while f"{run_id}-{k}" in taken:
+        k += 1
+    return f"{run_id}-{k}"
 
 
 def _span_s(r: RunData) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (RunData, add_row, gaps_ns, load_json, new_columns,
+from .common import (RunData, add_row, endpoint_kind, gaps_ns, load_json, new_columns,
                      requested_output_tokens, to_int)
 
 TOOL = "genai_perf"
@@ -55,7 +55,9 @@ def parse(paths: list[str]) -> list[RunData]:
             raise StudyError(f"not a GenAI-Perf export: expected {EXPECTED}", file=str(f))
         isl = _mean_isl(f.parent)
         for k, exp in enumerate(obj["experiments"]):
-            runs.append(_experiment(exp, k, f, isl))
+            run = _experiment(exp, k, f, isl)
+            run.workload = _workload(obj, exp)
+            runs.append(run)
     return runs
 
 
@@ -148,3 +150,25 @@ def _experiment(exp: dict, k: int, path: Path, isl: float | None) -> RunData:
         if warm > 0:
             run.warmup_s = warm
     return run
+
+
+def _workload(obj: dict, exp: dict) -> dict:
+    """Workload facts: the export's version, the endpoint, streaming and ignore_eos from the
+    first request's payload."""
+    f: dict = {}
+    if obj.get("version"):
+        f["tool_version"] = str(obj["version"])
+    if obj.get("endpoint"):
+        f["endpoint"] = endpoint_kind(obj["endpoint"])
+    reqs = exp.get("requests") or []
+    payload = (reqs[0].get("request_inputs") or {}).get("payload") if reqs else None
+    try:
+        body = json.loads(payload) if isinstance(payload, str) else payload
+    except json.JSONDecodeError:
+        body = None
+    if isinstance(body, dict):
+        if isinstance(body.get("stream"), bool):
+            f["streaming"] = body["stream"]
+        if body.get("ignore_eos") is True:
+            f["output_fixed"] = True
+    return f

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (EPOCH_S_MIN, RunData, add_row, load_json, new_columns, parse_rate,
-                     requested_output_tokens, s_to_ns, status_from_error, to_int)
+from .common import (EPOCH_S_MIN, RunData, add_row, endpoint_kind, load_json, new_columns,
+                     parse_rate, requested_output_tokens, s_to_ns, status_from_error, to_int)
 
 TOOL = "guidellm"
 REPORT_SUFFIXES = (".json", ".json.gz", ".yaml", ".yml", ".yaml.gz", ".yml.gz")
@@ -74,7 +74,9 @@ def parse(paths: list[str]) -> list[RunData]:
         backend = (((obj.get("config") or {}).get("spec") or {}).get("backend") or {})
         slo = {k: v for k, v in ((obj["benchmarks"][0].get("config") or {}).get("slo") or {}).items()
                if v is not None} if file_runs else {}
-        for r in file_runs:
+        facts = _workload(obj)
+        for r, bench in zip(file_runs, obj["benchmarks"]):
+            r.workload = {**facts, **_bench_facts(bench, facts)}
             if backend.get("model"):
                 r.extra["model"] = str(backend["model"])
             if slo:
@@ -293,3 +295,63 @@ def _first_epoch(values) -> float:
     if not vals:
         vals = [float(v) for v in values if v is not None and float(v) >= 0]
     return min(vals) if vals else 0.0
+
+
+def _workload(obj: dict) -> dict:
+    """Workload facts of a report: GuideLLM version, request format / streaming, the synthetic
+    data's prompt_tokens / output_tokens, tokenizer, seed (format version 2; the 2025 files name
+    none of them)."""
+    f: dict = {}
+    meta = obj.get("metadata") or {}
+    if isinstance(meta, dict) and meta.get("guidellm_version"):
+        f["tool_version"] = str(meta["guidellm_version"])
+    spec = ((obj.get("config") or {}).get("spec") or {})
+    backend = spec.get("backend") or {}
+    if backend.get("request_format"):
+        f["endpoint"] = endpoint_kind(backend["request_format"])
+    if isinstance(backend.get("stream"), bool):
+        f["streaming"] = backend["stream"]
+    data = [d for d in (spec.get("data") or []) if isinstance(d, dict)]
+    if data:
+        asked = {k2: to_int(data[0][k1]) for k1, k2 in (("prompt_tokens", "input_tokens"),
+                                                         ("output_tokens", "output_tokens"))
+                 if data[0].get(k1) is not None}
+        if asked:
+            f["asked"] = asked
+    tok = (spec.get("tokenizer") or {}).get("model")
+    if tok:
+        f["tokenizer"] = str(tok)
+    seed = (spec.get("seed") or {}).get("value") if isinstance(spec.get("seed"), dict) else None
+    if seed is not None:
+        f["seed"] = seed
+    return f
+
+
+def _bench_facts(bench: dict, facts: dict) -> dict:
+    """Per benchmark: ignore_eos in the request bodies (answers forced to the asked length), the
+    endpoint from the 2025 request_type, the strategy's seed when the report has none."""
+    import json as _json
+
+    f: dict = {}
+    reqs = bench.get("requests") or {}
+    for bucket in ("successful", "errored", "incomplete"):
+        for r in reqs.get(bucket) or []:
+            body = r.get("request_args")
+            try:
+                body = _json.loads(body) if isinstance(body, str) else body
+            except ValueError:
+                body = None
+            body = (body or {}).get("body", body) if isinstance(body, dict) else None
+            if isinstance(body, dict) and body.get("ignore_eos") is True:
+                f["output_fixed"] = True
+            if "endpoint" not in facts and r.get("request_type"):
+                f["endpoint"] = endpoint_kind(r["request_type"])
+            if f:
+                break
+        if f:
+            break
+    strat = ((bench.get("config") or {}).get("strategy")
+             or (bench.get("args") or {}).get("strategy") or {})
+    if "seed" not in facts and isinstance(strat, dict) and strat.get("random_seed") is not None:
+        f["seed"] = strat["random_seed"]
+    return f

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (RunData, add_row, gaps_ns, load_json, new_columns, parse_rate,
+from .common import (RunData, add_row, endpoint_kind, gaps_ns, load_json, new_columns, parse_rate,
                      requested_output_tokens, s_to_ns, status_from_error, to_int)
 
 TOOL = "inference_perf"
@@ -175,8 +175,52 @@ def _parse_file(path: Path) -> list[RunData]:
                       duration_s=st.get("duration_s"), warnings=stage_warn,
                       extra={k2: st[k2] for k2 in ("achieved_rate", "schedule_delay_mean_s")
                              if st.get(k2) is not None})
+        run.workload = _workload(path.parent)
         runs.append(run)
     return runs
+
+
+def _config(folder: Path) -> dict:
+    cfg = folder / "config.yaml"
+    if not cfg.is_file():
+        return {}
+    import yaml
+
+    try:
+        d = yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _workload(folder: Path) -> dict:
+    """Workload facts from the config.yaml inference-perf writes: api type / streaming, the
+    random data's input / output distribution means, server.ignore_eos, tokenizer, base seed."""
+    d = _config(folder)
+    f: dict = {}
+    api = d.get("api") or {}
+    if api.get("type"):
+        f["endpoint"] = endpoint_kind(api["type"])
+    if isinstance(api.get("streaming"), bool):
+        f["streaming"] = api["streaming"]
+    data = d.get("data") or {}
+    asked = {}
+    for k1, k2 in (("input_distribution", "input_tokens"), ("output_distribution", "output_tokens")):
+        dist = data.get(k1) or {}
+        if isinstance(dist, dict) and dist.get("mean") is not None:
+            v = float(dist["mean"])
+            asked[k2] = int(v) if v.is_integer() else v
+    if asked:
+        f["asked"] = asked
+    if (d.get("server") or {}).get("ignore_eos") is True:
+        f["output_fixed"] = True
+    tok = (d.get("tokenizer") or {}).get("pretrained_model_name_or_path")
+    if tok:
+        f["tokenizer"] = str(tok)
+    seed = (d.get("load") or {}).get("base_seed")
+    if seed is not None:
+        f["seed"] = seed
+    return f
 
 
 def _arrival(folder: Path) -> str:

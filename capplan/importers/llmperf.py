@@ -93,6 +93,13 @@ def _parse_file(path: Path) -> RunData:
     run = RunData(run_id=stem or path.stem, source=str(path), columns=cols,
                   concurrency=conc or 1, arrival="unknown", timestamps="none",
                   extra={"scheduled_ns_synthetic": True})
+    asked = {k2: to_int(summary[k1]) for k1, k2 in (("mean_input_tokens", "input_tokens"),
+                                                    ("mean_output_tokens", "output_tokens"))
+             if summary.get(k1) is not None}
+    if asked:  # --mean-input-tokens / --mean-output-tokens
+        run.workload["asked"] = asked
+    if summary.get("version"):
+        run.workload["tool_version"] = str(summary["version"])
     if conc is None:
         run.warnings.append("no *_summary.json with num_concurrent_requests beside the file: "
                             "concurrency assumed 1")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import RunData, add_row, load_json, new_columns, parse_rate, s_to_ns, status_from_error, to_int
+from .common import (RunData, add_row, add_unexported_rows, endpoint_kind, load_json, new_columns,
+                     parse_rate, s_to_ns, status_from_error, to_int)
 
 TOOL = "vllm"
 EXPECTED = "a vLLM bench serve result (--save-result --save-detailed: 'ttfts', 'itls', " \
@@ -116,6 +117,14 @@ def parse_result(obj, path: Path, *, expected: str = EXPECTED, where: str = "") 
     for k in ("completed", "failed"):
         if obj.get(k) is not None:
             run.extra[f"source_{k}"] = int(obj[k])
+    run.workload = _workload(obj, synthetic, rate, closed)
+    listed = sum(1 for s in cols["status"] if s != C.Status.OK.value)
+    unlisted = to_int(obj.get("failed"), 0) - listed
+    if unlisted > 0 and not synthetic:  # counted as failed but absent from the arrays
+        add_unexported_rows(run, unlisted, C.Status.ERROR.value)
+        run.warnings.append(f"'failed' is {obj['failed']} but the per-request arrays hold {listed} "
+                            f"failures: added {unlisted} error row(s) without tokens at the end "
+                            "of the run's schedule")
     if conc and not closed:
         run.extra["max_concurrency"] = conc
         run.warnings.append(f"max_concurrency={conc} caps this open-loop run: requests waiting "
@@ -126,3 +135,30 @@ def parse_result(obj, path: Path, *, expected: str = EXPECTED, where: str = "") 
         run.warnings.append("request_rate is inf and no max_concurrency: all requests were "
                             "sent at once (a burst, not a rate)")
     return run
+
+
+def _workload(obj: dict, synthetic: bool, rate, closed: bool) -> dict:
+    """Workload facts a vLLM / SGLang result states: the backend (→ endpoint), tokenizer,
+    ignore_eos, the random dataset's lengths (SGLang keeps ``random_input_len``), the seed, and the
+    arrival process when the timestamps cannot show it (Poisson, gamma with burstiness ≠ 1)."""
+    f: dict = {}
+    backend = str(obj.get("backend") or "")
+    if obj.get("endpoint"):
+        f["endpoint"] = endpoint_kind(obj["endpoint"])
+    elif backend and not backend.startswith("sglang"):
+        f["endpoint"] = endpoint_kind(backend)
+    if obj.get("tokenizer_id"):
+        f["tokenizer"] = str(obj["tokenizer_id"])
+    if obj.get("ignore_eos") is True:
+        f["output_fixed"] = True
+    asked = {k2: to_int(obj[k1]) for k1, k2 in (("random_input_len", "input_tokens"),
+                                                ("random_output_len", "output_tokens"))
+             if obj.get(k1) is not None}
+    if asked:
+        f["asked"] = asked
+    if obj.get("seed") is not None:
+        f["seed"] = obj["seed"]
+    if synthetic and not closed and rate is not None:
+        burst = obj.get("burstiness")
+        f["arrival"] = "poisson" if burst in (None, 1, 1.0) else "gamma"
+    return f
