@@ -157,6 +157,12 @@ class RunDiagnostics:
     warnings: str
 
 
+#: why a run is excluded for its warm-up (the trend that justified it follows the colon)
+NO_STEADY_STATE = "warm-up (MSER-5) did not end in the first half: no steady state"
+#: the warm-up source of a run whose MSER-5 cut fell in its second half with no trend either way
+MSER_LATE_FLAT = "mser5 (second half, no trend: not cut)"
+
+
 def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
                     mser_second_half: bool, measured_rps: float, nominal_rps: float | None,
                     gen_lag_p99_ms: float, littles: float, trend_all: TrendResult,
@@ -170,7 +176,11 @@ def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
     if duplicates:
         reasons.append(f"{duplicates} duplicated request_id(s): events recorded twice")
     if mser_second_half and not trend_all.trending:
-        reasons.append("warm-up (MSER-5) did not end in the first half: no steady state")
+        reasons.append(f"{NO_STEADY_STATE}: {warmup_source.removeprefix('mser5: ')}, so the "
+                       "warm-up had not ended")
+    elif warmup_source == MSER_LATE_FLAT:
+        warns.append("MSER-5 put the end of the warm-up in the second half, but TTFT shows no "
+                     "trend over the run: the whole run is used")
     if not closed_loop and gen_lag_p99_ms == gen_lag_p99_ms and gen_lag_p99_ms > lag_limit_ms:
         reasons.append(f"generator lag p99 {gen_lag_p99_ms:.0f} ms > {lag_limit_ms:.0f} ms: "
                        "the client, not the server, was the bottleneck (coordinated omission)")

@@ -165,3 +165,41 @@ def test_mser_ignores_the_unstable_last_batches():
     # a series that never settles is still flagged, and a real warm-up still found
     assert dg.mser5(np.linspace(0, 10, 1000) ** 2).in_second_half
     assert dg.mser5(np.r_[np.full(100, 20.0), x[:400]]).index == 100
+
+
+def test_short_runs_without_a_trend_are_never_excluded_for_their_warm_up(tmp_path):
+    """Issue 32: on 60-s runs (300 requests) MSER-5's truncation point is noise and fell in the
+    second half of light-load runs with nothing queueing; those runs were excluded as "no
+    steady state". Now a run is excluded for its warm-up only when TTFT falls over it (the
+    warm-up still decaying), and the reason names that trend; a flat run is used whole."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_envelope import sweep_events
+
+    from capplan.io import manifest_dict, write_study
+    from capplan.reduce import reduce_study
+
+    ev, runs = sweep_events([2] * 30, 300, seed=6, phi=0.3, sigma=0.4)
+    # one run whose warm-up decays over its whole length (TTFT 6× at the start, e-fold 30 s)
+    ev = ev.copy()
+    sel = ev["run_id"] == "r0"
+    t_s = ev.loc[sel, "scheduled_ns"].to_numpy() / 1e9
+    extra = (ev.loc[sel, "first_token_ns"] - ev.loc[sel, "scheduled_ns"]).to_numpy() \
+        * 5.0 * np.exp(-t_s / 30.0)
+    ev.loc[sel, "first_token_ns"] += extra.astype(np.int64)
+    ev.loc[sel, "last_token_ns"] += extra.astype(np.int64)
+    for r in runs:
+        r.pop("warmup_s")  # no manifest warm-up: MSER-5 decides
+    st = reduce_study(write_study(tmp_path / "s", manifest_dict("m", runs), ev),
+                      "ttft_ms=2000,attainment=0.95")
+    d = st.diagnostics.set_index("run_id")
+    flat = d[d["warmup_source"] == dg.MSER_LATE_FLAT]
+    assert len(flat) >= 1  # MSER-5 fell in the second half of flat runs (the old exclusion)
+    assert flat["usable"].all()
+    assert flat["warnings"].str.contains("no trend over the run: the whole run is used").all()
+    assert not d.loc["r0", "usable"]
+    assert d.loc["r0", "reason"].startswith(dg.NO_STEADY_STATE)
+    assert "TTFT falls" in d.loc["r0", "reason"]
+    assert d.drop(index="r0")["usable"].all()  # no other run without a trend is excluded

@@ -60,9 +60,21 @@ def resolve_window(study, warmup, ttft_col: str = "ttft_ms") -> tuple[Window, di
         t0 = b["t0"].to_numpy(dtype=float)
         src[r.run_id] = "mser5"
         if res.in_second_half:
-            trending = dg.trend_test(dg.batch_means(y, np.ones_like(y))).trending
-            late[r.run_id] = not trending
-            out[r.run_id] = 0.0  # overloaded or unusable: no cut
+            # on a short run (a few hundred requests) MSER's truncation point is noise: only a
+            # trend says the run never settled. Rising TTFT: overloaded (kept, flagged by the
+            # run's own trend test); falling: the warm-up was still decaying at the end
+            # (excluded, the trend named); neither: the whole run is used
+            bm = dg.batch_means(y, np.ones_like(y))
+            falling = dg.trend_test(bm[::-1])
+            out[r.run_id] = 0.0
+            if dg.trend_test(bm).trending:
+                pass
+            elif falling.trending:
+                late[r.run_id] = True
+                src[r.run_id] = (f"mser5: TTFT falls {falling.rel_increase:.0%} of its mean over "
+                                 f"the run (p = {falling.p_value:.1g})")
+            else:
+                src[r.run_id] = dg.MSER_LATE_FLAT
         else:
             out[r.run_id] = float(t0[res.index]) if 0 < res.index < t0.size else 0.0
     return Window.of(study, out), src, late
