@@ -130,3 +130,29 @@ def spark():
         "spark.driver.memory": "1g"})
     yield session
     session.stop()
+
+
+PEERS_VENV_DEFAULT = "~/.cache/capplan/peers/aiperf-0.13.0_guidellm-0.8.1"
+
+
+@pytest.fixture(scope="session")
+def peer_tools():
+    """The bin directory of the venv with the real load tools (AIPerf 0.13.0, GuideLLM 0.8.1;
+    made by scripts/peer_tools.sh, which also puts a tiny tokenizer in <venv>/tokenizer).
+    ``CAPPLAN_PEERS_VENV`` names the venv; default the script's cache path. When the venv is
+    absent (no ``.complete`` marker) the test is skipped, but fails under CI (env ``CI`` set)
+    so CI cannot skip it silently."""
+    import os
+    from pathlib import Path
+
+    venv = Path(os.environ.get("CAPPLAN_PEERS_VENV") or PEERS_VENV_DEFAULT).expanduser()
+    bin_dir = venv / "bin"
+    missing = [str(p) for p in (venv / ".complete", bin_dir / "aiperf", bin_dir / "guidellm")
+               if not p.exists()]
+    if missing:
+        msg = (f"peer load tools not installed ({', '.join(missing)} missing): run "
+               "scripts/peer_tools.sh, or set CAPPLAN_PEERS_VENV to its venv")
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return bin_dir
