@@ -118,6 +118,8 @@ class Design:
     #: repeats near capacity asked at rates scattered ± this (relative, uniform), as a planner
     #: following two rounds of runs-to-add asks 10.0871 and 10.1189 req/s
     jitter_asked: float = 0.0
+    #: the planner's loop: stop the design rounds once the bound is honest
+    stop_when_honest: bool = False
 
     def config(self, seed: int):
         from capplan.synth import parse_config
@@ -174,6 +176,11 @@ def _designs() -> dict[str, Design]:
         # requests), light-load runs with no violation, the truth this protocol's
         "short": Design("short", short, 10.5),
         "short_rep": Design("short_rep", short, 10.5, repeats_near=3, jitter_asked=0.01),
+        # the loop a planner runs with a real client: the coarse 6-rate sweep, then up to three
+        # rounds of capplan design (5 min each, more when the honest set needs it), stopping
+        # once the bound is honest
+        "short_loop": Design("short_loop", short, 10.5, rounds=3, round_minutes=5.0,
+                             stop_when_honest=True),
     }
     for base in ("demo", "gamma", "replay", "kv1"):
         d[f"{base}_rep"] = replace(d[base], name=f"{base}_rep", repeats_near=3, k=100,
@@ -277,6 +284,8 @@ def one_sweep(args) -> dict:
             if rnd == design.rounds:
                 break
             env = fit_from_stats(stats, SLO_TEXT, reps=100, seed=fit_seed + k)
+            if design.stop_when_honest and env.honesty.honest:
+                break
             d = propose(env, budget_minutes=design.round_minutes, sims=2, reps=100,
                         seed=fit_seed + k)
             out["rounds"].append([r.to_dict() for r in d.runs])

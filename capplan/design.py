@@ -70,6 +70,11 @@ class Design:
     existing: tuple[dict, ...]  # the sweep so far: rate_rps, runs, duration_s, warmup_s
     source: str                 # "the current fit" or the model's name
     notes: tuple[str, ...] = ()
+    #: the study's manifest ``workload`` (what the printed commands must reproduce), its
+    #: directory and how many runs it has (the seed base of the next round: new seeds)
+    workload: dict = field(default_factory=dict)
+    study_path: str = ""
+    runs_in_study: int = 0
 
     @property
     def minutes(self) -> float:
@@ -98,31 +103,18 @@ class Design:
                 i += 1
         return out
 
-    def commands(self, *, url: str = "http://127.0.0.1:8000", model: str = "MODEL") -> dict:
-        """Ready-to-run commands per tool (one line per run; a different seed per repeat so
-        repeats are independent samples)."""
-        out = {"guidellm": [], "aiperf": [], "vllm": [], "capplan synth": [
-            "capplan synth --design design.yaml --twin twin.yaml --out preview"]}
-        for r in self.runs:
-            for k in range(r.repeats):
-                tag = f"rate{r.rate_rps:g}_rep{k}"
-                seed = 1000 + k
-                out["guidellm"].append(
-                    f"guidellm run --backend kind=openai_http,target={url},model={model} "
-                    f"--profile '{{\"kind\":\"poisson\",\"rate\":[{r.rate_rps:g}]}}' "
-                    f"--constraint kind=max_duration,seconds={r.duration_s:.0f} "
-                    f"--random-seed {seed} --output kind=json,path={tag}.json")
-                out["aiperf"].append(
-                    f"aiperf profile --model {model} --url {url} --endpoint-type chat "
-                    f"--streaming --request-rate {r.rate_rps:g} --arrival-pattern poisson "
-                    f"--benchmark-duration {r.duration_s:.0f} --random-seed {seed} "
-                    f"--export-level raw --artifact-dir {tag} --ui none")
-                out["vllm"].append(
-                    f"vllm bench serve --model {model} --base-url {url} --request-rate "
-                    f"{r.rate_rps:g} --burstiness 1.0 --num-prompts "
-                    f"{max(1, int(round(r.rate_rps * r.duration_s)))} --seed {seed} "
-                    f"--save-result --save-detailed --result-filename {tag}.json")
-        return out
+    def commands(self, *, url: str = "http://127.0.0.1:8000", model: str = "MODEL",
+                 tokenizer: str | None = None, seed_base: int | None = None,
+                 out_dir: str = "runs", design_path: str | None = None):
+        """Commands per load tool that run verbatim and reproduce the study's workload
+        (``capplan.loadtools.commands``), one per run, with fresh seeds: ``seed_base``
+        defaults to ``loadtools.seed_base_for(runs already in the study)``."""
+        from .loadtools import commands, seed_base_for
+
+        base = seed_base_for(self.runs_in_study) if seed_base is None else int(seed_base)
+        return commands(self.runs, self.workload, url=url, model=model, tokenizer=tokenizer,
+                        seed_base=base, out_dir=out_dir, design_path=design_path,
+                        study=self.study_path or "STUDY")
 
     def to_text(self) -> str:
         c, e = self.current, self.expected
@@ -139,12 +131,7 @@ class Design:
                          f"({r.warmup_s:.0f} s warm-up): {r.why}")
         lines += [f"note: {n}" for n in self.notes]
         if self.runs:
-            lines.append("")
-            for tool, cmds in self.commands().items():
-                lines.append(f"# {tool}")
-                lines += cmds
-            lines += ["", "# manifest stub (add to study.yaml runs:)",
-                      yaml.safe_dump(self.manifest_stub(), sort_keys=False).rstrip()]
+            lines += ["", self.commands().to_text()]
         return "\n".join(lines)
 
 
@@ -326,6 +313,18 @@ def add_runs(stats: BlockStats, new: list[dict]) -> BlockStats:
 
 # ------------------------------------------------------------------------------ proposal
 
+def _study_workload(study_path) -> dict:
+    """The ``workload`` of the study at ``study_path`` (its study.yaml), {} when none."""
+    if not study_path:
+        return {}
+    p = Path(str(study_path)) / "study.yaml"
+    try:
+        m = yaml.safe_load(p.read_text(encoding="utf-8")) if p.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    return dict((m or {}).get("workload") or {}) if isinstance(m, dict) else {}
+
+
 def _existing(env) -> tuple[dict, ...]:
     r = env.runs
     out = []
@@ -383,8 +382,11 @@ def _run_length(env) -> tuple[float, float]:
 
 
 def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200,
-            seed: int = 0, model=None, max_runs: int = 12) -> Design:
-    """Greedy proposal of next runs within ``budget_minutes`` (see the module docstring)."""
+            seed: int = 0, model=None, max_runs: int = 12, workload: dict | None = None,
+            study_path: str | os.PathLike | None = None) -> Design:
+    """Greedy proposal of next runs within ``budget_minutes`` (see the module docstring).
+    ``workload`` (the study manifest's) and ``study_path`` go into the printed commands; by
+    default they come from the study the envelope was fitted on."""
     from .envelope import fit_from_stats
 
     if env.stats is None:
@@ -395,6 +397,10 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     rng = np.random.default_rng([int(seed), 7_000_001])
     slo = env.slo
     stats = env.stats
+    if study_path is None:
+        study_path = getattr(stats, "source", None)
+    if workload is None:
+        workload = _study_workload(study_path)
     fit = dict(confidence=env.confidence, reps=reps, seed=seed, scheme=env.scheme,
                block_len=env.block_len, method="run-effect")
     cur = fit_from_stats(stats, slo, **fit)
@@ -454,7 +460,8 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     return Design(study=str(getattr(stats, "name", "")), slo=str(slo),
                   budget_minutes=float(budget_minutes), current=_summary(start),
                   expected=expected, runs=tuple(chosen), existing=_existing(start), source=src,
-                  notes=tuple(notes))
+                  notes=tuple(notes), workload=dict(workload or {}),
+                  study_path=str(study_path or ""), runs_in_study=len(env.runs))
 
 
 #: simulated outcomes of the honest package that must come out honest (else a run is added)
@@ -519,10 +526,18 @@ def _honest_package(start, stats, slo, fit, warm, sims, rng, model):
 
 # ------------------------------------------------------------------------------ files
 
-def write_design(design: Design, path: str | os.PathLike) -> Path:
+def write_design(design: Design, path: str | os.PathLike, commands=None) -> Path:
+    """design.yaml; with ``commands`` (``Design.commands(...)``) the printed commands too, per
+    tool, so a script can run them exactly as printed."""
     from .io import write_text_atomic
 
-    text = yaml.safe_dump(design.to_dict(), sort_keys=False, allow_unicode=True)
+    d = design.to_dict()
+    if commands is not None:
+        d["commands"] = {t: {"commands": list(p.commands), "import": p.import_command or None,
+                             "reason": p.reason or None}
+                         for t, p in ((p.tool, p) for p in commands.plans)}
+        d["seed_base"] = commands.seed_base
+    text = yaml.safe_dump(d, sort_keys=False, allow_unicode=True)
     write_text_atomic(path, text)
     return Path(path)
 

@@ -1062,7 +1062,19 @@ def _honesty(env: Envelope) -> hon.Honesty:
         effect_source="none" if env.run_effect is None else env.run_effect.source,
         repeats_near=rep_near, target=env.target, suggested_rates=c.suggested_rates,
         near_levels=tuple(float(v) for v in lv.loc[at, "load_level"]),
-        level_runs=level_runs)
+        level_runs=level_runs, bracket=_bracket(env), ci_width=c.ci_high - c.ci_low)
+
+
+def _bracket(env: Envelope) -> tuple[float, float] | None:
+    """The x of the two levels an open-loop, bracketed estimate is interpolated between."""
+    c = env.cslo
+    if c.closed_loop or c.status != STATUS_BRACKETED or not c.estimate == c.estimate:
+        return None
+    x = env.levels["x"].to_numpy(float)
+    i = int(np.searchsorted(x, c.estimate, side="right"))
+    if i <= 0 or i >= x.size:
+        return None
+    return float(x[i - 1]), float(x[i])
 
 
 def _rate_var(stats: BlockStats) -> np.ndarray:

@@ -34,6 +34,9 @@ STATUSES = (HONEST, UNSUPPORTED, OPTIMISTIC)
 MIN_RUNS_NEAR = 3
 #: repeats per rate that the suggestions ask for
 REPEATS = 3
+#: widest gap (relative to the estimate) between the levels bracketing the crossing for an
+#: honest bound, unless the interval is wider still: interpolation error is not in the interval
+MAX_BRACKET_REL = 0.10
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
            effect_source: str, repeats_near: int, target: float,
            suggested_rates: tuple[float, ...] = (),
            near_levels: tuple[float, ...] | None = None,
-           level_runs: dict | None = None) -> Honesty:
+           level_runs: dict | None = None,
+           bracket: tuple[float, float] | None = None, ci_width: float = math.nan) -> Honesty:
     """Decide the honesty of a fitted envelope.
 
     ``runs``: the per-run table (columns x, usable, warnings, warmup_s, load_level and
@@ -147,7 +151,10 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
     between-run SD came from (``RunEffect.source``); ``repeats_near``: the most runs at one of
     the bracketing rates (or in the neighbourhood of the estimate); ``near_levels``: the asked
     load levels of the bracketing rates (the runs to add name them), ``level_runs``: usable runs
-    per load level (so the runs to add do not ask again for runs the sweep has)."""
+    per load level (so the runs to add do not ask again for runs the sweep has); ``bracket``:
+    the (measured) rates of the levels the crossing is interpolated between, ``ci_width`` the
+    interval's width — a bracket wider than ``MAX_BRACKET_REL`` of the estimate and than the
+    interval leaves interpolation error the interval does not contain."""
     use = runs[runs["usable"]] if len(runs) else runs
     if near_levels is not None and "load_level" in runs.columns:
         keys = [round(v, 9) for v in near_levels]
@@ -223,6 +230,26 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
                                 dur if not settling else longer,
                                 "runs at the estimate, where both outcomes occur, to measure "
                                 "run-to-run variation"))
+    if bracket is not None and estimate == estimate and estimate > 0:
+        lo_x, hi_x = (float(v) for v in bracket)
+        width = hi_x - lo_x
+        if width > MAX_BRACKET_REL * estimate and not (ci_width == ci_width
+                                                       and width <= ci_width):
+            reasons.append(
+                f"the crossing is interpolated between runs at {lo_x:.3g} and {hi_x:.3g} req/s, "
+                f"{width / estimate:.0%} of the estimate apart: the interval does not contain "
+                "the interpolation error (near saturation attainment falls faster than the "
+                "interpolation assumes, so the estimate is too high); on 60-s runs from a real "
+                "client's shape this left the lower bound above the truth in 1 sweep of 5: "
+                "docs/envelope.md, 'Coverage'")
+            planned = {round(a.rate_rps, 9) for a in add}
+            at, up = askable(estimate), askable(min(estimate * 1.05, 0.5 * (estimate + hi_x)))
+            if round(at, 9) not in planned:
+                add.append(RunToAdd(at, REPEATS, dur if not settling else longer,
+                                    "at the estimate, to narrow the bracket"))
+            if up > at and round(up, 9) not in planned:
+                add.append(RunToAdd(up, 1, dur if not settling else longer,
+                                    "just above the estimate, to narrow the bracket"))
     if settling:
         reasons.append("runs near the crossing were still settling (TTFT trending) at their "
                        "end: too short for a steady-state bound")

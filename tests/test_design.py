@@ -32,7 +32,8 @@ def design(small_study):
 def test_proposal_fits_the_budget_and_targets_the_crossing(design):
     env, d = design
     assert d.runs, d.notes
-    assert d.minutes <= 15 + 1e-9
+    # the fewest runs that make the bound honest come first, even past the budget (said)
+    assert d.minutes <= 15 + 1e-9 or any("more than the budget" in n for n in d.notes)
     assert all(r.duration_s == 300.0 for r in d.runs)
     lv = env.levels["x"].to_numpy()
     lo, hi = lv[0], lv[-1]
@@ -44,21 +45,29 @@ def test_proposal_fits_the_budget_and_targets_the_crossing(design):
     assert d.expected["lower_bound"] is not None and d.expected["lower_bound"] > 0
 
 
-def test_commands_and_manifest_stub(design):
+def test_commands_and_manifest_stub(design, small_study):
+    """The printed commands come from capplan.loadtools (tests/test_loadtools.py runs them
+    verbatim): one per run, fresh seeds starting above every earlier round's, the study's
+    import step; the synth line names the design file actually written."""
     _, d = design
-    cmds = d.commands(url="http://127.0.0.1:9000", model="m")
-    assert set(cmds) == {"guidellm", "aiperf", "vllm", "capplan synth"}
+    tc = d.commands(url="http://127.0.0.1:9000", model="m", tokenizer="/tok",
+                    design_path="/tmp/x/design.yaml")
+    assert {"guidellm", "aiperf", "vllm", "inference-perf", "capplan synth"} <= set(tc.tools)
     n = sum(r.repeats for r in d.runs)
-    assert len(cmds["guidellm"]) == len(cmds["aiperf"]) == len(cmds["vllm"]) == n
-    assert all("--request-rate" in c and "--benchmark-duration 300" in c for c in cmds["aiperf"])
-    assert all("--num-prompts" in c for c in cmds["vllm"])
-    seeds = [c.split("--random-seed ")[1].split()[0] for c in cmds["guidellm"]]
+    assert len(tc.runs) == n and d.runs_in_study == 6
+    assert tc.seed_base == 1000 * (6 + 1)
+    assert len({r.seed for r in tc.runs}) == n
+    assert d.study_path == str(small_study)
+    for p in tc.plans:
+        if p.tool == "capplan synth":
+            assert "--design /tmp/x/design.yaml" in p.commands[0]
+        elif p.ok:
+            assert len(p.commands) == n and "--into" in p.import_command
     stub = d.manifest_stub()
     assert len(stub) == n
     assert {"run_id", "offered_rps", "duration_s", "warmup_s", "repeat"} <= set(stub[0])
     text = d.to_text()
-    assert "expected:" in text and "# vllm" in text
-    assert len(seeds) == n
+    assert "expected:" in text and "# aiperf" in text
 
 
 def test_design_file_round_trip_and_synth(design, tmp_path):

@@ -353,7 +353,7 @@ def test_single_run_bracket_is_flagged(env):
     h = env.honesty
     assert h.status in ("honest", "unsupported")
     if h.status == "unsupported":
-        assert all(r.repeats >= 2 for r in h.runs_to_add)  # 3 in all with the one it has
+        assert all(r.repeats >= 2 for r in h.runs_to_add if "repeat" in r.why)  # 3 in all
 
 
 def test_unusable_run_is_excluded_with_reason(tmp_path):

@@ -62,7 +62,8 @@ def test_repeats_measured_five_percent_apart_are_repeats():
 def test_the_aiperf_case_no_longer_asks_for_the_runs_it_has():
     """Round 2 of the issue's AIPerf loop: 7 runs near 10.1 req/s asked at three rates 0.3 %
     apart, and the coarse run asked at 10.0 (0.9 % below). They are one level of 8 repeats;
-    the envelope does not ask for them again."""
+    the envelope does not ask for them again. What it may still ask for is a level between
+    the 8-req/s run and that level when the crossing falls in that 20 %-wide gap."""
     for seed in range(3):
         env = fit_from_stats(_aiperf_round2(seed), SLO, reps=400, seed=seed)
         lv = env.levels
@@ -70,9 +71,10 @@ def test_the_aiperf_case_no_longer_asks_for_the_runs_it_has():
         assert len(near) == 1 and int(near["n_runs"].iloc[0]) == 8
         assert any("treated as repeats" in n for n in env.notes)
         h = env.honesty
-        assert not any(abs(r.rate_rps - 10.1) < 0.2 and "repeat a rate" in r.why
-                       for r in h.runs_to_add), h.to_text()
-        assert h.status == "honest", h.to_text()
+        assert not any("repeat a rate" in r.why for r in h.runs_to_add), h.to_text()
+        assert not any("one run at each rate" in r or "both outcomes" in r
+                       for r in h.reasons), h.to_text()
+        assert h.status == "honest" or all("interpolated between" in r for r in h.reasons)
         c = env.cslo
         assert c.ci_high - c.ci_low > 0.01 * c.estimate  # not a 0.6 %-wide interval
 
@@ -103,7 +105,8 @@ def test_runs_to_add_name_rates_a_client_can_be_asked_for():
     assert h.status == "unsupported"
     for r in h.runs_to_add:
         assert r.rate_rps == askable(r.rate_rps)
-        assert r.repeats == 2  # three at the level in all, with the one it has
+        if "repeat" in r.why:
+            assert r.repeats == 2  # three at the level in all, with the one it has
 
 
 def test_design_always_answers_while_the_bound_is_unsupported():

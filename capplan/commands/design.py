@@ -28,8 +28,16 @@ import click
               help="server URL in the printed commands")
 @click.option("--model", "model_name", default="MODEL", show_default=True,
               help="model name in the printed commands")
+@click.option("--tokenizer", default=None,
+              help="tokenizer directory or hub name for AIPerf/GuideLLM (default: the study's "
+                   "workload.tokenizer)")
+@click.option("--runs-dir", default="runs", show_default=True,
+              help="folder the printed commands write each run's output to (one sub-folder a run)")
+@click.option("--seed-base", type=int, default=None,
+              help="first load-tool seed (default: 1000 × (runs in the study + 1), so every round "
+                   "sends new arrivals)")
 def cmd(study, slo_text, budget_minutes, out, twin_path, confidence, reps, sims, seed, url,
-        model_name) -> int:
+        model_name, tokenizer, runs_dir, seed_base) -> int:
     """Propose the next runs of a sweep (rates, repeats, durations)."""
     import yaml
 
@@ -44,19 +52,17 @@ def cmd(study, slo_text, budget_minutes, out, twin_path, confidence, reps, sims,
     model = load_model(twin_path) if twin_path else None
     env = fit_envelope(study, slo_text, confidence=confidence, reps=reps, seed=seed)
     d = propose(env, budget_minutes=budget_minutes, sims=sims, reps=reps, seed=seed,
-                model=model)
+                model=model, study_path=study)
     click.echo(env.honesty.to_text())
     click.echo("")
+    tc = d.commands(url=url, model=model_name, tokenizer=tokenizer, seed_base=seed_base,
+                    out_dir=runs_dir, design_path=out) if d.runs else None
     text = d.to_text()
-    if d.runs:  # the commands with the caller's server and model
-        head = text.split("\n# guidellm")[0]
-        lines = [head]
-        for tool, cmds in d.commands(url=url, model=model_name).items():
-            lines += [f"# {tool}", *cmds]
-        lines += ["", "# manifest stub (add to study.yaml runs:)",
-                  yaml.safe_dump(d.manifest_stub(), sort_keys=False).rstrip()]
-        text = "\n".join(lines)
+    if tc is not None:  # the commands with the caller's server, model and paths
+        text = text.split("\n# aiperf")[0].rstrip() + "\n\n" + tc.to_text()
+        text += ("\n\n# or, without a load tool: add the runs by hand (study.yaml runs:)\n"
+                 + yaml.safe_dump(d.manifest_stub(), sort_keys=False).rstrip())
     click.echo(text)
-    write_design(d, out)
+    write_design(d, out, commands=tc)
     click.echo(f"\nwrote {out}")
     return 0
