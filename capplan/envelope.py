@@ -1058,7 +1058,7 @@ def _honesty(env: Envelope) -> hon.Honesty:
         method=env.method, status=c.status, iid=env.iid_assumption, estimate=c.estimate,
         lower_bound=c.lower_bound, runs=runs.assign(x=runs["x"].astype(float)),
         near_rates=tuple(float(v) for v in lv["x"] if any(abs(v - u) < 1e-9 for u in near)),
-        n_near=len(win),
+        n_near=int(((win["n_good"] > 0) & (win["n_good"] < win["n"])).sum()) if len(win) else 0,
         effect_source="none" if env.run_effect is None else env.run_effect.source,
         repeats_near=rep_near, target=env.target, suggested_rates=c.suggested_rates,
         near_levels=tuple(float(v) for v in lv.loc[at, "load_level"]),

@@ -226,7 +226,7 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
             add += [RunToAdd(askable(r), max(REPEATS - have(r), 1),
                              dur if not settling else longer, why) for r in rates]
         else:  # repeats exist, too few runs with both outcomes: runs at the estimate have both
-            add.append(RunToAdd(askable(estimate), MIN_RUNS_NEAR - n_near,
+            add.append(RunToAdd(askable(estimate), max(MIN_RUNS_NEAR - n_near, 1),
                                 dur if not settling else longer,
                                 "runs at the estimate, where both outcomes occur, to measure "
                                 "run-to-run variation"))
