@@ -281,6 +281,19 @@ def window(level, att, x, target, n_side: int | None = None) -> np.ndarray:
     return np.array([v in keep for v in level])
 
 
+def first_failing_x(level, att, x, target) -> float:
+    """The rate (mean measured x) of the first level whose pooled, isotonic attainment is below
+    ``target`` (``window``'s reference level); +inf when every level passes."""
+    level = np.asarray(level, dtype=np.float64)
+    lv = np.unique(level)
+    pooled = np.array([np.mean(att[level == v]) for v in lv])
+    xs = np.array([np.mean(x[level == v]) for v in lv])
+    o = np.argsort(xs, kind="stable")
+    f = isotonic_regression(pooled[o], increasing=False).x
+    fail = np.nonzero(f < target)[0]
+    return float(xs[o][int(fail[0])]) if fail.size else math.inf
+
+
 @dataclass(frozen=True)
 class RunEffectFit:
     """Per-run marginal attainment (estimate and replicates) under the run-effect model."""
@@ -354,11 +367,19 @@ def apply(n, k, x, level, att_rep, deff, target, *, rng: np.random.Generator,
                        x[used], prior_scale=prior_scale)
         effect = own if effect is None else own.at_least(effect.tau)
     x_from = float(np.min(x[used])) if used.any() else math.inf
-    has = ((x >= x_from) & (k < n)).astype(np.float64)  # no run effect where nothing fails
+    # no run effect where nothing fails — except for runs whose measured rate is within two
+    # SDs of a run's realised-rate noise of the first failing level: such a run cannot be told
+    # apart from a run at that level, and there a run with no violation is a lucky one (on
+    # short runs attainment is left-skewed: most runs pass cleanly, a few congest badly).
+    # Left at their own attainment, 4 clean runs of 8 near a true 5.9 req/s crossing (20-s
+    # AIPerf runs) made an "honest" bound of 6.8
+    rv = np.zeros_like(n) if rate_var is None else np.asarray(rate_var, dtype=np.float64)
+    x_fail = first_failing_x(level, k / np.maximum(n, 1.0), x, target)
+    lucky = np.abs(x - x_fail) <= 2.0 * np.sqrt(rv)
+    has = ((x >= x_from) & ((k < n) | lucky)).astype(np.float64)
     taus = effect.draws(reps, rng)
     T = taus[:, None] * has[None, :]
     Ys = Y + rng.standard_normal(Y.shape) * T
-    rv = np.zeros_like(n) if rate_var is None else np.asarray(rate_var, dtype=np.float64)
     extra = (min(effect.slope, 0.0) ** 2) * rv * has
     m = np.where(has > 0, marginal(y, np.sqrt((effect.tau * has) ** 2 + extra)),
                  k / np.maximum(n, 1.0))

@@ -45,7 +45,8 @@ def test_rates_asked_within_two_percent_are_one_level():
     assert lv.tolist() == pytest.approx([4.0, m, m, m, 12.0, m])
     # 10 % apart (the demo's 4.5, 5.0, 5.5) stay separate levels
     assert group_levels([4.5, 5.0, 5.5]).tolist() == [4.5, 5.0, 5.5]
-    assert LEVEL_TOL_REL == 0.02
+    assert LEVEL_TOL_REL == 0.01
+    assert group_levels([5.4, 5.5]).tolist() == [5.4, 5.5]  # the demo's levels, 1.8 % apart
 
 
 def test_repeats_measured_five_percent_apart_are_repeats():

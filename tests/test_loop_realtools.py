@@ -1,0 +1,65 @@
+"""The loop closes with real load tools (issue 25): real AIPerf 0.13 and GuideLLM 0.8.1 from the
+package index drive the project's own queueing server (tests/realtools: its capacity is known
+from an independent simulation, not from capplan.synth); capplan imports, fits, designs, and
+every command it prints runs exactly as printed, until the lower bound is honest.
+
+Short in the suite (a small server, 20-s runs, ≤ 3 rounds); benchmarks/loop_realtools.py runs
+many loops with different seeds. Marker ``realtools``: needs scripts/peer_tools.sh's venv
+(the ``peer_tools`` fixture; CI fails rather than skips without it)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from tests.realtools import queue_truth as qt
+from tests.realtools.loop import loop
+from tests.realtools.params import SMALL
+from tests.realtools.queue_server import start_subprocess, stop_subprocess
+
+pytestmark = [pytest.mark.realtools, pytest.mark.slow]
+
+SLO = "ttft_ms=1000,tpot_ms=80,attainment=0.95"
+DURATION_S = 20.0
+COARSE = (2.0, 4.0, 6.0, 8.0, 10.0)
+#: load-test minutes the loop may use in all (coarse sweep and rounds)
+BUDGET_MINUTES = 12.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The small queueing replica; every prompt counts as 64 tokens whatever the client's
+    tokenizer makes of it, so the truth below is the server's."""
+    url, proc = start_subprocess(SMALL, extra_args=("--fixed-prompt-tokens", "64"))
+    yield url
+    stop_subprocess(proc)
+
+
+def _truth(grace_s):
+    """The protocol truth: mean attainment of 20-s runs from idle (requests unfinished
+    ``grace_s`` after the end cancelled; None: they finish), 400 runs per rate."""
+    slo = qt.SLO(1000.0, 80.0, 0.95)
+    _, runs = qt.true_cslo(slo, params=SMALL, duration_s=DURATION_S, runs=400,
+                           horizon_s=600.0, lo_rps=1.0, hi_rps=15.0, tol_rps=0.02,
+                           grace_s=grace_s)
+    return runs
+
+
+@pytest.mark.parametrize("tool, grace_s", [("aiperf", 10.0), ("guidellm", 0.0)])
+def test_the_loop_reaches_an_honest_bound_with_a_real_client(tool, grace_s, server, peer_tools,
+                                                            tmp_path):
+    res = loop(tool, url=server, model="mock-llm", tokenizer=str(peer_tools.parent / "tokenizer"),
+               slo=SLO, coarse_rates=COARSE, duration_s=DURATION_S, workdir=tmp_path,
+               peers_bin=str(peer_tools), seed=1, grace_s=grace_s, budget_minutes=4.0,
+               max_rounds=3, reps=400)
+    # every printed command ran unchanged (exit 0), the tool's and the import lines alike
+    assert res.executed and all(rc == 0 for _, rc in res.executed)
+    assert any(shlex.split(line)[0].endswith(tool) or f" {tool} " in f" {line} "
+               for line, _ in res.executed)
+    assert any("--into" in line for line, _ in res.executed)
+    truth = _truth(grace_s if tool == "guidellm" else None)
+    text = "\n".join(str(r.to_dict()) for r in res.rounds) + f"\ntruth {truth.to_text()}"
+    assert res.honest, text
+    assert len(res.rounds) - 1 <= 3 and res.minutes <= BUDGET_MINUTES, text
+    assert res.final.lower_bound <= truth.rate_rps + 2 * truth.se_rps, text
