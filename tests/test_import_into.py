@@ -159,3 +159,14 @@ def test_write_import_then_append_library(tmp_path):
     out = append_import(import_paths("aiperf", [SWEEP / "rate_6.0"]), base)
     assert out.renamed == {} and out.manifest["runs"][-1]["run_id"] == "rate_6.0"
     assert open_study(base).manifest.run_ids == ("rate_4.0", "rate_6.0")
+
+
+def test_several_run_folders_make_a_study_named_after_out(tmp_path):
+    """`capplan import auto r0/rate2_s1000 r0/rate4_s1001 … --out study` names the study after
+    --out (the study), not after its first run; run ids are the folder names."""
+    runs = sorted(p for p in SWEEP.iterdir() if p.is_dir())
+    out = tmp_path / "llama70b-h100"
+    assert main(["import", "auto", *map(str, runs), "--out", str(out)]) == 0
+    m = _manifest(out)
+    assert m["name"] == "llama70b-h100"
+    assert [r["run_id"] for r in m["runs"]] == [p.name for p in runs]

@@ -26,8 +26,9 @@ from ..importers.common import check_out
                    "runs offer a different workload)")
 @click.option("--allow-workload-change", is_flag=True, default=False,
               help="with --into: append runs whose offered workload differs, with a warning")
-@click.option("--name", default=None, help="study name (default: the first input's name, or the "
-              "folder above a generic one such as artifacts/ or out/, else the tool and date)")
+@click.option("--name", default=None, help="study name (default: the --out folder's name when "
+              "several inputs are given; else the first input's name, or the folder above a generic "
+              "one such as artifacts/ or out/, else the tool and date)")
 @click.option("--cache-condition", default=None, type=click.Choice(CACHE_CONDITIONS),
               help="label every run with the prefix-cache state it was measured in (compare refuses to "
                    "put runs of different states side by side)")
@@ -41,6 +42,15 @@ def cmd(tool: str, paths: tuple[str, ...], out: str | None, into: str | None, na
         raise SpecError("--allow-workload-change only applies to --into", field="--allow-workload-change")
     if out is not None:
         check_out(out, list(paths))  # before parsing: a bad --out fails fast
+    if name is None and out is not None and len(paths) > 1:
+        # several runs' folders: the study is what --out names, not the first run
+        from pathlib import Path
+
+        from ..importers import GENERIC_NAMES
+
+        stem = Path(out).expanduser().resolve().name
+        if stem.lower() not in GENERIC_NAMES:
+            name = stem
     result = import_paths(tool, list(paths), name=name)
     if cache_condition is not None:
         for r in result.manifest["runs"]:

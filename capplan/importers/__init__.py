@@ -199,4 +199,4 @@ def study_name(paths: list[str], tool: str, name: str | None = None,
 from .append import Appended, append_import, merge_into  # noqa: E402
 
 __all__ = ["TOOLS", "ImportResult", "Appended", "detect", "import_paths", "write_import",
-           "append_import", "merge_into", "canonical_tool", "study_name"]
+           "append_import", "merge_into", "canonical_tool", "study_name", "GENERIC_NAMES"]
