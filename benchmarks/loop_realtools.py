@@ -9,7 +9,7 @@ bound against the truth (≤ truth in how many), and the two-sided interval's co
 Clopper–Pearson intervals.
 
     python benchmarks/loop_realtools.py --tool aiperf --loops 10             # ~10 min a loop
-    python benchmarks/loop_realtools.py --tool guidellm --loops 10 --grace 0
+    python benchmarks/loop_realtools.py --tool guidellm --loops 10
     python benchmarks/loop_realtools.py --from-json out.json                  # re-summarise
 
 Measured results: docs/design.md, "The loop with a real client".
@@ -37,7 +37,7 @@ from tests.realtools.queue_server import start_subprocess, stop_subprocess  # no
 
 CONFIGS = {
     # server, SLO, run length (s), coarse rates, design budget per round (min)
-    "small": (SMALL, qt.SLO(1000.0, 80.0, 0.95), 20.0, (2.0, 4.0, 6.0, 8.0, 10.0), 4.0),
+    "small": (SMALL, qt.SLO(300.0, 80.0, 0.95), 20.0, (2.0, 3.0, 4.0, 5.0, 6.0), 4.0),
     "reference": (REFERENCE, qt.SLO(1000.0, 80.0, 0.95), 60.0,
                   (4.0, 6.0, 8.0, 10.0, 12.0, 14.0), 10.0),
 }
@@ -81,9 +81,9 @@ def main(argv=None) -> int:
     ap.add_argument("--config", choices=sorted(CONFIGS), default="small")
     ap.add_argument("--loops", type=int, default=10)
     ap.add_argument("--first-seed", type=int, default=100)
-    ap.add_argument("--grace", type=float, default=None,
-                    help="cut-off grace in s (default: 10 for AIPerf; GuideLLM cancels at the "
-                         "cut-off: 0)")
+    ap.add_argument("--grace", type=float, default=10.0,
+                    help="cut-off grace in s (AIPerf's grace period; GuideLLM's runs are then "
+                         "bounded by request count; 0: both cancel at the cut-off)")
     ap.add_argument("--max-rounds", type=int, default=3)
     ap.add_argument("--truth-runs", type=int, default=1000)
     ap.add_argument("--out", default=None)
@@ -96,11 +96,11 @@ def main(argv=None) -> int:
     venv = Path(os.environ.get("CAPPLAN_PEERS_VENV")
                 or Path.home() / ".cache/capplan/peers/aiperf-0.13.0_guidellm-0.8.1")
     params, slo, dur, coarse, budget = CONFIGS[a.config]
-    grace = a.grace if a.grace is not None else (10.0 if a.tool == "aiperf" else 0.0)
+    grace = a.grace
     t0 = time.perf_counter()
     _, tr = qt.true_cslo(slo, params=params, duration_s=dur, runs=a.truth_runs, horizon_s=600.0,
                          lo_rps=1.0, hi_rps=30.0, tol_rps=0.01,
-                         grace_s=grace if a.tool == "guidellm" else None)
+                         grace_s=None if grace > 0 else 0.0)
     truth = {"rate_rps": tr.rate_rps, "se_rps": tr.se_rps, "protocol": tr.protocol}
     print(f"truth: {tr.to_text()} [{time.perf_counter() - t0:.0f} s]", flush=True)
     results = []

@@ -170,7 +170,11 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
     # repeats one run that congests at its end is an episode, not the level's behaviour)
     settling = False
     if len(near):
-        short = near["warnings"].astype(str).str.contains("too short")
+        w = near["warnings"].astype(str)
+        # an overloaded run above the estimate trends at its end because it is overloaded,
+        # not because it is too short: that is the crossing, not a settling run
+        above = (near["x"].astype(float) > estimate) if estimate == estimate else False
+        short = w.str.contains("too short") & ~(w.str.contains("non-stationary") & above)
         key = near["load_level"] if "load_level" in near.columns else near["x"]
         settling = bool(short.groupby(key.to_numpy()).mean().ge(0.5).any())
     over = []

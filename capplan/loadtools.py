@@ -478,10 +478,15 @@ def _synthetic(L: Lengths, key: str) -> dict:
 
 
 def _guidellm(runs, w: Workload, url, model, tok) -> ToolPlan:
-    notes = ["GuideLLM stops at max_duration and cancels requests still in flight (they are "
-             "recorded as incomplete, which capplan counts as cancelled): a cut-off with no "
-             "grace period" + (f"; the study's {w.grace_s:g} s grace cannot be given"
-                               if w.grace_s > 0 else ""),
+    drain = w.grace_s > 0 and w.arrival != "concurrency"
+    notes = [("the study let requests in flight at its end finish (grace "
+              f"{w.grace_s:g} s): GuideLLM has no grace period, so each run is bounded by its "
+              "request count (max_requests = rate × duration), which waits for every request "
+              "instead of cancelling those in flight at max_duration")
+             if drain else
+             "GuideLLM stops at max_duration and cancels requests still in flight (they are "
+             "recorded as incomplete, which capplan counts as cancelled): the study's cut-off "
+             "with no grace period",
              "GuideLLM reads prompt and answer token counts from the server's usage (it asks "
              "for stream usage) and falls back to its tokenizer"]
     if w.output_fixed:
@@ -501,9 +506,10 @@ def _guidellm(runs, w: Workload, url, model, tok) -> ToolPlan:
             prof = {"kind": "concurrent", "streams": [int(round(r.rate_rps))]}
         else:
             prof = {"kind": w.arrival, "rate": [r.rate_rps]}
+        stop = ({"kind": "max_requests", "count": max(1, int(round(r.rate_rps * r.duration_s)))}
+                if drain else {"kind": "max_duration", "seconds": r.duration_s})
         c = ["GUIDELLM__MAX_WORKER_PROCESSES=1 guidellm run", "--backend", _j(backend),
-             "--profile", _j(prof), "--constraint",
-             _j({"kind": "max_duration", "seconds": r.duration_s}),
+             "--profile", _j(prof), "--constraint", _j(stop),
              "--data", _j(data), "--tokenizer", _j({"kind": "hf_auto", "model": tok}),
              "--seed", _j({"kind": "static", "value": r.seed}),
              "--output", _j({"kind": "json", "path": _join(r.folder, "benchmarks.json")}),

@@ -202,7 +202,13 @@ def test_grace_and_timeout_come_from_the_study():
     tc = _cmds({**FIXED, "grace_s": 5, "client": {"timeout_s": 30}})
     assert _opt(tc["aiperf"].commands[0], "--benchmark-grace-period") == "5"
     assert _opt(tc["aiperf"].commands[0], "--request-timeout-seconds") == "30"
-    assert any("5 s grace cannot" in n for n in tc["guidellm"].notes)
+    # GuideLLM has no grace period: a study that let requests finish gets runs bounded by
+    # their request count (every request answered), one that cut them off gets max_duration
+    stop = json.loads(_opt(tc["guidellm"].commands[0], "--constraint"))
+    assert stop == {"kind": "max_requests", "count": 12}  # 3 req/s × 4 s
+    assert any("max_requests" in n for n in tc["guidellm"].notes)
+    cut = json.loads(_opt(_cmds(FIXED)["guidellm"].commands[0], "--constraint"))
+    assert cut == {"kind": "max_duration", "seconds": 4.0}
     ip = yaml.safe_load(tc["inference-perf"].files[0][1])
     assert ip["load"]["stage_teardown_grace_seconds"] == 5
     assert ip["load"]["request_timeout"] == 30

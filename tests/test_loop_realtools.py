@@ -9,8 +9,6 @@ many loops with different seeds. Marker ``realtools``: needs scripts/peer_tools.
 
 from __future__ import annotations
 
-import shlex
-
 import pytest
 
 from tests.realtools import queue_truth as qt
@@ -20,9 +18,12 @@ from tests.realtools.queue_server import start_subprocess, stop_subprocess
 
 pytestmark = [pytest.mark.realtools, pytest.mark.slow]
 
-SLO = "ttft_ms=1000,tpot_ms=80,attainment=0.95"
+#: TTFT ≤ 300 ms: the crossing sits where 20-s runs from idle are already at steady state (the
+#: truth is 4.47 req/s for both; with 1 s the runs near it are still settling, 5.91 against
+#: 5.69, and the honest loop asks for 300-s runs)
+SLO = "ttft_ms=300,tpot_ms=80,attainment=0.95"
 DURATION_S = 20.0
-COARSE = (2.0, 4.0, 6.0, 8.0, 10.0)
+COARSE = (2.0, 3.0, 4.0, 5.0, 6.0)
 #: load-test minutes the loop may use in all (coarse sweep and rounds)
 BUDGET_MINUTES = 12.0
 
@@ -36,29 +37,26 @@ def server():
     stop_subprocess(proc)
 
 
-def _truth(grace_s):
-    """The protocol truth: mean attainment of 20-s runs from idle (requests unfinished
-    ``grace_s`` after the end cancelled; None: they finish), 400 runs per rate."""
-    slo = qt.SLO(1000.0, 80.0, 0.95)
+def _truth():
+    """The protocol truth: mean attainment of 20-s runs from idle, every request answered
+    (AIPerf's 10-s grace; GuideLLM's runs bounded by request count), 400 runs per rate."""
+    slo = qt.SLO(300.0, 80.0, 0.95)
     _, runs = qt.true_cslo(slo, params=SMALL, duration_s=DURATION_S, runs=400,
-                           horizon_s=600.0, lo_rps=1.0, hi_rps=15.0, tol_rps=0.02,
-                           grace_s=grace_s)
+                           horizon_s=600.0, lo_rps=1.0, hi_rps=15.0, tol_rps=0.02)
     return runs
 
 
-@pytest.mark.parametrize("tool, grace_s", [("aiperf", 10.0), ("guidellm", 0.0)])
-def test_the_loop_reaches_an_honest_bound_with_a_real_client(tool, grace_s, server, peer_tools,
-                                                            tmp_path):
+@pytest.mark.parametrize("tool", ["aiperf", "guidellm"])
+def test_the_loop_reaches_an_honest_bound_with_a_real_client(tool, server, peer_tools, tmp_path):
     res = loop(tool, url=server, model="mock-llm", tokenizer=str(peer_tools.parent / "tokenizer"),
                slo=SLO, coarse_rates=COARSE, duration_s=DURATION_S, workdir=tmp_path,
-               peers_bin=str(peer_tools), seed=1, grace_s=grace_s, budget_minutes=4.0,
+               peers_bin=str(peer_tools), seed=1, grace_s=10.0, budget_minutes=4.0,
                max_rounds=3, reps=400)
     # every printed command ran unchanged (exit 0), the tool's and the import lines alike
     assert res.executed and all(rc == 0 for _, rc in res.executed)
-    assert any(shlex.split(line)[0].endswith(tool) or f" {tool} " in f" {line} "
-               for line, _ in res.executed)
+    assert any(f" {tool} " in f" {line} " for line, _ in res.executed)
     assert any("--into" in line for line, _ in res.executed)
-    truth = _truth(grace_s if tool == "guidellm" else None)
+    truth = _truth()
     text = "\n".join(str(r.to_dict()) for r in res.rounds) + f"\ntruth {truth.to_text()}"
     assert res.honest, text
     assert len(res.rounds) - 1 <= 3 and res.minutes <= BUDGET_MINUTES, text
