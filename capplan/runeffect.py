@@ -265,10 +265,9 @@ def estimate(n, v, deff, x, *, prior_scale: float | None = None) -> RunEffect:
     return RunEffect(q[0], q[1], q[2], int(ok.sum()), source, prior_scale, g, post, slope)
 
 
-def window(level, att, x, target, n_side: int | None = None) -> np.ndarray:
-    """Boolean mask of the runs at the ``n_side`` levels on each side of the first level whose
-    (pooled, isotonic) attainment is below ``target``: the runs that inform the crossing."""
-    n_side = WINDOW_LEVELS if n_side is None else n_side
+def _first_failing(level, att, x, target):
+    """The sweep's levels ordered by mean measured rate — (levels, rates) — and the index of
+    the first whose pooled, isotonic attainment is below ``target`` (len when none)."""
     level = np.asarray(level, dtype=np.float64)
     lv = np.unique(level)
     pooled = np.array([np.mean(att[level == v]) for v in lv])
@@ -276,22 +275,23 @@ def window(level, att, x, target, n_side: int | None = None) -> np.ndarray:
     o = np.argsort(xs, kind="stable")
     f = isotonic_regression(pooled[o], increasing=False).x
     fail = np.nonzero(f < target)[0]
-    i = int(fail[0]) if fail.size else lv.size
-    keep = set(lv[o][max(0, i - n_side): i + n_side].tolist())
-    return np.array([v in keep for v in level])
+    return lv[o], xs[o], int(fail[0]) if fail.size else lv.size
+
+
+def window(level, att, x, target, n_side: int | None = None) -> np.ndarray:
+    """Boolean mask of the runs at the ``n_side`` levels on each side of the first level whose
+    (pooled, isotonic) attainment is below ``target``: the runs that inform the crossing."""
+    n_side = WINDOW_LEVELS if n_side is None else n_side
+    lv, _, i = _first_failing(level, att, x, target)
+    keep = set(lv[max(0, i - n_side): i + n_side].tolist())
+    return np.array([v in keep for v in np.asarray(level, dtype=np.float64)])
 
 
 def first_failing_x(level, att, x, target) -> float:
     """The rate (mean measured x) of the first level whose pooled, isotonic attainment is below
     ``target`` (``window``'s reference level); +inf when every level passes."""
-    level = np.asarray(level, dtype=np.float64)
-    lv = np.unique(level)
-    pooled = np.array([np.mean(att[level == v]) for v in lv])
-    xs = np.array([np.mean(x[level == v]) for v in lv])
-    o = np.argsort(xs, kind="stable")
-    f = isotonic_regression(pooled[o], increasing=False).x
-    fail = np.nonzero(f < target)[0]
-    return float(xs[o][int(fail[0])]) if fail.size else math.inf
+    lv, xs, i = _first_failing(level, att, x, target)
+    return float(xs[i]) if i < lv.size else math.inf
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import numpy as np
 import pytest
@@ -152,6 +153,10 @@ def test_open_loop_burst_agrees_with_the_truth_on_the_same_arrivals(server):
 
     # the server's own schedule against the truth replayed on the server's arrival stamps:
     # the same model, so the same times to rounding
+    # the server logs a request after writing its last chunk: the client may be done first
+    deadline = time.monotonic() + 10.0
+    while len(log.read_text().splitlines()) < len(offsets) and time.monotonic() < deadline:
+        time.sleep(0.05)
     rows = sorted((json.loads(x) for x in log.read_text().splitlines()), key=lambda r: r["arrival_s"])
     assert len(rows) == len(offsets)
     arr = np.array([r["arrival_s"] for r in rows])

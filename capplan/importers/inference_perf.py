@@ -77,16 +77,7 @@ def _stages(folder: Path) -> list[dict]:
 
 def _concurrency_stages(folder: Path) -> dict[int, tuple[int, int | None]]:
     """{stage: (concurrency_level, num_requests)} from the run's config.yaml (concurrent type)."""
-    cfg = folder / "config.yaml"
-    if not cfg.is_file():
-        return {}
-    import yaml
-
-    try:
-        d = yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
-        return {}
-    load = d.get("load") or {}
+    load = _config(folder).get("load") or {}
     if str(load.get("type", "")).lower() != "concurrent":
         return {}
     return {i: (to_int(s.get("concurrency_level"), 0), to_int(s.get("num_requests"), 0) or None)

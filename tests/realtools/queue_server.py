@@ -44,6 +44,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.realtools.http import read_request as _read_request
+from tests.realtools.http import send_json as _send_json
 from tests.realtools.params import EngineParams, count_prompt_tokens
 
 MODEL = "mock-llm"
@@ -298,27 +300,6 @@ class Server:
             s.cancelled = True
             self._write_log(s, "cancelled", first_written, last_written)
             raise ConnectionError("client went away")
-
-
-async def _read_request(reader):
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    method, path, _ = lines[0].split(" ", 2)
-    headers = {}
-    for ln in lines[1:]:
-        if ":" in ln:
-            k, v = ln.split(":", 1)
-            headers[k.strip().lower()] = v.strip()
-    body = b""
-    if "content-length" in headers:
-        body = await reader.readexactly(int(headers["content-length"]))
-    return method, path.split("?")[0], headers, body
-
-
-def _send_json(writer, status: str, obj) -> None:
-    data = json.dumps(obj).encode()
-    writer.write(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
 
 
 async def serve(params: EngineParams, host: str = "127.0.0.1", port: int = 0, *,
