@@ -37,7 +37,9 @@ from tests.realtools.queue_server import start_subprocess, stop_subprocess  # no
 
 CONFIGS = {
     # server, SLO, run length (s), coarse rates, design budget per round (min)
-    "small": (SMALL, qt.SLO(300.0, 80.0, 0.95), 20.0, (2.0, 3.0, 4.0, 5.0, 6.0), 4.0),
+    # the suite's loop (tests/test_loop_realtools.py): the small replica 4× faster
+    "small": (SMALL.with_(time_scale=0.25), qt.SLO(75.0, 20.0, 0.95), 15.0,
+              (8.0, 12.0, 16.0, 20.0, 24.0), 3.0),
     "reference": (REFERENCE, qt.SLO(1000.0, 80.0, 0.95), 60.0,
                   (4.0, 6.0, 8.0, 10.0, 12.0, 14.0), 10.0),
 }

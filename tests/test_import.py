@@ -911,3 +911,21 @@ def test_study_name_skips_generic_folders(tmp_path):
     assert study_name(["/out/results"], "vllm", today="2026-01-02")[0] == "vllm-2026-01-02"
     res = import_paths("aiperf", [AIPERF])
     assert res.manifest["name"] == "aiperf" and "folder above 'artifacts'" in res.notes[0]
+
+
+def test_guidellm_run_in_its_own_folder_is_named_after_the_folder(tmp_path):
+    """capplan design writes each GuideLLM run to DIR/benchmarks.json: one benchmark in a run's
+    folder is named after the folder (as AIPerf runs are), so --into keeps the design's names."""
+    import gzip
+    import json
+
+    from capplan.importers import import_paths
+
+    obj = json.load(gzip.open(FIX / "guidellm" / "poisson_v2.json.gz"))
+    obj["benchmarks"] = obj["benchmarks"][:1]
+    d = tmp_path / "rate4_s6000"
+    d.mkdir()
+    (d / "benchmarks.json").write_text(json.dumps(obj))
+    res = import_paths("guidellm", [str(d)])
+    run = res.manifest["runs"][0]
+    assert run["run_id"] == "rate4_s6000" and run["guidellm_label"].startswith("poisson@")

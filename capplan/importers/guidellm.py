@@ -82,8 +82,20 @@ def parse(paths: list[str]) -> list[RunData]:
             if slo:
                 r.extra["guidellm_slo"] = dict(slo)
         _flag_shared_arrival_path(file_runs)
+        folder = Path(path).parent.name
+        if len(file_runs) == 1 and folder and folder.lower() not in _generic_names():
+            # one benchmark in a run's own folder (capplan design's DIR/benchmarks.json): the
+            # run is the folder, as for AIPerf; the profile label stays in the manifest
+            file_runs[0].extra["guidellm_label"] = file_runs[0].run_id
+            file_runs[0].run_id = folder
         runs.extend(file_runs)
     return runs
+
+
+def _generic_names() -> frozenset:
+    from . import GENERIC_NAMES  # the package's list of tool-default folder names
+
+    return GENERIC_NAMES
 
 
 def _unit_gaps(run: RunData, k: int = 20) -> list[float]:
