@@ -35,6 +35,7 @@ import yaml
 from scipy.special import expit, logit
 
 from .errors import SpecError
+from .honesty import nominal_duration
 from .reduce import BlockStats, stats_from_series
 
 DESIGN_FORMAT = "capplan-design/1"
@@ -374,7 +375,7 @@ def _run_length(env) -> tuple[float, float]:
     r = env.runs[env.runs["usable"]]
     dur = float(r["duration_s"].median()) if len(r) else 600.0
     warm = float(r["warmup_s"].median()) if len(r) else 0.0
-    dur = float(max(10.0, round(dur / 10.0) * 10.0)) if dur == dur else dur  # nominal length
+    dur = nominal_duration(dur)  # the length the tool was asked for
     if env.honesty is not None and any("settling" in x for x in env.honesty.reasons):
         dur = max(2.0 * dur, MIN_DURATION_S)
         warm = max(warm, 0.1 * dur)

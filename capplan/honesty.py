@@ -123,6 +123,17 @@ def askable(rate: float) -> float:
     return float(f"{float(rate):.3g}")
 
 
+def nominal_duration(duration_s: float) -> float:
+    """The run length a load tool was most likely asked for, from a measured one (the span of
+    intended starts falls short of it by about one gap): whole 10 s from 100 s, 5 s from 10 s,
+    whole seconds below (299.87 → 300, 19.1 → 20, 14.9 → 15, 7.9 → 8)."""
+    d = float(duration_s)
+    if not d == d or d <= 0:
+        return d
+    step = 10.0 if d >= 100 else 5.0 if d >= 10 else 1.0
+    return float(max(step, round(d / step) * step))
+
+
 def neighbourhood(estimate: float, span_s: float) -> float:
     """Half-width (req/s) of the rates counted as repeats at the estimate: two standard
     deviations of the rate a Poisson run of ``span_s`` seconds realises at the estimate
@@ -196,8 +207,7 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
                        tuple(RunToAdd(askable(r), 1, dur, "below the tested range")
                              for r in rates))
     reasons, add = [], []
-    if dur == dur and dur >= 10.0:  # the nominal length a load tool is asked for (not 299.87 s)
-        dur = float(round(dur / 10.0) * 10.0)
+    dur = nominal_duration(dur)  # the length a load tool is asked for (300, not 299.87 s)
     longer = max(2.0 * dur, 300.0) if dur == dur else 600.0
     levels = tuple(sorted(near_levels if near_levels is not None else near_rates))
     rates = levels or tuple(sorted(suggested_rates))

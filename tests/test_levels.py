@@ -128,3 +128,10 @@ def test_design_always_answers_while_the_bound_is_unsupported():
         assert all(r.rate_rps == askable(r.rate_rps) for r in d.runs)
     assert any("more than the budget" in n for n in
                propose(env, budget_minutes=1.0, sims=2, reps=100, seed=1).notes)
+
+
+def test_runs_to_add_ask_for_the_length_the_tool_was_asked_for():
+    from capplan.honesty import nominal_duration
+
+    assert [nominal_duration(d) for d in (299.87, 600.4, 62.3, 19.1, 14.9, 7.9)] == \
+        [300.0, 600.0, 60.0, 20.0, 15.0, 8.0]
