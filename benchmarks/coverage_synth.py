@@ -70,7 +70,7 @@ DEMO_RATES = (1.0, 2.0, 3.0, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0, 8.0, 10.0, 12.0)
 #: "run-effect+twin": the run-effect interval with the between-run SD from a twin fitted to the
 #: sweep's own events (``capplan twin fit`` then ``capplan envelope --twin``), on the designs
 #: with one run per rate (``Design.twin``)
-METHODS = ("run-effect", "within-run", "run-effect+twin", "measured-levels")
+METHODS = ("run-effect", "within-run", "run-effect+twin", "measured-levels", "asked-x")
 TWIN = "run-effect+twin"
 #: the run-effect interval with each run's level keyed on its *measured* rate, as the importers
 #: wrote real clients' runs before levels came from the asked rate (the old rule's row of the
@@ -250,6 +250,9 @@ def _fit(stats, design: Design, method: str, reps: int, seed: int, study=None) -
         effect, _ = twin_run_effect(e, fit_twin(study, reps=50, seed=seed), seed=seed)
         if effect is not None:
             e = fit_from_stats(stats, SLO_TEXT, reps=reps, seed=seed, run_effect=effect)
+    elif method == "asked-x":  # experiment: each run placed at its asked rate, not its measured
+        runs = tuple(replace(r, measured_rps=float(r.load_level)) for r in stats.runs)
+        e = fit_from_stats(replace(stats, runs=runs, _cache={}), SLO_TEXT, reps=reps, seed=seed)
     elif method == MEASURED_LEVELS:
         runs = tuple(replace(r, load_level=float(r.measured_rps)) for r in stats.runs)
         e = fit_from_stats(replace(stats, runs=runs, _cache={}), SLO_TEXT, reps=reps, seed=seed)
@@ -372,7 +375,8 @@ def main(argv=None) -> int:
                     help="comma-separated: " + ", ".join(DESIGNS))
     ap.add_argument("--k", type=int, default=None, help="sweeps per design (default: per design)")
     ap.add_argument("--reps", type=int, default=400)
-    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != MEASURED_LEVELS),
+    ap.add_argument("--methods", default=",".join(m for m in METHODS
+                                                  if m not in (MEASURED_LEVELS, "asked-x")),
                     help="comma-separated interval methods to measure: " + ", ".join(METHODS)
                     + f" ({TWIN} only on the designs with one run per rate)")
     ap.add_argument("--seed", type=int, default=5000, help="sweep k uses synth seed SEED + k")
