@@ -160,10 +160,9 @@ def import_paths(tool: str, paths: list[str | os.PathLike], *, name: str | None 
 
 
 #: folder and file names that say nothing about the study (the tools' defaults)
-GENERIC_NAMES = frozenset({
-    "artifacts", "artifact", "out", "output", "outputs", "result", "results", "reports", "report",
-    "data", "runs", "run", "tmp", "temp", "benchmarks", "benchmark", "profile_export",
-    "per_request_lifecycle_metrics", "export", "exports", "logs", ".", ""})
+
+
+from .common import GENERIC_NAMES  # noqa: E402  (tool-default folder names)
 
 
 def _stem(name: str) -> str:

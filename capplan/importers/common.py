@@ -29,6 +29,13 @@ TIME_COLUMNS = ("scheduled_ns", "sent_ns", "first_token_ns", "last_token_ns", "a
 
 #: GuideLLM 0.8.1 start-up burst: targeted_start below this is a relative number, not epoch s
 EPOCH_S_MIN = 1e9
+#: folder and file names that tools write by default: never a study's or a run's name
+GENERIC_NAMES = frozenset({
+    "artifacts", "artifact", "out", "output", "outputs", "result", "results", "reports", "report",
+    "data", "runs", "run", "tmp", "temp", "benchmarks", "benchmark", "profile_export",
+    "per_request_lifecycle_metrics", "export", "exports", "logs", ".", ""})
+
+
 #: runs shorter than this (tens of seconds on an idle server) overstate capacity near saturation
 SHORT_RUN_S = 60.0
 

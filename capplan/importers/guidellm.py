@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (EPOCH_S_MIN, RunData, add_row, endpoint_kind, load_json, new_columns,
+from .common import (EPOCH_S_MIN, GENERIC_NAMES, RunData, add_row, endpoint_kind, load_json, new_columns,
                      parse_rate, requested_output_tokens, s_to_ns, status_from_error, to_int)
 
 TOOL = "guidellm"
@@ -83,7 +83,7 @@ def parse(paths: list[str]) -> list[RunData]:
                 r.extra["guidellm_slo"] = dict(slo)
         _flag_shared_arrival_path(file_runs)
         folder = Path(path).parent.name
-        if len(file_runs) == 1 and folder and folder.lower() not in _generic_names():
+        if len(file_runs) == 1 and folder and folder.lower() not in GENERIC_NAMES:
             # one benchmark in a run's own folder (capplan design's DIR/benchmarks.json): the
             # run is the folder, as for AIPerf; the profile label stays in the manifest
             file_runs[0].extra["guidellm_label"] = file_runs[0].run_id
@@ -91,11 +91,6 @@ def parse(paths: list[str]) -> list[RunData]:
         runs.extend(file_runs)
     return runs
 
-
-def _generic_names() -> frozenset:
-    from . import GENERIC_NAMES  # the package's list of tool-default folder names
-
-    return GENERIC_NAMES
 
 
 def _unit_gaps(run: RunData, k: int = 20) -> list[float]:
