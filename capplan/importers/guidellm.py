@@ -14,8 +14,8 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (EPOCH_S_MIN, GENERIC_NAMES, RunData, add_row, endpoint_kind, load_json, new_columns,
-                     parse_rate, requested_output_tokens, s_to_ns, status_from_error, to_int)
+from .common import (EPOCH_S_MIN, GENERIC_NAMES, RunData, add_row, endpoint_kind, load_json,
+                     new_columns, parse_rate, requested_output_tokens, s_to_ns, status_from_error, to_int)
 
 TOOL = "guidellm"
 REPORT_SUFFIXES = (".json", ".json.gz", ".yaml", ".yml", ".yaml.gz", ".yml.gz")
