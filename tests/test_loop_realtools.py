@@ -18,48 +18,56 @@ from tests.realtools.queue_server import start_subprocess, stop_subprocess
 
 pytestmark = [pytest.mark.realtools, pytest.mark.slow]
 
-#: The small replica (8 slots, one prefill lane) four times faster (time_scale 0.25), with the
-#: SLO scaled alike: 15-s runs then hold 120–360 requests (a run of 30 clean requests cannot show
-#: 95 % attainment: its Clopper–Pearson bound is 0.90), and at TTFT ≤ 75 ms the crossing sits
-#: where runs from idle are at steady state (truth 17.5 req/s for both; with TTFT ≤ 1 s at full
-#: speed the runs near it are still settling and the honest loop asks for 300-s runs)
-PARAMS = SMALL.with_(time_scale=0.25)
-SLO = "ttft_ms=75,tpot_ms=20,attainment=0.95"
+#: The small replica (8 slots, one prefill lane) made faster, with the SLO scaled alike, so
+#: 15-s runs hold 100–360 requests (a run of 30 clean requests cannot show 95 % attainment: its
+#: Clopper–Pearson bound is 0.90) and the crossing sits where runs from idle are at steady
+#: state (with TTFT ≤ 1 s at full speed the runs near it are still settling and the honest
+#: loop asks for 300-s runs). AIPerf drives it 4× faster (truth 17.5 req/s); GuideLLM 2× (truth
+#: 8.7 req/s): above ≈ 16 req/s its sends lag the schedule by > 50 ms at p99 on a 2-core box,
+#: and capplan rightly excludes such runs (the client, not the server, was the bottleneck).
+CONFIGS = {
+    "aiperf": (SMALL.with_(time_scale=0.25), "ttft_ms=75,tpot_ms=20,attainment=0.95",
+               (8.0, 12.0, 16.0, 20.0, 24.0)),
+    "guidellm": (SMALL.with_(time_scale=0.5), "ttft_ms=150,tpot_ms=40,attainment=0.95",
+                 (5.0, 7.0, 9.0, 11.0, 13.0)),
+}
 DURATION_S = 15.0
-COARSE = (8.0, 12.0, 16.0, 20.0, 24.0)
 #: load-test minutes the loop may use in all (coarse sweep and rounds)
 BUDGET_MINUTES = 12.0
 
 
-@pytest.fixture(scope="module")
-def server():
-    """The small queueing replica; every prompt counts as 64 tokens whatever the client's
-    tokenizer makes of it, so the truth below is the server's."""
-    url, proc = start_subprocess(PARAMS, extra_args=("--fixed-prompt-tokens", "64"))
-    yield url
-    stop_subprocess(proc)
+def _server(params):
+    """The replica; every prompt counts as 64 tokens whatever the client's tokenizer makes of
+    it, so the truth below is the server's."""
+    return start_subprocess(params, extra_args=("--fixed-prompt-tokens", "64"))
 
 
-def _truth():
+def _truth(params, slo_text):
     """The protocol truth: mean attainment of 15-s runs from idle, every request answered
     (AIPerf's 10-s grace; GuideLLM's runs bounded by request count), 300 runs per rate."""
-    slo = qt.SLO(75.0, 20.0, 0.95)
-    _, runs = qt.true_cslo(slo, params=PARAMS, duration_s=DURATION_S, runs=300,
-                           horizon_s=600.0, lo_rps=2.0, hi_rps=60.0, tol_rps=0.05)
+    kv = dict(kv.split("=") for kv in slo_text.split(","))
+    slo = qt.SLO(float(kv["ttft_ms"]), float(kv["tpot_ms"]), float(kv["attainment"]))
+    _, runs = qt.true_cslo(slo, params=params, duration_s=DURATION_S, runs=300,
+                           horizon_s=600.0, lo_rps=1.0, hi_rps=60.0, tol_rps=0.05)
     return runs
 
 
 @pytest.mark.parametrize("tool", ["aiperf", "guidellm"])
-def test_the_loop_reaches_an_honest_bound_with_a_real_client(tool, server, peer_tools, tmp_path):
-    res = loop(tool, url=server, model="mock-llm", tokenizer=str(peer_tools.parent / "tokenizer"),
-               slo=SLO, coarse_rates=COARSE, duration_s=DURATION_S, workdir=tmp_path,
-               peers_bin=str(peer_tools), seed=1, grace_s=10.0, budget_minutes=3.0,
-               max_rounds=3, reps=400)
+def test_the_loop_reaches_an_honest_bound_with_a_real_client(tool, peer_tools, tmp_path):
+    params, slo, coarse = CONFIGS[tool]
+    url, proc = _server(params)
+    try:
+        res = loop(tool, url=url, model="mock-llm",
+                   tokenizer=str(peer_tools.parent / "tokenizer"), slo=slo, coarse_rates=coarse,
+                   duration_s=DURATION_S, workdir=tmp_path, peers_bin=str(peer_tools), seed=1,
+                   grace_s=10.0, budget_minutes=3.0, max_rounds=3, reps=400)
+    finally:
+        stop_subprocess(proc)
     # every printed command ran unchanged (exit 0), the tool's and the import lines alike
     assert res.executed and all(rc == 0 for _, rc in res.executed)
     assert any(f" {tool} " in f" {line} " for line, _ in res.executed)
     assert any("--into" in line for line, _ in res.executed)
-    truth = _truth()
+    truth = _truth(params, slo)
     text = "\n".join(str(r.to_dict()) for r in res.rounds) + f"\ntruth {truth.to_text()}"
     assert res.honest, text
     assert len(res.rounds) - 1 <= 3 and res.minutes <= BUDGET_MINUTES, text
