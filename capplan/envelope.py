@@ -965,15 +965,6 @@ def group_levels(asked, tol_rel: float = LEVEL_TOL_REL, span_s=None) -> np.ndarr
                 out[sel] = float(np.mean(a[sel]))
             start = i
     return out
-    start = 0
-    for i in range(1, u.size + 1):
-        if i == u.size or u[i] > u[i - 1] * (1.0 + tol_rel):
-            grp = u[start:i]
-            if grp.size > 1:
-                sel = np.isin(a, grp)
-                out[sel] = float(np.mean(a[sel]))
-            start = i
-    return out
 
 
 def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.95,

@@ -27,3 +27,13 @@ def send_json(writer, status: str, obj) -> None:
     data = json.dumps(obj).encode()
     writer.write(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+
+
+async def answer_get(writer, path: str, model: str, owner: str) -> None:
+    """GET /v1/models lists ``model``; any other GET (/health) says ok."""
+    if path.startswith("/v1/models"):
+        send_json(writer, "200 OK", {"object": "list", "data": [
+            {"id": model, "object": "model", "owned_by": owner}]})
+    else:
+        send_json(writer, "200 OK", {"status": "ok"})
+    await writer.drain()

@@ -44,6 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.realtools.http import answer_get
 from tests.realtools.http import read_request as _read_request
 from tests.realtools.http import send_json as _send_json
 from tests.realtools.params import EngineParams, count_prompt_tokens
@@ -211,12 +212,7 @@ class Server:
             method, path, _h, body = await _read_request(reader)
             arrival = time.monotonic()
             if method == "GET":
-                if path.startswith("/v1/models"):
-                    _send_json(writer, "200 OK", {"object": "list", "data": [
-                        {"id": self.model, "object": "model", "owned_by": "capplan-tests"}]})
-                else:
-                    _send_json(writer, "200 OK", {"status": "ok"})
-                await writer.drain()
+                await answer_get(writer, path, self.model, "capplan-tests")
                 return
             if path not in ("/v1/chat/completions", "/v1/completions"):
                 _send_json(writer, "404 Not Found", {"error": {"message": f"no route {path}"}})
