@@ -261,14 +261,27 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
                 "interpolation assumes, so the estimate is too high); on 60-s runs from a real "
                 "client's shape this left the lower bound above the truth in 1 sweep of 5: "
                 "docs/envelope.md, 'Coverage'")
+            # at the estimate (and just above) when that makes a new level; else in the middle
+            # of the bracket: runs asked close to a bracketing level join it (levels merge
+            # rates a run cannot tell apart), so runs "at the estimate" next to a level never
+            # narrowed the bracket (a real AIPerf loop asked for them three rounds running)
             planned = {round(a.rate_rps, 9) for a in add}
-            at, up = askable(estimate), askable(min(estimate * 1.05, 0.5 * (estimate + hi_x)))
-            if round(at, 9) not in planned:
-                add.append(RunToAdd(at, REPEATS, dur if not settling else longer,
-                                    "at the estimate, to narrow the bracket"))
-            if up > at and round(up, 9) not in planned:
-                add.append(RunToAdd(up, 1, dur if not settling else longer,
-                                    "just above the estimate, to narrow the bracket"))
+            run_len = dur if not settling else longer
+            # a new level needs rates further apart than a run realises its rate
+            tol = max(0.01, 1.0 / math.sqrt(max(estimate * (dur if dur == dur else 60.0), 1.0)))
+            gap = 1.5 * tol * estimate
+            if min(estimate - lo_x, hi_x - estimate) > gap:
+                at = askable(estimate)
+                up = askable(min(estimate + gap, 0.5 * (estimate + hi_x)))
+                new = [(at, REPEATS, "at the estimate, to narrow the bracket")]
+                if up - at > tol * estimate and hi_x - up > tol * estimate:
+                    new.append((up, 1, "just above the estimate, to narrow the bracket"))
+            else:
+                new = [(askable(0.5 * (lo_x + hi_x)), REPEATS,
+                        "in the middle of the bracket, to narrow it")]
+            for rate, k, why in new:
+                if round(rate, 9) not in planned:
+                    add.append(RunToAdd(rate, k, run_len, why))
     if settling:
         reasons.append("runs near the crossing were still settling (TTFT trending) at their "
                        "end: too short for a steady-state bound")

@@ -38,10 +38,11 @@ def test_proposal_fits_the_budget_and_targets_the_crossing(design):
     lv = env.levels["x"].to_numpy()
     lo, hi = lv[0], lv[-1]
     assert all(lo <= r.rate_rps <= hi for r in d.runs)
-    # the sweep's bound is unsupported (one informative run each side): the design repeats
-    # rates near the crossing, after which the bound is expected to be honest
+    # the sweep's bound is unsupported (one informative run each side, a 47 % bracket): the
+    # design starts from the runs the honesty rule names and says how often its simulated
+    # outcomes came out honest (with 2 simulations the median outcome may still fall short)
     assert d.current["honesty"] == "unsupported"
-    assert d.expected["honesty"] == "honest"
+    assert any("came out honest in" in n for n in d.notes)
     assert d.expected["lower_bound"] is not None and d.expected["lower_bound"] > 0
 
 
