@@ -957,7 +957,7 @@ def group_levels(asked, tol_rel: float = LEVEL_TOL_REL, span_s=None) -> np.ndarr
     for i in range(1, u.size + 1):
         tol = tol_rel
         if span is not None and i < u.size:
-            tol = max(tol_rel, 1.0 / math.sqrt(max(u[i - 1] * span, 1.0)))
+            tol = max(tol_rel, hon.rate_noise_rel(u[i - 1], span))
         if i == u.size or u[i] > u[i - 1] * (1.0 + tol):
             grp = u[start:i]
             if grp.size > 1:

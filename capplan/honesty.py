@@ -134,6 +134,13 @@ def nominal_duration(duration_s: float) -> float:
     return float(max(step, round(d / step) * step))
 
 
+def rate_noise_rel(rate_rps: float, span_s: float) -> float:
+    """Relative SD of the rate a Poisson run of ``span_s`` seconds realises at ``rate_rps``:
+    1/√(λ·T) (a 60-s run at 10 req/s: ± 4 %). The one formula behind level grouping, the
+    neighbourhood of the estimate and the runs that can make a new level."""
+    return 1.0 / math.sqrt(max(float(rate_rps) * float(span_s), 1.0))
+
+
 def neighbourhood(estimate: float, span_s: float) -> float:
     """Half-width (req/s) of the rates counted as repeats at the estimate: two standard
     deviations of the rate a Poisson run of ``span_s`` seconds realises at the estimate
@@ -142,7 +149,7 @@ def neighbourhood(estimate: float, span_s: float) -> float:
     est = float(estimate)
     if not (est == est and est > 0):
         return 0.0
-    sd = math.sqrt(est / span_s) if span_s == span_s and span_s > 0 else 0.0
+    sd = est * rate_noise_rel(est, span_s) if span_s == span_s and span_s > 0 else 0.0
     return max(0.02 * est, 2.0 * sd)
 
 
@@ -268,7 +275,7 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
             planned = {round(a.rate_rps, 9) for a in add}
             run_len = dur if not settling else longer
             # a new level needs rates further apart than a run realises its rate
-            tol = max(0.01, 1.0 / math.sqrt(max(estimate * (dur if dur == dur else 60.0), 1.0)))
+            tol = max(0.01, rate_noise_rel(estimate, dur if dur == dur else 60.0))
             gap = 1.5 * tol * estimate
             if min(estimate - lo_x, hi_x - estimate) > gap:
                 at = askable(estimate)

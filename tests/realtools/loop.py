@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -26,7 +25,6 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -191,7 +189,3 @@ def loop(tool: str, *, url: str, model: str, tokenizer: str, slo: str, coarse_ra
                             commands=tuple(lines) + (imp,)))
     return LoopResult(tool, study, tuple(rounds), rounds[-1].honesty == "honest",
                       round(minutes, 3), round(time.perf_counter() - t0, 1), tuple(executed))
-
-
-def shell_quote(s: str) -> str:
-    return shlex.quote(s)
