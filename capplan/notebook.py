@@ -21,6 +21,7 @@ The envelope and plan notebooks also take ``engine`` / ``spark_master`` (``cappl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,3 +141,16 @@ def setup(*, study_path: str = "", spec_path: str = "", slo=None, seed: int = -1
     pio.renderers.default = "plotly_mimetype+notebook"
     return resolve(study_path or None, spec_path or None, slo or None, seed=seed, reps=reps,
                    confidence=confidence, engine=engine, spark_master=spark_master)
+
+
+#: where `capplan whatif` collects the pre-heated kernels' "page ready" marks
+READY_DIR_ENV = "CAPPLAN_READY_DIR"
+
+
+def app_ready() -> None:
+    """The what-if page's last call: tells `capplan whatif` that this kernel has run the whole
+    page (a pre-heated kernel is ready for a visitor), so the URL is printed only when the
+    first visitors will not wait. Does nothing outside the app."""
+    d = os.environ.get(READY_DIR_ENV)
+    if d and Path(d).is_dir():
+        Path(d, f"kernel-{os.getpid()}").touch()

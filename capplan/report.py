@@ -30,6 +30,7 @@ import json
 import os
 import re
 import sys
+import time
 from time import perf_counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,7 +270,7 @@ def _input_error_text(exc) -> str:
     return f"ERROR: {exc.evalue}"
 
 
-def execution_error(notebook: str, exc: Exception) -> ReportError:
+def execution_error(notebook: str, exc: Exception, watch=None) -> ReportError:
     """Turn a papermill/nbclient failure into a message naming the notebook and the cell.
     A capplan input error raised in the kernel becomes :class:`NotebookInputError` (exit 2)
     carrying capplan's own message."""
@@ -291,33 +292,46 @@ def execution_error(notebook: str, exc: Exception) -> ReportError:
         src = _first_line(exc.source)
         msg = (f"notebook {notebook} failed at {where}: {exc.ename}: {exc.evalue}"
                + (f"\n  cell starts: {src}" if src else ""))
+    elif type(exc).__name__ == "CellTimeoutError" and watch is not None:
+        msg = (f"notebook {notebook} timed out at {watch.where()}: no reply after "
+               f"{time.monotonic() - watch.started:.0f} s (the cell timeout)")
     else:
-        msg = f"notebook {notebook} failed: {type(exc).__name__}: {exc}"
+        at = f" at {watch.where()}" if watch is not None and watch.cell_index is not None else ""
+        msg = f"notebook {notebook} failed{at}: {type(exc).__name__}: {exc}"
     err = ReportError(msg)
     err.notebook = notebook
     err.cell_index = getattr(exc, "cell_index", None)
+    if err.cell_index is None and watch is not None:
+        err.cell_index = watch.cell_index
     return err
 
 
 def execute_notebook(path: Path, parameters: dict, *, kernel: str | None = None,
-                     cwd: Path | None = None):
+                     cwd: Path | None = None, cell_timeout_s: float = CELL_TIMEOUT_S, say=None):
     """Execute one notebook in memory with papermill; returns the executed NotebookNode.
-    Raises ReportError naming the notebook and cell on failure."""
+    Raises ReportError naming the notebook and cell on failure. The kernel's replies are read
+    by :mod:`capplan.nbexec`'s steady client (no lost wake-ups); a cell running over
+    ``nbexec.LATE_S`` is reported through ``say`` (default: stderr), one that runs over
+    ``cell_timeout_s`` fails the run with its name."""
     import papermill as pm
 
+    from .nbexec import CellWatch, SteadyKernelManager
+
     kernel = kernel or ensure_kernel()
+    watch = CellWatch(path.name, say=say)
     try:
         return pm.execute_notebook(
             str(path), None, parameters=parameters, kernel_name=kernel, progress_bar=False,
-            log_output=False, execution_timeout=CELL_TIMEOUT_S,
+            log_output=False, execution_timeout=cell_timeout_s,
             request_save_on_cell_execute=False,
             # the kernel's working directory, set without papermill's cwd= (that chdirs this
             # whole process, which races when notebooks run in threads)
             resources={"metadata": {"path": str(cwd)}} if cwd else {},
             # the kernel's own log (TCP transport warning, shutdown noise) is not progress
-            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
+            kernel_manager_class=SteadyKernelManager, **watch.hooks())
     except Exception as exc:  # noqa: BLE001 - a dead kernel or timeout is a notebook failure too
-        raise execution_error(path.name, exc) from None
+        raise execution_error(path.name, exc, watch) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -638,7 +652,7 @@ def _execute_all(nb_dir: Path, runs: list[tuple[str, dict]], *, kernel: str, cwd
         tell(f"[{i}/{n}] {name}: running …")
         t0 = perf_counter()
         try:
-            nb = execute_notebook(nb_dir / name, parameters, kernel=kernel, cwd=cwd)
+            nb = execute_notebook(nb_dir / name, parameters, kernel=kernel, cwd=cwd, say=tell)
         except ReportError:
             tell(f"[{i}/{n}] {name}: FAILED after {perf_counter() - t0:.1f} s")
             raise

@@ -34,18 +34,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    """Wait until the port accepts connections (no HTTP GET: each one starts a kernel)."""
+def _wait_for_url(log_path, proc: subprocess.Popen, timeout_s: float = 400.0) -> None:
+    """Wait until `capplan whatif` prints its URL: it does so only once its pre-heated kernels
+    have run the page (no HTTP GET here: each one would start a kernel)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"capplan whatif exited with {proc.returncode}")
-        with socket.socket() as s:
-            s.settimeout(0.5)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if "what-if panel for" in log_path.read_text(errors="replace"):
+            return
         time.sleep(0.3)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
+    raise TimeoutError(f"capplan whatif printed no URL after {timeout_s:.0f} s")
 
 
 def _skip_without_chromium():
@@ -66,7 +65,8 @@ def whatif_app(tmp_path_factory):
          "--seed", "0", "--token", token, "--pool", "2"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env)
     try:
-        _wait_for_port(port, proc)
+        _wait_for_url(tmp_path / "whatif.log", proc)
+        # the URL comes after the pool is ready: the pages below must not wait for a kernel
         yield f"http://127.0.0.1:{port}/?token={token}"
     except Exception:
         log.flush()
@@ -104,8 +104,8 @@ def test_slider_moves_the_rendered_plan(whatif_app):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(whatif_app, wait_until="commit", timeout=120_000)
-            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=120_000)
+            page.goto(whatif_app, wait_until="commit", timeout=60_000)
+            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=60_000)
             assert page.inner_text('tr[data-key="peak_rps"] td.value') == f"{start.peak_rps:g}"
             page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
             # the peak-demand slider: the handle in the row labelled so
@@ -136,8 +136,8 @@ def test_impossible_ttft_hides_the_plan_and_names_the_fix(whatif_app):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.goto(whatif_app, wait_until="commit", timeout=120_000)
-            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=120_000)
+            page.goto(whatif_app, wait_until="commit", timeout=60_000)
+            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=60_000)
             page.wait_for_selector(".capplan-plan-chart .js-plotly-plot", timeout=60_000)
             row = page.locator(".widget-slider", has_text="TTFT limit")
             row.locator(".noUi-handle").focus()

@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plan", ("plan_spec", "plan_text", "plan", "plan_dynamics", "forecast", "plan_bounds", "sensitivity",
               "candidates", "design")),
     ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",
-                      "report_index", "report", "mix.panel", "mix.page")),
+                      "nbexec", "report_index", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
 

@@ -78,3 +78,37 @@ def test_the_app_uses_this_manager():
     assert ("--VoilaConfiguration.multi_kernel_manager_class="
             "capplan.whatif.kernels.GraceKernelManager") in cmd
     assert "--MappingKernelManager.cull_idle_timeout=30" in cmd
+
+
+class _Proc:
+    def __init__(self, code=None):
+        self.returncode = code
+
+    def poll(self):
+        return self.returncode
+
+
+def test_the_url_waits_for_the_pool(tmp_path):
+    """`capplan whatif` prints its URL once the pre-heated kernels have run the page (each
+    leaves a mark through notebook.app_ready), says so when they are late, and stops if Voila
+    died."""
+    import os
+
+    import pytest
+
+    from capplan import notebook
+    from capplan.commands.whatif import wait_for_pool
+    from capplan.errors import SpecError
+
+    said = []
+    assert wait_for_pool(tmp_path, 2, _Proc(), timeout_s=0.6, say=said.append) == 0
+    assert said and "only 0 of 2 pre-heated kernels" in said[0]
+    os.environ[notebook.READY_DIR_ENV] = str(tmp_path)
+    try:
+        notebook.app_ready()  # this process plays one kernel
+    finally:
+        del os.environ[notebook.READY_DIR_ENV]
+    (tmp_path / "kernel-1").touch()  # and another
+    assert wait_for_pool(tmp_path, 2, _Proc(), timeout_s=5, say=said.append) == 2 and len(said) == 1
+    with pytest.raises(SpecError, match="Voila exited with code 1"):
+        wait_for_pool(tmp_path / "none", 1, _Proc(1), timeout_s=5)

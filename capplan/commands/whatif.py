@@ -31,6 +31,11 @@ import click
 
 from .. import report as R
 from ..errors import SpecError
+from ..nbexec import VOILA_OPTIONS
+from ..notebook import READY_DIR_ENV
+
+#: how long the pre-heated kernels may take to run the page before the URL is printed anyway
+POOL_READY_TIMEOUT_S = 600.0
 
 
 def _free_port() -> int:
@@ -48,6 +53,29 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def wait_for_pool(ready_dir: Path, pool: int, proc: subprocess.Popen, *,
+                  timeout_s: float = POOL_READY_TIMEOUT_S, say=None) -> int:
+    """Wait until ``pool`` pre-heated kernels have run the whole page (each leaves a mark in
+    ``ready_dir``: ``notebook.app_ready``), so the first visitors get a finished page. Returns
+    how many are ready: fewer only when ``timeout_s`` passed (said through ``say``)."""
+    import time
+
+    say = say or (lambda t: click.echo(t, err=True))
+    deadline = time.monotonic() + timeout_s
+    ready = 0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SpecError(f"Voila exited with code {proc.returncode} before the page was ready",
+                            fix="see the lines above for its reason")
+        ready = sum(1 for _ in ready_dir.glob("kernel-*"))
+        if ready >= pool:
+            return ready
+        time.sleep(0.5)
+    say(f"warning: only {ready} of {pool} pre-heated kernels had run the page after "
+        f"{timeout_s:.0f} s (a busy machine?); the first visitors may wait for theirs")
+    return ready
+
+
 def voila_command(notebook: Path, port: int, token: str, *, pool: int = 4, cull_after_s: int = 30) -> list[str]:
     """Voila on 127.0.0.1: no tracebacks to users, a pre-heated kernel pool, idle kernels of
     closed tabs culled (connected ones are kept)."""
@@ -57,7 +85,9 @@ def voila_command(notebook: Path, port: int, token: str, *, pool: int = 4, cull_
            f"--MappingKernelManager.cull_interval={max(5, int(cull_after_s) // 3)}",
            "--MappingKernelManager.cull_connected=False",
            # culls closed tabs' kernels, never one just handed to a visitor (capplan.whatif.kernels)
-           "--VoilaConfiguration.multi_kernel_manager_class=capplan.whatif.kernels.GraceKernelManager"]
+           "--VoilaConfiguration.multi_kernel_manager_class=capplan.whatif.kernels.GraceKernelManager",
+           # read kernel replies without lost wake-ups (capplan.nbexec)
+           *VOILA_OPTIONS]
     if pool > 0:
         # refill the pool 20 s after a visitor takes a kernel, not 1 s: visitors arriving together
         # are served before new kernels compete with them for the CPU
@@ -113,6 +143,9 @@ def cmd(study, spec, port, slo, reps, seed, token, pool, cull_after, scenarios):
     WhatIfModel.build(params.study, params.spec, params.slo, reps=params.reps, seed=params.seed,
                       confidence=params.confidence, cache=Path(env["CAPPLAN_CACHE_DIR"]))
     tmp = Path(tempfile.mkdtemp(prefix="capplan-whatif-"))
+    ready_dir = tmp / "ready"
+    ready_dir.mkdir()
+    env[READY_DIR_ENV] = str(ready_dir)
     try:
         nb = json.loads(source.read_text(encoding="utf-8"))
         nb.setdefault("metadata", {})["kernelspec"] = {
@@ -120,8 +153,6 @@ def cmd(study, spec, port, slo, reps, seed, token, pool, cull_after, scenarios):
         served = tmp / "whatif.ipynb"
         served.write_text(json.dumps(nb), encoding="utf-8")
         url = f"http://127.0.0.1:{port}/?token={token}"
-        click.echo(f"what-if panel for {params.study}: {url}  (Ctrl-C stops it)")
-        sys.stdout.flush()
         proc = subprocess.Popen(voila_command(served, port, token, pool=pool, cull_after_s=cull_after),
                                 env=env, cwd=tmp)
 
@@ -130,6 +161,12 @@ def cmd(study, spec, port, slo, reps, seed, token, pool, cull_after, scenarios):
 
         signal.signal(signal.SIGTERM, _stop)
         try:
+            if pool > 0:
+                click.echo(f"running the page in {pool} pre-heated kernel(s) …", err=True)
+                wait_for_pool(ready_dir, pool, proc)
+            # printed once the first visitors get a finished page at once
+            click.echo(f"what-if panel for {params.study}: {url}  (Ctrl-C stops it)")
+            sys.stdout.flush()
             return proc.wait()
         except KeyboardInterrupt:
             proc.terminate()
