@@ -689,7 +689,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         ``t_free`` or when it joined the queue, whichever is later, while the batch has a slot
         and the KV cache the prompt's blocks. Called at boundary ``now`` for the time since the
         last plan: a lane is a server of its own and never waits for a decode boundary (batch
-        slots and KV blocks change only at boundaries, so the state now is the state then)."""
+        slots and KV blocks change only at boundaries, so the state now is the state then).
+        With a scheduling policy the prompt is the queue's head now, not at that earlier time."""
         w = R.waiting
         while R.nwait and len(R.running) < max_batch and R.lanes_busy < lanes:
             h = w[0]
