@@ -4,7 +4,8 @@
 
 - ``cache``: the measured hit rate against the generating cache's own count (system prompts,
   sessions, the Mooncake trace's hash ids); a 90 % hit rate on 3,000-token system prompts —
-  C_SLO gain against the gain the saved prefill time predicts (Poisson and constant arrivals);
+  C_SLO gain against the gain the saved prefill time predicts (Poisson and constant arrivals,
+  colocated prefill and one separate prefill lane);
   hit rate and C_SLO over cache sizes; least-work vs prefix-affinity routing on 4 replicas.
 - ``flush``: a flush's transient — the same requests with and without a flush, five seeds: the
   extra misses and prefill work, the flush window's hit rate and attainment, how long until the
@@ -110,13 +111,14 @@ def bench_cache(workers: int) -> dict:
                        "token hit rate", "equal"]))
     # 2. 90 % hit on long system prompts: gain vs prediction
     rows = []
-    for arrival in ("poisson", "constant"):
+    for mode, arrival in (("mixed", "poisson"), ("mixed", "constant"), ("separate", "poisson"), ("separate", "constant")):
         for slo in ("ttft_ms=30000,attainment=0.99", "ttft_ms=5000,attainment=0.99"):
-            sw = cache_sweep(parse_config(flat(arrival)), slo,
+            sw = cache_sweep(parse_config(flat(arrival, mode)), slo,
                              {"no cache": (None, None), "cache": (None, PrefixCacheSpec(blocks=10_000))},
                              runs=4, duration_s=900, workers=workers, rel_tol=0.005)
             r = sw.rows.set_index("setting")
-            rows.append({"arrivals": arrival, "SLO": slo, "hit rate": float(r.loc["cache", "request_hit_rate"]),
+            rows.append({"prefill": "colocated" if mode == "mixed" else "one separate lane", "arrivals": arrival,
+                         "SLO": slo, "hit rate": float(r.loc["cache", "request_hit_rate"]),
                          "C_SLO no cache": float(r.loc["no cache", "cslo_rps"]),
                          "C_SLO cache": float(r.loc["cache", "cslo_rps"]),
                          "CI cache": f"[{r.loc['cache', 'cslo_ci_low_rps']:.3g}, {r.loc['cache', 'cslo_ci_high_rps']:.3g}]",
@@ -124,7 +126,7 @@ def bench_cache(workers: int) -> dict:
                          "error": float(r.loc["cache", "gain"] / r.loc["cache", "predicted_gain"] - 1)})
     out["gain_vs_prediction"] = rows
     print("\n### 90 % hits on 3,000-token system prompts: C_SLO gain vs the saved prefill time\n")
-    print(table(rows, ["arrivals", "SLO", "hit rate", "C_SLO no cache", "C_SLO cache", "CI cache", "gain",
+    print(table(rows, ["prefill", "arrivals", "SLO", "hit rate", "C_SLO no cache", "C_SLO cache", "CI cache", "gain",
                        "predicted gain", "error"]))
     # 3. cache size sweep (8 system prompts of 2,000 tokens, Zipf 1): hit rate and C_SLO
     raw = flat()

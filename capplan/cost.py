@@ -31,6 +31,9 @@ HOURS_PER_QUARTER = HOURS_PER_MONTH * MONTHS_PER_QUARTER  # 2190
 SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600.0
 J_PER_KWH = 3.6e6
 J_PER_WH = 3600.0
+#: the quantile of a request's context (input + output tokens) the KV bound sizes sequences at
+#: (docs/mix.md, "KV memory"): the mean would let the long tail run out of cache
+CONTEXT_QUANTILE = 0.99
 
 
 def gpu_cost_usd_per_month(billed_gpus: float, usd_per_gpu_hour: float, overhead_pct: float) -> float:
@@ -149,6 +152,10 @@ class StudyFacts:
     #: mean input / output tokens of the ok requests of the whole study (the tested mix)
     mean_input_tokens: float | None = None
     mean_output_tokens: float | None = None
+    #: the CONTEXT_QUANTILE of input + output tokens over those requests (type 7): the context
+    #: a KV bound sizes sequences at, so the long tail fits and not only the mean
+    context_tokens_q: float | None = None
+    context_quantile: float = CONTEXT_QUANTILE
 
     def to_frame(self):
         import pandas as pd
@@ -293,10 +300,19 @@ def study_facts(study, slo, *, warmup_s: dict[str, float] | None = None) -> Stud
         ))
     peaks = [energy[rid][4] for rid in energy if energy[rid][4] is not None]
     n_ok = sum(r["e2e_n"] for r in per_run.values())
+    ctx_q = None
+    if n_ok:
+        open_runs = list(per_run)
+        marks = ", ".join("?" * len(open_runs))
+        (qs,), = study.sql(f"SELECT {study.dialect.quantiles('input_tokens + output_tokens')} FROM {view} "
+                           f"WHERE in_window AND status = 'ok' AND e2e_ms IS NOT NULL AND run_id IN ({marks})",
+                           [[CONTEXT_QUANTILE]] + open_runs).fetchall()
+        ctx_q = float(qs[0]) if qs is not None and qs[0] is not None else None
     return StudyFacts(slo=str(slo), levels=tuple(levels), replicas=study.manifest.replicas,
                       notes=tuple(notes), max_power_w_per_gpu=max(peaks) if peaks else None,
                       mean_input_tokens=sum(r["in_ok"] for r in per_run.values()) / n_ok if n_ok else None,
-                      mean_output_tokens=sum(r["out_ok"] for r in per_run.values()) / n_ok if n_ok else None)
+                      mean_output_tokens=sum(r["out_ok"] for r in per_run.values()) / n_ok if n_ok else None,
+                      context_tokens_q=ctx_q)
 
 
 def _run_energy(study, per_run: dict, notes: list[str]) -> dict:

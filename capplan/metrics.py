@@ -34,7 +34,7 @@ from . import contract as C
 from .dialect import Dialect
 from .earlystop import n_min
 from .errors import StudyError
-from .slo import SLO
+from .slo import SLO, good_terms
 from .study import Study
 
 REQUEST_VIEW_PREFIX = "request_metrics_"
@@ -158,28 +158,17 @@ def request_select(dialect: Dialect, has_itl: bool, events: str, runs: str) -> s
 
 def good_predicate(slo: SLO, alias: str = "") -> tuple[str, list]:
     """SQL boolean expression 'this request is SLO-good' over ``request_view`` columns, with
-    its bound parameters. Missing metrics of an ok request (TPOT with one output token, ITL
-    without a gap list) do not fail it; a missing first token does."""
+    its bound parameters: ``capplan.slo.good_terms``, the rule the array mask
+    (``capplan.slo.good_array``) is built from too. Missing metrics of an ok request (TPOT
+    with one output token, ITL without a gap list) do not fail it; a missing first token does."""
     a = f"{alias}." if alias else ""
-    ttft_col = f"{a}ttft_ms" if slo.ttft_from == "scheduled" else f"{a}ttft_sent_ms"
-    itl_col = f"{a}itl_p99_ms" if slo.itl_stat == "p99" else f"{a}itl_max_ms"
     parts = [f"{a}status = 'ok'", f"{a}first_token_ns IS NOT NULL"]
     params: list = []
-    if slo.ttft_ms is not None:
-        parts.append(f"{ttft_col} <= ?")
-        params.append(float(slo.ttft_ms))
-    if slo.tpot_ms is not None:
-        parts.append(f"({a}tpot_ms IS NULL OR {a}tpot_ms <= ?)")
-        params.append(float(slo.tpot_ms))
-    if slo.itl_ms is not None:
-        parts.append(f"({itl_col} IS NULL OR {itl_col} <= ?)")
-        params.append(float(slo.itl_ms))
-    if slo.e2e_ms is not None:
-        parts.append(f"{a}e2e_ms <= ?")
-        params.append(float(slo.e2e_ms))
+    for t in good_terms(slo):
+        col = f"{a}{t.column}"
+        parts.append(f"({col} IS NULL OR {col} <= ?)" if t.missing_passes else f"{col} <= ?")
+        params.append(t.limit_ms)
     return "(" + " AND ".join(parts) + ")", params
-
-
 
 
 def class_good_predicate(classes, alias: str = "") -> tuple[str, list]:

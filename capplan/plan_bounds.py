@@ -141,7 +141,9 @@ def kv_items(spec, *, g: int, capacity_rps: float, facts, facts_at_capacity,
              system: dict | None) -> tuple[list[tuple], list[tuple], list[str], KVBudget | None]:
     """KV line items and the KV-bound check (docs/mix.md, "KV memory"). The model and GPU come
     from ``model:`` in the spec, else from the study's ``system`` when the catalogue lists them;
-    the context length from ``model.context_tokens``, else the tested mix's mean tokens."""
+    the context length from ``model.context_tokens``, else a high quantile (``context_quantile``,
+    p99) of the tested mix's input + output tokens per request, rounded up; with neither, no KV
+    number at all (a note says why)."""
     m = spec.model
     system = system or {}
     if m.name is None and m.gpu is None and m.context_tokens is None and not system:
@@ -158,14 +160,18 @@ def kv_items(spec, *, g: int, capacity_rps: float, facts, facts_at_capacity,
     notes = []
     ctx, ctx_src = m.context_tokens, "model.context_tokens (forecast)"
     if ctx is None:
-        if facts is not None and facts.mean_input_tokens:
-            ctx = int(round(facts.mean_input_tokens + (facts.mean_output_tokens or 0)))
-            ctx_src = "mean input + output tokens of the study's tested mix"
-            notes.append("KV bound at the tested mix's mean context; set model.context_tokens to the "
-                         "forecast context length to check the plan against it")
+        q = getattr(facts, "context_tokens_q", None)
+        if q is not None and q >= 1:
+            name = _pname(facts.context_quantile)
+            ctx = int(math.ceil(q - 1e-9))
+            ctx_src = f"{name} of input + output tokens per ok request of the study's tested mix"
+            notes.append(f"KV bound at the tested mix's {name} context ({ctx:,} tokens of input + output, "
+                         f"mean {facts.mean_input_tokens + (facts.mean_output_tokens or 0):,.0f}); set "
+                         "model.context_tokens to the forecast context length to check the plan against it")
         else:
-            return [], [], ["KV memory not computed: no model.context_tokens and no study to read a "
-                            "context length from"], None
+            return [], [], ["KV memory not computed: no model.context_tokens and no ok request in the study "
+                            "to read a context length from — set model.context_tokens to the forecast context "
+                            "(input + output tokens) of the longest requests to be served"], None
     b = kv_budget(model, gpu, g, context_tokens=ctx, kv_dtype=m.kv_dtype,
                   weight_bytes_per_param=m.weight_bytes_per_param,
                   activation_reserve=m.activation_reserve, block_tokens=m.block_tokens, catalogue=cat)
@@ -198,6 +204,11 @@ def kv_items(spec, *, g: int, capacity_rps: float, facts, facts_at_capacity,
         notes.append("KV-bound check not done: no study to read the mean time in system from and no "
                      "model.mean_e2e_s")
     return items, checks, notes, b
+
+
+def _pname(q: float) -> str:
+    """0.99 → "p99", 0.999 → "p99.9"."""
+    return f"p{q * 100:.10g}"
 
 
 # ----------------------------------------------------------------------------- power

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+import numpy as np
+
 from . import spec as S
 from .errors import SpecError
 
@@ -97,6 +99,49 @@ class SLO:
 
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.to_dict().items())
+
+
+@dataclass(frozen=True)
+class GoodTerm:
+    """One limit of the SLO-good rule: the per-request metric ``column`` (a name of
+    ``capplan.metrics.request_view``, in ms) is at most ``limit_ms``; a missing value passes
+    when ``missing_passes`` (TPOT of a one-token answer, ITL without a gap list), else fails."""
+
+    column: str
+    limit_ms: float
+    missing_passes: bool
+
+
+def good_terms(slo: SLO) -> tuple[GoodTerm, ...]:
+    """The SLO-good rule, the one definition that the SQL predicate
+    (``capplan.metrics.good_predicate``) and the array mask (:func:`good_array`) are built from:
+    a request is good when its status is ``ok``, it has a first token, and every term holds.
+    TTFT counts from ``sent`` (``ttft_sent_ms``, from scheduled where the send is unknown) when
+    ``ttft_from = sent``; E2E always from scheduled; ITL is the request's p99 or max gap."""
+    terms = []
+    if slo.ttft_ms is not None:
+        terms.append(GoodTerm("ttft_ms" if slo.ttft_from == "scheduled" else "ttft_sent_ms",
+                              float(slo.ttft_ms), False))
+    if slo.tpot_ms is not None:
+        terms.append(GoodTerm("tpot_ms", float(slo.tpot_ms), True))
+    if slo.itl_ms is not None:
+        terms.append(GoodTerm("itl_p99_ms" if slo.itl_stat == "p99" else "itl_max_ms", float(slo.itl_ms), True))
+    if slo.e2e_ms is not None:
+        terms.append(GoodTerm("e2e_ms", float(slo.e2e_ms), False))
+    return tuple(terms)
+
+
+def good_array(slo: SLO, ok: np.ndarray, metric) -> np.ndarray:
+    """:func:`good_terms` on arrays: ``ok`` = status ok with a first token; ``metric(column)``
+    gives that column per request, NaN where the SQL view has NULL (NaN ≤ limit is false,
+    as NULL ≤ limit is not true)."""
+    g = np.asarray(ok, dtype=bool).copy()
+    for t in good_terms(slo):
+        v = np.asarray(metric(t.column), dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            hold = v <= t.limit_ms
+        g &= (hold | np.isnan(v)) if t.missing_passes else hold
+    return g
 
 
 def override_note(base: "SLO | None", given: "SLO") -> str | None:

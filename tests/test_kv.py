@@ -171,3 +171,37 @@ def test_token_goodput_and_energy_per_token_from_a_study(make_study):
         plan.value("total_groups") * 3000.0)
     # the study's system gpu is in the catalogue: its TDP is the peak power without telemetry
     assert plan.value("gpu_peak_w") == 700
+
+
+def test_kv_bound_sizes_sequences_at_the_p99_context(make_study):
+    """Without model.context_tokens the KV bound uses the p99 (type 7) of input + output tokens
+    of the tested mix's ok requests — not the mean — and names it; with no such request there
+    is no KV number at all."""
+    from capplan.cost import study_facts
+    from capplan.plan_bounds import kv_items
+    from capplan.study import open_study
+
+    # ok requests of 100, 200, …, 10 000 tokens of context (input + 10 output); a failed request
+    # with a huge prompt and one before the warm-up do not count
+    rows = [ev("r1", f"q{k}", scheduled_ms=1000 + k, input_tokens=100 * k - 10, output_tokens=10) for k in range(1, 101)]
+    rows.append(ev("r1", "err", scheduled_ms=1500, input_tokens=90_000, output_tokens=0, ttft_ms=None, e2e_ms=None,
+                   status="error"))
+    rows.append(ev("r1", "warm", scheduled_ms=10, input_tokens=90_000, output_tokens=10))
+    study = open_study(make_study(rows, runs=[{"run_id": "r1", "offered_rps": 1.0, "warmup_s": 0.5}]))
+    facts = study_facts(study, "ttft_ms=2000,attainment=0.99")
+    # type 7: h = (100 − 1) × 0.99 = 98.01 → 9 900 + 0.01 × (10 000 − 9 900) = 9 901; the mean is 5 050
+    assert facts.context_tokens_q == pytest.approx(9901.0)
+    assert facts.mean_input_tokens + facts.mean_output_tokens == pytest.approx(5050.0)
+    spec = _spec(model={"name": "llama-3.1-70b", "gpu": "h100-80gb", "mean_e2e_s": 10.0})
+    items, checks, notes, budget = kv_items(spec, g=4, capacity_rps=5.0, facts=facts, facts_at_capacity=None,
+                                            system={})
+    it = {i[0]: i for i in items}
+    # 9 901 tokens → 619 blocks of 16 = 9 904 tokens a sequence: 512 810 // 9 904 = 51 (the mean gives 101)
+    assert budget.context_tokens == 9901 and it["kv_max_sequences"][2] == 51
+    assert it["kv_max_sequences"][5]["context_source"].startswith("p99 of input + output tokens")
+    assert any("p99 context (9,901 tokens" in n and "mean 5,050" in n for n in notes)
+    # C = 5 req/s × W = 10 s = 50 sequences ≤ 51: holds, just
+    assert {c[0]: c[2] for c in checks}["kv_bound"]
+    # nothing known: no number
+    none = kv_items(spec, g=4, capacity_rps=5.0, facts=None, facts_at_capacity=None, system={})
+    assert none[0] == [] and none[3] is None and "no model.context_tokens" in none[2][0]

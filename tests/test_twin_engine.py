@@ -5,6 +5,7 @@ tests/test_synth_properties.py), and mixed-mode output must not change."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from capplan.synth.engine import ClosedLoop, ReplicaParams, simulate
@@ -155,3 +156,81 @@ def test_config_reads_the_twin_extensions_and_keeps_old_bytes(tmp_path):
         assert e.value.field == field
     with pytest.raises(SpecError, match="increase from 0 to 1"):
         LengthDist.from_dict({"kind": "empirical", "levels": [0, 0.7, 0.5], "input": [1, 2, 3], "output": [1, 2, 3]})
+
+
+def _one_lane(rate_rps, n, *, poisson=False, lanes=1, seed=0):
+    """One replica, separate prefill, 550-token prompts at 0.1 ms a token = 55 ms on a lane,
+    50-token answers decoding at 20–30 ms a step (boundaries that never line up with a lane)."""
+    if poisson:
+        gaps = np.random.default_rng(seed).exponential(1e9 / rate_rps, n)
+        sched = np.round(np.cumsum(gaps) - gaps[0]).astype(np.int64)
+    else:
+        sched = np.round(np.arange(n) * (1e9 / rate_rps)).astype(np.int64)
+    sm = ServiceModel((1, 64), (20.0, 30.0), 0.1, 0.0)
+    p = ReplicaParams(max_batch=64, token_budget=4096, kv_blocks=40000, queue_limit=None, service=sm,
+                      prefill="separate", prefill_lanes=lanes)
+    end_s = sched[-1] / 1e9 + 120
+    r = simulate(sched_ns=sched, input_tokens=np.full(n, 550), output_tokens=np.full(n, 50), n_replicas=1,
+                 params=p, timeout_s=600, end_s=end_s)
+    return _books(r, 600, end_s)
+
+
+def test_a_prefill_lane_takes_the_next_prompt_as_soon_as_it_frees():
+    """A lane is a server of its own: it never waits for a decode-iteration boundary.
+    At 17 req/s (one every 58.8 ms) a 55-ms lane is free when each prompt arrives: every TTFT
+    is 55 ms and the lane keeps up (before: admission at the next boundary, 14.55 prompts/s,
+    and a queue that grew all run)."""
+    d = _one_lane(17.0, 1700)
+    ttft_ms = (d.first_token_ns - d.scheduled_ns) / 1e6
+    assert (d.status == "ok").all() and np.allclose(ttft_ms, 55.0)
+    # saturated: one every 40 ms; prompt i starts when prompt i − 1 is done, at 55 i ms, so its
+    # first token is at 55 (i + 1) ms and its TTFT 55 (i + 1) − 40 i = 55 + 15 i ms: 1000 / 55 = 18.18/s
+    d = _one_lane(25.0, 200)
+    i = np.arange(200)
+    assert np.array_equal(d.first_token_ns.to_numpy() - d.scheduled_ns.to_numpy(), (55 + 15 * i) * 1_000_000)
+    assert np.array_equal(d.admitted_ns.to_numpy(), 55 * i * 1_000_000)
+
+
+def test_prefill_lanes_never_overlap_more_prompts_than_they_have():
+    """Under Poisson arrivals, with lane starts back-dated between boundaries, prompts on lanes
+    at any time ≤ lanes, and each starts at its arrival or when a lane frees."""
+    for lanes in (1, 2):
+        d = _one_lane(17.0 * lanes, 1500, poisson=True, lanes=lanes, seed=lanes).sort_values("admitted_ns")
+        a, f, s = (d[c].to_numpy() for c in ("admitted_ns", "first_token_ns", "scheduled_ns"))
+        assert np.all(f - a == 55_000_000)
+        ev = np.r_[np.c_[a, np.ones_like(a)], np.c_[f, -np.ones_like(f)]]
+        ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]  # a finish before a start at the same time
+        assert np.cumsum(ev[:, 1]).max() == lanes
+        # a prompt waits only while every lane is busy: it starts at its arrival or at a finish
+        finishes = set(f.tolist())
+        assert all(x == y or x in finishes for x, y in zip(a, s))
+
+
+@pytest.mark.slow
+def test_a_binding_prefill_lane_gives_the_cache_gain_the_saved_prefill_predicts():
+    """docs/scenarios.md: with one resource binding, the cache's C_SLO gain is what the prefill
+    time saved predicts. One separate lane, constant arrivals, 90 % of prompts sharing a
+    3,000-token system prompt, a loose TTFT limit: the lane binds (decoding at full batch needs
+    49 × 30 / 64 = 23 ms a request, the lane 320 ms without the cache and 50.7 with it), so the
+    gain is 3,200 / 507.2 = ×6.31 by hand — within 5 % (before lanes admitted at once it was ×5.0)."""
+    from capplan.synth.config import parse_config
+    from capplan.synth.prefix import PrefixCacheSpec
+    from capplan.twin.cachesim import cache_sweep
+
+    cfg = parse_config({
+        "name": "cache", "system": {"replicas": 1},
+        "replica": {"max_batch": 64, "token_budget": 4096, "kv_blocks": 40000, "queue_limit": None,
+                    "prefill": "separate", "prefill_lanes": 1,
+                    "service_model": {"decode_step_ms": {1: 20.0, 64: 30.0}, "prefill_ms_per_token": 0.1}},
+        "client": {"timeout_s": 120},
+        "workload": {"arrival": {"process": "constant"}, "lengths": {"kind": "fixed", "input": 500, "output": 50},
+                     "prefixes": {"kind": "system", "groups": 1, "tokens": 3000, "share": 0.9}},
+        "sweep": {"rates": [1.0], "duration_s": 300}})
+    sw = cache_sweep(cfg, "ttft_ms=30000,attainment=0.99",
+                     {"no cache": (None, None), "cache": (None, PrefixCacheSpec(blocks=10_000))},
+                     runs=2, duration_s=600, workers=1, rel_tol=0.01)
+    r = sw.rows.set_index("setting")
+    assert r.loc["cache", "predicted_gain"] == pytest.approx(3200 / 507.2, rel=0.02)
+    assert r.loc["cache", "gain"] == pytest.approx(r.loc["cache", "predicted_gain"], rel=0.05)
+    # and the lane's own bound, 1 000 / 50.72 = 19.7 req/s with the cache
+    assert r.loc["cache", "cslo_rps"] == pytest.approx(1000 / 50.72, rel=0.05)

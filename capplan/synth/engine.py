@@ -19,7 +19,10 @@ Model (vLLM-like, one FIFO queue per replica):
   once, unbounded by default; each lane time × a per-request factor ``prefill_scale`` when
   given, e.g. lognormal jitter), emits its first token when the lane finishes and joins the
   decode batch at the next iteration boundary; decode iterations then take
-  ``decode_step_ms(decoding sequences)`` only and the token budget does not apply;
+  ``decode_step_ms(decoding sequences)`` only and the token budget does not apply. A lane is a
+  server of its own: a queued prompt starts on it when it frees (or when the prompt arrives at a
+  free lane), not at the next decode boundary — lane starts between boundaries are booked at
+  the boundary with their own times (batch slots and KV blocks change only at boundaries);
 - ``fault`` (open loop) marks requests the server fails whatever the load: 1 = an immediate
   error, 2 = a stall (never served; the client gives up at its deadline).
 - a fleet ``control`` (:mod:`capplan.synth.control`) may change the replicas during the run:
@@ -165,7 +168,7 @@ class _Rep:
                  "running", "ndec", "prefilling", "H", "used", "fin_heap", "dl_heap", "pf_done",
                  "seg_i0", "seg_t0", "seg_step", "seg_k", "seg_tok", "assigned", "done", "stopped",
                  "preemptions", "max_wait", "pf_heap", "lanes_busy", "routable", "alive", "draining",
-                 "retry_after")
+                 "retry_after", "t_plan")
 
     def __init__(self, idx: int, bs: int):
         self.idx = idx
@@ -198,6 +201,7 @@ class _Rep:
         self.max_wait = 0
         self.pf_heap: list = []  # separate prefill: (ready_ns, rid) of prompts on a lane
         self.lanes_busy = 0
+        self.t_plan = 0  # separate prefill: when the replica last planned (a boundary)
         self.routable = True  # the router may send it requests
         self.alive = True  # it serves what it holds (False: failed or removed)
         self.draining = False
@@ -319,6 +323,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     pfs = prefill_scale.tolist() if prefill_scale is not None else None
     ready_t = [0] * n0  # separate prefill: when the prompt on its lane is done
     lane_tok = [False] * n0  # separate prefill: the current stint's first token came off-grid
+    qt = [0] * n0  # when the request joined its replica's queue (separate prefill's lanes start then)
     xt_rid: list = []
     xt_ns: list = []
     # fleet control (None: a fixed fleet, and none of this is touched)
@@ -381,6 +386,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         rep_of.append(-1)
         ready_t.append(0)
         lane_tok.append(False)
+        qt.append(0)
         user_of.append(u)
         reissued.append(False)
         rid = len(sched) - 1
@@ -633,24 +639,28 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         else:
             go_idle(R)
 
+    def start_lane(R, h, t):
+        """Separate prefill: admitted ``h`` computes its prompt on a lane from ``t`` on."""
+        lane_ns = kp_ns * rem[h] + over_ns
+        if pfs is not None:
+            lane_ns *= pfs[h]
+        r = t + max(1000, int(round(lane_ns / 1000.0)) * 1000)
+        ready_t[h] = r
+        heapq.heappush(R.pf_heap, (r, h))
+        R.lanes_busy += 1
+
     def plan_sep(R, now):
         """plan() for separate prefill: admit onto free prefill lanes, then run decode-only
         iterations, cut at the next lane completion so that a finished prompt joins the batch
         at the following boundary; with no decoding sequence, wait for a lane (kind 3)."""
+        R.t_plan = now
         need1 = make_room(R, now)
         running = R.running
         while R.nwait and len(running) < max_batch and R.lanes_busy < lanes:
             h = admit_head(R, now, need1)
             if h < 0:
                 break
-            L = rem[h]
-            lane_ns = kp_ns * L + over_ns
-            if pfs is not None:
-                lane_ns *= pfs[h]
-            r = now + max(1000, int(round(lane_ns / 1000.0)) * 1000)
-            ready_t[h] = r
-            heapq.heappush(R.pf_heap, (r, h))
-            R.lanes_busy += 1
+            start_lane(R, h, now)
         ph = R.pf_heap
         while ph and (state[ph[0][1]] != PREFILL or ready_t[ph[0][1]] != ph[0][0]):
             heapq.heappop(ph)
@@ -674,9 +684,34 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         else:
             go_idle(R)
 
+    def lane_fill(R, t_free, now):
+        """Separate prefill: lanes free since ``t_free`` take queued prompts at once, each at
+        ``t_free`` or when it joined the queue, whichever is later, while the batch has a slot
+        and the KV cache the prompt's blocks. Called at boundary ``now`` for the time since the
+        last plan: a lane is a server of its own and never waits for a decode boundary (batch
+        slots and KV blocks change only at boundaries, so the state now is the state then).
+        With a scheduling policy the prompt is the queue's head now, not at that earlier time."""
+        w = R.waiting
+        while R.nwait and len(R.running) < max_batch and R.lanes_busy < lanes:
+            h = w[0]
+            if state[h] != WAITING:
+                w.popleft()
+                continue
+            s = qt[h] if qt[h] > t_free else t_free
+            if dl[h] <= s:
+                w.popleft()
+                expire_waiting(R, h, s)
+                continue
+            if admit_head(R, s, 0) < 0:
+                return  # the head waits for KV blocks freed at a boundary
+            start_lane(R, h, s)
+
     def lanes_done(R, now):
-        """Separate prefill: prompts whose lane finished by ``now`` send their (first) token at
-        the lane's finish time and join the decode batch from iteration ``R.it`` on."""
+        """Separate prefill, at boundary ``now``: the lanes since the last plan, in time order.
+        Free lanes take the prompts queued since (``lane_fill``); a prompt whose lane finished
+        by ``now`` sends its (first) token at the lane's finish time and joins the decode batch
+        from iteration ``R.it`` on, and its lane takes the next prompt from that time on."""
+        lane_fill(R, R.t_plan, now)
         ph = R.pf_heap
         while ph and ph[0][0] <= now:
             r, rid = heapq.heappop(ph)
@@ -694,6 +729,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             lane_tok[rid] = True
             first_token(rid, r, True)
             prompt_done(R, rid, now, True)  # books as if a prefill iteration had just ended
+            lane_fill(R, r, now)
 
     def first_token(rid, t, on_time):
         """A request's prompt is done at ``t``: with a control, its first token (not a
@@ -760,7 +796,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                 first_token(rid, now, now <= (dl[rid] if dl[rid] < end_ns else end_ns))
                 prompt_done(R, rid, now, now <= (dl[rid] if dl[rid] < end_ns else end_ns))
             R.pf_done = []
-        if sep and R.pf_heap:
+        if sep:
             lanes_done(R, now)
         fh = R.fin_heap
         while fh and fh[0][0] <= it - 1:
@@ -853,6 +889,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             return
         was_empty = R.nwait == 0
         R.waiting.append(rid)
+        qt[rid] = t
         R.nwait += 1
         if R.nwait > R.max_wait:
             R.max_wait = R.nwait

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..slo import SLO
+from ..slo import SLO, good_array
 from ..synth.engine import simulate
 from ..synth.events import token_times
 from ..synth.sweep import lognormal_factors
@@ -66,23 +66,31 @@ def itl_stats(off: np.ndarray, val: np.ndarray, has: np.ndarray):
     return p99, mx
 
 
-def good_mask(o: Outcome, slo: SLO) -> np.ndarray:
-    """capplan.metrics.good_predicate on arrays."""
-    ok = (o.status == OK) & (o.first >= 0)
-    t0 = o.sched
-    g = ok.copy()
-    if slo.ttft_ms is not None:
-        g &= (o.first - t0) / 1e6 <= slo.ttft_ms
-    if slo.tpot_ms is not None:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tp = np.where(o.out > 1, (o.last - o.first) / 1e6 / np.maximum(o.out - 1, 1), np.nan)
-        g &= np.isnan(tp) | (tp <= slo.tpot_ms)
-    if slo.itl_ms is not None and o.itl_p99_ms is not None:
-        v = o.itl_p99_ms if slo.itl_stat == "p99" else o.itl_max_ms
-        g &= np.isnan(v) | (v <= slo.itl_ms)
-    if slo.e2e_ms is not None:
-        g &= (o.last - t0) / 1e6 <= slo.e2e_ms
-    return g
+def good_mask(o: Outcome, slo: SLO, sent_ns: np.ndarray | None = None) -> np.ndarray:
+    """capplan.metrics.good_predicate on arrays (both from ``capplan.slo.good_terms``), the
+    metrics as ``request_view`` defines them; a missing stamp (−1) is NULL. ``sent_ns``: the
+    client's send stamps for ``ttft_from = sent`` (None or −1: unknown, TTFT from scheduled
+    as the SQL's coalesce)."""
+    known = lambda x: np.where(x >= 0, x, np.nan).astype(np.float64)  # noqa: E731
+    first, last = known(o.first), known(o.last)
+    sched = o.sched.astype(np.float64)
+    sent = sched if sent_ns is None else np.where(sent_ns >= 0, sent_ns, o.sched).astype(np.float64)
+    nan = np.full(len(sched), np.nan)
+
+    def metric(col: str) -> np.ndarray:
+        if col == "ttft_ms":
+            return (first - sched) / 1e6
+        if col == "ttft_sent_ms":
+            return (first - sent) / 1e6
+        if col == "tpot_ms":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(o.out > 1, (last - first) / 1e6 / np.maximum(o.out - 1, 1), np.nan)
+        if col == "e2e_ms":
+            return (last - sched) / 1e6
+        v = o.itl_p99_ms if col == "itl_p99_ms" else o.itl_max_ms
+        return nan if v is None else v
+
+    return good_array(slo, (o.status == OK) & (o.first >= 0), metric)
 
 
 def run_metrics(o: Outcome, slo: SLO, warmup_ns: int) -> dict:
