@@ -297,10 +297,13 @@ class Control:
         ready = fleet.ready()
         sig = fleet.signals(now, int(round(a.rate_window_s * NS)), self.spec.ttft_limit_ms)
         d = self.policy.decide(now / NS, sig, len(ready))
+        cw = d.capacity_work  # C in prefill-equivalent tokens per second (NaN: not calibrated)
         fleet.log(now, "scale_decision", None, desired=d.desired, ready=len(ready), signal=d.signal,
                   signal_value=d.value, rate_rps=sig.rate_rps,
-                  queue_work_s=sig.queue / a.capacity_rps,
-                  detail=f"raw {d.raw} from {d.signal}")
+                  queue_work_s=sig.queue_work / cw, work_rate_replicas=sig.work_rate / cw,
+                  detail=f"raw {d.raw} from {d.signal} (asked {d.asked}); C = {a.capacity_rps:g} req/s × "
+                         f"{cw / a.capacity_rps:,.1f} tokens = {cw:,.1f} prefill-equivalent "
+                         f"tokens/s, an answer token = {sig.decode_token_weight:.4g}")
         live = self._serving(fleet)
         if self.rolling:
             return  # a rollout sets the fleet while it runs

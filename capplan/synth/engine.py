@@ -327,11 +327,17 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     resent: set = set()  # requests already resent once
     void_from: dict = {}  # rid → first stint of its last attempt (earlier ones are dropped)
     xvoid_from: dict = {}  # the same for tokens sent off the grid (separate prefill)
-    arr_t: deque = deque()  # arrival times in the control's signal window
+    arr_t: deque = deque()  # (arrival time, work) in the control's signal window
     ft: deque | None = None  # (first-token time, TTFT) in that window
     tl: list = []  # timeline rows
     groups: list = []
-    tok_sum = [0, 0]  # Σ (input + output) of arrivals, arrivals: the mean request size
+    wd = 1.0  # the autoscaler's answer-token weight (prefill-equivalent tokens)
+    if ctl is not None and ctl.spec.autoscaler is not None:
+        from .autoscale import decode_token_weight
+
+        a_ = ctl.spec.autoscaler
+        wd = a_.decode_token_weight if a_.decode_token_weight is not None \
+            else decode_token_weight(sm, max_batch)
     if ctl is not None:
         ft = deque()
         groups = list(ctl.spec.placement.initial(n_replicas))
@@ -805,9 +811,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
     def arrive(rid, t):
         if ctl is not None:
-            arr_t.append(t)
-            tok_sum[0] += inp[rid] + out[rid]
-            tok_sum[1] += 1
+            arr_t.append((t, inp[rid] + wd * out[rid]))
         if flt is not None and flt[rid]:  # a fault: the server fails it whatever the load
             state[rid] = DONE
             status[rid] = ERROR if flt[rid] == 1 else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
@@ -1008,30 +1012,42 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             tl.append((t, event, replica, cols))
 
         def signals(self, now, window, ttft_limit_ms):
+            """The autoscaler's view (capplan.synth.autoscale): work in prefill-equivalent
+            tokens — a prompt token 1, an answer token ``wd``. Q_work: waiting requests whole
+            (a preempted one: its prompt and the tokens it had, re-prefilled, plus the answer
+            left), running ones the prompt tokens not yet computed (a prompt on a prefill lane
+            counts whole until the lane finishes) and the answer tokens not yet emitted."""
             from .autoscale import Signals
 
-            while arr_t and arr_t[0] <= now - window:
+            while arr_t and arr_t[0][0] <= now - window:
                 arr_t.popleft()
             while ft and ft[0][0] <= now - window:
                 ft.popleft()
-            mean_tok = tok_sum[0] / tok_sum[1] if tok_sum[1] else 1.0
-            wait_tok = 0
+            q_work = 0.0
             used = cap = 0
             for R in reps:
                 if not R.alive:
                     continue
                 for rid in R.waiting:
                     if state[rid] == WAITING:
-                        wait_tok += inp[rid] + out[rid]
+                        q_work += inp[rid] + gen[rid] + wd * (out[rid] - gen[rid])
+                j = min((now - R.t0) // R.step, R.k) if R.kind == 1 and R.step else 0
+                for rid in R.running:  # tokens emitted so far: gen + (iterations done − pst)
+                    if state[rid] == PREFILL:
+                        q_work += rem[rid] + wd * (out[rid] - gen[rid])
+                    elif state[rid] == DECODE:
+                        q_work += wd * max(0, out[rid] - gen[rid] - (R.it + j - pst[rid]))
                 if R.routable:
                     used += R.used
                     cap += kv_total
             w_s = min(window, now) / 1e9 if now > 0 else window / 1e9  # a young run: its age
+            work = float(sum(x for _, x in arr_t))
             ttfts = np.fromiter((x for _, x in ft), dtype=np.float64, count=len(ft))
             p99 = float(np.percentile(ttfts, 99)) / 1e6 if ttfts.size else float("nan")
             good = int(np.sum(ttfts <= ttft_limit_ms * 1e6))
-            return Signals(rate_rps=len(arr_t) / w_s, queue=wait_tok / mean_tok, ttft_p99_ms=p99,
-                           kv_use=used / cap if cap else float("nan"),
+            return Signals(rate_rps=len(arr_t) / w_s, work_rate=work / w_s, queue_work=q_work,
+                           window_arrivals=len(arr_t), window_work=work, decode_token_weight=wd,
+                           ttft_p99_ms=p99, kv_use=used / cap if cap else float("nan"),
                            good_share=min(1.0, good / len(arr_t)) if arr_t else float("nan"))
 
     fleet = Fleet() if ctl is not None else None
