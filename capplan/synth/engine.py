@@ -158,6 +158,8 @@ class SimResult:
     replica_names: tuple | None = None
     #: the run's prompt prefixes (capplan.synth.prefix.Prefixes) when the workload has them
     prefixes: object = None
+    #: with a control: retries each request's client sent (0: its first attempt only)
+    retries: np.ndarray | None = None
 
 
 class _Rep:
@@ -324,7 +326,14 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     # fleet control (None: a fixed fleet, and none of this is touched)
     ctl = control
     rheap: list = []  # resent requests: (time, rid)
-    resent: set = set()  # requests already resent once
+    resent: set = set()  # requests already resent once (no retry policy)
+    rtr = None  # the clients' retry policy at work (capplan.synth.retry), if the control has one
+    if ctl is not None and getattr(ctl.spec, "retry", None) is not None:
+        from .retry import Retrier
+
+        rtr = Retrier(ctl.spec.retry)
+    n_att = [0, 0]  # first attempts, retries sent
+    n_retry: dict = {}  # rid → retries sent
     void_from: dict = {}  # rid → first stint of its last attempt (earlier ones are dropped)
     xvoid_from: dict = {}  # the same for tokens sent off the grid (separate prefill)
     arr_t: deque = deque()  # (arrival time, work) in the control's signal window
@@ -809,9 +818,16 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         else:
             plan(R, now)
 
-    def arrive(rid, t):
+    def arrive(rid, t, first=True):
         if ctl is not None:
             arr_t.append((t, inp[rid] + wd * out[rid]))
+            if first:
+                n_att[0] += 1
+                if rtr is not None:
+                    rtr.first(t)
+            else:
+                n_att[1] += 1
+                n_retry[rid] = n_retry.get(rid, 0) + 1
         if flt is not None and flt[rid]:  # a fault: the server fails it whatever the load
             state[rid] = DONE
             status[rid] = ERROR if flt[rid] == 1 else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
@@ -846,6 +862,11 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                 rid, t, best.idx, best.waiting, best.ndec, inp[rid], ten[rid]) == 2:
             best = None  # refused by admission control
         if best is None:
+            if rtr is not None and dl[rid] > t:  # its client retries a rejection under the policy
+                b = rtr.decide(t, n_retry.get(rid, 0))
+                if b is not None:
+                    heapq.heappush(rheap, (t + b, rid))
+                    return
             state[rid] = DONE
             status[rid] = REJECTED
             resolved(rid, t, True)
@@ -853,7 +874,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         R = best
         rep_of[rid] = R.idx
         if not R.alive:  # failed, routes not yet removed: the request fails at once
-            drop(rid, t, R.retry_after)
+            ra = R.retry_after
+            drop(rid, t, ra if rtr is None or ra is None else 0)  # a policy's client sees it now
             return
         was_empty = R.nwait == 0
         R.waiting.append(rid)
@@ -874,17 +896,28 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
     # ---- the fleet (only with a control) ----
     def drop(rid, now, retry_after):
-        """A request its replica lost: resent once ``retry_after`` ns later (starting over,
-        its deadline unchanged), else it ends in an error (tokens received kept)."""
-        if retry_after is not None and rid not in resent and dl[rid] > now:
-            resent.add(rid)
+        """A request its replica lost: resent ``retry_after`` ns later (starting over, its
+        deadline unchanged) — once, or under the clients' retry policy after the client saw
+        the failure ``retry_after`` ns later and waited its backoff — else it ends in an error
+        (tokens received kept)."""
+        at = None
+        if retry_after is not None and dl[rid] > now:
+            if rtr is None:
+                if rid not in resent:
+                    resent.add(rid)
+                    at = now + retry_after
+            else:
+                b = rtr.decide(now, n_retry.get(rid, 0))
+                if b is not None:
+                    at = now + retry_after + b
+        if at is not None:
             state[rid] = WAITING
             gen[rid] = 0
             adm[rid] = -1
             void_from[rid] = len(st_rid)
             xvoid_from[rid] = len(xt_rid)
             lane_tok[rid] = False
-            heapq.heappush(rheap, (now + retry_after, rid))
+            heapq.heappush(rheap, (at, rid))
         else:
             state[rid] = DONE
             status[rid] = ERROR
@@ -1006,7 +1039,10 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
         def drain_deadline(self, idx, now):
             if reps[idx].alive and reps[idx].draining:
-                self.fail(idx, now, None, "drain deadline: what it still held is lost")
+                if rtr is None:
+                    self.fail(idx, now, None, "drain deadline: what it still held is lost")
+                else:
+                    self.fail(idx, now, 0, "drain deadline: what it still held is retried")
 
         def log(self, t, event, replica=None, **cols):
             tl.append((t, event, replica, cols))
@@ -1087,7 +1123,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                         status[rid] = end_status(rid)
                         resolved(rid, tr)
                     else:
-                        arrive(rid, tr)
+                        arrive(rid, tr, False)
                 continue
         if ta == INF and tw == INF:
             break
@@ -1147,6 +1183,11 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         tl = tl + list(pfx.log)
     if pol is not None:
         stats.update({f"policy_{k}": v for k, v in pol.counts.items()})
+    if ctl is not None:  # attempts / original requests (docs/timeline.md "Client retries")
+        stats.update(first_attempts=n_att[0], retries_sent=n_att[1],
+                     retry_amplification=(n_att[0] + n_att[1]) / n_att[0] if n_att[0] else 1.0)
+        if rtr is not None:
+            stats.update(retries_refused_budget=rtr.refused_budget, retries_exhausted=rtr.exhausted)
     return SimResult(
         sched_ns=np.asarray(sched, dtype=np.int64), input_tokens=np.asarray(inp, dtype=np.int64),
         target_output=np.asarray(out, dtype=np.int64), tenant=np.asarray(ten, dtype=np.int64),
@@ -1159,4 +1200,6 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         xtok_rid=np.asarray(xt_rid, dtype=np.int64) if sep else None,
         xtok_ns=np.asarray(xt_ns, dtype=np.int64) if sep else None,
         computed_input=None if comp is None else np.asarray(comp, dtype=np.int64),
+        retries=None if ctl is None else np.asarray(
+            [n_retry.get(i, 0) for i in range(len(sched))], dtype=np.int64),
     )
