@@ -319,7 +319,7 @@ class AutoscalerPart(Part):
                               "kv_use | goodput, or a list), eval_period_s, rate_window_s, "
                               "stabilisation_s, tolerance, max_step, cooldown_s, drain_timeout_s, "
                               "ready_s or ready_time_s, warm_floor, max_replicas, ttft_target_ms, "
-                              "kv_target, goodput_target")
+                              "kv_target, goodput_target, request_work, decode_token_weight")
     spec: AutoscalerSpec | None = None
 
     @classmethod
