@@ -24,9 +24,10 @@ Model (vLLM-like, one FIFO queue per replica):
   error, 2 = a stall (never served; the client gives up at its deadline).
 - a fleet ``control`` (:mod:`capplan.synth.control`) may change the replicas during the run:
   add one (routable once ready), fail one (the requests it holds are lost, or resent once by
-  their clients after a delay — a resent request starts over, its first attempt's tokens are
-  dropped; requests routed to a failed replica before its routes are removed fail at once, or
-  are resent), drain one (no new requests; removed when it holds none, or failed at a
+  their clients after a delay, or retried as the clients' retry policy says
+  (:mod:`capplan.synth.retry`, which also retries rejections) — a resent request starts over,
+  its first attempt's tokens are dropped; requests routed to a failed replica before its
+  routes are removed fail at once, or are resent), drain one (no new requests; removed when it holds none, or failed at a
   deadline). Every change is a timeline row (``SimResult.timeline``). Without a control the
   run is exactly as before (the presets' output is byte-identical).
 - serving-policy hooks (open loop; without them the run is exactly as before): ``prefix`` (a
