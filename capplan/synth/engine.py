@@ -337,7 +337,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     n_retry: dict = {}  # rid → retries sent
     void_from: dict = {}  # rid → first stint of its last attempt (earlier ones are dropped)
     xvoid_from: dict = {}  # the same for tokens sent off the grid (separate prefill)
-    arr_t: deque = deque()  # (arrival time, work) in the control's signal window
+    arr_t: deque = deque()  # (arrival time, prompt, answer tokens) in the control's signal window
+    arr_sum = [0, 0]  # Σ prompt, Σ answer tokens of those arrivals
     ft: deque | None = None  # (first-token time, TTFT) in that window
     tl: list = []  # timeline rows
     groups: list = []
@@ -821,7 +822,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
     def arrive(rid, t, first=True):
         if ctl is not None:
-            arr_t.append((t, inp[rid] + wd * out[rid]))
+            arr_t.append((t, inp[rid], out[rid]))
+            arr_sum[0] += inp[rid]
+            arr_sum[1] += out[rid]
             if first:
                 n_att[0] += 1
                 if rtr is not None:
@@ -1057,7 +1060,9 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
             from .autoscale import Signals
 
             while arr_t and arr_t[0][0] <= now - window:
-                arr_t.popleft()
+                _, a_in, a_out = arr_t.popleft()
+                arr_sum[0] -= a_in
+                arr_sum[1] -= a_out
             while ft and ft[0][0] <= now - window:
                 ft.popleft()
             q_work = 0.0
@@ -1068,17 +1073,23 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                 for rid in R.waiting:
                     if state[rid] == WAITING:
                         q_work += inp[rid] + gen[rid] + wd * (out[rid] - gen[rid])
-                j = min((now - R.t0) // R.step, R.k) if R.kind == 1 and R.step else 0
-                for rid in R.running:  # tokens emitted so far: gen + (iterations done − pst)
-                    if state[rid] == PREFILL:
-                        q_work += rem[rid] + wd * (out[rid] - gen[rid])
-                    elif state[rid] == DECODE:
-                        q_work += wd * max(0, out[rid] - gen[rid] - (R.it + j - pst[rid]))
+                # running: prompt not yet computed, and answer tokens not yet sent — a decoding
+                # one has sent gen + (iterations done − pst)
+                it_now = R.it + (min((now - R.t0) // R.step, R.k) if R.kind == 1 and R.step else 0)
+                p_left = a_left = 0
+                for rid in R.running:
+                    st_ = state[rid]
+                    if st_ == DECODE:
+                        a_left += max(0, out[rid] - gen[rid] - it_now + pst[rid])
+                    elif st_ == PREFILL:
+                        p_left += rem[rid]
+                        a_left += out[rid] - gen[rid]
+                q_work += p_left + wd * a_left
                 if R.routable:
                     used += R.used
                     cap += kv_total
             w_s = min(window, now) / 1e9 if now > 0 else window / 1e9  # a young run: its age
-            work = float(sum(x for _, x in arr_t))
+            work = arr_sum[0] + wd * arr_sum[1]
             ttfts = np.fromiter((x for _, x in ft), dtype=np.float64, count=len(ft))
             p99 = float(np.percentile(ttfts, 99)) / 1e6 if ttfts.size else float("nan")
             good = int(np.sum(ttfts <= ttft_limit_ms * 1e6))
