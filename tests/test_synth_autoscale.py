@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from capplan.errors import SpecError
-from capplan.synth.autoscale import (AutoscalerPolicy, AutoscalerSpec, Signals, decode_token_weight,
-                                     raw_desired)
+from capplan.synth.autoscale import (AutoscalerPolicy, AutoscalerSpec, Signals, raw_desired,
+                                     work_weights)
 from capplan.synth.service import ServiceModel
 
 
@@ -89,13 +89,13 @@ def test_bad_spec():
         AutoscalerSpec(capacity_rps=1.0, decode_token_weight=-1.0)
 
 
-def test_decode_token_weight_from_the_service_model():
+def test_work_weights_from_the_service_model():
     sm = ServiceModel(decode_batch=(1, 16), decode_step_ms=(20.0, 32.0), prefill_ms_per_token=0.1)
     # at a full batch of 16 an answer token costs 32/16 = 2 ms, a prompt token 0.1 ms: 20 tokens
-    assert decode_token_weight(sm, 16) == pytest.approx(20.0)
-    with pytest.raises(SpecError, match="prefill_ms_per_token 0") as e:
-        decode_token_weight(ServiceModel((1,), (20.0,), 0.0), 16)
-    assert e.value.field == "autoscaler.decode_token_weight"
+    assert work_weights(sm, 16) == (1.0, pytest.approx(20.0))
+    assert work_weights(sm, 16, 7.5) == (1.0, 7.5)  # given
+    # prompts that cost nothing (a twin fitted where they slowed nothing): answer tokens only
+    assert work_weights(ServiceModel((1,), (20.0,), 0.0), 16) == (0.0, 1.0)
 
 
 def _decisions(res):
@@ -123,7 +123,8 @@ def test_work_units_on_a_mix_shift_by_hand():
                    output_tokens=out, control=Control(ControlSpec(initial=1, autoscaler=spec)))
     d = _decisions(res)
     # request work calibrated on the first 30 s (all short): 1100 → C = 1.75 · 1100 = 1925 /s
-    assert "1,925.0 prefill-equivalent tokens/s, an answer token = 20" in d[90.0]["detail"]
+    assert "1,925.0 prefill-equivalent tokens/s, a prompt token = 1, an answer token = 20" \
+        in d[90.0]["detail"]
     # t = 90: the window (60, 90] holds requests 101 (short) and 102–149 (long; 150 arrives
     # at 90.0, after the decision): λ_w = (1100 + 48 · 2000) / 30 = 3236.67 tokens/s
     assert d[90.0]["work_rate_replicas"] == pytest.approx(97_100 / 30 / 1925, rel=1e-12)

@@ -5,7 +5,8 @@ desired replica count:
 
 - ``queue_work`` (the default): R = ⌈(s·λ_w + Q_work/T_d) / C⌉, all in one work unit, the
   *prefill-equivalent token*: a prompt token is 1, an answer token ``w_d`` (the time one costs
-  at a full batch over a prompt token's, :func:`decode_token_weight`). λ_w is the work arriving
+  at a full batch over a prompt token's, :func:`work_weights`; a service model whose prompts
+  cost nothing counts answer tokens only). λ_w is the work arriving
   per second (Σ prompt + w_d · answer of the arrivals in the window / the window), Q_work the
   work still to do — waiting requests whole, running ones what is left of their prompt and
   answer — drained within T_d, and C the work per second one replica serves within the SLO:
@@ -51,7 +52,7 @@ class AutoscalerSpec:
     ``request_work``: prefill-equivalent tokens per request of the mix ``capacity_rps`` was
     measured at (None: the mean of the arrivals in the run's first ``rate_window_s``);
     ``decode_token_weight``: prefill-equivalent tokens per answer token (None: from the
-    replica's service model, :func:`decode_token_weight`)."""
+    replica's service model, :func:`work_weights`)."""
 
     capacity_rps: float
     ready_s: float = 0.0
@@ -111,6 +112,7 @@ class Signals:
     window_arrivals: int = 0  # arrivals in the window (the request-work calibration)
     window_work: float = 0.0  # their work
     decode_token_weight: float = math.nan  # w_d the work was counted with
+    prompt_token_weight: float = 1.0  # w_p (0 when the service model gives prompts no cost)
     ttft_p99_ms: float = math.nan  # of first tokens sent in the window
     kv_use: float = math.nan  # KV blocks in use / blocks, over the ready replicas
     good_share: float = math.nan  # share of first tokens in the window within the TTFT limit
@@ -127,16 +129,19 @@ class Decision:
     asked: int = -1  # the signals' count before the clamp to [warm floor, max replicas]
 
 
-def decode_token_weight(service: ServiceModel, max_batch: int) -> float:
-    """Prefill-equivalent tokens per answer token: at a full batch of B sequences an answer
-    token costs decode_step_ms(B) / B of a replica's time, a prompt token
-    ``prefill_ms_per_token`` — their ratio (the costs where capacity binds)."""
-    if not service.prefill_ms_per_token > 0:
-        raise SpecError("the autoscaler's work unit needs a prompt token's cost, and the service "
-                        "model has prefill_ms_per_token 0", field="autoscaler.decode_token_weight",
-                        fix="give autoscaler.decode_token_weight (prefill-equivalent tokens per "
-                            "answer token)")
-    return float(service.step_ms(max_batch)) / max_batch / service.prefill_ms_per_token
+def work_weights(service: ServiceModel, max_batch: int,
+                 decode_weight: float | None = None) -> tuple[float, float]:
+    """(prompt-token weight, answer-token weight) of the work unit. Given ``decode_weight``:
+    (1, it). Else prefill-equivalent tokens from the service model: at a full batch of B
+    sequences an answer token costs decode_step_ms(B) / B of a replica's time, a prompt token
+    ``prefill_ms_per_token`` — (1, their ratio), the costs where capacity binds. A model whose
+    prompts cost nothing (prefill_ms_per_token 0, as a twin fitted on data where prompts did
+    not slow anything): (0, 1), the work is the answer tokens (the decision's detail says so)."""
+    if decode_weight is not None:
+        return 1.0, float(decode_weight)
+    if service.prefill_ms_per_token > 0:
+        return 1.0, float(service.step_ms(max_batch)) / max_batch / service.prefill_ms_per_token
+    return 0.0, 1.0
 
 
 def formula_desired(spec: AutoscalerSpec, work_rate: float, queue_work: float,

@@ -318,7 +318,8 @@ class Control:
                   queue_work_s=sig.queue_work / cw, work_rate_replicas=sig.work_rate / cw,
                   detail=f"raw {d.raw} from {d.signal} (asked {d.asked}); C = {a.capacity_rps:g} req/s × "
                          f"{cw / a.capacity_rps:,.1f} tokens = {cw:,.1f} prefill-equivalent "
-                         f"tokens/s, an answer token = {sig.decode_token_weight:.4g}")
+                         f"tokens/s, a prompt token = {sig.prompt_token_weight:g}, an answer "
+                         f"token = {sig.decode_token_weight:.4g}")
         live = self._serving(fleet)
         if self.rolling:
             return  # a rollout sets the fleet while it runs

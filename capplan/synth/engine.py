@@ -342,13 +342,11 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     ft: deque | None = None  # (first-token time, TTFT) in that window
     tl: list = []  # timeline rows
     groups: list = []
-    wd = 1.0  # the autoscaler's answer-token weight (prefill-equivalent tokens)
+    wp, wd = 1.0, 1.0  # the autoscaler's prompt- and answer-token weights (its work unit)
     if ctl is not None and ctl.spec.autoscaler is not None:
-        from .autoscale import decode_token_weight
+        from .autoscale import work_weights
 
-        a_ = ctl.spec.autoscaler
-        wd = a_.decode_token_weight if a_.decode_token_weight is not None \
-            else decode_token_weight(sm, max_batch)
+        wp, wd = work_weights(sm, max_batch, ctl.spec.autoscaler.decode_token_weight)
     if ctl is not None:
         ft = deque()
         groups = list(ctl.spec.placement.initial(n_replicas))
@@ -1053,7 +1051,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
         def signals(self, now, window, ttft_limit_ms):
             """The autoscaler's view (capplan.synth.autoscale): work in prefill-equivalent
-            tokens — a prompt token 1, an answer token ``wd``. Q_work: waiting requests whole
+            tokens — a prompt token ``wp`` (1; 0 when prompts cost nothing), an answer token
+            ``wd``. Q_work: waiting requests whole
             (a preempted one: its prompt and the tokens it had, re-prefilled, plus the answer
             left), running ones the prompt tokens not yet computed (a prompt on a prefill lane
             counts whole until the lane finishes) and the answer tokens not yet emitted."""
@@ -1072,7 +1071,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                     continue
                 for rid in R.waiting:
                     if state[rid] == WAITING:
-                        q_work += inp[rid] + gen[rid] + wd * (out[rid] - gen[rid])
+                        q_work += wp * (inp[rid] + gen[rid]) + wd * (out[rid] - gen[rid])
                 # running: prompt not yet computed, and answer tokens not yet sent — a decoding
                 # one has sent gen + (iterations done − pst)
                 it_now = R.it + (min((now - R.t0) // R.step, R.k) if R.kind == 1 and R.step else 0)
@@ -1084,17 +1083,18 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                     elif st_ == PREFILL:
                         p_left += rem[rid]
                         a_left += out[rid] - gen[rid]
-                q_work += p_left + wd * a_left
+                q_work += wp * p_left + wd * a_left
                 if R.routable:
                     used += R.used
                     cap += kv_total
             w_s = min(window, now) / 1e9 if now > 0 else window / 1e9  # a young run: its age
-            work = arr_sum[0] + wd * arr_sum[1]
+            work = wp * arr_sum[0] + wd * arr_sum[1]
             ttfts = np.fromiter((x for _, x in ft), dtype=np.float64, count=len(ft))
             p99 = float(np.percentile(ttfts, 99)) / 1e6 if ttfts.size else float("nan")
             good = int(np.sum(ttfts <= ttft_limit_ms * 1e6))
             return Signals(rate_rps=len(arr_t) / w_s, work_rate=work / w_s, queue_work=q_work,
                            window_arrivals=len(arr_t), window_work=work, decode_token_weight=wd,
+                           prompt_token_weight=wp,
                            ttft_p99_ms=p99, kv_use=used / cap if cap else float("nan"),
                            good_share=min(1.0, good / len(arr_t)) if arr_t else float("nan"))
 
