@@ -108,6 +108,20 @@ def test_a_failure_retried_under_a_policy_by_hand():
     assert again.sum() > 0 and res.stats["retries_sent"] > errors
 
 
+def test_the_study_readme_states_the_retries(tmp_path):
+    from capplan.synth.sweep import generate_study
+
+    raw = fixed_service_raw(3, arrival="constant", timeout_s=300.0)
+    cfg = parse_config(raw).with_(rates=(15.0,), duration_s=200.0, control=ControlSpec(
+        initial=3, retry=RetryPolicy(backoff_s=3.0, jitter="none", budget=None),
+        failures=(FailureSpec(at_s=100, count=1, in_flight="retried", detect_s=2.0,
+                              replace=False),)))
+    path, st = generate_study(cfg, tmp_path / "s", workers=1)
+    n, amp = st[0]["retries_sent"], st[0]["retry_amplification"]
+    assert n > 0 and f"r01 {n:,} retries, ×{amp:.4f} attempts per request" in \
+        (path / "README.md").read_text()
+
+
 def test_bad_policies_name_the_field():
     with pytest.raises(SpecError) as e:
         parse_retry({"max_retries": -1}, "failure.retry")
