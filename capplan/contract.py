@@ -146,7 +146,11 @@ TIMELINE_COLUMNS: tuple[Column, ...] = (
     Column("rate_rps", pa.float64(), False, True,
            "scale_decision: the arrival rate it saw over its evaluation period", "req/s"),
     Column("queue_work_s", pa.float64(), False, True,
-           "scale_decision: queued work, seconds of one replica's service", "s"),
+           "scale_decision: work waiting and left in running requests, seconds of one replica's "
+           "service", "s"),
+    Column("work_rate_replicas", pa.float64(), False, True,
+           "scale_decision: work arriving per second over its window, in replicas' worth "
+           "(λ_w / C in one work unit)", "replicas"),
     Column("detail", pa.string(), False, True, "free text (what was injected, which rollout step)"),
 )
 TIMELINE_COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in TIMELINE_COLUMNS}

@@ -9,7 +9,9 @@ group, at a quarter's peak, and measures it with :func:`capplan.timeline.analyse
 
 - **failure**: at t = 300 s lose what the plan's failure policy names — the largest zone, one
   node, or k groups — detected after ``detect_s``, routes removed ``route_removal_s`` later,
-  in-flight requests lost (or resent); replacements are ready the plan's ready time later;
+  in-flight requests lost (or resent; with ``SimSettings.retry`` the clients retry failed and
+  rejected attempts under that policy, in the failure and rollout checks and their control
+  runs); replacements are ready the plan's ready time later;
 - **rollout**: at t = 300 s a rolling update with the plan's max surge and max unavailable,
   each new replica ready the plan's ready time after it is added;
 - **cold start**: the demand rises from the mean (peak × mean_to_peak) to the peak at the
@@ -19,8 +21,9 @@ group, at a quarter's peak, and measures it with :func:`capplan.timeline.analyse
 Each is compared with the same run (same seed: the same arrivals and answers) on the fixed
 planned fleet without the event: **SLO-minutes caused** = windows in breach in the scenario
 minus those in the control run, × the window; **good requests lost** = good requests of the
-control run − those of the scenario. The breach duration, recovery and queue drain come from
-the scenario's own timeline. ``smallest_warm_floor`` and ``smallest_fleet`` search the least
+control run − those of the scenario; beside it the clients' **retries** and the **retry
+amplification** (attempts / original requests over the run; 1 without retries). The breach
+duration, recovery and queue drain come from the scenario's own timeline. ``smallest_warm_floor`` and ``smallest_fleet`` search the least
 warm floor (cold start) or planned fleet (failure) whose SLO-minutes caused stay within a
 budget.
 """
@@ -41,6 +44,7 @@ from .synth.autoscale import AutoscalerSpec
 from .synth.config import SynthConfig
 from .synth.control import ControlSpec, FailureSpec, Placement, RolloutSpec
 from .synth.demand import RateProfile, ramps, steps
+from .synth.retry import RetryPolicy
 from .synth.sweep import generate_study
 from .timeline import Timeline, analyse_timeline
 
@@ -62,6 +66,9 @@ class SimSettings:
     eval_period_s: float = 15.0
     stabilisation_s: float = 300.0
     seed: int = 0
+    #: the clients' retry policy in the failure and rollout checks (None: no client retries —
+    #: in-flight requests as ``in_flight`` says, rejections final)
+    retry: RetryPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ class DynamicCheck:
     drain_s: float
     queue_peak: float
     budget_slo_minutes: float | None = None
+    retries: int = 0  # retries the clients sent in the scenario
+    retry_amplification: float = 1.0  # attempts / original requests over the scenario's run
     timeline: Timeline | None = field(default=None, repr=False)
     control: Timeline | None = field(default=None, repr=False)
 
@@ -103,6 +112,7 @@ class PlanDynamics:
         return pd.DataFrame([{
             "check": c.key, "what": c.what, "groups": c.groups, "peak_rps": c.peak_rps,
             "slo_minutes_caused": c.slo_minutes, "good_requests_lost": c.good_lost,
+            "retries": c.retries, "retry_amplification": c.retry_amplification,
             "breach_s": c.breach_s, "time_to_recover_s": c.time_to_recover_s,
             "drain_s": c.drain_s, "queue_peak": c.queue_peak,
             "budget_slo_minutes": c.budget_slo_minutes, "within_budget": c.ok,
@@ -153,10 +163,11 @@ def base_config(system, *, duration_s: float, seed: int) -> SynthConfig:
 
 
 def _run(cfg: SynthConfig, slo: SLO, capacity: float, settings: SimSettings, tmp: Path,
-         name: str) -> Timeline:
-    path, _ = generate_study(cfg, tmp / name, workers=1)
+         name: str) -> tuple[Timeline, dict]:
+    """The run's timeline and its statistics (the clients' retries among them)."""
+    path, st = generate_study(cfg, tmp / name, workers=1)
     return analyse_timeline(path, slo, window_s=settings.window_s, capacity_rps=capacity,
-                            derive=False)
+                            derive=False), st[0]
 
 
 def _ready_s(spec) -> float:
@@ -170,7 +181,7 @@ def _placement(spec, gpus_per_group: int) -> Placement:
 
 
 def _outcome(key: str, what: str, groups: int, peak: float, tl: Timeline, ctl: Timeline,
-             budget) -> DynamicCheck:
+             budget, stats: dict) -> DynamicCheck:
     s, c = tl.summary_frame().iloc[0], ctl.summary_frame().iloc[0]
     minutes = max(0.0, float(s["slo_minutes_broken"] - c["slo_minutes_broken"]))
     lost = int(c["good"] - s["good"])
@@ -180,19 +191,26 @@ def _outcome(key: str, what: str, groups: int, peak: float, tl: Timeline, ctl: T
     rec = float(first["time_to_recover_s"]) if first is not None and first["breached"] else 0.0
     drain = float(first["drain_s"]) if first is not None else math.nan
     queue = float(first["queue_peak"]) if first is not None else math.nan
+    retries = int(stats.get("retries_sent", 0))
+    amp = float(stats.get("retry_amplification", 1.0))
     if minutes <= 0 and lost <= 0:
         tail = "the SLO held (no SLO-minute beyond the same run without it)"
     else:
         tail = (f"SLO broken for {breach:,.0f} s ({minutes:.3g} SLO-minutes caused), "
                 f"{max(lost, 0):,} good requests lost")
+        if retries:
+            tail += f" ({retries:,} client retries: ×{amp:.4f} attempts per request)"
         if first is not None and not math.isnan(drain):
             tail += f", queue drained {_dur(first['queue_peak_t_s'] - first['t_s'] + drain)} after the event"
         elif first is not None and not math.isnan(queue):
             tail += ", queue not drained by the end of the run"
+    if retries and minutes <= 0 and lost <= 0:
+        tail += f" ({retries:,} client retries: ×{amp:.4f} attempts per request)"
     return DynamicCheck(key=key, what=what, sentence=f"{what}: {tail}", groups=groups,
                         peak_rps=peak, slo_minutes=minutes, good_lost=lost, breach_s=breach,
                         time_to_recover_s=rec, drain_s=drain, queue_peak=queue,
-                        budget_slo_minutes=budget, timeline=tl, control=ctl)
+                        budget_slo_minutes=budget, retries=retries, retry_amplification=amp,
+                        timeline=tl, control=ctl)
 
 
 def _dur(s: float) -> str:
@@ -210,8 +228,9 @@ def failure_scenario(plan, system, *, groups: int | None = None, quarter: int = 
     T = _ready_s(spec)
     lose = {"zone": ("zone", 1), "node": ("node", 1), "n_plus_k": ("replicas", spec.failure.k),
             "none": ("replicas", 1)}[pol]
+    in_flight = "retried" if settings.retry is not None else settings.in_flight
     fail = FailureSpec(at_s=EVENT_AT_S, lose=lose[0], count=lose[1], detect_s=settings.detect_s,
-                       route_removal_s=settings.route_removal_s, in_flight=settings.in_flight,
+                       route_removal_s=settings.route_removal_s, in_flight=in_flight,
                        ready_s=T)
     L = failure_loss(N, spec.failure, g, spec.group.gpus_per_node) if pol != "none" else 1
     what = {"zone": f"losing zone {spec.failure.zones[0]} ({L} of {N} groups)",
@@ -223,11 +242,13 @@ def failure_scenario(plan, system, *, groups: int | None = None, quarter: int = 
     cfg = base_config(system, duration_s=dur, seed=settings.seed)
     cfg = replace(cfg, replicas=N, rates=(peak,), demand=steps(peak, []))
     place = _placement(spec, g)
-    tl = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, failures=(fail,))),
-              plan.slo, C, settings, tmp, "failure")
-    ctl = _run(replace(cfg, control=ControlSpec(initial=N, placement=place)), plan.slo, C, settings,
-               tmp, "failure-control")
-    return _outcome("failure", what, N, peak, tl, ctl, budget)
+    rt = settings.retry
+    tl, st = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, failures=(fail,),
+                                                   retry=rt)),
+                  plan.slo, C, settings, tmp, "failure")
+    ctl, _ = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, retry=rt)), plan.slo,
+                  C, settings, tmp, "failure-control")
+    return _outcome("failure", what, N, peak, tl, ctl, budget, st)
 
 
 def rollout_scenario(plan, system, *, quarter: int = 0, settings: SimSettings = SimSettings(),
@@ -249,11 +270,13 @@ def rollout_scenario(plan, system, *, quarter: int = 0, settings: SimSettings = 
     what = (f"a rolling update of {N} groups (max surge {r.max_surge}, max unavailable "
             f"{r.max_unavailable}, ready in {T:g} s) at the {plan.quarters[quarter].label} peak "
             f"({peak:.4g} req/s)")
-    tl = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, rollout=roll)),
-              plan.slo, C, settings, tmp, "rollout")
-    ctl = _run(replace(cfg, control=ControlSpec(initial=N, placement=place)), plan.slo, C, settings,
-               tmp, "rollout-control")
-    return _outcome("rollout", what, N, peak, tl, ctl, budget)
+    rt = settings.retry
+    tl, st = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, rollout=roll,
+                                                   retry=rt)),
+                  plan.slo, C, settings, tmp, "rollout")
+    ctl, _ = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, retry=rt)), plan.slo,
+                  C, settings, tmp, "rollout-control")
+    return _outcome("rollout", what, N, peak, tl, ctl, budget, st)
 
 
 def burst_profile(plan, quarter: int = 0, *, burst_rps_per_s: float | None = None,
@@ -295,12 +318,12 @@ def cold_start_scenario(plan, system, *, warm_floor: int | None = None, quarter:
     what = (f"a burst from the mean {mean:.4g} to the {plan.quarters[quarter].label} peak "
             f"{peak:.4g} req/s {how}, autoscaled from {start} groups (warm floor {W}, new groups "
             f"ready in {T:g} s, at most {N})")
-    tl = _run(replace(cfg, replicas=start, control=ControlSpec(initial=start, placement=place,
-                                                                autoscaler=a)),
-              plan.slo, C, settings, tmp, f"cold-start-w{W}")
-    ctl = _run(replace(cfg, replicas=N, control=ControlSpec(initial=N, placement=place)), plan.slo, C,
-               settings, tmp, "cold-start-control")
-    return _outcome("cold_start", what, start, peak, tl, ctl, budget)
+    tl, st = _run(replace(cfg, replicas=start, control=ControlSpec(initial=start, placement=place,
+                                                                    autoscaler=a)),
+                  plan.slo, C, settings, tmp, f"cold-start-w{W}")
+    ctl, _ = _run(replace(cfg, replicas=N, control=ControlSpec(initial=N, placement=place)), plan.slo, C,
+                  settings, tmp, "cold-start-control")
+    return _outcome("cold_start", what, start, peak, tl, ctl, budget, st)
 
 
 def day_scenario(plan, system, *, quarter: int = 0, trace: str | None = None,
@@ -331,12 +354,12 @@ def day_scenario(plan, system, *, quarter: int = 0, trace: str | None = None,
     shape = f"trace {Path(trace).name}" if trace else "a working day"
     what = (f"{span_s / 3600:g} h of {shape} peaking at the {plan.quarters[quarter].label} peak "
             f"{peak:.4g} req/s, autoscaled between {max(W, 1)} and {N} groups (ready in {T:g} s)")
-    tl = _run(replace(cfg, replicas=start, control=ControlSpec(initial=start, placement=place,
-                                                                autoscaler=a)),
-              plan.slo, C, settings, tmp, "day")
-    ctl = _run(replace(cfg, replicas=N, control=ControlSpec(initial=N, placement=place)), plan.slo, C,
-               settings, tmp, "day-control")
-    out = _outcome("day", what, start, peak, tl, ctl, budget)
+    tl, st = _run(replace(cfg, replicas=start, control=ControlSpec(initial=start, placement=place,
+                                                                    autoscaler=a)),
+                  plan.slo, C, settings, tmp, "day")
+    ctl, _ = _run(replace(cfg, replicas=N, control=ControlSpec(initial=N, placement=place)), plan.slo, C,
+                  settings, tmp, "day-control")
+    out = _outcome("day", what, start, peak, tl, ctl, budget, st)
     s = tl.summary_frame().iloc[0]
     sentence = (f"{what}: {out.slo_minutes:.3g} SLO-minutes caused, {max(out.good_lost, 0):,} good "
                 f"requests lost against the fixed fleet; {int(s['scale_decisions'])} scale decisions "
@@ -384,7 +407,11 @@ def _notes(plan, settings: SimSettings) -> list[str]:
         f"one simulated replica per planned group, at the quarter's peak as a constant Poisson "
         f"rate; events at {EVENT_AT_S:g} s; windows of {settings.window_s:g} s; seed {settings.seed}",
         f"failures detected after {settings.detect_s:g} s, routes removed {settings.route_removal_s:g} s "
-        f"later; in-flight requests {settings.in_flight}; replacements ready after the plan's ready time",
+        f"later; in-flight requests {settings.in_flight if settings.retry is None else 'retried'}; "
+        "replacements ready after the plan's ready time",
+        ("no client retries (a lost request stays lost, a rejection is final)" if settings.retry is None
+         else f"failure and rollout checks: {settings.retry.describe()}; retry amplification = "
+              "attempts / original requests over the run"),
         "SLO-minutes caused and good requests lost are against the same run (same arrivals) on the "
         "fixed planned fleet without the event",
         f"the cold-start autoscaler: safety {settings.safety:g}, drain target {settings.drain_target_s:g} s, "

@@ -97,3 +97,22 @@ def test_a_day_under_the_autoscaler(plan):
     assert f"{int(s['scale_decisions'])} scale decisions" in c.sentence
     assert s["replicas_max"] > s["replicas_min"]  # it followed the day
     assert c.control.summary_frame().iloc[0]["replicas_min"] == int(plan.value("total_groups"))
+
+
+def test_client_retries_beside_good_requests_lost(plan):
+    from capplan.synth.retry import RetryPolicy
+
+    plain = simulate_plan(plan, preset("demo"), settings=FAST, checks=("failure",)).checks[0]
+    assert plain.retries == 0 and plain.retry_amplification == 1.0
+    assert "client retries" not in plain.sentence
+    rt = RetryPolicy(max_retries=3, backoff_s=0.5, budget=0.2, seed=1)
+    dyn = simulate_plan(plan, preset("demo"), settings=FAST.__class__(
+        window_s=10.0, settle_s=150.0, retry=rt), checks=("failure",))
+    f = dyn.checks[0]
+    # the lost zone's requests come back as retries: attempts / original requests > 1, and the
+    # sentence says so beside the good requests lost
+    assert f.retries > 0 and f.retry_amplification > 1.0
+    assert f"{f.retries:,} client retries: ×{f.retry_amplification:.4f}" in f.sentence
+    assert any("clients retry up to 3×" in n for n in dyn.notes)
+    df = dyn.to_frame()
+    assert df["retries"].iloc[0] == f.retries

@@ -140,8 +140,9 @@ def test_autoscaler_follows_the_formula_step_by_step(tmp_path):
     d = tl.events[tl.events["event"] == "scale_decision"]
     # one decision every evaluation period until the run's hard stop (duration + drain)
     assert d["t_s"].iloc[0] == 15.0 and (np.diff(d["t_s"]) == 15.0).all() and len(d) >= 120
-    # desired = clamp(⌈s·λ_w/C + Q_work/T_d⌉) from the rate and queue work the decision saw
-    want = np.ceil(a.safety * d["rate_rps"] / a.capacity_rps + d["queue_work_s"] / a.drain_target_s
+    # desired = clamp(⌈s·λ_w/C + Q_work/(C·T_d)⌉) from the work rate (in replicas' worth) and
+    # the work left (in seconds of one replica) the decision saw
+    want = np.ceil(a.safety * d["work_rate_replicas"] + d["queue_work_s"] / a.drain_target_s
                    - 1e-9).clip(a.warm_floor, a.max_replicas)
     assert (d["desired"].astype(int).to_numpy() == want.astype(int).to_numpy()).all()
     assert (d["signal"] == "queue_work").all()

@@ -170,6 +170,26 @@ def test_failure_incident_by_hand(make_study):
     assert r["good_lost"] == 10 * 25 - good[(d["s"] >= 100) & (d["s"] < 125)].sum()
 
 
+def test_good_requests_lost_count_from_t_minus_the_guard(make_study):
+    """10 req/s for 200 s, every request served in 2.5 s (first token 0.2 s) — except those
+    scheduled in [97.5, 100 s): in flight when the replica fails at 100 s, they are lost. The
+    guard g is the p99 E2E, 2.5 s, in whole 1-s windows: 3 s. The baseline ends at t − g = 97 s
+    (goodput 10/s, untouched) and the loss counts from the window holding 97 s: the 25 lost
+    requests — counted from t, none would be, all sent before the event."""
+    sched = np.arange(2000) / 10.0
+    lost = (sched >= 97.5) & (sched < 100)
+    df = frame(sched, ttft_s=np.where(lost, np.nan, 0.2), e2e_s=np.where(lost, np.nan, 2.5),
+               status=np.where(lost, "error", "ok"), replica=np.where(np.arange(2000) % 2, "a", "b"))
+    tl = [{"run_id": "r1", "t_ns": 100 * S, "event": "replica_failed", "replica": "b"}]
+    path = make_study(df, runs=[{"run_id": "r1", "offered_rps": 10.0, "duration_s": 200}],
+                      timeline=tl)
+    r = analyse_timeline(path, "ttft_ms=1000,attainment=0.99", window_s=1.0, pre_s=60,
+                         derive=False).incidents.iloc[0]
+    assert r["pre_goodput_rps"] == pytest.approx(10.0)  # [37, 97): before the victims
+    assert r["good_lost"] == pytest.approx(25.0)  # 5 in window 97, 10 in 98, 10 in 99
+    assert not r["breached"]  # the windows from t on are all good: the loss is before t
+
+
 def _scale_study(make_study):
     """10 req/s for 300 s on a, b, c; capacity 4 req/s per replica ⇒ 3 needed. The autoscaler
     asks for 5 at 100 s (d ready at 160 s, e at 190 s) and back to 3 at 250 s (d and e drain

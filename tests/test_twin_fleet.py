@@ -135,3 +135,40 @@ def test_fluid_check_on_a_twin(twin, tmp_path):
     drain = q / (3 * C - lam)
     assert abs(inc["queue_peak"] / q - 1) < 0.10, (inc["queue_peak"], q, C)
     assert abs(inc["drain_s"] / drain - 1) < 0.10, (inc["drain_s"], drain)
+
+
+def test_retry_policy_and_work_units_in_the_scenario(twin, tmp_path, capsys):
+    sc = parse_scenario({
+        "system": {"replicas": 3}, "workload": {"rate_rps": 6}, "run": {"duration_s": 300},
+        "failure": {"at_s": 100, "retry": {"max_retries": 2, "backoff_s": "200ms", "budget": 0.1}},
+        "rollout": {"at_s": 200, "retry": {"max_retries": 2, "backoff_s": 0.2, "budget": 0.1}},
+        "autoscaler": {"capacity_rps": 3.0, "request_work": 900, "decode_token_weight": 6.5}})
+    c = sc.apply(twin).config.control
+    assert c.failures[0].in_flight == "retried"  # a retry policy implies it
+    assert (c.retry.max_retries, c.retry.backoff_s, c.retry.budget) == (2, 0.2, 0.1)
+    assert c.autoscaler.request_work == 900 and c.autoscaler.decode_token_weight == 6.5
+    assert "clients retry up to 2×" in sc.describe()
+    for bad, fld in (({"at_s": 1, "retry": {"jitter": "fulll"}}, "failure.retry.jitter"),
+                     ({"at_s": 1, "in_flight": "lost", "retry": {}}, "failure.retry"),
+                     ({"at_s": 1, "retry_delay_s": 2, "retry": {}}, "failure.retry"),
+                     ({"at_s": 1, "retry": {"budget": -0.5}}, "failure.retry.budget")):
+        with pytest.raises(SpecError) as e:
+            parse_scenario({"failure": bad})
+        assert e.value.field == fld, (bad, e.value.field)
+    with pytest.raises(SpecError) as e:
+        parse_scenario({"autoscaler": {"capacity_rps": 2, "request_work": 0}})
+    assert e.value.field == "autoscaler.request_work"
+    with pytest.raises(SpecError) as e:  # two parts, two policies for the same clients
+        parse_scenario({"failure": {"at_s": 1, "retry": {"max_retries": 1}},
+                        "rollout": {"at_s": 2, "retry": {"max_retries": 5}}}).apply(twin)
+    assert "different client retry policies" in str(e.value)
+    # on the command line: a bad value names the field, exit 2, no traceback
+    tw = tmp_path / "twin.yaml"
+    write_twin(twin, tw)
+    scf = tmp_path / "scenario.yaml"
+    scf.write_text(yaml.safe_dump({"failure": {"at_s": 10, "retry": {"max_retries": -1}}}))
+    capsys.readouterr()
+    assert main(["twin", "run", "--twin", str(tw), "--scenario", str(scf), "--out",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "failure.retry.max_retries" in err and "Traceback" not in err

@@ -135,6 +135,8 @@ def run_cmd(twin_path, scenario_path, out, workers, no_progress):
         _say(f"note: {note}")
     for s in stats:
         _say(f"  {s['run_id']}: {s['level']:g} req/s  requests {s['requests']:,}  ok {s['ok']:,}  timeout "
-             f"{s['timeout']:,}  rejected {s['rejected']:,}  error {s['error']:,}  cancelled {s['cancelled']:,}")
+             f"{s['timeout']:,}  rejected {s['rejected']:,}  error {s['error']:,}  cancelled {s['cancelled']:,}"
+             + (f"  retries {s['retries_sent']:,} (×{s['retry_amplification']:.4f} attempts per request)"
+                if s.get("retries_sent") else ""))
     sys.stderr.flush()
     return 0

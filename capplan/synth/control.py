@@ -24,6 +24,7 @@ from typing import Protocol
 
 from ..errors import SpecError
 from .autoscale import AutoscalerPolicy, AutoscalerSpec, Signals
+from .retry import RetryPolicy
 
 NS = 1_000_000_000
 INF = 1 << 62
@@ -73,7 +74,8 @@ class FailureSpec:
     the router stops sending to the lost replicas ``route_removal_s`` later (until then,
     requests routed there fail at once). Requests the lost replicas held are ``lost``
     (status error, tokens received kept) or ``retried`` (their clients resend them
-    ``retry_delay_s`` after the failure is seen, once; the first attempt's tokens are dropped).
+    ``retry_delay_s`` after the failure is seen, once — or, when the run's clients have a
+    retry policy (``ControlSpec.retry``), as it says; the first attempt's tokens are dropped).
     ``replace``: a replacement is asked for at detection and is ready ``ready_s`` later."""
 
     at_s: float
@@ -124,6 +126,16 @@ class ControlSpec:
     rollout: RolloutSpec | None = None
     autoscaler: AutoscalerSpec | None = None
     ttft_limit_ms: float = 2000.0  # what the goodput signal counts as a good first token
+    #: the clients' retry policy (capplan.synth.retry): failed and rejected attempts are
+    #: retried as it says; None: no client retries (a failure's ``in_flight: retried`` resends
+    #: what the lost replica held once)
+    retry: RetryPolicy | None = None
+
+    def __post_init__(self):
+        if self.retry is not None and any(f.in_flight == "lost" for f in self.failures):
+            raise SpecError("failure.in_flight is lost (the clients do not retry) but the clients "
+                            "have a retry policy", field="failure.in_flight",
+                            fix="set in_flight: retried, or drop the retry policy")
 
     @property
     def max_replicas(self) -> int:
@@ -216,8 +228,11 @@ class Control:
             what = f"{f.lose} {grp}"
         fleet.log(now, "fault_injected", None, group=grp,
                   detail=f"lose {what}; detect {f.detect_s:g} s, route removal {f.route_removal_s:g} s; "
-                         f"in-flight requests {f.in_flight}")
-        retry = int(round((f.detect_s + f.retry_delay_s) * NS)) if f.in_flight == "retried" else None
+                         f"in-flight requests {f.in_flight}"
+                         + (f"; {self.spec.retry.describe()}" if self.spec.retry is not None else ""))
+        # retried: seen at detection, then resent after the delay (once) or the policy's backoff
+        retry = None if f.in_flight != "retried" else int(round(
+            (f.detect_s + (0.0 if self.spec.retry is not None else f.retry_delay_s)) * NS))
         for i in lost:
             self.pending_ready.pop(i, None)
             fleet.fail(i, now, retry)
@@ -297,10 +312,14 @@ class Control:
         ready = fleet.ready()
         sig = fleet.signals(now, int(round(a.rate_window_s * NS)), self.spec.ttft_limit_ms)
         d = self.policy.decide(now / NS, sig, len(ready))
+        cw = d.capacity_work  # C in prefill-equivalent tokens per second (NaN: not calibrated)
         fleet.log(now, "scale_decision", None, desired=d.desired, ready=len(ready), signal=d.signal,
                   signal_value=d.value, rate_rps=sig.rate_rps,
-                  queue_work_s=sig.queue / a.capacity_rps,
-                  detail=f"raw {d.raw} from {d.signal}")
+                  queue_work_s=sig.queue_work / cw, work_rate_replicas=sig.work_rate / cw,
+                  detail=f"raw {d.raw} from {d.signal} (asked {d.asked}); C = {a.capacity_rps:g} req/s × "
+                         f"{cw / a.capacity_rps:,.1f} tokens = {cw:,.1f} prefill-equivalent "
+                         f"tokens/s, a prompt token = {sig.prompt_token_weight:g}, an answer "
+                         f"token = {sig.decode_token_weight:.4g}")
         live = self._serving(fleet)
         if self.rolling:
             return  # a rollout sets the fleet while it runs

@@ -27,9 +27,10 @@ Model (vLLM-like, one FIFO queue per replica):
   error, 2 = a stall (never served; the client gives up at its deadline).
 - a fleet ``control`` (:mod:`capplan.synth.control`) may change the replicas during the run:
   add one (routable once ready), fail one (the requests it holds are lost, or resent once by
-  their clients after a delay — a resent request starts over, its first attempt's tokens are
-  dropped; requests routed to a failed replica before its routes are removed fail at once, or
-  are resent), drain one (no new requests; removed when it holds none, or failed at a
+  their clients after a delay, or retried as the clients' retry policy says
+  (:mod:`capplan.synth.retry`, which also retries rejections) — a resent request starts over,
+  its first attempt's tokens are dropped; requests routed to a failed replica before its
+  routes are removed fail at once, or are resent), drain one (no new requests; removed when it holds none, or failed at a
   deadline). Every change is a timeline row (``SimResult.timeline``). Without a control the
   run is exactly as before (the presets' output is byte-identical).
 - serving-policy hooks (open loop; without them the run is exactly as before): ``prefix`` (a
@@ -161,6 +162,8 @@ class SimResult:
     replica_names: tuple | None = None
     #: the run's prompt prefixes (capplan.synth.prefix.Prefixes) when the workload has them
     prefixes: object = None
+    #: with a control: retries each request's client sent (0: its first attempt only)
+    retries: np.ndarray | None = None
 
 
 class _Rep:
@@ -329,14 +332,26 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
     # fleet control (None: a fixed fleet, and none of this is touched)
     ctl = control
     rheap: list = []  # resent requests: (time, rid)
-    resent: set = set()  # requests already resent once
+    resent: set = set()  # requests already resent once (no retry policy)
+    rtr = None  # the clients' retry policy at work (capplan.synth.retry), if the control has one
+    if ctl is not None and getattr(ctl.spec, "retry", None) is not None:
+        from .retry import Retrier
+
+        rtr = Retrier(ctl.spec.retry)
+    n_att = [0, 0]  # first attempts, retries sent
+    n_retry: dict = {}  # rid → retries sent
     void_from: dict = {}  # rid → first stint of its last attempt (earlier ones are dropped)
     xvoid_from: dict = {}  # the same for tokens sent off the grid (separate prefill)
-    arr_t: deque = deque()  # arrival times in the control's signal window
+    arr_t: deque = deque()  # (arrival time, prompt, answer tokens) in the control's signal window
+    arr_sum = [0, 0]  # Σ prompt, Σ answer tokens of those arrivals
     ft: deque | None = None  # (first-token time, TTFT) in that window
     tl: list = []  # timeline rows
     groups: list = []
-    tok_sum = [0, 0]  # Σ (input + output) of arrivals, arrivals: the mean request size
+    wp, wd = 1.0, 1.0  # the autoscaler's prompt- and answer-token weights (its work unit)
+    if ctl is not None and ctl.spec.autoscaler is not None:
+        from .autoscale import work_weights
+
+        wp, wd = work_weights(sm, max_batch, ctl.spec.autoscaler.decode_token_weight)
     if ctl is not None:
         ft = deque()
         groups = list(ctl.spec.placement.initial(n_replicas))
@@ -839,11 +854,18 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         else:
             plan(R, now)
 
-    def arrive(rid, t):
+    def arrive(rid, t, first=True):
         if ctl is not None:
-            arr_t.append(t)
-            tok_sum[0] += inp[rid] + out[rid]
-            tok_sum[1] += 1
+            arr_t.append((t, inp[rid], out[rid]))
+            arr_sum[0] += inp[rid]
+            arr_sum[1] += out[rid]
+            if first:
+                n_att[0] += 1
+                if rtr is not None:
+                    rtr.first(t)
+            else:
+                n_att[1] += 1
+                n_retry[rid] = n_retry.get(rid, 0) + 1
         if flt is not None and flt[rid]:  # a fault: the server fails it whatever the load
             state[rid] = DONE
             status[rid] = ERROR if flt[rid] == 1 else (TIMEOUT if dl[rid] <= end_ns else CANCELLED)
@@ -878,6 +900,11 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                 rid, t, best.idx, best.waiting, best.ndec, inp[rid], ten[rid]) == 2:
             best = None  # refused by admission control
         if best is None:
+            if rtr is not None and dl[rid] > t:  # its client retries a rejection under the policy
+                b = rtr.decide(t, n_retry.get(rid, 0))
+                if b is not None:
+                    heapq.heappush(rheap, (t + b, rid))
+                    return
             state[rid] = DONE
             status[rid] = REJECTED
             resolved(rid, t, True)
@@ -885,7 +912,8 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         R = best
         rep_of[rid] = R.idx
         if not R.alive:  # failed, routes not yet removed: the request fails at once
-            drop(rid, t, R.retry_after)
+            ra = R.retry_after
+            drop(rid, t, ra if rtr is None or ra is None else 0)  # a policy's client sees it now
             return
         was_empty = R.nwait == 0
         R.waiting.append(rid)
@@ -907,17 +935,28 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
     # ---- the fleet (only with a control) ----
     def drop(rid, now, retry_after):
-        """A request its replica lost: resent once ``retry_after`` ns later (starting over,
-        its deadline unchanged), else it ends in an error (tokens received kept)."""
-        if retry_after is not None and rid not in resent and dl[rid] > now:
-            resent.add(rid)
+        """A request its replica lost: resent ``retry_after`` ns later (starting over, its
+        deadline unchanged) — once, or under the clients' retry policy after the client saw
+        the failure ``retry_after`` ns later and waited its backoff — else it ends in an error
+        (tokens received kept)."""
+        at = None
+        if retry_after is not None and dl[rid] > now:
+            if rtr is None:
+                if rid not in resent:
+                    resent.add(rid)
+                    at = now + retry_after
+            else:
+                b = rtr.decide(now, n_retry.get(rid, 0))
+                if b is not None:
+                    at = now + retry_after + b
+        if at is not None:
             state[rid] = WAITING
             gen[rid] = 0
             adm[rid] = -1
             void_from[rid] = len(st_rid)
             xvoid_from[rid] = len(xt_rid)
             lane_tok[rid] = False
-            heapq.heappush(rheap, (now + retry_after, rid))
+            heapq.heappush(rheap, (at, rid))
         else:
             state[rid] = DONE
             status[rid] = ERROR
@@ -1039,36 +1078,61 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
         def drain_deadline(self, idx, now):
             if reps[idx].alive and reps[idx].draining:
-                self.fail(idx, now, None, "drain deadline: what it still held is lost")
+                if rtr is None:
+                    self.fail(idx, now, None, "drain deadline: what it still held is lost")
+                else:
+                    self.fail(idx, now, 0, "drain deadline: what it still held is retried")
 
         def log(self, t, event, replica=None, **cols):
             tl.append((t, event, replica, cols))
 
         def signals(self, now, window, ttft_limit_ms):
+            """The autoscaler's view (capplan.synth.autoscale): work in prefill-equivalent
+            tokens — a prompt token ``wp`` (1; 0 when prompts cost nothing), an answer token
+            ``wd``. Q_work: waiting requests whole
+            (a preempted one: its prompt and the tokens it had, re-prefilled, plus the answer
+            left), running ones the prompt tokens not yet computed (a prompt on a prefill lane
+            counts whole until the lane finishes) and the answer tokens not yet emitted."""
             from .autoscale import Signals
 
-            while arr_t and arr_t[0] <= now - window:
-                arr_t.popleft()
+            while arr_t and arr_t[0][0] <= now - window:
+                _, a_in, a_out = arr_t.popleft()
+                arr_sum[0] -= a_in
+                arr_sum[1] -= a_out
             while ft and ft[0][0] <= now - window:
                 ft.popleft()
-            mean_tok = tok_sum[0] / tok_sum[1] if tok_sum[1] else 1.0
-            wait_tok = 0
+            q_work = 0.0
             used = cap = 0
             for R in reps:
                 if not R.alive:
                     continue
                 for rid in R.waiting:
                     if state[rid] == WAITING:
-                        wait_tok += inp[rid] + out[rid]
+                        q_work += wp * (inp[rid] + gen[rid]) + wd * (out[rid] - gen[rid])
+                # running: prompt not yet computed, and answer tokens not yet sent — a decoding
+                # one has sent gen + (iterations done − pst)
+                it_now = R.it + (min((now - R.t0) // R.step, R.k) if R.kind == 1 and R.step else 0)
+                p_left = a_left = 0
+                for rid in R.running:
+                    st_ = state[rid]
+                    if st_ == DECODE:
+                        a_left += max(0, out[rid] - gen[rid] - it_now + pst[rid])
+                    elif st_ == PREFILL:
+                        p_left += rem[rid]
+                        a_left += out[rid] - gen[rid]
+                q_work += wp * p_left + wd * a_left
                 if R.routable:
                     used += R.used
                     cap += kv_total
             w_s = min(window, now) / 1e9 if now > 0 else window / 1e9  # a young run: its age
+            work = wp * arr_sum[0] + wd * arr_sum[1]
             ttfts = np.fromiter((x for _, x in ft), dtype=np.float64, count=len(ft))
             p99 = float(np.percentile(ttfts, 99)) / 1e6 if ttfts.size else float("nan")
             good = int(np.sum(ttfts <= ttft_limit_ms * 1e6))
-            return Signals(rate_rps=len(arr_t) / w_s, queue=wait_tok / mean_tok, ttft_p99_ms=p99,
-                           kv_use=used / cap if cap else float("nan"),
+            return Signals(rate_rps=len(arr_t) / w_s, work_rate=work / w_s, queue_work=q_work,
+                           window_arrivals=len(arr_t), window_work=work, decode_token_weight=wd,
+                           prompt_token_weight=wp,
+                           ttft_p99_ms=p99, kv_use=used / cap if cap else float("nan"),
                            good_share=min(1.0, good / len(arr_t)) if arr_t else float("nan"))
 
     fleet = Fleet() if ctl is not None else None
@@ -1108,7 +1172,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
                         status[rid] = end_status(rid)
                         resolved(rid, tr)
                     else:
-                        arrive(rid, tr)
+                        arrive(rid, tr, False)
                 continue
         if ta == INF and tw == INF:
             break
@@ -1168,6 +1232,11 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         tl = tl + list(pfx.log)
     if pol is not None:
         stats.update({f"policy_{k}": v for k, v in pol.counts.items()})
+    if ctl is not None:  # attempts / original requests (docs/timeline.md "Client retries")
+        stats.update(first_attempts=n_att[0], retries_sent=n_att[1],
+                     retry_amplification=(n_att[0] + n_att[1]) / n_att[0] if n_att[0] else 1.0)
+        if rtr is not None:
+            stats.update(retries_refused_budget=rtr.refused_budget, retries_exhausted=rtr.exhausted)
     return SimResult(
         sched_ns=np.asarray(sched, dtype=np.int64), input_tokens=np.asarray(inp, dtype=np.int64),
         target_output=np.asarray(out, dtype=np.int64), tenant=np.asarray(ten, dtype=np.int64),
@@ -1180,4 +1249,6 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
         xtok_rid=np.asarray(xt_rid, dtype=np.int64) if sep else None,
         xtok_ns=np.asarray(xt_ns, dtype=np.int64) if sep else None,
         computed_input=None if comp is None else np.asarray(comp, dtype=np.int64),
+        retries=None if ctl is None else np.asarray(
+            [n_retry.get(i, 0) for i in range(len(sched))], dtype=np.int64),
     )

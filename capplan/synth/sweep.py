@@ -307,6 +307,11 @@ def readme_text(cfg: SynthConfig, plans: tuple[RunPlan, ...], stats: list[dict])
     for s in stats:
         lines.append(f"| {s['run_id']} | {s['level']:g} | {s['requests']} | {s['ok']} | {s['timeout']} | "
                      f"{s['rejected']} | {s['error']} | {s['cancelled']} | {s['preemptions']} |")
+    retried = [s for s in stats if s.get("retries_sent")]
+    if retried:  # client retries (docs/timeline.md "Client retries")
+        lines += ["", "Client retries: " + "; ".join(
+            f"{s['run_id']} {s['retries_sent']:,} retries, ×{s['retry_amplification']:.4f} attempts per "
+            "request" for s in retried) + " (retry amplification = attempts / original requests)."]
     lines += ["", "Unfinished requests at the end of a run (duration + drain) are kept: status `timeout` "
               "when their client deadline had passed, else `cancelled`, with the tokens received so far.", ""]
     return "\n".join(lines)

@@ -27,7 +27,8 @@ from ..study import Study
 
 #: columns of an events frame (the contract's, with seconds instead of ns, plus the source)
 EVENT_FRAME_COLUMNS = ("run_id", "t_s", "event", "replica", "group", "desired", "ready", "signal",
-                       "signal_value", "rate_rps", "queue_work_s", "detail", "source")
+                       "signal_value", "rate_rps", "queue_work_s", "work_rate_replicas", "detail",
+                       "source")
 #: when events share a time, they apply in this order (a replacement is added after the failure)
 _ORDER = {e: i for i, e in enumerate(("fault_injected", "replica_failed", "rollout_step",
                                       "scale_decision", "cache_flush", "replica_draining",

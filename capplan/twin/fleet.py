@@ -31,17 +31,19 @@ from ..synth.arrivals import load_trace
 from ..synth.autoscale import SIGNALS, AutoscalerSpec
 from ..synth.control import ControlSpec, FailureSpec, Placement, RolloutSpec
 from ..synth.demand import RateProfile, from_trace, oscillation, ramps, steps
+from ..synth.retry import RetryPolicy, parse_retry
 from .scenario import Part, ScenarioContext, register_part
 
 FAILURE_KEYS = ("at_s", "lose", "count", "detect_s", "route_removal_s", "in_flight",
-                "retry_delay_s", "replace", "ready_s", "ready_time_s", "zones", "per_node")
+                "retry_delay_s", "retry", "replace", "ready_s", "ready_time_s", "zones", "per_node")
 ROLLOUT_KEYS = ("at_s", "max_surge", "max_unavailable", "ready_s", "ready_time_s",
-                "drain_timeout_s")
+                "drain_timeout_s", "retry")
 DEMAND_KEYS = ("base_rps", "steps", "ramps", "oscillate", "trace")
 AUTOSCALER_KEYS = ("capacity_rps", "safety", "drain_target_s", "signal", "eval_period_s",
                    "rate_window_s", "stabilisation_s", "tolerance", "max_step", "cooldown_s",
                    "drain_timeout_s", "ready_s", "ready_time_s", "warm_floor", "max_replicas",
-                   "ttft_target_ms", "kv_target", "goodput_target")
+                   "ttft_target_ms", "kv_target", "goodput_target", "request_work",
+                   "decode_token_weight")
 
 
 def ready_seconds(d: dict, fld: str) -> float:
@@ -65,6 +67,16 @@ def _with_control(ctx: ScenarioContext, control: ControlSpec) -> ScenarioContext
     return replace(ctx, config=replace(ctx.config, control=control))
 
 
+def _with_retry(c: ControlSpec, retry: RetryPolicy | None, fld: str) -> ControlSpec:
+    """The run's clients get one retry policy (docs/timeline.md "Client retries")."""
+    if retry is None:
+        return c
+    if c.retry is not None and c.retry != retry:
+        S.fail(fld, "the failure and rollout parts give different client retry policies",
+               "give the same retry mapping (the clients are the same), or one")
+    return replace(c, retry=retry)
+
+
 def _zones(value, fld: str) -> tuple[str, ...]:
     if isinstance(value, bool):
         S.fail(fld, f"{fld} must be a count or a list of names", "zones: 3")
@@ -85,15 +97,17 @@ class FailurePart(Part):
 
     key: ClassVar[str] = "failure"
     summary: ClassVar[str] = ("at_s, lose: replicas (count) | zone | node, detect_s, route_removal_s, "
-                              "in_flight: lost | retried (retry_delay_s), replace, ready_s or "
-                              "ready_time_s, zones, per_node; or a list of such mappings")
+                              "in_flight: lost | retried (retry_delay_s, or a client retry "
+                              "policy: retry), replace, ready_s or ready_time_s, zones, per_node; "
+                              "or a list of such mappings")
     failures: tuple[FailureSpec, ...] = ()
     placement: Placement | None = None
+    retry: RetryPolicy | None = None
 
     @classmethod
     def parse(cls, raw, fld):
         items = raw if isinstance(raw, list) else [raw]
-        specs, placement = [], None
+        specs, placement, retry = [], None, None
         for i, r in enumerate(items):
             f = S.index(fld, i) if isinstance(raw, list) else fld
             d = S.mapping(r, f, known=FAILURE_KEYS, optional=False,
@@ -105,22 +119,38 @@ class FailurePart(Part):
                     zones=_zones(d.get("zones", 3), f"{f}.zones"),
                     per_node=int(S.number(d.get("per_node", 1), f"{f}.per_node", integer=True,
                                           minimum=1, example="2")))
+            in_flight = S.choice(d.get("in_flight", "retried" if "retry" in d else "lost"),
+                                 f"{f}.in_flight", ("lost", "retried"))
+            if "retry" in d:
+                if in_flight == "lost" or "retry_delay_s" in d:
+                    S.fail(f"{f}.retry", "a client retry policy needs in_flight: retried and "
+                           "replaces retry_delay_s (one resend)",
+                           "drop retry_delay_s; in_flight: retried, retry: {max_retries: 3}")
+                r_ = parse_retry(d["retry"], f"{f}.retry")
+                if retry is not None and r_ != retry:
+                    S.fail(f"{f}.retry", "the failures give different client retry policies",
+                           "give the same retry mapping to each (the clients are the same)")
+                retry = r_
             specs.append(FailureSpec(
                 at_s=S.duration_s(d["at_s"], f"{f}.at_s", example="600"),
                 lose=S.choice(d.get("lose", "replicas"), f"{f}.lose", ("replicas", "zone", "node")),
                 count=int(S.number(d.get("count", 1), f"{f}.count", integer=True, minimum=1)),
                 detect_s=S.duration_s(d.get("detect_s", 0.0), f"{f}.detect_s"),
                 route_removal_s=S.duration_s(d.get("route_removal_s", 0.0), f"{f}.route_removal_s"),
-                in_flight=S.choice(d.get("in_flight", "lost"), f"{f}.in_flight", ("lost", "retried")),
+                in_flight=in_flight,
                 retry_delay_s=S.duration_s(d.get("retry_delay_s", 1.0), f"{f}.retry_delay_s"),
                 replace=S.flag(d.get("replace"), f"{f}.replace", default=True),
                 ready_s=ready_seconds(d, f)))
-        return cls(tuple(specs), placement)
+        if retry is not None and any(s_.in_flight == "lost" for s_ in specs):
+            S.fail(f"{fld}.in_flight", "one failure loses its requests while the clients retry "
+                   "under a policy", "in_flight: retried on every failure")
+        return cls(tuple(specs), placement, retry)
 
     def apply(self, ctx):
         c = _control(ctx)
         if self.placement is not None:
             c = replace(c, placement=self.placement)
+        c = _with_retry(c, self.retry, f"{self.key}.retry")
         return _with_control(ctx, replace(c, failures=c.failures + self.failures))
 
     def describe(self):
@@ -130,7 +160,7 @@ class FailurePart(Part):
             parts.append(f"lose {what} at {f.at_s:g} s (detect {f.detect_s:g} s, routes "
                          f"{f.route_removal_s:g} s, in flight {f.in_flight}"
                          + (f", replaced after {f.ready_s:g} s" if f.replace else "") + ")")
-        return "failure: " + "; ".join(parts)
+        return "failure: " + "; ".join(parts) + (f"; {self.retry.describe()}" if self.retry else "")
 
 
 @register_part
@@ -139,8 +169,10 @@ class RolloutPart(Part):
     """A rolling update of the whole fleet with a surge / unavailable schedule."""
 
     key: ClassVar[str] = "rollout"
-    summary: ClassVar[str] = "at_s, max_surge, max_unavailable, ready_s or ready_time_s, drain_timeout_s"
+    summary: ClassVar[str] = ("at_s, max_surge, max_unavailable, ready_s or ready_time_s, drain_timeout_s, "
+                              "retry (the clients' retry policy)")
     rollout: RolloutSpec | None = None
+    retry: RetryPolicy | None = None
 
     @classmethod
     def parse(cls, raw, fld):
@@ -157,10 +189,12 @@ class RolloutPart(Part):
         return cls(RolloutSpec(at_s=S.duration_s(d["at_s"], f"{fld}.at_s"), max_surge=surge,
                                max_unavailable=unavail, ready_s=ready_seconds(d, fld),
                                drain_timeout_s=S.duration_s(d.get("drain_timeout_s", 600.0),
-                                                            f"{fld}.drain_timeout_s")))
+                                                            f"{fld}.drain_timeout_s")),
+                   parse_retry(d["retry"], f"{fld}.retry") if "retry" in d else None)
 
     def apply(self, ctx):
-        return _with_control(ctx, replace(_control(ctx), rollout=self.rollout))
+        c = _with_retry(_control(ctx), self.retry, f"{self.key}.retry")
+        return _with_control(ctx, replace(c, rollout=self.rollout))
 
     def describe(self):
         r = self.rollout
@@ -285,7 +319,7 @@ class AutoscalerPart(Part):
                               "kv_use | goodput, or a list), eval_period_s, rate_window_s, "
                               "stabilisation_s, tolerance, max_step, cooldown_s, drain_timeout_s, "
                               "ready_s or ready_time_s, warm_floor, max_replicas, ttft_target_ms, "
-                              "kv_target, goodput_target")
+                              "kv_target, goodput_target, request_work, decode_token_weight")
     spec: AutoscalerSpec | None = None
 
     @classmethod
@@ -312,7 +346,9 @@ class AutoscalerPart(Part):
                 max_replicas=int(num("max_replicas", 64, integer=True, minimum=1)),
                 ttft_target_ms=num("ttft_target_ms", 2000.0, above=0.0),
                 kv_target=num("kv_target", 0.8, above=0.0, maximum=1.0),
-                goodput_target=num("goodput_target", 0.99, above=0.0, maximum=1.0))
+                goodput_target=num("goodput_target", 0.99, above=0.0, maximum=1.0),
+                request_work=num("request_work", None, above=0.0, optional=True),
+                decode_token_weight=num("decode_token_weight", None, above=0.0, optional=True))
         except SpecError as exc:
             raise SpecError(exc.message, field=exc.field, fix=exc.fix) from None
         return cls(spec)
