@@ -395,34 +395,41 @@ def _footer_run_ids(event_files: tuple[Path, ...]) -> tuple[set[str], list[tuple
 
 
 def runs_without_events(study: Study) -> tuple[str, ...]:
-    """The manifest's runs that have no row in ``events/`` (manifest order). Settled from the
-    parquet footers where they can (one run per row group, how every importer and ``capplan
-    synth`` write); otherwise one scan of the ``run_id`` column."""
-    wanted = study.manifest.run_ids
-    footers = _footer_run_ids(study.event_files)
+    """The manifest's runs that have no row in ``events/`` (manifest order)."""
+    return missing_runs(study.manifest.run_ids, study.event_files, study.con)
+
+
+def missing_runs(run_ids: tuple[str, ...], event_files: tuple[Path, ...],
+                 con: duckdb.DuckDBPyConnection | None = None) -> tuple[str, ...]:
+    """Which of ``run_ids`` no row of ``event_files`` has. Settled from the parquet footers
+    where they can (one run per row group, how every importer and ``capplan synth`` write);
+    otherwise one scan of the ``run_id`` column (on ``con``, or a private connection)."""
+    footers = _footer_run_ids(event_files)
     if footers is not None:
         present, ranges = footers
-        maybe = [r for r in wanted if r not in present and any(lo <= r <= hi for lo, hi in ranges)]
+        maybe = [r for r in run_ids if r not in present and any(lo <= r <= hi for lo, hi in ranges)]
         if not maybe:
-            return tuple(r for r in wanted if r not in present)
-    found = {r for (r,) in study.sql("SELECT DISTINCT run_id FROM raw_events "
-                                     "WHERE run_id IS NOT NULL").fetchall()}
-    return tuple(r for r in wanted if r not in found)
+            return tuple(r for r in run_ids if r not in present)
+    con = con or connect()
+    found = {r for (r,) in con.execute(
+        "SELECT DISTINCT run_id FROM read_parquet(?, union_by_name = true) WHERE run_id IS NOT NULL",
+        [[str(f) for f in event_files]]).fetchall()}
+    return tuple(r for r in run_ids if r not in found)
 
 
-def missing_runs_problem(study: Study, missing: tuple[str, ...]) -> Problem:
+def missing_runs_problem(manifest_file: str, n_runs: int, missing: tuple[str, ...],
+                         events_dir: str) -> Problem:
     """The refusal of a study whose manifest lists runs without events: a C_SLO fitted to part of
     the sweep blames the wrong cause and asks for the wrong runs, so no command plans from it."""
-    n = len(study.manifest.runs)
     shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
     return Problem(
-        f"{len(missing)} of the {n} runs of {C.MANIFEST_NAME} have no events: {shown}; an envelope "
-        "or plan from the other runs would be fitted to part of the sweep",
-        file=str(study.root / C.MANIFEST_NAME), column="run_id",
+        f"{len(missing)} of the {n_runs} runs of {C.MANIFEST_NAME} have no events: {shown}; an "
+        "envelope or plan from the other runs would be fitted to part of the sweep",
+        file=manifest_file, column="run_id",
         example=f"runs: - run_id: {missing[0]} (no row of {C.EVENTS_DIR}/*.parquet has it)",
-        fix=f"put those runs' event files back under {study.root / C.EVENTS_DIR} (or re-import the "
-            f"study: capplan import TOOL PATH... --out STUDY), or remove the runs from "
-            f"{C.MANIFEST_NAME}; capplan validate lists every problem",
+        fix=f"put those runs' event files back under {events_dir} (or re-import the study: "
+            f"capplan import TOOL PATH... --out STUDY), or remove the runs from {C.MANIFEST_NAME}; "
+            "capplan validate lists every problem",
         code="run_without_events")
 
 
@@ -455,7 +462,8 @@ def open_study(path: str | os.PathLike | Study, *,
                         con or connect(), timeline_files)
     missing = runs_without_events(study) if check_runs else ()
     if missing:
-        raise StudyError(problems=[missing_runs_problem(study, missing)])
+        raise StudyError(problems=[missing_runs_problem(
+            str(root / C.MANIFEST_NAME), len(manifest.runs), missing, str(root / C.EVENTS_DIR))])
     return study
 
 
