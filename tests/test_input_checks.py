@@ -11,6 +11,7 @@ import warnings
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from capplan import report as R
 from capplan.cli import main
@@ -113,6 +114,7 @@ def test_every_command_refuses_a_study_with_runs_without_events(args, partial, t
         raise AssertionError("a kernel was started for a study that should be refused")
 
     monkeypatch.setattr(R, "ensure_kernel", no_kernel)
+    monkeypatch.chdir(tmp_path)
     spec = R.default_spec_path()
     rc = main([a.format(s=partial, spec=spec, tmp=tmp_path) for a in args])
     err = capsys.readouterr().err
@@ -166,18 +168,18 @@ def test_every_command_taking_an_slo_warns_of_an_implausible_unit(args, sweep, t
     """Whatever the command then does (the report and what-if are stopped before any kernel),
     the unit warning is on stderr exactly once, before anything else fails."""
     monkeypatch.setattr(R, "ensure_kernel", _stop)
+    monkeypatch.chdir(tmp_path)  # design writes design.yaml where it runs
     main([a.format(s=sweep, spec=R.default_spec_path(), tmp=tmp_path, slo="ttft_ms=0.5")
           for a in args])
     err = capsys.readouterr().err
     assert err.count("WARNING: " + SECONDS) == 1, err
 
 
-def test_the_spec_slo_is_checked_too(tmp_path, capsys):
+def test_the_spec_slo_is_checked_too(tmp_path, capsys, monkeypatch):
     """An SLO written in plan.yaml (not on the command line) gets the same warning."""
+    monkeypatch.chdir(tmp_path)
     text = R.default_spec_path().read_text(encoding="utf-8")
     spec = tmp_path / "plan.yaml"
-    import yaml
-
     doc = yaml.safe_load(text)
     doc["slo"] = {"ttft_ms": 0.5, "attainment": 0.99}
     doc.pop("slo_classes", None)
@@ -186,7 +188,8 @@ def test_the_spec_slo_is_checked_too(tmp_path, capsys):
     assert capsys.readouterr().err.count("WARNING: " + SECONDS) == 1
 
 
-def test_plausible_slo_says_nothing(sweep, capsys):
+def test_plausible_slo_says_nothing(sweep, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(["summarize", str(sweep), "--slo", "ttft_ms=2000,tpot_ms=100"]) == 0
     assert "WARNING" not in capsys.readouterr().err
 
