@@ -195,10 +195,11 @@ def test_provenance_bundle(demo_report):  # noqa: F811
 
 @pytest.mark.slow
 def test_reproduce_md_verbatim_reproduces_the_report(demo_report, monkeypatch):  # noqa: F811
-    """Following reproduce.md line by line: the inputs check, the recorded command (run by the
-    CLI, from the folder it names) into a new folder, and the outputs check in that folder, which
-    passes for every listed file; the original report and its checksums are untouched. (One more
-    render of the demo report: about 90 s on two cores.)"""
+    """Following reproduce.md line by line: the inputs check, the recorded command into a new
+    folder (its words run by the CLI's ``main`` in this process, from the folder the line names:
+    the ``capplan`` on PATH may be another checkout), and the outputs check in that folder,
+    which passes for every listed file; the original report and its checksums are untouched.
+    (One more render of the demo report: about 90 s on two cores.)"""
     import shlex
     import shutil
     import subprocess
