@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 import click
 
 from .version import __version__
-from .errors import CapplanError
+from .errors import CapplanError, SLOUnitWarning
 
 # name -> module under capplan.commands (each defines `cmd`)
 COMMANDS: dict[str, str] = {
@@ -61,7 +62,29 @@ def app():
     """capplan: SLO capacity envelopes and capacity plans for LLM serving."""
 
 
+def _say_warnings(show):
+    """A ``warnings.showwarning`` that prints capplan's input warnings (an implausible SLO unit)
+    as ``WARNING:`` lines on stderr, once each, and leaves the others to ``show``."""
+    said: set[str] = set()
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, SLOUnitWarning):
+            if str(message) not in said:
+                said.add(str(message))
+                click.echo(f"WARNING: {message}", err=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", SLOUnitWarning)  # said once per message: _say_warnings
+        warnings.showwarning = _say_warnings(warnings.showwarning)
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = list(sys.argv[1:] if argv is None else argv)
         # the exact command, for provenance (capplan report records it)

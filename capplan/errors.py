@@ -158,3 +158,8 @@ class ProblemList:
     def raise_if_errors(self) -> None:
         if self.errors:
             raise StudyError(problems=self.errors + self.warnings)
+
+
+class SLOUnitWarning(UserWarning):
+    """An SLO limit whose size suggests the wrong unit (``capplan.slo.unit_warnings``): said,
+    not refused; the CLI prints it as a ``WARNING:`` line on stderr."""

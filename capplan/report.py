@@ -805,7 +805,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         inputs = [params.study, params.spec] + [x for x in (params.baseline, params.gates, params.twin)
                                                 if x is not None]
         write_bundle(tmp, inputs=inputs, command=command, study=params.study, study_hash=study_hash,
-                     spec=params.spec, time=params.time, baseline=params.baseline)
+                     spec=params.spec, time=params.time, baseline=params.baseline,
+                     report_dir=out_dir, pages=tuple(p for p, _ in pages))
     total = perf_counter() - t_start
     say(f"report written in {total:.1f} s")
     return ReportResult(out_dir=out_dir, index=out_dir / "index.html",

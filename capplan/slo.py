@@ -7,16 +7,42 @@ A request is good when its status is ``ok`` and every limit that is set holds. T
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from . import spec as S
-from .errors import SpecError
+from .errors import SLOUnitWarning, SpecError
 
 _LIMIT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 _FLOAT_KEYS = _LIMIT_KEYS + ("attainment", "max_error_rate")
 _ALL_KEYS = _FLOAT_KEYS + ("itl_stat", "ttft_from")
+
+#: the plausible range of each limit, in ms: below it the number reads as seconds typed as ms,
+#: above it as microseconds (a TTFT over 10 minutes, a token gap over a minute)
+PLAUSIBLE_MS = {"ttft_ms": (10.0, 600_000.0), "tpot_ms": (1.0, 60_000.0),
+                "itl_ms": (1.0, 60_000.0), "e2e_ms": (10.0, 3_600_000.0)}
+
+
+def unit_warnings(slo: "SLO") -> tuple[str, ...]:
+    """One line per limit outside its plausible range (``PLAUSIBLE_MS``), naming the likely
+    mistake and the value meant: ``ttft_ms=0.5`` is almost surely 0.5 s, i.e. 500 ms."""
+    def plain(x: float) -> str:  # as typed on a command line: 500, 2000000, 0.25
+        return np.format_float_positional(round(float(x), 9), trim="-")
+
+    out = []
+    for key, (low_ms, high_ms) in PLAUSIBLE_MS.items():
+        v = getattr(slo, key)
+        if v is None:
+            continue
+        if v < low_ms:
+            out.append(f"{key}={plain(v)} looks like seconds: did you mean {key}={plain(v * 1000)}? "
+                       f"(SLO limits are in milliseconds; under {plain(low_ms)} ms is implausible)")
+        elif v > high_ms:
+            out.append(f"{key}={plain(v)} looks like microseconds: did you mean {key}={plain(v / 1000)}? "
+                       f"(SLO limits are in milliseconds; over {plain(high_ms)} ms is implausible)")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -42,6 +68,8 @@ class SLO:
         if all(getattr(self, k) is None for k in _LIMIT_KEYS):
             S.fail("", "an SLO needs at least one latency limit (ttft_ms, tpot_ms, itl_ms or e2e_ms)",
                    "e.g. --slo ttft_ms=2000,attainment=0.99")
+        for line in unit_warnings(self):  # said, not refused: an odd SLO can be meant
+            warnings.warn(line, SLOUnitWarning, stacklevel=3)
 
     @classmethod
     def parse(cls, text: str | dict | "SLO") -> "SLO":

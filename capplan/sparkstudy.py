@@ -23,7 +23,7 @@ from . import contract as C
 from .dialect import SPARK
 from .errors import ProblemList, SpecError, StudyError
 from .study import (StudyFacts, check_parquet_files, events_select, find_event_files,
-                    parse_manifest, schema_problems)
+                    missing_runs, missing_runs_problem, parse_manifest, schema_problems)
 
 INSTALL_FIX = ("install the Spark engine: pip install 'capplan[spark]' (pyspark) and a Java "
                "17 or 21 runtime (Debian/Ubuntu: apt-get install openjdk-17-jre-headless)")
@@ -272,6 +272,10 @@ def open_spark_study(path, *, spark=None, table: str | None = None) -> SparkStud
             problems.raise_if_errors()
             present = check_parquet_files(event_files, problems)
             problems.raise_if_errors()
+            missing = missing_runs(manifest.run_ids, event_files)
+            if missing:
+                raise StudyError(problems=[missing_runs_problem(
+                    str(mpath), len(manifest.runs), missing, str(lroot / C.EVENTS_DIR))])
             files = tuple(p.resolve().as_uri() for p in event_files)
     if spark is None or isinstance(spark, str):
         spark = spark_session(spark if isinstance(spark, str) else None)

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from . import contract as C
 from . import spec as S
 from .dialect import DUCKDB, Dialect
-from .errors import ProblemList, SpecError, StudyError
+from .errors import Problem, ProblemList, SpecError, StudyError
 
 
 class StudyFacts:
@@ -369,11 +369,78 @@ def find_event_files(root: Path, problems: ProblemList) -> tuple[Path, ...]:
     return files
 
 
+def _footer_run_ids(event_files: tuple[Path, ...]) -> tuple[set[str], list[tuple[str, str]]] | None:
+    """(runs certainly present, [min, max] ranges of row groups that hold several runs) from the
+    ``run_id`` statistics of the parquet footers; None when a row group has no statistics."""
+    present: set[str] = set()
+    ranges: list[tuple[str, str]] = []
+    for path in event_files:
+        meta = pq.ParquetFile(path).metadata
+        names = meta.schema.names
+        if "run_id" not in names:
+            return None
+        i = names.index("run_id")
+        for g in range(meta.num_row_groups):
+            col = meta.row_group(g).column(i)
+            if col.num_values == 0:
+                continue
+            st = col.statistics
+            if st is None or not st.has_min_max or not isinstance(st.min, str):
+                return None
+            if st.min == st.max:
+                present.add(st.min)
+            else:
+                ranges.append((st.min, st.max))
+    return present, ranges
+
+
+def runs_without_events(study: Study) -> tuple[str, ...]:
+    """The manifest's runs that have no row in ``events/`` (manifest order)."""
+    return missing_runs(study.manifest.run_ids, study.event_files, study.con)
+
+
+def missing_runs(run_ids: tuple[str, ...], event_files: tuple[Path, ...],
+                 con: duckdb.DuckDBPyConnection | None = None) -> tuple[str, ...]:
+    """Which of ``run_ids`` no row of ``event_files`` has. Settled from the parquet footers
+    where they can (one run per row group, how every importer and ``capplan synth`` write);
+    otherwise one scan of the ``run_id`` column (on ``con``, or a private connection)."""
+    footers = _footer_run_ids(event_files)
+    if footers is not None:
+        present, ranges = footers
+        maybe = [r for r in run_ids if r not in present and any(lo <= r <= hi for lo, hi in ranges)]
+        if not maybe:
+            return tuple(r for r in run_ids if r not in present)
+    con = con or connect()
+    found = {r for (r,) in con.execute(
+        "SELECT DISTINCT run_id FROM read_parquet(?, union_by_name = true) WHERE run_id IS NOT NULL",
+        [[str(f) for f in event_files]]).fetchall()}
+    return tuple(r for r in run_ids if r not in found)
+
+
+def missing_runs_problem(manifest_file: str, n_runs: int, missing: tuple[str, ...],
+                         events_dir: str) -> Problem:
+    """The refusal of a study whose manifest lists runs without events: a C_SLO fitted to part of
+    the sweep blames the wrong cause and asks for the wrong runs, so no command plans from it."""
+    shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12 else "")
+    return Problem(
+        f"{len(missing)} of the {n_runs} runs of {C.MANIFEST_NAME} have no events: {shown}; an "
+        "envelope or plan from the other runs would be fitted to part of the sweep",
+        file=manifest_file, column="run_id",
+        example=f"runs: - run_id: {missing[0]} (no row of {C.EVENTS_DIR}/*.parquet has it)",
+        fix=f"put those runs' event files back under {events_dir} (or re-import the study: "
+            f"capplan import TOOL PATH... --out STUDY), or remove the runs from {C.MANIFEST_NAME}; "
+            "capplan validate lists every problem",
+        code="run_without_events")
+
+
 def open_study(path: str | os.PathLike | Study, *,
-               con: duckdb.DuckDBPyConnection | None = None) -> Study:
+               con: duckdb.DuckDBPyConnection | None = None, check_runs: bool = True) -> Study:
     """Open a study directory. Manifest and schema problems (bad YAML, missing fields, corrupt
-    parquet, missing columns, wrong dtypes) raise a StudyError listing all of them. Opening
-    reads only parquet footers; the row-level checks are ``capplan.validate.open_checked``."""
+    parquet, missing columns, wrong dtypes) and manifest runs without events raise a StudyError
+    listing all of them. Opening reads only parquet footers (and, when they cannot tell which
+    runs a file holds, the ``run_id`` column); the row-level checks are
+    ``capplan.validate.open_checked`` (which reports runs without events itself:
+    ``check_runs=False``)."""
     if isinstance(path, Study):
         return path
     root = Path(path).expanduser()
@@ -391,8 +458,13 @@ def open_study(path: str | os.PathLike | Study, *,
     timeline_files = find_parquet(root / C.TIMELINE_DIR)
     check_parquet_files(timeline_files, problems, C.TIMELINE_COLUMNS)
     problems.raise_if_errors()
-    return build_study(root, manifest, event_files, find_parquet(root / C.RESOURCES_DIR), present,
-                       con or connect(), timeline_files)
+    study = build_study(root, manifest, event_files, find_parquet(root / C.RESOURCES_DIR), present,
+                        con or connect(), timeline_files)
+    missing = runs_without_events(study) if check_runs else ()
+    if missing:
+        raise StudyError(problems=[missing_runs_problem(
+            str(root / C.MANIFEST_NAME), len(manifest.runs), missing, str(root / C.EVENTS_DIR))])
+    return study
 
 
 def build_study(root: Path, manifest: C.Manifest, event_files: tuple[Path, ...],

@@ -485,6 +485,6 @@ def open_checked(path: str | os.PathLike | Study, *,
     """Open a study and run every check: manifest and schema problems (as ``open_study``)
     and the row-level and run-level ones raise one StudyError listing all errors, with the
     warnings attached; warnings alone do not raise."""
-    study = open_study(path, con=con)
+    study = open_study(path, con=con, check_runs=False)  # the run checks name them
     validate_study(study).raise_if_errors()
     return study

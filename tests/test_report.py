@@ -43,7 +43,10 @@ def demo_report(tmp_path_factory) -> Path:
         pytest.fail("data/sample is missing: run capplan synth --preset demo --out data/sample")
     if "demo" not in _CACHE:
         out = tmp_path_factory.getbasetemp() / "capplan-reports" / "demo"
-        R.render_report(out=out, reps=REPS, seed=0, time=TIME, progress=None)
+        # the command these arguments are, recorded as the CLI does (reproduce.md runs it)
+        R.render_report(out=out, reps=REPS, seed=0, time=TIME, progress=None,
+                        command=["capplan", "report", "--out", str(out), "--reps", str(REPS),
+                                 "--seed", "0", "--time", TIME])
         _CACHE["demo"] = out
     return _CACHE["demo"]
 

@@ -161,14 +161,24 @@ def test_glossary_doc_is_the_module_text():
 
 def test_provenance_bundle(demo_report):  # noqa: F811
     """Per-file sha256 of the inputs and outputs (they verify), the environment (capplan
-    version, the git commit from a checkout, Python and package versions) and reproduce.md."""
+    version, the git commit from a checkout, Python and package versions) and reproduce.md.
+    Every file the report wrote is in exactly one list: outputs.sha256 (reproduced byte for
+    byte) or run.sha256 (pages, executed notebooks, the run's records)."""
     prov = demo_report / "provenance"
-    outputs = (prov / "outputs.sha256").read_text(encoding="utf-8").splitlines()
-    assert len(outputs) > 20
-    for line in outputs:
-        digest, rel = line.split("  ", 1)
-        assert hashlib.sha256((demo_report / rel).read_bytes()).hexdigest() == digest, rel
-    assert any(rel.endswith("plan.xlsx") for rel in (x.split("  ", 1)[1] for x in outputs))
+    lists = {}
+    for name in ("outputs.sha256", "run.sha256"):
+        lists[name] = {}
+        for line in (prov / name).read_text(encoding="utf-8").splitlines():
+            digest, rel = line.split("  ", 1)
+            assert hashlib.sha256((demo_report / rel).read_bytes()).hexdigest() == digest, rel
+            lists[name][rel] = digest
+    outputs, run = lists["outputs.sha256"], lists["run.sha256"]
+    assert not set(outputs) & set(run)
+    written = {p.relative_to(demo_report).as_posix() for p in demo_report.rglob("*") if p.is_file()}
+    assert set(outputs) | set(run) == written - {"provenance/outputs.sha256", "provenance/run.sha256"}
+    assert {"data/plan/plan.xlsx", "data/envelope.json", "index.html", "glossary.html"} <= set(outputs)
+    assert {"02-envelope.html", "notebooks/02-envelope.ipynb", "report.json", "reproduce.md",
+            "provenance/environment.json"} <= set(run)
     inputs = (prov / "inputs.sha256").read_text(encoding="utf-8").splitlines()
     study_files = [x for x in inputs if str(R.demo_study_path()) in x]
     assert any(x.endswith("study.yaml") for x in study_files) and any(".parquet" in x for x in study_files)
@@ -181,6 +191,51 @@ def test_provenance_bundle(demo_report):  # noqa: F811
         assert len(env["git"]["commit"]) == 40
     text = (demo_report / "reproduce.md").read_text(encoding="utf-8")
     assert "sha256sum -c provenance/inputs.sha256" in text and TIME in text
+
+
+@pytest.mark.slow
+def test_reproduce_md_verbatim_reproduces_the_report(demo_report, monkeypatch):  # noqa: F811
+    """Following reproduce.md line by line: the inputs check, the recorded command into a new
+    folder (its words run by the CLI's ``main`` in this process, from the folder the line names:
+    the ``capplan`` on PATH may be another checkout), and the outputs check in that folder,
+    which passes for every listed file; the original report and its checksums are untouched.
+    (One more render of the demo report: about 90 s on two cores.)"""
+    import shlex
+    import shutil
+    import subprocess
+
+    if shutil.which("sha256sum") is None:
+        pytest.skip("sha256sum (coreutils) is not installed")
+    before = {p: p.read_bytes() for p in (demo_report / "provenance").iterdir()}
+    text = (demo_report / "reproduce.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```\n\s*(.+?)\n\s*```", text)
+    assert len(blocks) == 3, blocks
+    check_inputs, rerun, check_outputs = blocks
+
+    def sh(line):
+        done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (line, done.stdout[-2000:], done.stderr[-2000:])
+        return done.stdout
+
+    assert "FAILED" not in sh(check_inputs)
+    cd, _, command = rerun.partition(" && ")
+    folder = shlex.split(cd)
+    argv = shlex.split(command)
+    assert folder[0] == "cd" and argv[:2] == ["capplan", "report"]
+    new = Path(argv[argv.index("--out") + 1])
+    assert new != demo_report and not new.exists() and argv.count("--out") == 1
+    monkeypatch.chdir(folder[1])
+    assert main(argv[1:]) == 0
+    checked = sh(check_outputs).splitlines()
+    listed = (demo_report / "provenance" / "outputs.sha256").read_text(encoding="utf-8").splitlines()
+    assert len(checked) == len(listed) > 15 and all(x.endswith(": OK") for x in checked), checked
+    assert {p: p.read_bytes() for p in (demo_report / "provenance").iterdir()} == before
+    # the pages differ only in ids: the same text once those are taken out
+    ids = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"  # plotly's
+                     r"|cell-id=[0-9a-f]+|T_[0-9a-f]{5}(?![0-9a-f])")  # nbformat's, pandas' tables
+    for page in json.loads((demo_report / "report.json").read_text(encoding="utf-8"))["pages"]:
+        a, b = ((d / page).read_text(encoding="utf-8") for d in (demo_report, new))
+        assert ids.sub("", a) == ids.sub("", b), page
 
 
 def test_cli_records_the_command_and_refuses_a_mismatched_spec_before_any_kernel(tmp_path, monkeypatch,
