@@ -603,11 +603,13 @@ def _with_target_alternative(cap: CapacityInfo, spec: PlanSpec, study, slo, enve
     set, ``plan_on: tested``); a target the study cannot reweight to is said in the notes."""
     if spec.mix.target is None or study is None or slo is None or spec.capacity.source != "study":
         return cap
+    from .errors import CapplanError
+
     try:
         fit = _mix_fit(spec, study, slo)
-    except SpecError as exc:
+    except CapplanError as exc:  # the tested-mix plan stands; why the other number is missing is said
         return dataclasses.replace(cap, notes=tuple(cap.notes) + (
-            f"the target mix ({spec.mix.target}) was not reweighted: {exc.message}",))
+            f"the target mix ({spec.mix.target}) was not reweighted: {getattr(exc, 'message', exc)}",))
     alt = _alternative(f"target mix (reweighted, {fit.target.period})", fit.cslo, fit.envelope.honesty, spec,
                        study.manifest.replicas)
     return dataclasses.replace(cap, alternatives=tuple(a for a in (alt,) if a))

@@ -133,11 +133,10 @@ def mix_words(plan: dict, extra: list[dict] | None = None) -> str:
     if not rows:
         return ""
     lower = [r for r in rows if r.get("production_lower")]
-    cls = "warn" if lower else "def"
-    items = "".join(f"<li>{e(str(r.get('sentence', '')))}</li>" for r in (lower or rows))
-    head = ("<b>Production's mix gives a lower capacity than the tested mix.</b>" if lower else
-            "Production's mix against the tested mix:")
-    return f'<div class="{cls}" id="production-mix"><p>{head}</p><ul>{items}</ul></div>'
+    lead = "Production's mix gives a lower capacity than the tested mix"
+    items = "".join("<p>" + e(str(r.get("sentence", ""))).replace(e(lead), f"<b>{e(lead)}</b>", 1) + "</p>"
+                    for r in (lower or rows))
+    return f'<div class="{"warn" if lower else "def"}" id="production-mix">{items}</div>'
 
 
 def answer_section(plan: dict, verdict: dict | None, env: dict | None = None,

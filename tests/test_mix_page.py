@@ -49,6 +49,7 @@ def test_mix_page_matches_the_library(demo_report):  # noqa: F811
         assert 'id="production-mix"' in answer
         assert answer.index('id="production-mix"') < answer.index('id="answer-text"')
         assert "This plan is sized on the tested mix" in answer
+        assert "**The plan** (`mix.plan_on: tested`): Production's mix gives a lower capacity" in text
     assert "No SLO classes" in text  # the template spec has none
     assert "KV cache per token" in text and "peak IT power of the plan" in text
     exports = {x.name for x in (demo_report / "data" / "mix").iterdir()}

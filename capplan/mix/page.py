@@ -134,20 +134,30 @@ class MixPage:
                    target_source=str(path) if path else None, facts=facts, problems=tuple(problems),
                    twins=twins, twin_source=str(twin_path) if twin_path else None, envelope=env)
 
-    def twin_vs_plan(self) -> list[dict]:
-        """The twin's C_SLO at each target mix costed as a plan beside the tested-mix plan
-        (``capplan.plan.compare_numbers``), for the report's index — only when the spec plans
-        on the tested mix (a plan on the target mix or the twin carries its own comparison)."""
+    def vs_plan(self, *, twins_only: bool = False) -> list[dict]:
+        """Production's mix — each period reweighted and, with a twin, through the twin —
+        costed as a plan beside the tested-mix plan (``capplan.plan.compare_numbers``). Only
+        when the spec plans on the tested mix (a plan on the target mix or the twin carries its
+        own comparison). ``twins_only``: the twin's rows, which the report's index cannot get
+        from the plan record."""
         from ..plan import compare_numbers, twin_bound
 
-        if self.plan is None or not self.twins or self.spec.mix.plan_on != "tested":
+        if self.plan is None or self.spec.mix.plan_on != "tested" or not (self.twins or self.mixes):
             return []
         cap = self.plan.capacity
         r = self.study.manifest.replicas or 1
+        use = self.spec.capacity.use
         alts = []
+        for m in ([] if twins_only else self.mixes.values()):
+            v = getattr(m.cslo, use)
+            if v == v and v > 0:
+                h = m.envelope.honesty
+                alts.append({"basis": f"target mix (reweighted, {m.target.period})", "rps_per_group": float(v) / r,
+                             "rps_system": float(v), "status": h.status if h is not None else "no verdict",
+                             "sentence": h.sentence if h is not None else ""})
         for t in self.twins.values():
             w = t.at_target
-            v = twin_bound(w, self.spec.capacity.confidence) if self.spec.capacity.use == "lower_bound" else w.estimate
+            v = twin_bound(w, self.spec.capacity.confidence) if use == "lower_bound" else w.estimate
             if v == v and v > 0:
                 alts.append({"basis": f"target mix (twin, {t.mix.target.period})", "rps_per_group": float(v) / r,
                              "rps_system": float(v), "status": "unsupported",
@@ -159,7 +169,7 @@ class MixPage:
     def plan_words(self) -> str:
         """Which number the plan stands on, and what production's mix would cost (said on the
         page, as the report's index says it)."""
-        return "  \n".join(r["sentence"] for r in self.twin_vs_plan())
+        return "  \n".join(r["sentence"] for r in self.vs_plan())
 
     @property
     def kv(self):
@@ -270,6 +280,6 @@ class MixPage:
                 (tmp / f"mix_{period}_twin.json").write_text(t.to_json(), encoding="utf-8")
                 t.to_frame().to_csv(tmp / f"mix_{period}_twin.csv", index=False, lineterminator="\r\n")
             self.bounds_frame().to_csv(tmp / "bounds.csv", index=False, lineterminator="\r\n")
-            (tmp / "plan_vs_mix.json").write_text(json.dumps(self.twin_vs_plan(), indent=2), encoding="utf-8")
+            (tmp / "plan_vs_mix.json").write_text(json.dumps(self.vs_plan(twins_only=True), indent=2), encoding="utf-8")
             (tmp / "mix.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         return out
