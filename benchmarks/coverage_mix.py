@@ -31,7 +31,7 @@ repeats capplan's honesty rule asks for; ``--method within-run`` gives the earli
 
     python benchmarks/coverage_mix.py --k 200 --reps 400 --jobs 2
     python benchmarks/coverage_mix.py --k 100 --reps 400 --jobs 2 --design repeats --truth-replications 100
-    python benchmarks/coverage_mix.py --from-json out.json        # re-summarise saved sweeps
+    python benchmarks/coverage_mix.py --from-json a.json b.json   # re-summarise (and pool) saved sweeps
 """
 
 from __future__ import annotations
@@ -254,7 +254,8 @@ def main(argv=None) -> int:
                     help="repeats: 3 runs at each of 3.5, 4, 4.5, 5 req/s on top of the protocol")
     ap.add_argument("--method", choices=("run-effect", "within-run"), default="run-effect")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--from-json", default=None)
+    ap.add_argument("--from-json", nargs="+", default=None,
+                    help="re-summarise the sweeps saved by --out (several files: their sweeps pooled)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     tr = truth(a.truth_replications, a.refresh_truth)
@@ -267,7 +268,7 @@ def main(argv=None) -> int:
           + f"; joint {ct['joint']:.3f} req/s", flush=True)
     t1 = time.perf_counter()
     if a.from_json:
-        results = json.loads(Path(a.from_json).read_text())["sweeps"]
+        results = [r for f in a.from_json for r in json.loads(Path(f).read_text())["sweeps"]]
     else:
         jobs = [(k, a.seed, a.reps, a.fit_seed, a.confidence, a.design, a.method) for k in range(a.k)]
         if a.jobs > 1:
