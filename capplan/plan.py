@@ -44,7 +44,7 @@ from typing import Any
 
 from . import cost as K
 from . import plan_bounds
-from .errors import SpecError
+from .errors import CapplanError, SpecError
 from .periods import Period, next_quarter_start, quarter_from_label, reference_day
 from .periods import quarters as quarters_from
 from . import plan_text
@@ -115,7 +115,7 @@ class CapacityInfo:
     #: "Honest numbers only"); None for a given number or an envelope without a verdict
     honesty: dict | None = field(default=None, compare=False, hash=False)
     #: the study's other C_SLO numbers for this plan (tested vs production mix), per group:
-    #: ({"basis", "rps_per_group", "status", "sentence"}, …); ``make_plan`` costs the lower ones
+    #: ({"basis", "rps_per_group", "status", "sentence"}, …); ``make_plan`` re-sizes the plan on each
     alternatives: tuple = field(default=(), compare=False, hash=False)
 
     def to_frame(self):
@@ -556,7 +556,7 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
         return capacity_at_mix(spec, study, slo)
     if envelope is not None:
         cap = capacity_from_envelope(envelope, spec, replicas=replicas, study_name=name)
-        return _with_target_alternative(cap, spec, study, slo, envelope)
+        return _with_target_alternative(cap, spec, study, slo)
     if spec.capacity.source == "number":
         return CapacityInfo(rps_per_group=float(spec.capacity.rps_per_group), source="given in the spec")
     if study is None:
@@ -571,7 +571,7 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
     env = fit_envelope(study, slo, confidence=spec.capacity.confidence, reps=spec.capacity.reps,
                        seed=spec.capacity.seed)
     cap = capacity_from_envelope(env, spec, replicas=replicas, study_name=name)
-    return _with_target_alternative(cap, spec, study, slo, env)
+    return _with_target_alternative(cap, spec, study, slo)
 
 
 def _mix_fit(spec: PlanSpec, study, slo: SLO):
@@ -588,23 +588,21 @@ def _mix_fit(spec: PlanSpec, study, slo: SLO):
 
 
 def _alternative(basis: str, cslo, honesty, spec: PlanSpec, replicas: int) -> dict | None:
-    """Another C_SLO of this plan (per group, the number ``capacity.use`` names) with its verdict."""
+    """Another C_SLO of this plan (per group, the number ``capacity.use`` names) with its
+    verdict (a ``capplan.honesty.Honesty`` or None)."""
     v = getattr(cslo, spec.capacity.use, None)
     if v is None or not (v > 0) or not math.isfinite(v):
         return None
-    st = getattr(honesty, "status", None) if not isinstance(honesty, dict) else honesty.get("status")
-    sent = getattr(honesty, "sentence", "") if not isinstance(honesty, dict) else honesty.get("sentence", "")
     return {"basis": basis, "rps_per_group": float(v) / (replicas or 1), "rps_system": float(v),
-            "status": st or "no verdict", "sentence": sent or ""}
+            "status": honesty.status if honesty is not None else "no verdict",
+            "sentence": honesty.sentence if honesty is not None else ""}
 
 
-def _with_target_alternative(cap: CapacityInfo, spec: PlanSpec, study, slo, envelope) -> CapacityInfo:
+def _with_target_alternative(cap: CapacityInfo, spec: PlanSpec, study, slo) -> CapacityInfo:
     """A tested-mix capacity with the target mix's reweighted number beside it (``mix.target``
     set, ``plan_on: tested``); a target the study cannot reweight to is said in the notes."""
     if spec.mix.target is None or study is None or slo is None or spec.capacity.source != "study":
         return cap
-    from .errors import CapplanError
-
     try:
         fit = _mix_fit(spec, study, slo)
     except CapplanError as exc:  # the tested-mix plan stands; why the other number is missing is said

@@ -119,8 +119,9 @@ def _bound_words(plan: dict, env: dict | None) -> str:
     if status == "honest":
         return (f' <span id="bound-honesty">Planned on the C_SLO {e(on)}; the lower bound is <b>honest</b>: '
                 "it includes the run-to-run variation measured near the crossing.</span>")
-    return (f' <span id="bound-honesty">Planned on the C_SLO {e(on)}; the lower bound is <b>{e(status)}</b> '
-            "(accepted with accept_optimistic): "
+    accepted = " (accepted with accept_optimistic)" if on.startswith("lower bound") else ""
+    return (f' <span id="bound-honesty">Planned on the C_SLO {e(on)}; the lower bound is <b>{e(status)}</b>'
+            f"{accepted}: "
             f"{e(for_readers(_first_sentence(str(h.get('sentence', '')))))} — see “Can the lower bound be "
             "trusted?” for the runs to add.</span>")
 
