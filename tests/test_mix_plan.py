@@ -222,3 +222,40 @@ def dataclasses_replace_accept(spec, accept: bool):
     import dataclasses
 
     return dataclasses.replace(spec, capacity=dataclasses.replace(spec.capacity, accept_optimistic=accept))
+
+
+def test_the_twin_lower_than_the_tested_mix_is_said_first_on_the_index(make_study, tmp_path):
+    """Issue 27, item 6: with a twin on the mix page and ``plan_on: tested``, the twin's C_SLO
+    at the target mix is costed as a plan (``MixPage.vs_plan``, exported as
+    data/mix/plan_vs_mix.json) and the index says it first when it is lower than the tested mix.
+    The twin result is given (a twin run is the twin tests' job); its bound is estimate − 1.645·SE."""
+    import dataclasses
+    import json
+    from types import SimpleNamespace
+
+    from capplan.mix.page import MixPage
+    from capplan.report_index import IndexInputs, index_html, read_mix_record
+    from capplan.sensitivity import plan_record
+
+    study = open_study(mix_study(make_study))
+    spec = _spec(slo=SLO, mix={"target": str(_mix_table(tmp_path)), "plan_on": "tested"},
+                 demand={"peak_rps": 40.0})
+    page = MixPage.build(study, spec, SLO, reps=100, seed=1)
+    r = study.manifest.replicas
+    tested = page.plan.capacity.rps_per_group * r
+    est, se = 0.8 * tested, 0.02 * tested
+    tw = SimpleNamespace(at_target=SimpleNamespace(estimate=est, ci_low=est - 1.959964 * se, ci_high=est + 1.959964 * se),
+                         mix=SimpleNamespace(target=SimpleNamespace(period="table")))
+    page = dataclasses.replace(page, twins={"table": tw})
+    (row,) = page.vs_plan(twins_only=True)
+    assert row["basis"] == "target mix (twin, table)" and row["status"] == "unsupported"
+    assert row["rps_per_group"] == pytest.approx((est - 1.644854 * se) / r, rel=1e-5)
+    assert row["production_lower"] and row["groups"] > page.plan.quarters[0].groups
+    assert "target mix (twin, table)" in page.plan_words()
+    (tmp_path / "data" / "mix").mkdir(parents=True)
+    (tmp_path / "data" / "mix" / "plan_vs_mix.json").write_text(json.dumps(page.vs_plan(twins_only=True)))
+    html = index_html(IndexInputs("s", "h", (), (), ()), plan_record(page.plan), None, None,
+                      read_mix_record(tmp_path / "data"))
+    answer = re.sub(r"<a [^>]*>|</a>", "", html[html.index('<section id="answer">'):])
+    assert answer.index('id="production-mix"') < answer.index('id="answer-text"')
+    assert "This plan is sized on the tested mix" in answer and "on the target mix (twin, table)" in answer
