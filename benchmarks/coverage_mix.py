@@ -16,12 +16,22 @@ Truths (``capplan.synth.truth``, common random numbers, cached under benchmarks/
   adds the load effect (more prefill work slows every request), which reweighting cannot see;
   reported, with how often the reweighted interval covers it too.
 
+- **class truth** — SLO classes (``CLASSES``: interactive = the chat tenant, batch = the docs
+  tenant, both under TTFT ≤ 1 s, at 0.95 and 0.6): each class's true crossing at the tested mix
+  (its bucket's attainment, the same simulated runs), and the joint truth, their minimum — what
+  ``capplan.mix.classes.fit_classes`` estimates.
+
 Reported: coverage of the two-sided interval and of the one-sided lower bound (with 95 %
 Clopper–Pearson intervals), widths, estimates, for the reweighted fit against the reweighted
-truth, and for the unweighted fit against the same truth (it should not cover).
+truth, the unweighted fit against the same truth (it should not cover), and the class fit
+against the class truth — over all sweeps and over the sweeps whose bound capplan calls honest
+(``Envelope.honesty`` / ``ClassFit.honesty``). ``--design repeats`` adds 3 runs at each of
+3.5, 4, 4.5 and 5 req/s (the rates bracketing the reweighted and the class crossings), the
+repeats capplan's honesty rule asks for; ``--method within-run`` gives the earlier intervals.
 
     python benchmarks/coverage_mix.py --k 200 --reps 400 --jobs 2
-    python benchmarks/coverage_mix.py --from-json out.json        # re-summarise saved sweeps
+    python benchmarks/coverage_mix.py --k 100 --reps 400 --jobs 2 --design repeats --truth-replications 100
+    python benchmarks/coverage_mix.py --from-json a.json b.json   # re-summarise (and pool) saved sweeps
 """
 
 from __future__ import annotations
@@ -43,6 +53,13 @@ ROOT = HERE.parent
 SLO_TEXT = "ttft_ms=1000,attainment=0.9"
 EDGES = (2048.0,)
 TARGET_LONG = 0.30
+#: SLO classes of the class coverage (the tenants' slo_class; same TTFT limit as SLO_TEXT, so
+#: each class's truth is its input bucket's attainment in the same simulated runs)
+CLASSES = {"classes": {"interactive": {"ttft_ms": 1000, "attainment": 0.95},
+                       "batch": {"ttft_ms": 1000, "attainment": 0.6}}}
+CLASS_BUCKET = {"interactive": 0, "batch": 1}
+#: --design repeats: runs per level near the reweighted and the class crossings
+REPEATS_AT = ((3.5, 3), (4.0, 3), (4.5, 3), (5.0, 3))
 
 
 def config(**kw):
@@ -65,6 +82,44 @@ def config_at_share(long_share: float, **kw):
 def tested_share(cfg) -> float:
     t = {x.name: x.share for x in cfg.tenants}
     return float(t["docs"] / sum(t.values()))
+
+
+def _bisect(att, target: float, lo: float, hi: float, tol: float) -> float:
+    """The rate where a decreasing ``att`` crosses ``target`` (bisection to ``tol``)."""
+    if att(lo) < target or att(hi) >= target:
+        raise ValueError(f"the truth bracket [{lo}, {hi}] does not bracket {target}")
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if att(mid) >= target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def class_truth(replications: int, refresh: bool = False) -> dict:
+    """Each class's true C_SLO at the tested mix and the joint one (their minimum)."""
+    from capplan.synth.truth import true_cell_attainment
+
+    cfg = config()
+    key = hashlib.sha256(json.dumps([repr(cfg), SLO_TEXT, replications, EDGES, CLASSES],
+                                    default=str).encode()).hexdigest()[:12]
+    path = HERE / "_data" / f"coverage_mix_classes_truth_{key}.json"
+    if path.is_file() and not refresh:
+        return json.loads(path.read_text())
+    cache: dict[float, object] = {}
+
+    def cell(x):
+        if x not in cache:
+            cache[x] = true_cell_attainment(cfg, x, SLO_TEXT, EDGES, replications=replications)
+        return cache[x]
+
+    out = {}
+    for name, slo in CLASSES["classes"].items():
+        b = CLASS_BUCKET[name]
+        out[name] = _bisect(lambda x: cell(x).good[b] / cell(x).n[b], slo["attainment"], 1.0, 7.0, 0.02)
+    out = {"classes": out, "joint": min(out.values()), "replications": replications,
+           "cells": {f"{x:.4f}": {"n": list(c.n), "good": list(c.good)} for x, c in sorted(cache.items())}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    return out
 
 
 def truth(replications: int, refresh: bool = False) -> dict:
@@ -95,10 +150,11 @@ def truth(replications: int, refresh: bool = False) -> dict:
 
 
 def one_sweep(args) -> dict:
-    k, seed, reps, fit_seed, confidence = args
+    k, seed, reps, fit_seed, confidence, design, method = args
     import pandas as pd
 
     from capplan.mix import target_from_table
+    from capplan.mix.classes import fit_classes
     from capplan.mix.reweight import fit_mix
     from capplan.synth import generate_study
 
@@ -106,13 +162,17 @@ def one_sweep(args) -> dict:
                                              "share": [1 - TARGET_LONG, TARGET_LONG]}))
     tmp = Path(tempfile.mkdtemp(prefix="cov_mix_"))
     try:
-        path, _ = generate_study(config(seed=seed + k), tmp / "s", workers=1)
-        m = fit_mix(path, SLO_TEXT, target, reps=reps, seed=fit_seed + k, confidence=confidence)
+        extra = {"repeats_at": REPEATS_AT} if design == "repeats" else {}
+        path, _ = generate_study(config(seed=seed + k, **extra), tmp / "s", workers=1)
+        m = fit_mix(path, SLO_TEXT, target, reps=reps, seed=fit_seed + k, confidence=confidence, method=method)
+        cf = fit_classes(path, CLASSES, reps=reps, seed=fit_seed + k, confidence=confidence, method=method)
         out = {"k": k, "ess_share": m.ess_share}
-        for name, e in (("tested", m.base), ("reweighted", m.envelope)):
-            c = e.cslo
+        for name, c, h in (("tested", m.base.cslo, m.base.honesty), ("reweighted", m.envelope.cslo, m.envelope.honesty),
+                           ("classes", cf.cslo, cf.honesty)):
             out[name] = {"estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                         "lower_bound": c.lower_bound, "status": c.status}
+                         "lower_bound": c.lower_bound, "status": c.status,
+                         "honesty": None if h is None else h.status}
+        out["classes"]["binding"] = cf.binding_class
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -138,19 +198,37 @@ def coverage(rows: list[dict], truth_value: float) -> dict:
             "coverage_lower_bound": float(lb_ok.mean()), "coverage_lower_bound_cp95": cp(int(lb_ok.sum()), n),
             "mean_width": float(np.mean(hi - lo)), "mean_estimate": float(np.nanmean(est)),
             "sd_estimate": float(np.nanstd(est, ddof=1)) if n > 1 else float("nan"),
-            "statuses": {s: int(sum(r["status"] == s for r in rows)) for s in {r["status"] for r in rows}}}
+            "statuses": {s: int(sum(r["status"] == s for r in rows)) for s in {r["status"] for r in rows}},
+            "honesty": {str(s): int(sum(r.get("honesty") == s for r in rows)) for s in {r.get("honesty") for r in rows}},
+            "n": n}
 
 
-def summarize(results: list[dict], tr: dict, confidence: float) -> dict:
+def summarize(results: list[dict], tr: dict, confidence: float, ct: dict | None = None) -> dict:
     rw = [r["reweighted"] for r in results]
     un = [r["tested"] for r in results]
-    return {"K": len(results), "confidence": confidence, "truth": {k: tr[k] for k in
-            ("reweighted", "tested", "full_target_mix", "tested_long_share", "target_long_share", "replications")},
-            "reweighted_vs_reweighted_truth": coverage(rw, tr["reweighted"]),
-            "unweighted_vs_reweighted_truth": coverage(un, tr["reweighted"]),
-            "unweighted_vs_tested_truth": coverage(un, tr["tested"]),
-            "reweighted_vs_full_target_mix_truth": coverage(rw, tr["full_target_mix"]),
-            "mean_ess_share": float(np.mean([r["ess_share"] for r in results]))}
+    out = {"K": len(results), "confidence": confidence, "truth": {k: tr[k] for k in
+           ("reweighted", "tested", "full_target_mix", "tested_long_share", "target_long_share", "replications")},
+           "reweighted_vs_reweighted_truth": coverage(rw, tr["reweighted"]),
+           "unweighted_vs_reweighted_truth": coverage(un, tr["reweighted"]),
+           "unweighted_vs_tested_truth": coverage(un, tr["tested"]),
+           "reweighted_vs_full_target_mix_truth": coverage(rw, tr["full_target_mix"]),
+           "mean_ess_share": float(np.mean([r["ess_share"] for r in results]))}
+    honest_rw = [x for x in rw if x.get("honesty") == "honest"]
+    honest_un = [x for x in un if x.get("honesty") == "honest"]
+    if honest_rw:
+        out["reweighted_honest_vs_reweighted_truth"] = coverage(honest_rw, tr["reweighted"])
+    if honest_un:
+        out["unweighted_honest_vs_tested_truth"] = coverage(honest_un, tr["tested"])
+    if ct is not None and all("classes" in r for r in results):
+        cl = [r["classes"] for r in results]
+        out["truth"]["classes"] = ct["classes"]
+        out["truth"]["classes_joint"] = ct["joint"]
+        out["classes_vs_class_truth"] = coverage(cl, ct["joint"])
+        honest_cl = [x for x in cl if x.get("honesty") == "honest"]
+        if honest_cl:
+            out["classes_honest_vs_class_truth"] = coverage(honest_cl, ct["joint"])
+        out["classes_binding"] = {b: sum(x.get("binding") == b for x in cl) for b in {x.get("binding") for x in cl}}
+    return out
 
 
 def _line(name: str, c: dict) -> str:
@@ -172,8 +250,12 @@ def main(argv=None) -> int:
     ap.add_argument("--truth-replications", type=int, default=40)
     ap.add_argument("--refresh-truth", action="store_true")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--design", choices=("protocol", "repeats"), default="protocol",
+                    help="repeats: 3 runs at each of 3.5, 4, 4.5, 5 req/s on top of the protocol")
+    ap.add_argument("--method", choices=("run-effect", "within-run"), default="run-effect")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--from-json", default=None)
+    ap.add_argument("--from-json", nargs="+", default=None,
+                    help="re-summarise the sweeps saved by --out (several files: their sweeps pooled)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     tr = truth(a.truth_replications, a.refresh_truth)
@@ -181,11 +263,14 @@ def main(argv=None) -> int:
           f"{tr['reweighted']:.3f} req/s; tested mix ({tr['tested_long_share']:.0%} long) {tr['tested']:.3f}; "
           f"simulated at {tr['target_long_share']:.0%} long (load effect included) {tr['full_target_mix']:.3f}"
           f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
+    ct = class_truth(a.truth_replications, a.refresh_truth)
+    print(f"class truth: " + ", ".join(f"{c} {v:.3f}" for c, v in ct["classes"].items())
+          + f"; joint {ct['joint']:.3f} req/s", flush=True)
     t1 = time.perf_counter()
     if a.from_json:
-        results = json.loads(Path(a.from_json).read_text())["sweeps"]
+        results = [r for f in a.from_json for r in json.loads(Path(f).read_text())["sweeps"]]
     else:
-        jobs = [(k, a.seed, a.reps, a.fit_seed, a.confidence) for k in range(a.k)]
+        jobs = [(k, a.seed, a.reps, a.fit_seed, a.confidence, a.design, a.method) for k in range(a.k)]
         if a.jobs > 1:
             from concurrent.futures import ProcessPoolExecutor
 
@@ -193,13 +278,24 @@ def main(argv=None) -> int:
                 results = list(ex.map(one_sweep, jobs))
         else:
             results = [one_sweep(j) for j in jobs]
-    s = summarize(results, tr, a.confidence)
+    s = summarize(results, tr, a.confidence, ct)
     print(f"{s['K']} sweeps, {a.reps} replicates, nominal {a.confidence:.0%}  "
           f"[{time.perf_counter() - t1:.0f} s; load average {os.getloadavg()[0]:.1f}]")
     print(_line("reweighted C_SLO vs reweighted truth", s["reweighted_vs_reweighted_truth"]))
     print(_line("unweighted C_SLO vs reweighted truth", s["unweighted_vs_reweighted_truth"]))
     print(_line("unweighted C_SLO vs tested-mix truth", s["unweighted_vs_tested_truth"]))
     print(_line("reweighted C_SLO vs simulated target mix", s["reweighted_vs_full_target_mix_truth"]))
+    for key, name in (("reweighted_honest_vs_reweighted_truth", "reweighted, where called honest"),
+                      ("unweighted_honest_vs_tested_truth", "unweighted, where called honest, vs tested"),
+                      ("classes_vs_class_truth", "SLO classes (joint) vs class truth"),
+                      ("classes_honest_vs_class_truth", "SLO classes, where called honest")):
+        if key in s:
+            print(_line(name, s[key]) + f"; {s[key]['n']} sweeps")
+    for key in ("reweighted_vs_reweighted_truth", "unweighted_vs_tested_truth", "classes_vs_class_truth"):
+        if key in s:
+            print(f"honesty verdicts ({key.split('_vs_')[0]}): {s[key]['honesty']}")
+    if "classes_binding" in s:
+        print(f"binding class: {s['classes_binding']}")
     print(f"mean effective sample size of the reweighting: {s['mean_ess_share']:.0%} of the tested requests")
     if a.out:
         Path(a.out).write_text(json.dumps({"summary": s, "sweeps": results}, indent=2, default=str))

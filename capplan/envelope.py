@@ -1345,11 +1345,30 @@ RunPoints = _Points
 
 
 def envelope_from_points(points: RunPoints, runs: pd.DataFrame, slo, target: float, *, confidence: float,
-                         seed: int, closed: bool, notes=()) -> Envelope:
+                         seed: int, closed: bool, notes=(), method: str = "within-run",
+                         stats: BlockStats | None = None,
+                         run_effect: rfx.RunEffect | None = None) -> Envelope:
     """The sweep fit — weighted isotonic curve, first down-crossing, interval, lower bound,
-    status — of per-run replicates an analysis computed itself (docs/mix.md, "Reweighting").
-    The within-run machinery: the analysis brings its own replicates (no run effect)."""
-    return _finish(points, runs, slo, target, confidence, seed, closed, list(notes))
+    status — of per-run replicates an analysis computed itself (docs/mix.md, "Reweighting"),
+    with the bound's honesty. ``method="run-effect"`` adds the between-run variation exactly as
+    ``fit_from_stats`` does (``runs``: one row per point, in order, with the run table's columns;
+    ``stats``: the reduction the points came from, for each run's realised-rate noise);
+    "within-run" keeps the analysis's own replicates (honesty: optimistic)."""
+    if method not in METHODS:
+        raise SpecError(f"unknown interval method {method!r}", field="method", fix="use " + " or ".join(METHODS))
+    runs = runs.copy()
+    effect = None
+    if method == "run-effect" and not closed and points.n.size:
+        rv = np.zeros(points.n.size)
+        if stats is not None:
+            by_id = dict(zip([r.run_id for r in stats.runs], _rate_var(stats)))
+            rv = np.array([by_id.get(r, 0.0) for r in points.run_id], dtype=np.float64)
+        points, effect, used = _with_run_effect(points, target, seed, run_effect, rv)
+        runs["tau_window"] = False
+        runs.loc[runs["usable"].to_numpy(bool), "tau_window"] = used
+    env = _finish(points, runs, slo, target, confidence, seed, closed, list(notes), method=method)
+    env = replace(env, method=method, run_effect=effect)
+    return replace(env, honesty=_honesty(env))
 
 
 def json_value(v):

@@ -380,10 +380,13 @@ class MixSpec:
     input_edges: tuple[float, ...] = (1024.0, 4096.0)
     output_edges: tuple[float, ...] = ()
     by: tuple[str, ...] = ()  # tenant, slo_class
-    plan_on: str = "target"  # target: plan with the reweighted C_SLO; tested: report it only
+    #: target: plan with the reweighted C_SLO; twin: with the twin's C_SLO at the target mix
+    #: (needs ``twin``); tested: plan at the tested mix, the target's number beside it
+    plan_on: str = "target"
     drop_untested: bool = False
     #: twin.yaml (relative to the spec file): the report's mix page also runs the target mix
-    #: through it (docs/mix.md, "The twin at the target mix"); the plan itself does not change
+    #: through it (docs/mix.md, "The twin at the target mix"); with ``plan_on: twin`` the plan
+    #: sizes on it
     twin: str | None = None
 
     def __post_init__(self):
@@ -391,7 +394,12 @@ class MixSpec:
         S.text(self.target, f"{s}.target", example="prod.parquet")
         S.text(self.twin, f"{s}.twin", example="twin.yaml")
         S.choice(self.period, f"{s}.period", ("day", "peak_hour"))
-        S.choice(self.plan_on, f"{s}.plan_on", ("target", "tested"))
+        S.choice(self.plan_on, f"{s}.plan_on", ("target", "twin", "tested"))
+        if self.plan_on == "twin" and (self.twin is None or self.target is None):
+            S.fail(f"{s}.plan_on", "mix.plan_on: twin plans on the twin's C_SLO at the target mix, but the spec has "
+                   + ("no mix.twin" if self.twin is None else "no mix.target"),
+                   fix="add mix.twin: twin.yaml (capplan twin fit) and mix.target, or plan_on: target / tested",
+                   example="mix: {target: prod.parquet, twin: twin.yaml, plan_on: twin}")
         S.flag(self.drop_untested, f"{s}.drop_untested")
         for name in ("input_edges", "output_edges", "by"):
             v = getattr(self, name)

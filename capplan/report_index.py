@@ -7,7 +7,10 @@ gives one) and, with a baseline, ``data/compare/verdict.csv`` — so it shows ex
 exported numbers. Order, as a planner reads it:
 
 1. the answer in words (next quarter's groups, GPUs and billed GPUs, nodes, cost per
-   month/quarter/year, cost per 1 000 SLO-meeting requests) and a dated table per quarter;
+   month/quarter/year, cost per 1 000 SLO-meeting requests), which C_SLO it stands on (tested
+   mix, target mix, twin, SLO classes) and whether that bound is honest, and a dated table per
+   quarter — preceded, when production's mix gives a lower capacity than the tested mix, by
+   that fact, the number the plan used and what the other would cost;
 2. **how sure**: the C_SLO interval, what the plan assumes (lower bound or estimate), the
    sensitivity band, and whether the lower bound can be trusted with the runs to add;
 3. the checks, failing and caveated ones first;
@@ -89,24 +92,56 @@ def _date_text(start: str, end: str) -> str:
 # ----------------------------------------------------------------------------- sections
 
 
+def _verdict(plan: dict, env: dict | None) -> dict:
+    """The honesty verdict of the number the plan stands on: the plan's own (every path —
+    tested mix, target mix, twin, SLO classes — records one), else the headline envelope's."""
+    h = (plan.get("capacity") or {}).get("honesty")
+    return h if isinstance(h, dict) and h.get("status") else ((env or {}).get("honesty") or {})
+
+
+def _basis(plan: dict) -> str:
+    b = (plan.get("capacity") or {}).get("basis") or ""
+    return {"": "", "tested mix": " at the tested mix", "SLO classes": " with every SLO class meeting its own SLO"}.get(
+        b, f" at the {b}")
+
+
 def _bound_words(plan: dict, env: dict | None) -> str:
-    """One sentence for the answer box: which C_SLO number the plan stands on and whether that
-    lower bound is honest (docs/envelope.md, "Is the bound honest?")."""
+    """One sentence for the answer box: which C_SLO number the plan stands on (the tested mix,
+    the target mix reweighted or through the twin, the SLO classes) and whether that lower
+    bound is honest (docs/envelope.md, "Is the bound honest?"; docs/plan.md, "Honest numbers only")."""
     cap = plan.get("capacity") or {}
-    h = (env or {}).get("honesty") or {}
+    h = _verdict(plan, env)
     status = h.get("status")
     if not status:
         return ""
-    on = cap.get("uses") or ("lower bound" if "lower bound" in str(cap.get("source", "")) else "estimate")
+    on = (cap.get("uses") or ("lower bound" if "lower bound" in str(cap.get("source", "")) else "estimate")) \
+        + _basis(plan)
     if status == "honest":
-        return (f' <span id="bound-honesty">Planned on the C_SLO {on}; the lower bound is <b>honest</b>: '
+        return (f' <span id="bound-honesty">Planned on the C_SLO {e(on)}; the lower bound is <b>honest</b>: '
                 "it includes the run-to-run variation measured near the crossing.</span>")
-    return (f' <span id="bound-honesty">Planned on the C_SLO {on}; the lower bound is <b>{e(status)}</b>: '
+    accepted = " (accepted with accept_optimistic)" if on.startswith("lower bound") else ""
+    return (f' <span id="bound-honesty">Planned on the C_SLO {e(on)}; the lower bound is <b>{e(status)}</b>'
+            f"{accepted}: "
             f"{e(for_readers(_first_sentence(str(h.get('sentence', '')))))} — see “Can the lower bound be "
             "trusted?” for the runs to add.</span>")
 
 
-def answer_section(plan: dict, verdict: dict | None, env: dict | None = None) -> str:
+def mix_words(plan: dict, extra: list[dict] | None = None) -> str:
+    """Production's mix against the tested mix, said before the answer when production's mix
+    (reweighted, or through the twin on the mix page: ``extra``) gives a lower capacity than
+    the tested mix: which number the plan used and what the other would cost."""
+    rows = list(plan.get("mix_comparison") or []) + list(extra or [])
+    if not rows:
+        return ""
+    lower = [r for r in rows if r.get("production_lower")]
+    lead = "Production's mix gives a lower capacity than the tested mix"
+    items = "".join("<p>" + e(str(r.get("sentence", ""))).replace(e(lead), f"<b>{e(lead)}</b>", 1) + "</p>"
+                    for r in (lower or rows))
+    return f'<div class="{"warn" if lower else "def"}" id="production-mix">{items}</div>'
+
+
+def answer_section(plan: dict, verdict: dict | None, env: dict | None = None,
+                   mix: list[dict] | None = None) -> str:
     q = plan["quarters"][0]
     about = dict(plan["about"])
     billed, gpus = q["billed_gpus"], q["gpus"]
@@ -143,7 +178,10 @@ def answer_section(plan: dict, verdict: dict | None, env: dict | None = None) ->
                      f"{plural(len(verdict['regressed']), 'bucket')} regressed: "
                      + "; ".join(e(x) for x in verdict["failed"] + verdict["regressed"]) + ")."))
     warn_html = "".join(f'<p class="warn">{w}</p>' for w in warn)
-    return f'<section id="answer">\n{words}\n{warn_html}\n{quarters_table(plan)}\n</section>'
+    first = mix_words(plan, mix)
+    if first and 'class="warn"' in first:  # production's mix gives less: said first
+        return f'<section id="answer">\n{first}\n{words}\n{warn_html}\n{quarters_table(plan)}\n</section>'
+    return f'<section id="answer">\n{words}\n{warn_html}\n{first}\n{quarters_table(plan)}\n</section>'
 
 
 def _first_sentence(text: str) -> str:
@@ -249,11 +287,14 @@ def _steps_table(sens: dict, unit: str) -> str:
 
 
 def honesty_block(env: dict | None, cap: dict) -> str:
-    """Can the lower bound be trusted, and which runs would make it so. Shows the envelope's
-    ``honesty`` (status, estimand, sentence, runs to add) when it has one; otherwise the
-    envelope's own caveats about the bracketing runs and its suggested rates."""
-    h = (env or {}).get("honesty")
+    """Can the lower bound be trusted, and which runs would make it so. Shows the verdict on
+    the number the plan stands on (``cap["honesty"]``, else the envelope's ``honesty``: status,
+    estimand, sentence, runs to add); otherwise the envelope's own caveats about the
+    bracketing runs and its suggested rates."""
+    h = cap.get("honesty") if isinstance(cap.get("honesty"), dict) else (env or {}).get("honesty")
     parts = ['<h3 id="honesty">Can the lower bound be trusted?</h3><div id="honesty-body">']
+    if isinstance(h, dict) and cap.get("basis"):
+        parts.append(f"<p>The plan stands on the C_SLO{e(_basis({'capacity': cap}))}.</p>")
     if isinstance(h, dict):
         status = h.get("status")
         if status:
@@ -329,14 +370,26 @@ a.glossary { color: inherit; text-decoration: underline dotted; }
 """
 
 
-def index_html(info: IndexInputs, plan: dict | None, env: dict | None, verdict: dict | None) -> str:
-    """The whole front page (see the module docstring)."""
+def read_mix_record(data_dir: Path) -> list[dict]:
+    """The mix page's production-mix numbers costed as plans (``data/mix/plan_vs_mix.json``,
+    written by ``capplan.mix.page.MixPage.export``: the twin's C_SLO at the target mix)."""
+    p = data_dir / "mix" / "plan_vs_mix.json"
+    if not p.is_file():
+        return []
+    rows = json.loads(p.read_text(encoding="utf-8"))
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def index_html(info: IndexInputs, plan: dict | None, env: dict | None, verdict: dict | None,
+               mix: list[dict] | None = None) -> str:
+    """The whole front page (see the module docstring). ``mix``: the mix page's production-mix
+    numbers (``read_mix_record``), said first when lower than the tested mix."""
     about = dict(plan["about"]) if plan else {}
     title = f"Capacity plan: {about.get('plan', info.study_name)}"
     sub = f"Study <code>{e(info.study_name)}</code>" + (f" · SLO: {e(about['SLO'])}" if "SLO" in about else "")
     body = [f"<h1>{e(title)}</h1>", f'<p class="sub">{sub}</p>']
     if plan:
-        body += [answer_section(plan, verdict, env), how_sure_section(plan, env), checks_section(plan),
+        body += [answer_section(plan, verdict, env, mix), how_sure_section(plan, env), checks_section(plan),
                  settings_section(plan)]
     else:
         body.append('<p class="warn">This report has no plan export.</p>')

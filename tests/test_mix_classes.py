@@ -170,3 +170,29 @@ def test_summarize_with_an_slo_file(make_study, tmp_path, capsys):
     lines = [ln.split() for ln in out.splitlines() if ln.strip().startswith("r3")]
     rows = {ln[2]: ln for ln in lines if len(ln) > 5 and ln[2] in ("interactive", "batch")}
     assert rows["interactive"][4] == "80" and rows["batch"][4] == "90"  # good requests in r3
+
+
+def test_joint_honesty_is_the_worst_of_the_classes_that_bind(make_study):
+    """docs/mix.md, "SLO classes" step 5: the joint bound is honest only when every class that
+    binds in some replicate is; a class that never binds does not matter."""
+    from dataclasses import replace
+
+    from capplan import honesty as hon
+
+    fit = fit_classes(_study(make_study), SLOS, reps=200, seed=0)
+    # one run per rate: each class's own (run-effect) envelope is unsupported, so is the joint
+    assert {fit.envelopes[c].method for c in fit.names} == {"run-effect"}
+    assert fit.honesty.status == "unsupported"
+    assert any(r.startswith("class interactive (unsupported): ") for r in fit.honesty.reasons)
+    assert fit.to_dict()["honesty"]["status"] == "unsupported"
+    share = fit.joint.binding_share
+    assert share["interactive"] > 0 and share.get("batch", 0.0) == 0.0  # batch never fails
+    ok = hon.Honesty(hon.HONEST, "e", "fine")
+    bad = hon.Honesty(hon.OPTIMISTIC, "e", "too high", ("why",))
+    envs = {c: replace(e, honesty=ok) for c, e in fit.envelopes.items()}
+    assert replace(fit, envelopes=envs).honesty.status == "honest"
+    # the class that never binds may be anything …
+    assert replace(fit, envelopes={**envs, "batch": replace(envs["batch"], honesty=bad)}).honesty.honest
+    # … one that binds in some replicate decides
+    j = replace(fit, envelopes={**envs, "interactive": replace(envs["interactive"], honesty=bad)}).honesty
+    assert j.status == "optimistic" and j.reasons == ("class interactive (optimistic): why",)

@@ -34,10 +34,22 @@ def test_mix_page_matches_the_library(demo_report):  # noqa: F811
     m = fit_mix(capplan.open_study(R.demo_study_path()), p["slo"], load_target(spec.mix.target),
                 reps=p["reps"], seed=p["seed"], confidence=p["confidence"])
     text = _text(nb)
-    hit = re.search(r"\*\*Target mix \(bucket table\)\*\*: C_SLO ([0-9.]+) req/s, lower bound ([0-9.]+) \(tested mix ([0-9.]+)", text)
+    hit = re.search(r"\*\*Target mix \(bucket table\)\*\*: C_SLO ([0-9.]+) req/s, lower bound ([0-9.]+) "
+                    r"\((honest|unsupported|optimistic)\) \(tested mix ([0-9.]+)", text)
     assert hit, "mix headline missing"
-    assert [float(x) for x in hit.groups()] == [float(f"{v:.4g}") for v in
-                                                (m.cslo.estimate, m.cslo.lower_bound, m.base.cslo.estimate)]
+    est, lb, verdict, tested = hit.groups()
+    assert [float(x) for x in (est, lb, tested)] == [float(f"{v:.4g}") for v in
+                                                     (m.cslo.estimate, m.cslo.lower_bound, m.base.cslo.estimate)]
+    assert verdict == m.envelope.honesty.status  # the target mix's bound has its own verdict
+    # the reweighted demo mix gives less than the tested mix: the page says which number the
+    # plan (plan_on: tested) stands on and what the target mix's would cost, as the index does
+    if m.cslo.lower_bound < m.base.cslo.lower_bound:
+        index = (demo_report / "index.html").read_text(encoding="utf-8")
+        answer = index[index.index('<section id="answer">'):]
+        assert 'id="production-mix"' in answer
+        assert answer.index('id="production-mix"') < answer.index('id="answer-text"')
+        assert "This plan is sized on the tested mix" in answer
+        assert "**The plan** (`mix.plan_on: tested`): Production's mix gives a lower capacity" in text
     assert "No SLO classes" in text  # the template spec has none
     assert "KV cache per token" in text and "peak IT power of the plan" in text
     exports = {x.name for x in (demo_report / "data" / "mix").iterdir()}

@@ -54,7 +54,8 @@ def _target(long_share, edges=(1024,)):
 
 def test_reweighted_cslo_by_hand(make_study):
     path = _study(make_study)
-    m = fit_mix(path, SLO, _target(0.5), reps=200, seed=0, min_cell_requests=10)
+    # the within-run machinery: each run's own attainment, as counted (the arithmetic by hand)
+    m = fit_mix(path, SLO, _target(0.5), reps=200, seed=0, min_cell_requests=10, method="within-run")
     # tested mix (75 % short): 198/200, 188/200, 165/200 → crosses 0.9 between 2 and 3 req/s
     assert m.base.cslo.estimate == pytest.approx(_crossing(2, 3, 0.94, 0.825, 0.9), rel=1e-6)
     # target 50/50: ½·k_s/150 + ½·k_l/50 per run
@@ -70,8 +71,31 @@ def test_reweighted_cslo_by_hand(make_study):
     assert cells.loc["input ≥1024", "target_share"] == pytest.approx(0.5)
     assert m.cslo.lower_bound <= m.cslo.estimate
     # the target equal to the tested mix gives the tested C_SLO back
-    same = fit_mix(path, SLO, _target(0.25), reps=200, seed=0, min_cell_requests=10)
+    same = fit_mix(path, SLO, _target(0.25), reps=200, seed=0, min_cell_requests=10, method="within-run")
     assert same.cslo.estimate == pytest.approx(m.base.cslo.estimate, rel=1e-9)
+    assert m.envelope.honesty.status == "optimistic"  # within-run: never an honest bound
+
+
+def test_reweighted_fit_has_the_headline_run_effect_and_verdict(make_study):
+    """By default both fits carry the headline envelope's between-run variation: at the tested
+    mix the reweighted fit is the headline envelope (same τ, same crossing), and its lower bound
+    has an honesty verdict — here unsupported (one run per rate), so a plan must refuse it."""
+    from capplan.envelope import fit_envelope
+
+    path = _study(make_study)
+    head = fit_envelope(path, SLO, reps=200, seed=0)
+    same = fit_mix(path, SLO, _target(0.25), reps=200, seed=0, min_cell_requests=10)
+    assert same.base.cslo.estimate == pytest.approx(head.cslo.estimate, rel=1e-9)
+    assert same.cslo.estimate == pytest.approx(head.cslo.estimate, rel=1e-6)
+    assert same.envelope.run_effect.tau == pytest.approx(head.run_effect.tau)
+    m = fit_mix(path, SLO, _target(0.5), reps=200, seed=0, min_cell_requests=10)
+    assert m.envelope.method == "run-effect" and m.envelope.run_effect is not None
+    assert m.envelope.honesty.status == "unsupported"
+    assert any("one run at each rate" in r for r in m.envelope.honesty.reasons)
+    # the mean run is worse than the typical one: the estimate moves down, not up
+    raw = fit_mix(path, SLO, _target(0.5), reps=200, seed=0, min_cell_requests=10, method="within-run")
+    assert m.cslo.estimate <= raw.cslo.estimate + 1e-9
+    assert any("unsupported" in n for n in m.notes)
 
 
 def test_a_target_bucket_absent_from_the_study_is_refused_by_name(make_study):

@@ -68,6 +68,34 @@ class ClassFit:
     def slo(self) -> SLOClasses:
         return self.classes
 
+    @property
+    def honesty(self):
+        """The joint lower bound's honesty (``capplan.honesty``): honest only when every class
+        that binds in some bootstrap replicate has an honest bound of its own — the joint bound
+        is a percentile of the smallest crossing, so one optimistic class's crossings pull it
+        up. Otherwise the worst status among those classes, with their reasons and runs to add
+        named by class. None when the classes' envelopes carry no verdict."""
+        from .. import honesty as hon
+
+        share = self.joint.binding_share if self.joint is not None else {}
+        binding = [c for c in self.names if share.get(c, 0.0) > 0 or c == self.binding_class] or list(self.names)
+        hs = {c: self.envelopes[c].honesty for c in binding}
+        if any(h is None for h in hs.values()):
+            return None
+        rank = {hon.HONEST: 0, hon.UNSUPPORTED: 1, hon.OPTIMISTIC: 2}
+        worst = max(hs.values(), key=lambda h: rank.get(h.status, 1))
+        lead = hs.get(self.binding_class) or worst
+        if worst.honest:
+            return hon.Honesty(hon.HONEST, lead.estimand,
+                               "every class that binds (" + ", ".join(binding) + ") has an honest lower bound: "
+                               + lead.sentence, (), ())
+        bad = [c for c in binding if not hs[c].honest]
+        reasons = tuple(f"class {c} ({hs[c].status}): {r}" for c in bad for r in (hs[c].reasons or (hs[c].sentence,)))
+        runs = tuple(dict.fromkeys(r for c in bad for r in hs[c].runs_to_add))
+        return hon.Honesty(worst.status, lead.estimand,
+                           f"class(es) {', '.join(bad)} bind(s) in some bootstrap replicates and cannot support an "
+                           f"honest lower bound ({worst.sentence})", reasons, runs)
+
     def retarget(self, targets: dict) -> "ClassFit":
         """The same fit with some classes' attainment targets changed ({class: target}): each
         class re-fits from its cached statistics and draws (no events are read), and the joint
@@ -96,6 +124,7 @@ class ClassFit:
                          "target": self.slos[c].attainment, "requests": int(e.runs.loc[e.runs["usable"], "n"].sum()),
                          "cslo_estimate": e.cslo.estimate, "ci_low": e.cslo.ci_low, "ci_high": e.cslo.ci_high,
                          "lower_bound": e.cslo.lower_bound, "status": e.cslo.status,
+                         "honesty": e.honesty.status if e.honesty is not None else "",
                          "binds_in_share_of_replicates": self.joint.binding_share.get(c, 0.0),
                          "binding": c == self.binding_class})
         return pd.DataFrame(rows)
@@ -114,8 +143,9 @@ class ClassFit:
         return pd.concat(parts, ignore_index=True)
 
     def to_dict(self) -> dict:
+        h = self.honesty
         return {"slo_classes": self.classes.to_dict(), "cslo": self.cslo.to_dict(),
-                "binding_class": self.binding_class,
+                "binding_class": self.binding_class, "honesty": None if h is None else h.to_dict(),
                 "classes": records(self.to_frame()), "per_run": records(self.per_run()),
                 "notes": list(self.notes),
                 "settings": {"confidence": self.confidence, "reps": self.reps, "seed": self.seed}}
@@ -130,6 +160,9 @@ class ClassFit:
                + (f"   binding class: {self.binding_class}" if self.binding_class else ""),
                f"{c.confidence:.0%} CI: [{fmt(c.ci_low)}, {fmt(c.ci_high)}] req/s   one-sided lower bound: "
                f"{fmt(c.lower_bound)} req/s (one joint bootstrap over the classes)", ""]
+        h = self.honesty
+        if h is not None:
+            out += [h.to_text(), ""]
         df = self.to_frame()
         w = max(len(n) for n in df["slo_class"])
         for _, r in df.iterrows():

@@ -124,7 +124,8 @@ class MixPage:
                else fit_envelope(study, slo, **kw))
         facts = study_facts(study, slo)
         try:
-            plan = make_plan(replace(spec, slo=slo, slo_classes=None, mix=replace(spec.mix, target=None)),
+            plan = make_plan(replace(spec, slo=slo, slo_classes=None,
+                                     mix=replace(spec.mix, target=None, plan_on="tested")),
                              study=study, envelope=env, slo=slo, facts=facts)
         except SpecError as exc:  # a refused plan (e.g. no honest lower bound) is said on the page
             plan = None
@@ -132,6 +133,43 @@ class MixPage:
         return cls(study=study, spec=spec, slo=slo, classes=cfit, mixes=mixes, plan=plan,
                    target_source=str(path) if path else None, facts=facts, problems=tuple(problems),
                    twins=twins, twin_source=str(twin_path) if twin_path else None, envelope=env)
+
+    def vs_plan(self, *, twins_only: bool = False) -> list[dict]:
+        """Production's mix — each period reweighted and, with a twin, through the twin —
+        costed as a plan beside the tested-mix plan (``capplan.plan.compare_numbers``). Only
+        when the spec plans on the tested mix (a plan on the target mix or the twin carries its
+        own comparison). ``twins_only``: the twin's rows, which the report's index cannot get
+        from the plan record."""
+        from ..plan import compare_numbers, twin_bound
+
+        if self.plan is None or self.spec.mix.plan_on != "tested" or not (self.twins or self.mixes):
+            return []
+        cap = self.plan.capacity
+        r = self.study.manifest.replicas or 1
+        use = self.spec.capacity.use
+        alts = []
+        for m in ([] if twins_only else self.mixes.values()):
+            v = getattr(m.cslo, use)
+            if v == v and v > 0:
+                h = m.envelope.honesty
+                alts.append({"basis": f"target mix (reweighted, {m.target.period})", "rps_per_group": float(v) / r,
+                             "rps_system": float(v), "status": h.status if h is not None else "no verdict",
+                             "sentence": h.sentence if h is not None else ""})
+        for t in self.twins.values():
+            w = t.at_target
+            v = twin_bound(w, self.spec.capacity.confidence) if use == "lower_bound" else w.estimate
+            if v == v and v > 0:
+                alts.append({"basis": f"target mix (twin, {t.mix.target.period})", "rps_per_group": float(v) / r,
+                             "rps_system": float(v), "status": "unsupported",
+                             "sentence": "the twin's interval is not a measured, honest lower bound"})
+        if not alts:
+            return []
+        return list(compare_numbers(replace(self.plan, capacity=replace(cap, alternatives=tuple(alts)))))
+
+    def plan_words(self) -> str:
+        """Which number the plan stands on, and what production's mix would cost (said on the
+        page, as the report's index says it)."""
+        return "  \n".join(r["sentence"] for r in self.vs_plan())
 
     @property
     def kv(self):
@@ -154,8 +192,10 @@ class MixPage:
                                          self.classes.binding_class else "") + ")")
         for m in self.mixes.values():
             what = "bucket table" if m.target.period == "table" else m.target.period
+            h = m.envelope.honesty
             out.append(f"**Target mix ({what})**: C_SLO {m.cslo.estimate:.4g} req/s, lower bound "
-                       f"{m.cslo.lower_bound:.4g} (tested mix {m.base.cslo.estimate:.4g}, lower bound "
+                       f"{m.cslo.lower_bound:.4g}" + (f" ({h.status})" if h is not None else "")
+                       + f" (tested mix {m.base.cslo.estimate:.4g}, lower bound "
                        f"{m.base.cslo.lower_bound:.4g}); effective sample size {m.ess_share:.0%} of the tested requests")
         for t in self.twins.values():
             what = "bucket table" if t.mix.target.period == "table" else t.mix.target.period
@@ -164,6 +204,9 @@ class MixPage:
                        f"[{t.at_target.ci_low:.4g}, {t.at_target.ci_high:.4g}]"
                        + (f", {d:+.0%} from reweighting — " + ("they agree" if t.agree else "they disagree")
                           if d == d else ""))
+        words = self.plan_words()
+        if words:
+            out.append(f"**The plan** (`mix.plan_on: {self.spec.mix.plan_on}`): {words}")
         if any(t.warning for t in self.twins.values()):
             out.append("**" + next(t.warning for t in self.twins.values() if t.warning) + "**")
         return "  \n".join(out)
@@ -237,5 +280,6 @@ class MixPage:
                 (tmp / f"mix_{period}_twin.json").write_text(t.to_json(), encoding="utf-8")
                 t.to_frame().to_csv(tmp / f"mix_{period}_twin.csv", index=False, lineterminator="\r\n")
             self.bounds_frame().to_csv(tmp / "bounds.csv", index=False, lineterminator="\r\n")
+            (tmp / "plan_vs_mix.json").write_text(json.dumps(self.vs_plan(twins_only=True), indent=2), encoding="utf-8")
             (tmp / "mix.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         return out

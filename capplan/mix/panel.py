@@ -134,8 +134,10 @@ def mix_state(model: MixModel, params: MixParams) -> MixState:
     if source is None:
         raise SpecError(f"nothing to plan on for {PLAN_ON[params.plan_on]!r}", field="plan_on",
                         fix="build the model with a target mix or SLO classes")
+    basis = {"tested": "tested mix", "classes": "SLO classes",
+             "target": f"target mix (reweighted, {mf.target.period})" if mf is not None else ""}[params.plan_on]
     cap = capacity_from_envelope(source, model.spec, replicas=model.study.manifest.replicas,
-                                 study_name=model.study.name)
+                                 study_name=model.study.name, basis=basis)
     cap = replace(cap, source=cap.source + f" ({PLAN_ON[params.plan_on]})")
     plan = make_plan(model.spec, capacity=cap, study=model.study, facts=model.facts, slo=model.slo)
     rows = []

@@ -10,7 +10,10 @@ shares, inside the bootstrap (docs/mix.md, "Reweighting").
    same block draws as the unweighted fit (``capplan.mix.core.reweight_run``); Kish's effective
    sample size of the reweighting, divided by the run's design effect, is the run's N_eff.
 5. The isotonic curve, crossing, interval and lower bound are the envelope's
-   (``capplan.envelope.envelope_from_points``), fed the reweighted replicates.
+   (``capplan.envelope.envelope_from_points``), fed the reweighted replicates — with the
+   headline envelope's between-run variation (``capplan.runeffect``: a random run effect on
+   logit attainment, τ estimated from the reweighted runs near the crossing) and its honesty
+   verdict (``capplan.honesty``), which a plan on the target mix must pass.
 
 What this cannot see: per-cell attainment is taken from the tested load. A mix with more long
 prompts also slows everybody else (more prefill work at the same request rate); reweighting
@@ -200,9 +203,10 @@ def _key(v):
 def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: int = 1000, seed: int = 0,
             scheme: str = "circular", block_len: float | None = None, warmup="manifest", stats=None,
             min_cell_requests: int = MIN_CELL_REQUESTS, min_run_requests: int = MIN_RUN_REQUESTS,
-            drop_untested: bool = False) -> MixFit:
+            drop_untested: bool = False, method: str = "run-effect") -> MixFit:
     """C_SLO of ``study`` under ``slo`` at the tested mix and reweighted to ``target`` (module
-    docstring). ``stats``: a reduction with the target's cells, to skip reading events."""
+    docstring). ``stats``: a reduction with the target's cells, to skip reading events;
+    ``method``: the envelope's interval method (docs/envelope.md) for both fits."""
     slo = SLO.parse(slo)
     scheme_obj = boot.scheme_from_name(scheme, block_len)
     if stats is None:
@@ -214,14 +218,13 @@ def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: in
             != list(target.buckets.dims):
         raise SpecError("the reduced statistics do not have the target's cells",
                         fix="reduce with cells=capplan.mix.reweight.cells_for(target.buckets)")
-    # the tested mix on the same footing as the reweighted one: per-run replicates of the
-    # within-run bootstrap (what the mix coverage was measured with, docs/mix.md); the
-    # run-to-run variation of the headline envelope is not in either, and the notes say so
+    # the tested mix is the headline envelope (``method``: run-effect by default, so both fits
+    # carry the between-run variation and an honesty verdict; docs/mix.md, "Coverage")
     base = fit_from_stats(stats, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme_obj,
-                          method="within-run")
+                          method=method)
     diag = stats.diagnostics.set_index("run_id")
     brow = base.runs.set_index("run_id")
-    usable = [r for r in stats.runs if r.n_units and bool(diag.loc[r.run_id, "usable"])]
+    usable = [r for r in stats.runs if r.n_units and r.run_id in brow.index and bool(brow.loc[r.run_id, "usable"])]
     w, cells, notes = _weights(stats, target, usable=usable, min_cell=min_cell_requests,
                                min_run=min_run_requests, drop_untested=drop_untested)
     rng = np.random.default_rng([int(seed), _SEED_MIX])
@@ -237,12 +240,13 @@ def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: in
         degen += rw.degenerate_cells
         b = brow.loc[r.run_id]
         lo, hi = boot.percentile_ci(rw.replicates, confidence)
-        rows.append({"run_id": r.run_id, "load_level": r.load_level, "offered_rps": r.offered_rps,
+        rows.append({"run_id": r.run_id, "load_level": b["load_level"], "offered_rps": r.offered_rps,
                      "measured_rps": r.measured_rps, "x": b["x"], "n": rw.n, "n_ok": b["n_ok"] * rw.n / b["n"],
                      "n_good": rw.point * rw.n, "attainment": rw.point, "att_ci_low": lo, "att_ci_high": hi,
                      "tested_attainment": b["attainment"], "ess": rw.ess, "ess_share": rw.ess / rw.n,
                      "design_effect_used": deff, "n_eff": rw.ess / max(deff, 1.0), "usable": True,
-                     "reason": "", "warnings": ""})
+                     "reason": "", "warnings": b.get("warnings", ""), "duration_s": b.get("duration_s", math.nan),
+                     "warmup_s": b.get("warmup_s", math.nan)})
         good_rep.append(rw.replicates * rw.n)
         n_rep.append(np.full(reps, rw.n))
         nc, kc = n_uc.sum(axis=0), g_uc.sum(axis=0)
@@ -274,12 +278,15 @@ def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: in
         notes.append(f"the reweighting keeps {ess_share:.0%} of the tested requests' worth of information "
                      "(effective sample size): the target leans on cells the study tested little")
     env = envelope_from_points(pts, runs, slo.with_(max_error_rate=None), slo.attainment, confidence=confidence,
-                               seed=seed, closed=stats.closed_loop)
+                               seed=seed, closed=stats.closed_loop, method=method, stats=stats)
     env = replace(env, reps=reps, seed=seed, scheme=scheme_obj, diagnostics=stats.diagnostics.copy())
     notes.append("per-cell attainment comes from the tested load: a mix with more long prompts also slows "
                  "the other requests, which reweighting does not see (docs/mix.md, \"The twin at the target mix\")")
-    notes.append("both C_SLO intervals here (tested and target mix) are the within-run block bootstrap: "
-                 "the run-to-run variation the headline envelope adds near the crossing is not in them, so "
-                 "they are narrower and the tested-mix figure can differ from the envelope's (docs/envelope.md)")
+    if method == "within-run":
+        notes.append("both C_SLO intervals here (tested and target mix) are the within-run block bootstrap "
+                     "(method within-run): the run-to-run variation near the crossing is not in them, so "
+                     "their lower bounds are optimistic (docs/envelope.md)")
+    elif env.honesty is not None and not env.honesty.honest:
+        notes.append(f"the target mix's lower bound is {env.honesty.status}: {env.honesty.sentence}")
     return MixFit(target=target, base=base, envelope=env, cells=cells, runs=runs,
                   cell_runs=pd.DataFrame(cell_rows), notes=tuple(dict.fromkeys(notes)))
