@@ -123,9 +123,9 @@ async def main_async(a, url: str) -> dict:
     for n in a.streams:
         reps = [await concurrent(url, n, a.tokens, a.prompt_chars, 1000 * (k + 1) + 100 * n)
                 for k in range(a.repeats)]
-        steps[n] = {"step_ms": statistics.median(r["step_ms"] for r in reps),
-                    "server_per_token_ms": statistics.median(r["server_per_token_ms"] for r in reps),
-                    "repeats_step_ms": [round(r["step_ms"], 3) for r in reps]}
+        steps[n] = {"step_ms": float(statistics.median(r["step_ms"] for r in reps)),
+                    "server_per_token_ms": float(statistics.median(r["server_per_token_ms"] for r in reps)),
+                    "repeats_step_ms": [round(float(r["step_ms"]), 3) for r in reps]}
         print(f"{n:3d} streams: decode step {steps[n]['step_ms']:.2f} ms "
               f"(repeats {steps[n]['repeats_step_ms']}), server per token "
               f"{steps[n]['server_per_token_ms']:.2f} ms", flush=True)
