@@ -20,6 +20,12 @@ def model(tmp_path_factory):
     return path, meta, tensors
 
 
+@pytest.fixture(scope="module")
+def margin(model):
+    _, meta, t = model
+    return tg.eos_margin_bound(t, tg.banned_ids(meta["tokenizer.ggml.token_type"]))
+
+
 def test_the_file_is_a_llama_model_of_the_documented_size(model):
     path, meta, t = model
     assert meta["general.architecture"] == "llama"
@@ -54,11 +60,10 @@ def test_the_vocabulary_is_characters_with_byte_fallback(model):
     assert len(tg.banned_ids(types)) == 3 + 256
 
 
-def test_end_of_sequence_can_never_win(model):
-    _, meta, t = model
+def test_end_of_sequence_can_never_win(model, margin):
+    _, meta, _ = model
     banned = tg.banned_ids(meta["tokenizer.ggml.token_type"])
     assert meta["tokenizer.ggml.eos_token_id"] in banned
-    margin = tg.eos_margin_bound(t, banned)
     # ≥ 50 logits below an allowed token for every input: P(EOS) < e^-50 at temperature 1, and
     # any min-p / top-k / greedy sampler drops it outright
     assert margin > 50
@@ -103,13 +108,12 @@ def _logits(t, ids):
     return _rms(h, t["output_norm.weight"]) @ t["output.weight"].T
 
 
-def test_the_margin_holds_on_real_forward_passes(model):
+def test_the_margin_holds_on_real_forward_passes(model, margin):
     """The bound is a bound: on actual hidden states every banned logit sits at least the
     proven margin below the best allowed one (and the model's choices vary: not one token)."""
     _, meta, t = model
     banned = tg.banned_ids(meta["tokenizer.ggml.token_type"])
     allowed = np.setdiff1d(np.arange(384), banned)
-    margin = tg.eos_margin_bound(t, banned)
     rng = np.random.default_rng(1)
     picks = set()
     for n in (1, 7, 40):
@@ -139,7 +143,9 @@ def test_a_model_that_could_emit_eos_is_refused(model):
         tg.eos_margin_bound(leaky, banned)
 
 
-def test_the_writer_is_seeded(tmp_path):
-    a, b = tg.weights(3), tg.weights(3)
-    assert all(np.array_equal(a[k], b[k]) for k in a)
-    assert not np.array_equal(tg.weights(4)["blk.0.attn_q.weight"], a["blk.0.attn_q.weight"])
+def test_the_writer_is_seeded(model):
+    """The written file is the seed's weights, bit for bit; another seed differs."""
+    _, _, t = model
+    a = tg.weights(0)
+    assert all(np.array_equal(a[k], t[k]) for k in a)
+    assert not np.array_equal(tg.weights(1)["blk.0.attn_q.weight"], a["blk.0.attn_q.weight"])

@@ -149,24 +149,14 @@ def eos_margin_bound(t: dict[str, np.ndarray], banned) -> float:
     c0 = float(emb[0, 0])
     if not (c0 > 0 and np.all(emb[:, 0] == c0)):
         raise ValueError("token_embd.weight: dimension 0 is not one positive constant")
-    spec = lambda m: float(np.linalg.norm(m.astype(np.float64), 2))  # noqa: E731
-    rest = float(np.max(np.linalg.norm(emb[:, 1:].astype(np.float64), axis=1)))
     layers = sorted({k.split(".")[1] for k in t if k.startswith("blk.")}, key=int)
     for i in layers:
-        p = f"blk.{i}."
         for name in ("attn_output", "ffn_down"):
-            if np.any(t[p + name + ".weight"][0] != 0):
-                raise ValueError(f"{p}{name}.weight writes to dimension 0 (row 0 not zero)")
-        a_attn = np.sqrt(d) * float(np.max(np.abs(t[p + "attn_norm.weight"])))
-        a_ffn = np.sqrt(d) * float(np.max(np.abs(t[p + "ffn_norm.weight"])))
-        heads = HEADS
-        rest += spec(t[p + "attn_output.weight"]) * np.sqrt(heads) * spec(t[p + "attn_v.weight"]) * a_attn
-        rest += (spec(t[p + "ffn_down.weight"]) * spec(t[p + "ffn_gate.weight"])
-                 * spec(t[p + "ffn_up.weight"]) * a_ffn ** 2)
+            if np.any(t[f"blk.{i}.{name}.weight"][0] != 0):
+                raise ValueError(f"blk.{i}.{name}.weight writes to dimension 0 (row 0 not zero)")
     g0 = float(t["output_norm.weight"][0])
     if not g0 > 0:
         raise ValueError("output_norm.weight[0] is not positive")
-    normed0 = c0 * np.sqrt(d) / np.sqrt(c0 ** 2 + rest ** 2) * g0
     out = t["output.weight"]
     allowed = np.setdiff1d(np.arange(out.shape[0]), banned)
     gaps = []
@@ -178,6 +168,18 @@ def eos_margin_bound(t: dict[str, np.ndarray], banned) -> float:
         gaps.append(float(np.max(out[same, 0]) - out[b, 0]))
     if min(gaps) <= 0:
         raise ValueError("output.weight: a banned row is not below its allowed twin on dimension 0")
+    # the structure holds; now the size of everything else in the residual
+    spec = lambda m: float(np.linalg.norm(m.astype(np.float64), 2))  # noqa: E731
+    rest = float(np.max(np.linalg.norm(emb[:, 1:].astype(np.float64), axis=1)))
+    for i in layers:
+        p = f"blk.{i}."
+        a_attn = np.sqrt(d) * float(np.max(np.abs(t[p + "attn_norm.weight"])))
+        a_ffn = np.sqrt(d) * float(np.max(np.abs(t[p + "ffn_norm.weight"])))
+        heads = HEADS
+        rest += spec(t[p + "attn_output.weight"]) * np.sqrt(heads) * spec(t[p + "attn_v.weight"]) * a_attn
+        rest += (spec(t[p + "ffn_down.weight"]) * spec(t[p + "ffn_gate.weight"])
+                 * spec(t[p + "ffn_up.weight"]) * a_ffn ** 2)
+    normed0 = c0 * np.sqrt(d) / np.sqrt(c0 ** 2 + rest ** 2) * g0
     return min(gaps) * normed0
 
 
