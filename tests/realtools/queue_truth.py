@@ -53,6 +53,17 @@ class Trace:
     prefill_end_s: np.ndarray
     last_token_s: np.ndarray
     output_tokens: np.ndarray
+    #: the decode iteration each request joined (−1: none) and every iteration's end (seconds):
+    #: request r's decode tokens come at iteration_end_s[join_iteration[r] : + output − 1]
+    join_iteration: np.ndarray | None = None
+    iteration_end_s: np.ndarray | None = None
+
+    def token_times_s(self, r: int) -> np.ndarray:
+        """Every output token's time of request ``r`` (first token at the prefill end)."""
+        k = int(self.output_tokens[r]) - 1
+        j = int(self.join_iteration[r]) if self.join_iteration is not None else -1
+        dec = self.iteration_end_s[j:j + k] if k > 0 and j >= 0 else np.zeros(0)
+        return np.r_[self.prefill_end_s[r], dec]
 
     @property
     def first_token_s(self) -> np.ndarray:
@@ -107,6 +118,8 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
     ps = np.full(n, np.nan)
     pe = np.full(n, np.nan)
     last = np.full(n, np.nan)
+    join_it = np.full(n, -1, dtype=np.int64)
+    iter_end: list[float] = []
 
     inf = math.inf
     waiting: deque[int] = deque()      # arrived, no slot / prefill lane yet (FIFO)
@@ -132,6 +145,7 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
                 free_slots += 1
                 done += 1
                 batch -= 1
+            iter_end.append(t)
             dec_end = inf
             it += 1
         if pf_end == t:                                # prefill ends: first token
@@ -150,6 +164,7 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
         if dec_end == inf and (batch or joined):
             for r in joined:                           # joins this iteration; last token at the
                 finish_at.setdefault(it + int(o_tok[r]) - 2, []).append(r)   # end of it+n-2
+                join_it[r] = it
             batch += len(joined)
             joined.clear()
             dec_end = t + step_base + step_per * batch
@@ -159,7 +174,7 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
             ps[r] = t
             pf_req, pf_end = r, t + pf_s[r]
             pe[r] = pf_end
-    return Trace(arr, ps, pe, last, o_tok)
+    return Trace(arr, ps, pe, last, o_tok, join_it, np.asarray(iter_end, dtype=float))
 
 
 def poisson_arrivals(rate_rps: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:

@@ -1,0 +1,219 @@
+"""Slot (batch) limit and prefill lanes from per-request times, and from the engine's own
+configuration — for engines the twin did not generate, whose load tools record no admission
+stamps (docs/twin.md "Slots, lanes and noise").
+
+- **slots, from the data**: a sequence decodes from its first to its last token; a request
+  *queues* from ``arrival + quick`` (longer than a request served at once needs) to its first
+  token. While requests queue, a slot limit holds the number of sequences decoding together at
+  the limit (or one below, while the next prompt computes in a slot); a server without one lets
+  it grow with the queue. The limit seen is the most sequences ever decoding together while
+  requests queued (reached for at least ``MIN_TOP_SHARE`` of the queued time, so that one
+  mis-stamped token does not set it); it *binds* when at least ``BIND_SHARE`` of the queued
+  time ran within one sequence of it.
+- **slots, from the engine**: study.yaml ``system`` may carry the engine's configuration
+  (``engine_config``: ``max_num_seqs`` (vLLM), ``n_parallel`` / ``parallel`` / ``np`` /
+  ``total_slots`` (llama.cpp), or its command line ``args`` with ``--max-num-seqs N``, ``-np N``,
+  ``--parallel N``) or scraped metrics (``engine_metrics``: ``vllm:num_requests_running`` max,
+  llama.cpp ``/props`` ``total_slots``); a limit there is the engine's own word.
+- **slots, from the manifest**: ``system.max_batch`` (or ``slots``), what the person who wrote
+  study.yaml said.
+- **prefill lanes** (separate prefill): a prompt's computation is its first token less the
+  fitted prefill time of its prompt; with one lane these spans never overlap. For each prompt
+  that queued behind another one, count the spans in progress when its own began (each shrunk
+  by ``LANE_SHRINK`` to absorb stamp jitter, itself included); the lanes are the
+  ``LANE_QUANTILE`` quantile of that count (a few jittered stamps do not add a lane), when at
+  least ``MIN_LANE_PAIRS`` prompts queued (else the data cannot tell: any number, the default).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .data import OK, StudyData
+from .limits_fit import quick_ttft_ns
+
+MIN_TOP_SHARE = 0.01
+BIND_SHARE = 0.5
+MIN_QUEUED_S = 5.0
+LANE_SHRINK = 0.2
+MIN_LANE_PAIRS = 30
+LANE_QUANTILE = 0.9
+
+
+@dataclass(frozen=True)
+class SlotsSeen:
+    value: int | None  # the most sequences decoding together while requests queued
+    binding: bool
+    share: float  # of the queued time, within one sequence of ``value``
+    queued_s: float
+    how: str
+    hist: tuple[tuple[int, float], ...] = ()  # (sequences decoding, seconds queued at that count)
+
+
+def _groups(data: StudyData, run):
+    if data.replica_names:
+        return [np.flatnonzero(run.replica == g) for g in range(len(data.replica_names))]
+    if data.replicas == 1:
+        return [np.arange(run.n)]
+    return []
+
+
+def _step_hist(dec_s, dec_e, q_s, q_e) -> dict[int, float]:
+    """Seconds spent with n sequences decoding while ≥ 1 request queued, per n."""
+    t = np.r_[dec_s, dec_e, q_s, q_e].astype(np.int64)
+    dd = np.r_[np.ones(len(dec_s)), -np.ones(len(dec_e)), np.zeros(len(q_s) + len(q_e))].astype(np.int64)
+    dq = np.r_[np.zeros(len(dec_s) + len(dec_e)), np.ones(len(q_s)), -np.ones(len(q_e))].astype(np.int64)
+    if len(t) < 2:
+        return {}
+    o = np.lexsort((-(dd + dq), t))  # ends before starts at equal times
+    t, dd, dq = t[o], dd[o], dq[o]
+    n_dec = np.cumsum(dd)[:-1]
+    n_q = np.cumsum(dq)[:-1]
+    dt = np.diff(t) / 1e9
+    m = (n_q > 0) & (dt > 0)
+    out: dict[int, float] = {}
+    vals, inv = np.unique(n_dec[m], return_inverse=True)
+    sums = np.bincount(inv, weights=dt[m], minlength=len(vals))
+    for v, s in zip(vals, sums):
+        out[int(v)] = out.get(int(v), 0.0) + float(s)
+    return out
+
+
+def slots_from_data(data: StudyData) -> SlotsSeen:
+    """The slot limit the events show (module docstring)."""
+    quick = max(quick_ttft_ns(data), 1)
+    hist: dict[int, float] = {}
+    for run in data.runs:
+        for idx in _groups(data, run):
+            f, l_, a = run.first[idx], run.last[idx], run.arrive[idx]
+            d = (f >= 0) & (l_ > f)
+            q = (f >= 0) & (f - a > quick)
+            for n, s in _step_hist(f[d], l_[d], (a + quick)[q], f[q]).items():
+                hist[n] = hist.get(n, 0.0) + s
+    total = sum(hist.values())
+    if total < MIN_QUEUED_S or not hist:
+        return SlotsSeen(None, False, 0.0, total,
+                         f"requests queued (waited longer than {quick / 1e6:.0f} ms for their first token) for "
+                         f"{total:.1f} s in all: too little to see a slot limit", tuple(sorted(hist.items())))
+    ns = np.array(sorted(hist))
+    secs = np.array([hist[n] for n in ns])
+    tail = np.cumsum(secs[::-1])[::-1] / total  # share of queued time at ≥ n
+    top = int(ns[np.flatnonzero(tail >= MIN_TOP_SHARE)[-1]])
+    share = float(secs[ns >= top - 1].sum() / total)
+    binds = share >= BIND_SHARE
+    how = (f"requests queued (waited longer than {quick / 1e6:.0f} ms, 3 × the 10 % quantile of TTFT, for their "
+           f"first token) for {total:.0f} s; at most {top} sequences decoded together then (for ≥ "
+           f"{MIN_TOP_SHARE:.0%} of that time), and {share:.0%} of it ran with {top - 1}–{top}: ")
+    how += ("a slot limit of " + str(top) + " held them back") if binds else (
+        f"below {BIND_SHARE:.0%}, so no fixed limit held them back (at least {top} sequences can decode together)")
+    return SlotsSeen(top, binds, share, total, how, tuple((int(n), round(float(s), 3)) for n, s in zip(ns, secs)))
+
+
+# ------------------------------------------------------------------------------ engine config
+
+_ARG_PATTERNS = (
+    (r"--max-num-seqs[ =](\d+)", "vLLM --max-num-seqs"),
+    (r"--max-running-requests[ =](\d+)", "SGLang --max-running-requests"),
+    (r"(?:^|\s)-np[ =](\d+)", "llama.cpp -np"),
+    (r"--parallel[ =](\d+)", "llama.cpp --parallel"),
+)
+_CONFIG_KEYS = (("max_num_seqs", "vLLM max_num_seqs"), ("max_running_requests", "SGLang max_running_requests"),
+                ("n_parallel", "llama.cpp n_parallel"), ("parallel", "llama.cpp --parallel"),
+                ("np", "llama.cpp -np"), ("total_slots", "llama.cpp /props total_slots"))
+_METRIC_KEYS = (("total_slots", "llama.cpp /props total_slots"),
+                ("vllm:max_num_seqs", "vLLM /metrics max_num_seqs"),
+                ("llamacpp:n_parallel", "llama.cpp /metrics n_parallel"))
+
+
+def _posint(v) -> int | None:
+    try:
+        x = int(v)
+    except (TypeError, ValueError):
+        return None
+    return x if x >= 1 and float(v) == x else None
+
+
+def slots_from_engine(system: dict) -> tuple[int, str] | None:
+    """(slots, where) from study.yaml ``system.engine_config`` / ``engine_metrics``, if there."""
+    cfg = (system or {}).get("engine_config")
+    if isinstance(cfg, dict):
+        for key, label in _CONFIG_KEYS:
+            v = _posint(cfg.get(key))
+            if v:
+                return v, f"the engine's configuration ({label} = {v}, study.yaml system.engine_config.{key})"
+        args = cfg.get("args")
+        if isinstance(args, (list, tuple)):
+            args = " ".join(map(str, args))
+        if isinstance(args, str):
+            for pat, label in _ARG_PATTERNS:
+                m = re.search(pat, args)
+                if m:
+                    return int(m.group(1)), f"the engine's command line ({label} {m.group(1)}, system.engine_config.args)"
+    met = (system or {}).get("engine_metrics")
+    if isinstance(met, dict):
+        for key, label in _METRIC_KEYS:
+            v = _posint(met.get(key))
+            if v:
+                return v, f"the engine's metrics ({label} = {v}, study.yaml system.engine_metrics)"
+    return None
+
+
+def slots_from_manifest(system: dict) -> tuple[int, str] | None:
+    for key in ("max_batch", "slots", "max_num_seqs"):
+        v = _posint((system or {}).get(key))
+        if v:
+            return v, f"study.yaml system.{key} = {v}"
+    return None
+
+
+# ------------------------------------------------------------------------------ prefill lanes
+
+@dataclass(frozen=True)
+class LanesSeen:
+    value: int | None
+    pairs: int  # prompts that queued behind another prompt's computation
+    overlap_share: float  # of those, started while another prompt computed
+    how: str
+
+
+def lanes_from_data(data: StudyData, prefill_ms) -> LanesSeen:
+    """Prefill lanes from first tokens less the fitted prefill time (module docstring).
+    ``prefill_ms(prompt_tokens) -> ms`` is the fitted prefill line."""
+    at_start: list[np.ndarray] = []
+    for run in data.runs:
+        for idx in _groups(data, run):
+            ok = idx[(run.first[idx] >= 0) & (run.status[idx] == OK)]
+            if len(ok) < 2:
+                continue
+            o = ok[np.argsort(run.first[ok], kind="stable")]
+            f = run.first[o].astype(np.float64)
+            dur = np.asarray(prefill_ms(run.inp[o].astype(float)), float) * 1e6
+            s = f - dur * (1 - LANE_SHRINK)
+            a = run.arrive[o].astype(np.float64)
+            # a prompt that arrived before the previous prompt's first token and waited longer than
+            # its own prefill: it queued behind another computation
+            q = np.r_[False, (a[1:] < f[:-1]) & (f[1:] - a[1:] > dur[1:] * (1 + LANE_SHRINK))]
+            if not q.any():
+                continue
+            # computations in progress when each queued prompt's own began (itself included)
+            fs = np.sort(f)
+            ss = np.sort(s)
+            qs = s[q]
+            at_start.append(np.searchsorted(ss, qs, side="right") - np.searchsorted(fs, qs, side="right"))
+    conc = np.concatenate(at_start) if at_start else np.zeros(0, np.int64)
+    pairs = int(len(conc))
+    if pairs < MIN_LANE_PAIRS:
+        return LanesSeen(None, pairs, math.nan,
+                         f"only {pairs} prompt(s) queued behind another prompt's computation (need "
+                         f"{MIN_LANE_PAIRS}): how many prompts compute at once cannot be seen; any number (default)")
+    share = float(np.mean(conc >= 2))
+    lanes = max(1, int(np.quantile(conc, LANE_QUANTILE)))
+    how = (f"{pairs:,} prompts queued behind another prompt's computation (first token less the fitted prefill "
+           f"time, shrunk by {LANE_SHRINK:.0%} for stamp jitter); {share:.0%} of them started while another "
+           f"computed, and {LANE_QUANTILE:.0%} with at most {lanes} computing (themselves included): ")
+    how += "one prefill at a time" if lanes == 1 else f"{lanes} prefill lanes"
+    return LanesSeen(lanes, pairs, share, how)
