@@ -34,15 +34,18 @@ SLO_TEXT = "ttft_ms=1000,tpot_ms=80,attainment=0.95"
 RATES = (4.0, 6.0, 8.0, 9.0, 10.0, 11.0, 12.0, 14.0)
 
 
-def sweep(out: Path, *, rates=RATES, duration_s: float = 45.0, seed: int = 0, params=REFERENCE) -> Path:
-    """One AIPerf run per rate against the replica (prompts counted as 64 tokens), imported."""
+def sweep(out: Path, *, rates=RATES, duration_s: float = 45.0, seed: int = 0, params=REFERENCE,
+          isl_stddev: int = 24) -> Path:
+    """One AIPerf run per rate against the replica, imported. Prompts of 64 ± ``isl_stddev``
+    words (the word tokenizer makes AIPerf's and the server's counts equal), so the prefill cost
+    per token can be told from its fixed part; 0 counts every prompt as 64 tokens."""
     from capplan.loadtools import commands, seed_base_for
 
     out.mkdir(parents=True, exist_ok=True)
     study = out / "study"
     tok = str(PEERS / "tokenizer")
-    url, proc = start_subprocess(params, extra_args=("--fixed-prompt-tokens", "64",
-                                                     "--log-jsonl", str(out / "server.jsonl")))
+    extra = ("--log-jsonl", str(out / "server.jsonl")) + (("--fixed-prompt-tokens", "64") if not isl_stddev else ())
+    url, proc = start_subprocess(params, extra_args=extra)
     try:
         w = workload(prompt_tokens=64, output_tokens=32, tokenizer=tok, grace_s=10.0)
         runs = [{"rate_rps": float(r), "repeats": 1, "duration_s": float(duration_s), "warmup_s": 0.0}
@@ -51,6 +54,7 @@ def sweep(out: Path, *, rates=RATES, duration_s: float = 45.0, seed: int = 0, pa
                       out_dir=str(out / "runs"), study=str(study))
         plan = tc["aiperf"]
         for line in plan.commands:
+            line = line.replace("--isl-stddev 0", f"--isl-stddev {int(isl_stddev)}")
             t0 = time.perf_counter()
             run_line(line, peers_bin=str(PEERS / "bin"), cwd=str(out))
             print(f"{time.perf_counter() - t0:.0f} s: {line[:100]}", flush=True)
@@ -67,9 +71,10 @@ def main(argv=None) -> None:
     s.add_argument("--out", required=True)
     s.add_argument("--duration-s", type=float, default=45.0)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--isl-stddev", type=int, default=24)
     a = ap.parse_args(argv)
     if a.cmd == "sweep":
-        print(sweep(Path(a.out), duration_s=a.duration_s, seed=a.seed))
+        print(sweep(Path(a.out), duration_s=a.duration_s, seed=a.seed, isl_stddev=a.isl_stddev))
 
 
 if __name__ == "__main__":

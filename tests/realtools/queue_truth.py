@@ -189,6 +189,22 @@ def poisson_arrivals(rate_rps: float, duration_s: float, rng: np.random.Generato
     return t[t < duration_s]
 
 
+def _prompts(prompt_tokens, rng: np.random.Generator, n: int):
+    """A fixed prompt length, or ``prompt_tokens(rng, n)`` drawn per request (drawn after the
+    arrivals, so the arrival stream is the same either way)."""
+    return prompt_tokens(rng, n) if callable(prompt_tokens) else prompt_tokens
+
+
+def prompt_pool(tokens) -> "callable":
+    """Prompt lengths drawn with replacement from ``tokens`` (e.g. the lengths a study sent)."""
+    pool = np.asarray(tokens, dtype=np.int64)
+
+    def draw(rng: np.random.Generator, n: int) -> np.ndarray:
+        return pool[rng.integers(0, len(pool), size=n)]
+
+    return draw
+
+
 @dataclass(frozen=True)
 class Attainment:
     """An attainment estimate with its Monte-Carlo standard error."""
@@ -200,7 +216,7 @@ class Attainment:
 
 
 def run_attainment(rate_rps: float, slo: SLO, *, duration_s: float, runs: int, seed: int = 0,
-                   params: EngineParams = REFERENCE, prompt_tokens: int = 64,
+                   params: EngineParams = REFERENCE, prompt_tokens=64,
                    output_tokens: int = 32, grace_s: float | None = None) -> Attainment:
     """Mean attainment over ``runs`` independent runs of ``duration_s`` started from an idle
     server: the protocol truth a sweep of runs of that length estimates. Requests arriving in
@@ -213,7 +229,7 @@ def run_attainment(rate_rps: float, slo: SLO, *, duration_s: float, runs: int, s
         a = poisson_arrivals(rate_rps, duration_s, rng)
         if len(a) == 0:
             continue
-        tr = simulate(a, prompt_tokens, output_tokens, params)
+        tr = simulate(a, _prompts(prompt_tokens, rng, len(a)), output_tokens, params)
         cut = None if grace_s is None else duration_s + grace_s
         per.append(tr.good(slo, cutoff_s=cut).mean())
         n_req += len(a)
@@ -224,13 +240,13 @@ def run_attainment(rate_rps: float, slo: SLO, *, duration_s: float, runs: int, s
 
 def steady_attainment(rate_rps: float, slo: SLO, *, horizon_s: float = 7200.0,
                       warmup_frac: float = 0.1, seed: int = 0, params: EngineParams = REFERENCE,
-                      prompt_tokens: int = 64, output_tokens: int = 32,
+                      prompt_tokens=64, output_tokens: int = 32,
                       batches: int = 30) -> Attainment:
     """Pooled steady-state attainment of one long run (the first ``warmup_frac`` of arrivals
     discarded); the standard error is by batch means over ``batches`` consecutive batches."""
     rng = np.random.default_rng([seed, 10**6])
     a = poisson_arrivals(rate_rps, horizon_s, rng)
-    tr = simulate(a, prompt_tokens, output_tokens, params)
+    tr = simulate(a, _prompts(prompt_tokens, rng, len(a)), output_tokens, params)
     g = tr.good(slo)[a >= warmup_frac * horizon_s].astype(float)
     means = np.array([b.mean() for b in np.array_split(g, batches)])
     return Attainment(float(g.mean()), float(means.std(ddof=1) / math.sqrt(batches)), len(g))
@@ -272,14 +288,15 @@ def _bisect(f, target: float, lo: float, hi: float, tol: float, protocol: str) -
     return CSLO(lo, se, a_lo.value, slope, protocol)
 
 
-def true_cslo(slo: SLO = SLO(), *, params: EngineParams = REFERENCE, prompt_tokens: int = 64,
+def true_cslo(slo: SLO = SLO(), *, params: EngineParams = REFERENCE, prompt_tokens=64,
               output_tokens: int = 32, duration_s: float = 60.0, runs: int = 200,
               horizon_s: float = 7200.0, lo_rps: float = 0.5, hi_rps: float = 30.0,
               tol_rps: float = 0.01, seed: int = 0, grace_s: float | None = None
               ) -> tuple[CSLO, CSLO]:
     """Both true capacities by bisection on the rate (common random numbers across rates):
     the steady-state C_SLO (one ``horizon_s`` run) and the C_SLO of the protocol "mean attainment
-    of ``runs`` runs of ``duration_s`` started idle"."""
+    of ``runs`` runs of ``duration_s`` started idle". ``prompt_tokens``: one length, or a
+    callable ``(rng, n) -> lengths`` (e.g. :func:`prompt_pool`)."""
     kw = dict(params=params, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
     steady = _bisect(lambda r: steady_attainment(r, slo, horizon_s=horizon_s, seed=seed, **kw),
                      slo.attainment, lo_rps, hi_rps, tol_rps, f"steady state ({horizon_s:g} s)")

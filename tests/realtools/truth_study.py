@@ -20,22 +20,33 @@ from tests.realtools import queue_truth as qt
 from tests.realtools.params import EngineParams
 
 
+def uniform_prompts(lo: int, hi: int):
+    """Prompt lengths uniform on [lo, hi] tokens (a callable for queue_truth)."""
+    def draw(rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(lo, hi + 1, size=n)
+
+    return draw
+
+
 def truth_events(run_id: str, rate_rps: float, duration_s: float, params: EngineParams, *, seed: int,
-                 prompt_tokens: int = 64, output_tokens: int = 32) -> pd.DataFrame:
+                 prompt_tokens=64, output_tokens: int = 32) -> pd.DataFrame:
+    """``prompt_tokens``: one length or a callable ``(rng, n) -> lengths``."""
     rng = np.random.default_rng([seed, int(round(rate_rps * 1000))])
     arr = qt.poisson_arrivals(rate_rps, duration_s, rng)
-    tr = qt.simulate(arr, prompt_tokens, output_tokens, params)
+    p_tok = np.asarray(prompt_tokens(rng, len(arr)) if callable(prompt_tokens) else
+                       np.full(len(arr), int(prompt_tokens)), np.int64)
+    tr = qt.simulate(arr, p_tok, output_tokens, params)
     ns = lambda s: np.rint(np.asarray(s) * 1e9).astype(np.int64)  # noqa: E731
     itl = [np.diff(ns(tr.token_times_s(i))).tolist() for i in range(len(arr))]
     return pd.DataFrame({
         "run_id": run_id, "request_id": [f"{run_id}-{i}" for i in range(len(arr))],
         "scheduled_ns": ns(arr), "sent_ns": ns(arr), "first_token_ns": ns(tr.first_token_s),
-        "last_token_ns": ns(tr.last_token_s), "input_tokens": np.full(len(arr), prompt_tokens, np.int64),
+        "last_token_ns": ns(tr.last_token_s), "input_tokens": p_tok,
         "output_tokens": tr.output_tokens.astype(np.int64), "status": "ok", "itl_ns": itl})
 
 
 def write_truth_study(dest, rates, *, duration_s: float = 60.0, params: EngineParams = EngineParams(),
-                      seed: int = 0, prompt_tokens: int = 64, output_tokens: int = 32,
+                      seed: int = 0, prompt_tokens=64, output_tokens: int = 32,
                       system: dict | None = None) -> Path:
     """One run per rate (``r01`` …) as a capplan study at ``dest``; ``system`` is study.yaml's
     system block (e.g. an engine configuration to read)."""
