@@ -4,8 +4,8 @@ prefill start to last token, ONE prefill lane, decode steps of 20 + 2·batch ms;
 from the independent simulation queue_truth.py), capplan imports the runs, `twin fit` and
 `twin check` run on the study, and the fitted values are compared with the known ones.
 
-    python benchmarks/twin_realtools.py sweep --out /tmp/twrt        # ~10 min: the AIPerf sweep
-    python benchmarks/twin_realtools.py recover /tmp/twrt/study      # fit, check, truth, table
+    python benchmarks/twin_realtools.py sweep --out /tmp/twrt        # ~10–20 min: the AIPerf sweep
+    python benchmarks/twin_realtools.py recover /tmp/twrt/study      # fit, check, truth (~3 min)
 
 Measured results: docs/twin.md, "Recovery on servers the twin did not generate".
 """
@@ -64,6 +64,49 @@ def sweep(out: Path, *, rates=RATES, duration_s: float = 45.0, seed: int = 0, pa
     return study
 
 
+def truth_steady(study: Path, params=REFERENCE, slo=SLO, horizon_s: float = 7200.0) -> qt.CSLO:
+    """The replica's true steady-state C_SLO for the prompts the study sent (its server-counted
+    prompt lengths, drawn with replacement), 32-token answers: queue_truth's bisection."""
+    import duckdb
+
+    pool = duckdb.sql(f"SELECT input_tokens FROM read_parquet('{study}/events/**/*.parquet') "
+                      "WHERE input_tokens IS NOT NULL").fetchnumpy()["input_tokens"]
+    draw = qt.prompt_pool(pool)
+    return qt._bisect(lambda r: qt.steady_attainment(r, slo, horizon_s=horizon_s, params=params, prompt_tokens=draw),
+                      slo.attainment, 2.0, 30.0, 0.02, f"steady state ({horizon_s:g} s, the study's prompts)")
+
+
+def recover(study: Path, *, params=REFERENCE, replays: int = 20, seed: int = 0) -> dict:
+    """Fit, check (and check a twin with a 30 % slower decode), and compare with the known
+    parameters and the true C_SLO. Returns the table's row."""
+    from capplan.twin import fit_twin
+
+    t0 = time.perf_counter()
+    tw = fit_twin(study, seed=seed)
+    fit_s = time.perf_counter() - t0
+    chk = tw.check(study, SLO_TEXT, replays=replays, seed=seed)
+    slow = tw.scaled(decode=1.3).check(study, SLO_TEXT, replays=replays, seed=seed, steady=False)
+    truth = truth_steady(study, params)
+    twin_c = chk.cslo.get("twin") or {}
+    row = {
+        "study": str(study), "runs": len(tw.source["runs"]), "method": tw.source["method"], "fit_s": round(fit_s, 2),
+        "slots": [params.slots, tw.value("max_batch"), tw.param("max_batch").source],
+        "prefill_mode": tw.value("prefill_mode"),
+        "lanes": [1, tw.value("prefill_lanes")],
+        "prefill_ms_per_token": [params.prefill_ms_per_token, tw.value("prefill_ms_per_token")],
+        "prefill_overhead_ms": [params.prefill_base_ms, tw.value("prefill_overhead_ms")],
+        "decode_1_ms": [params.decode_step_ms(1), round(float(tw.service.step_ms(1)), 3)],
+        "decode_16_ms": [params.decode_step_ms(16), round(float(tw.service.step_ms(16)), 3)],
+        "decode_32_ms": [params.decode_step_ms(32), round(float(tw.service.step_ms(32)), 3)],
+        "decode_noise_cv": tw.value("decode_noise_cv"),
+        "verdict": chk.verdict, "where": list(chk.where), "notes": list(chk.notes),
+        "verdict_decode_30pct_slower": slow.verdict, "where_slower": list(slow.where),
+        "cslo": chk.cslo, "truth_steady": [truth.rate_rps, truth.se_rps],
+        "twin_vs_truth": (twin_c.get("estimate") / truth.rate_rps - 1.0) if twin_c.get("estimate") else None,
+    }
+    return row
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -72,9 +115,19 @@ def main(argv=None) -> None:
     s.add_argument("--duration-s", type=float, default=45.0)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--isl-stddev", type=int, default=24)
+    r = sub.add_parser("recover")
+    r.add_argument("study")
+    r.add_argument("--replays", type=int, default=20)
+    r.add_argument("--json", help="write the row here")
     a = ap.parse_args(argv)
     if a.cmd == "sweep":
         print(sweep(Path(a.out), duration_s=a.duration_s, seed=a.seed, isl_stddev=a.isl_stddev))
+    else:
+        row = recover(Path(a.study), replays=a.replays)
+        text = json.dumps(row, indent=1, default=str)
+        print(text)
+        if a.json:
+            Path(a.json).write_text(text + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
