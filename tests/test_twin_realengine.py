@@ -190,3 +190,20 @@ def test_check_names_contention_with_the_dispersion_it_measured(tmp_path):
     assert any(n.startswith("decode noise:") and f"CV {noise['cv']:.3f}" in n for n in chk.notes)
     if chk.verdict == "disagrees":
         assert any(w.startswith("contention") and f"CV {noise['cv']:.2f}" in w for w in chk.where)
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_lanes_recovered_where_they_are_known(lanes, tmp_path):
+    """A simulated server with separate prefill on a known number of lanes (capplan.synth):
+    prompts complete every prefill / lanes while they queue."""
+    from capplan.synth.sweep import generate_study
+    from tests.test_twin_fit import small_cfg
+
+    cfg = small_cfg(replica={"prefill": "separate", "prefill_lanes": lanes,
+                             "service_model": {"decode_step_ms": {1: 20.0, 64: 40.0}, "prefill_ms_per_token": 0.3,
+                                               "prefill_overhead_ms": 30.0}},
+                    sweep={"rates": [2.0, 6.0, 10.0, 14.0], "duration_s": 40.0})
+    path, _ = generate_study(cfg, tmp_path / "s", workers=1)
+    tw = fit_twin(path, reps=20)
+    assert tw.value("prefill_mode") == "separate"
+    assert tw.value("prefill_lanes") == lanes

@@ -493,6 +493,9 @@ def decode_noise(tl: Timeline | None, dec: DecodeFit) -> DecodeNoise:
     rel = tl.dur_ns[m] / 1e6 / fit - 1.0
     cv = float(np.std(rel))
     off = float(np.mean(np.abs(rel) > 0.25))
+    burst = (f"; {tl.burst_share:.1%} of decode tokens came in bursts (closer than the grouping tolerance after "
+             "the stream's previous token: a stalled client or server), their steps left out" if tl.burst_share > 0
+             else "")
     return DecodeNoise(cv, off, int(m.sum()), True,
                        f"SD of (decode step − the fitted curve) / the curve over all {int(m.sum()):,} decode-only "
-                       f"iterations, none dropped; {off:.1%} of them more than 25 % off the curve")
+                       f"iterations; {off:.1%} of them more than 25 % off the curve" + burst)

@@ -17,12 +17,12 @@ stamps (docs/twin.md "Slots, lanes and noise").
   llama.cpp ``/props`` ``total_slots``); a limit there is the engine's own word.
 - **slots, from the manifest**: ``system.max_batch`` (or ``slots``), what the person who wrote
   study.yaml said.
-- **prefill lanes** (separate prefill): a prompt's computation is its first token less the
-  fitted prefill time of its prompt; with one lane these spans never overlap. For each prompt
-  that queued behind another one, count the spans in progress when its own began (each shrunk
-  by ``LANE_SHRINK`` to absorb stamp jitter, itself included); the lanes are the
-  ``LANE_QUANTILE`` quantile of that count (a few jittered stamps do not add a lane), when at
-  least ``MIN_LANE_PAIRS`` prompts queued (else the data cannot tell: any number, the default).
+- **prefill lanes** (separate prefill): with L lanes busy, prompts complete every prefill / L.
+  For each prompt that arrived before the previous prompt's first token (by more than
+  ``LANE_SHRINK`` of its own prefill), the time between that first token and its own, over its
+  fitted prefill time; lanes = round(1 / the median ratio), when at least ``MIN_LANE_PAIRS``
+  prompts queued (else the data cannot tell: any number, the default). A throughput reading:
+  a prefill line 20 % too long (client overhead in the TTFT) still gives one lane.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ BIND_SHARE = 0.5
 MIN_QUEUED_S = 5.0
 LANE_SHRINK = 0.2
 MIN_LANE_PAIRS = 30
-LANE_QUANTILE = 0.9
 
 
 @dataclass(frozen=True)
@@ -176,14 +175,14 @@ def slots_from_manifest(system: dict) -> tuple[int, str] | None:
 class LanesSeen:
     value: int | None
     pairs: int  # prompts that queued behind another prompt's computation
-    overlap_share: float  # of those, started while another prompt computed
+    overlap_share: float  # of those, first tokens sooner than (1 − LANE_SHRINK) prefill after the previous
     how: str
 
 
 def lanes_from_data(data: StudyData, prefill_ms) -> LanesSeen:
-    """Prefill lanes from first tokens less the fitted prefill time (module docstring).
+    """Prefill lanes from first tokens and the fitted prefill line (module docstring).
     ``prefill_ms(prompt_tokens) -> ms`` is the fitted prefill line."""
-    at_start: list[np.ndarray] = []
+    ratios: list[np.ndarray] = []
     for run in data.runs:
         for idx in _groups(data, run):
             ok = idx[(run.first[idx] >= 0) & (run.status[idx] == OK)]
@@ -192,28 +191,26 @@ def lanes_from_data(data: StudyData, prefill_ms) -> LanesSeen:
             o = ok[np.argsort(run.first[ok], kind="stable")]
             f = run.first[o].astype(np.float64)
             dur = np.asarray(prefill_ms(run.inp[o].astype(float)), float) * 1e6
-            s = f - dur * (1 - LANE_SHRINK)
             a = run.arrive[o].astype(np.float64)
-            # a prompt that arrived before the previous prompt's first token and waited longer than
-            # its own prefill: it queued behind another computation
-            q = np.r_[False, (a[1:] < f[:-1]) & (f[1:] - a[1:] > dur[1:] * (1 + LANE_SHRINK))]
-            if not q.any():
-                continue
-            # computations in progress when each queued prompt's own began (itself included)
-            fs = np.sort(f)
-            ss = np.sort(s)
-            qs = s[q]
-            at_start.append(np.searchsorted(ss, qs, side="right") - np.searchsorted(fs, qs, side="right"))
-    conc = np.concatenate(at_start) if at_start else np.zeros(0, np.int64)
-    pairs = int(len(conc))
+            # a prompt that arrived before the previous first token queued behind that prompt (or
+            # computed beside it): with L busy lanes prompts complete every prefill / L
+            q = np.r_[False, a[1:] < f[:-1] - dur[1:] * LANE_SHRINK]
+            if q.any():
+                ratios.append((np.diff(f) / np.maximum(dur[1:], 1.0))[q[1:]])
+    r = np.concatenate(ratios) if ratios else np.zeros(0)
+    pairs = int(len(r))
     if pairs < MIN_LANE_PAIRS:
         return LanesSeen(None, pairs, math.nan,
-                         f"only {pairs} prompt(s) queued behind another prompt's computation (need "
-                         f"{MIN_LANE_PAIRS}): how many prompts compute at once cannot be seen; any number (default)")
-    share = float(np.mean(conc >= 2))
-    lanes = max(1, int(np.quantile(conc, LANE_QUANTILE)))
-    how = (f"{pairs:,} prompts queued behind another prompt's computation (first token less the fitted prefill "
-           f"time, shrunk by {LANE_SHRINK:.0%} for stamp jitter); {share:.0%} of them started while another "
-           f"computed, and {LANE_QUANTILE:.0%} with at most {lanes} computing (themselves included): ")
+                         f"only {pairs} prompt(s) queued behind another prompt (need {MIN_LANE_PAIRS}): how many "
+                         "prompts compute at once cannot be seen; any number (default)")
+    med = float(np.median(r))
+    lanes = max(1, int(round(1.0 / med))) if med > 0 else None
+    share = float(np.mean(r < 1.0 - LANE_SHRINK))
+    if lanes is None:
+        return LanesSeen(None, pairs, share, f"{pairs:,} prompts queued behind another, but their first tokens came "
+                         "together: prompts are not computed one after another on lanes; any number (default)")
+    how = (f"{pairs:,} prompts arrived before the previous prompt's first token; the time from that first token to "
+           f"theirs is {med:.2f} × their fitted prefill time (median; {share:.0%} below {1 - LANE_SHRINK:.1f}): "
+           f"prompts complete every prefill / {lanes}, ")
     how += "one prefill at a time" if lanes == 1 else f"{lanes} prefill lanes"
     return LanesSeen(lanes, pairs, share, how)

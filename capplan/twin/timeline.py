@@ -54,6 +54,7 @@ class Timeline:
     n_sharing: int = 0  # decode tokens sent while other requests were decoding
     coherence_decode: float = float("nan")  # the coherence of the decode tokens alone
     tol_ms: tuple[float, float] = (float("nan"), float("nan"))  # grouping tolerance used, min and max
+    burst_share: float = 0.0  # decode tokens that came closer than the tolerance after their previous one
 
     @property
     def dur_ns(self) -> np.ndarray:
@@ -229,6 +230,17 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
     # every decode token continues its stream (a resumed one means a recompute prefill); with
     # separate prefill a newly joined stream is fine as long as the step was busy before
     dec_ok = (j > 0) & (ndec > 0) & (nfirst == 0) & ((ncont >= 1) if separate else (ncont == ndec))
+    # a stream's tokens closer together than the grouping tolerance were not two iterations: the
+    # client received a burst after a stall (a busy machine). The steps ending at them and the
+    # stalled step before are not decode times
+    burst = np.zeros(len(t), bool)
+    burst[1:] = same & (np.diff(t) < tol_ns) & ~is_first[1:]
+    bad = np.zeros(m, bool)
+    if burst.any():
+        bad[cid[burst]] = True
+        bad[np.maximum(cid[burst] - 1, 0)] = True
+    dec_ok &= ~bad
+    burst_share = float(burst.sum() / max(int((~is_first).sum()), 1))
     if has_adm or separate:
         kind[dec_ok & (npf == 0)] = DECODE
     else:  # without admission stamps a prompt in progress cannot be seen
@@ -258,7 +270,7 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
     start = np.where((kind == OTHER) & (start < 0), T, start)
     return dict(start=start, end=T, kind=kind, ndec=ndec, nfirst=nfirst, npf=npf, ptok=ptok,
                 coherence=coherence, first_on_grid=first_on_grid, n_gaps=n_gaps, sharing=sharing,
-                n_sharing=n_sharing, coherence_dec=coherence_dec, tol_ns=tol_ns)
+                n_sharing=n_sharing, coherence_dec=coherence_dec, tol_ns=tol_ns, burst_share=burst_share)
 
 
 def _active_count(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -281,6 +293,7 @@ def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool
     parts = []
     coh_num = coh_den = 0.0
     cd_num = cd_den = 0.0
+    bu_num = 0.0
     tols: list[int] = []
     fog_num = fog_den = 0.0
     sh_num = sh_den = 0.0
@@ -305,6 +318,7 @@ def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool
             block0 = int(blocks[-1]) + 1 if m else block0
             parts.append((ri, g, blocks, r))
             tols.append(r["tol_ns"])
+            bu_num += r["burst_share"] * r["n_gaps"]
             if not np.isnan(r["coherence"]):
                 coh_num += r["coherence"] * r["n_gaps"]
                 coh_den += r["n_gaps"]
@@ -330,4 +344,5 @@ def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool
         first_on_grid=fog_num / fog_den if fog_den else float("nan"), n_gaps=int(coh_den),
         sharing=sh_num / sh_den if sh_den else float("nan"), n_sharing=int(sh_den),
         coherence_decode=cd_num / cd_den if cd_den else float("nan"),
+        burst_share=bu_num / coh_den if coh_den else 0.0,
         tol_ms=(min(tols) / 1e6, max(tols) / 1e6))
