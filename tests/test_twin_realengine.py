@@ -192,10 +192,11 @@ def test_check_names_contention_with_the_dispersion_it_measured(tmp_path):
         assert any(w.startswith("contention") and f"CV {noise['cv']:.2f}" in w for w in chk.where)
 
 
-@pytest.mark.parametrize("lanes", [1, 3])
+@pytest.mark.parametrize("lanes", [1, 3, None])
 def test_lanes_recovered_where_they_are_known(lanes, tmp_path):
     """A simulated server with separate prefill on a known number of lanes (capplan.synth):
-    prompts complete every prefill / lanes while they queue."""
+    prompts complete every prefill / lanes while they queue; without a lane limit no prompt
+    waits for another and none is claimed."""
     from capplan.synth.sweep import generate_study
     from tests.test_twin_fit import small_cfg
 

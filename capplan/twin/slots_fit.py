@@ -19,9 +19,11 @@ stamps (docs/twin.md "Slots, lanes and noise").
   study.yaml said.
 - **prefill lanes** (separate prefill): with L lanes busy, prompts complete every prefill / L.
   For each prompt that arrived before the previous prompt's first token (by more than
-  ``LANE_SHRINK`` of its own prefill), the time between that first token and its own, over its
-  fitted prefill time; lanes = round(1 / the median ratio), when at least ``MIN_LANE_PAIRS``
-  prompts queued (else the data cannot tell: any number, the default). A throughput reading:
+  ``LANE_SHRINK`` of its own prefill) and waited longer than its own prefill (× 1 +
+  ``LANE_SHRINK``), the time between that first token and its own, over its fitted prefill time; lanes = round(1 / the median ratio), when at least ``MIN_LANE_PAIRS``
+  prompts waited and they are at least ``MIN_WAIT_SHARE`` of the prompts that arrived while
+  another computed (with a lane limit nearly all of them wait; else no limit held prompts back:
+  any number, the default). A throughput reading:
   a prefill line 20 % too long (client overhead in the TTFT) still gives one lane.
 """
 
@@ -41,6 +43,7 @@ BIND_SHARE = 0.5
 MIN_QUEUED_S = 5.0
 LANE_SHRINK = 0.2
 MIN_LANE_PAIRS = 30
+MIN_WAIT_SHARE = 0.5  # of prompts arriving while another computes, waiting: a lane limit
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ def lanes_from_data(data: StudyData, prefill_ms) -> LanesSeen:
     """Prefill lanes from first tokens and the fitted prefill line (module docstring).
     ``prefill_ms(prompt_tokens) -> ms`` is the fitted prefill line."""
     ratios: list[np.ndarray] = []
+    n_came = 0
     for run in data.runs:
         for idx in _groups(data, run):
             ok = idx[(run.first[idx] >= 0) & (run.status[idx] == OK)]
@@ -192,24 +196,33 @@ def lanes_from_data(data: StudyData, prefill_ms) -> LanesSeen:
             f = run.first[o].astype(np.float64)
             dur = np.asarray(prefill_ms(run.inp[o].astype(float)), float) * 1e6
             a = run.arrive[o].astype(np.float64)
-            # a prompt that arrived before the previous first token queued behind that prompt (or
-            # computed beside it): with L busy lanes prompts complete every prefill / L
-            q = np.r_[False, a[1:] < f[:-1] - dur[1:] * LANE_SHRINK]
+            # a prompt that arrived before the previous first token and waited longer than its own
+            # prefill queued for a lane (or a slot): with L busy lanes prompts complete every
+            # prefill / L. Without a lane limit prompts do not wait, and nothing is read
+            came = np.r_[False, a[1:] < f[:-1] - dur[1:] * LANE_SHRINK]
+            q = came & np.r_[False, f[1:] - a[1:] > dur[1:] * (1 + LANE_SHRINK)]
+            n_came += int(came.sum())
             if q.any():
                 ratios.append((np.diff(f) / np.maximum(dur[1:], 1.0))[q[1:]])
     r = np.concatenate(ratios) if ratios else np.zeros(0)
     pairs = int(len(r))
     if pairs < MIN_LANE_PAIRS:
         return LanesSeen(None, pairs, math.nan,
-                         f"only {pairs} prompt(s) queued behind another prompt (need {MIN_LANE_PAIRS}): how many "
-                         "prompts compute at once cannot be seen; any number (default)")
+                         f"only {pairs} prompt(s) waited behind another prompt (need {MIN_LANE_PAIRS}): no lane limit "
+                         "held prompts back; any number at once (default)")
+    if pairs < MIN_WAIT_SHARE * n_came:
+        return LanesSeen(None, pairs, math.nan,
+                         f"of {n_came:,} prompts that arrived while another was computing, only {pairs:,} waited longer "
+                         f"than their own prefill (a lane limit makes nearly all of them wait; < {MIN_WAIT_SHARE:.0%}): "
+                         "no lane limit held prompts back; any number at once (default)")
     med = float(np.median(r))
     lanes = max(1, int(round(1.0 / med))) if med > 0 else None
     share = float(np.mean(r < 1.0 - LANE_SHRINK))
     if lanes is None:
         return LanesSeen(None, pairs, share, f"{pairs:,} prompts queued behind another, but their first tokens came "
                          "together: prompts are not computed one after another on lanes; any number (default)")
-    how = (f"{pairs:,} prompts arrived before the previous prompt's first token; the time from that first token to "
+    how = (f"{pairs:,} prompts arrived before the previous prompt's first token and waited longer than their own "
+           f"prefill; the time from that first token to "
            f"theirs is {med:.2f} × their fitted prefill time (median; {share:.0%} below {1 - LANE_SHRINK:.1f}): "
            f"prompts complete every prefill / {lanes}, ")
     how += "one prefill at a time" if lanes == 1 else f"{lanes} prefill lanes"
