@@ -79,6 +79,11 @@ def test_engine_config_then_manifest_then_a_stated_default(tmp_path):
     c = fit_twin(write_truth_study(tmp_path / "c", light, duration_s=30.0), reps=20)
     assert c.value("max_batch") == 256 and c.param("max_batch").source in ("default", "lower bound")
     assert any("max batch:" in n and "set your engine's limit" in n for n in c.notes)
+    # where the data show the limit binding they win, and a different configured value is said
+    d = fit_twin(write_truth_study(tmp_path / "d", (10.0, 14.0), duration_s=30.0,
+                                   system={"engine_config": {"max_num_seqs": 64}}), reps=20)
+    assert d.value("max_batch") == 32 and d.param("max_batch").source == "estimated"
+    assert any("the twin trusts the data" in n and "64" in n for n in d.notes)
     assert slots_from_engine({"engine_config": {"max_num_seqs": 48}})[0] == 48
     assert slots_from_engine({"engine_metrics": {"total_slots": 8}})[0] == 8
     assert slots_from_engine({"engine_config": {"args": ["vllm", "serve", "--max-num-seqs=64"]}})[0] == 64

@@ -139,7 +139,9 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
             pf = cs.prefill if cs is not None else None
             boundary_var = cs.boundary_var if cs is not None else 0.0
             notes.append("no admission stamps (admitted_ns / prefill_start_ns): prefill cost comes from the TTFT of "
-                         "requests that found the server nearly idle (client path)")
+                         "requests that found the server nearly idle (client path)" if mode != "separate" else
+                         "no admission stamps (admitted_ns / prefill_start_ns): prefill cost comes from the TTFT of "
+                         "requests that found no other prompt pending (client timings)")
         method = "server path: iterations rebuilt from per-token stamps" + (
             " and admission stamps" if (data.has("admitted_ns") or data.has("prefill_start_ns")) else "") + (
             f" (stamps of one iteration grouped within {tl.tol_ms[0]:.3g}–{tl.tol_ms[1]:.3g} ms, scaled to each "
@@ -322,11 +324,14 @@ def _max_batch_without_admission(data: StudyData, notes: list[str]) -> Param:
     """Slots without admission stamps, in order of trust: what the data show binding, the
     engine's own configuration or metrics, study.yaml, and only then a stated default."""
     seen = slots_from_data(data) if (data.replica_names or data.replicas == 1) else None
+    said = slots_from_engine(data.system) or slots_from_manifest(data.system)
     if seen is not None and seen.binding:
+        if said is not None and said[0] != int(seen.value):
+            notes.append(f"max batch: the data show {int(seen.value)} sequences binding; {said[1]} says {said[0]} — the "
+                         "twin trusts the data (the configuration may not be the one measured)")
         return _p("max_batch", int(seen.value), ESTIMATED, seen.how)
     seen_how = seen.how if seen is not None else ("several replicas without replica_group: sequences per replica "
                                                   "cannot be counted")
-    said = slots_from_engine(data.system) or slots_from_manifest(data.system)
     if said is not None:
         return _said_max_batch(said, seen_how, int(seen.value or 0) if seen is not None else 0, data.system, notes)
     lo = int(seen.value) if seen is not None and seen.value else 0
