@@ -39,8 +39,8 @@ RATES = (4.0, 6.0, 8.0, 9.0, 10.0, 11.0, 12.0, 14.0)
 def sweep(out: Path, *, rates=RATES, duration_s: float = 45.0, seed: int = 0, params=REFERENCE,
           isl_stddev: int = 24) -> Path:
     """One AIPerf run per rate against the replica, imported. Prompts of 64 ± ``isl_stddev``
-    words (the word tokenizer makes AIPerf's and the server's counts equal), so the prefill cost
-    per token can be told from its fixed part; 0 counts every prompt as 64 tokens."""
+    tokens of the peers' tokenizer, which the server counts as words (≈ 15, varying), so the
+    prefill cost per token can be told from its fixed part; 0 counts every prompt as 64 tokens."""
     from capplan.loadtools import commands, seed_base_for
 
     out.mkdir(parents=True, exist_ok=True)
