@@ -213,3 +213,61 @@ def test_lanes_recovered_where_they_are_known(lanes, tmp_path):
     tw = fit_twin(path, reps=20)
     assert tw.value("prefill_mode") == "separate"
     assert tw.value("prefill_lanes") == lanes
+
+
+def test_chunked_replica_server_is_its_truth(tmp_path):
+    """The chunked-prefill variant of the replica (no lane: prompts computed inside the decode
+    iterations) serves what its truth simulates, on the server's own arrival stamps."""
+    import asyncio
+    import json
+    import time
+
+    from tests.realtools import queue_truth as qt
+    from tests.realtools.client import open_loop
+    from tests.realtools.queue_server import start_subprocess, stop_subprocess
+
+    p = EngineParams(slots=4, prefill_lane="chunked", time_scale=0.5)
+    # by hand: alone, one iteration computes the prompt with a batch of one: 22 + 30 + 0.5 · 64
+    tr = qt.simulate([0.0], 64, 3, EngineParams(prefill_lane="chunked"))
+    assert (tr.token_times_s(0) * 1e3).tolist() == pytest.approx([84.0, 106.0, 128.0])
+    log = tmp_path / "log.jsonl"
+    url, proc = start_subprocess(p, log_jsonl=str(log))
+    try:
+        offsets = qt.poisson_arrivals(8.0, 4.0, np.random.default_rng(3))
+        _, res = asyncio.run(open_loop(url, offsets, prompt=" ".join(["word"] * 64), max_tokens=12))
+        assert all(r.status == "ok" and len(r.chunk_s) == 12 for r in res)
+        deadline = time.monotonic() + 10.0
+        while len(log.read_text().splitlines()) < len(offsets) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop_subprocess(proc)
+    rows = sorted((json.loads(x) for x in log.read_text().splitlines()), key=lambda r: r["arrival_s"])
+    arr = np.array([r["arrival_s"] for r in rows])
+    tr = qt.simulate(arr, [r["prompt_tokens"] for r in rows], [r["output_tokens"] for r in rows], p)
+    for key, mine in (("prefill_start_s", tr.prefill_start_s), ("first_token_s", tr.first_token_s),
+                      ("last_token_s", tr.last_token_s)):
+        theirs = np.array([r[key] for r in rows])
+        assert np.max(np.abs(theirs - mine)) < 1e-4, key
+    assert tr.ttft_ms.max() > 2 * (p.decode_step_ms(1) + p.chunk_ms(64))  # requests queued
+
+
+@pytest.mark.slow
+def test_chunked_replica_identified_and_agreed_with(tmp_path):
+    """Prompts chunked into the decode iterations: the twin sees mixed prefill (no lanes), the
+    prefill line from the iterations that computed prompts (no admission stamps needed), the
+    decode curve, and agrees with the runs."""
+    from tests.realtools.params import CHUNKED
+
+    path = write_truth_study(tmp_path / "c", (1.0, 2.0, 3.0, 4.0, 5.0, 6.0), duration_s=40.0, params=CHUNKED,
+                             prompt_tokens=PROMPTS, seed=2)
+    tw = fit_twin(path, reps=30)
+    assert tw.value("prefill_mode") == "mixed" and tw.value("prefill_lanes") is None
+    assert "chunks inside the decode iterations" in tw.param("prefill_lanes").how
+    assert tw.value("prefill_ms_per_token") == pytest.approx(0.5, rel=0.02)
+    assert tw.value("prefill_overhead_ms") == pytest.approx(30.0, rel=0.02)
+    for n in (1, 4, 16):
+        assert tw.service.step_ms(n) == pytest.approx(CHUNKED.decode_step_ms(n), rel=0.01)
+    chk = tw.check(path, "ttft_ms=1000,tpot_ms=80,attainment=0.95", replays=4, reps=50, steady=False)
+    assert chk.verdict == "agrees", chk.where
+    assert tw.scaled(decode=1.3).check(path, "ttft_ms=1000,tpot_ms=80,attainment=0.95", replays=4, reps=50,
+                                       steady=False).verdict == "disagrees"

@@ -11,7 +11,9 @@ were being computed. docs/twin.md "Estimators" explains how the fit uses each ki
 - ``DECODE``: no prompt in progress, every token continues a stream → the iteration took
   ``decode_step_ms(n)`` with n = tokens emitted;
 - ``PREFILL``: every prompt in progress was admitted at the iteration's start and finished in
-  it → ``decode_step_ms(n) + overhead + ms_per_token × (their prompt tokens)``;
+  it → ``decode_step_ms(n) + overhead + ms_per_token × (their prompt tokens)``; without
+  admission stamps, the prompts that came out at its end all arrived during the iteration before
+  (or one prompt found the replica idle: it started at its arrival);
 - ``CHUNK``: exactly one prompt in progress, not finished, with decodes running → a full
   chunk of ``token_budget − decodes`` prompt tokens;
 - ``OTHER``: anything else (kept for the batch-size and KV bookkeeping only).
@@ -267,6 +269,30 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
             ptok[cc] = psum[clean]
         chunk = (j > 0) & (npf == 1) & (nfirst == 0) & (ndec >= 1) & (ncont == ndec)
         kind[chunk] = CHUNK
+    elif not separate:
+        # without admission stamps: prompts that arrived during the previous iteration and came
+        # out at the end of this one were admitted at its start and computed in it (a prompt
+        # that waited for a slot, or ran over several iterations, comes out later); a prompt that
+        # found the replica idle started at its arrival
+        fi = np.flatnonzero(is_first)
+        fc = cid[fi]
+        o = np.argsort(fc, kind="stable")
+        fc, fr = fc[o], rid[fi][o]
+        if len(fc):
+            heads = np.r_[0, np.flatnonzero(np.diff(fc)) + 1]
+            cl = fc[heads]
+            arr_f = run.arrive[fr]
+            amin = np.minimum.reduceat(arr_f, heads)
+            amax = np.maximum.reduceat(arr_f, heads)
+            psum = np.add.reduceat(run.inp[fr], heads)
+            prev = np.where(cl > 0, T[np.maximum(cl - 1, 0)], np.iinfo(np.int64).min)
+            prev2 = np.where(cl > 1, T[np.maximum(cl - 2, 0)], np.iinfo(np.int64).min)
+            busy = (cl > 0) & (ndec[cl] > 0) & (ncont[cl] == ndec[cl]) & (amin > prev2) & (amax <= prev)
+            idle = (ndec[cl] == 0) & (nfirst[cl] == 1) & (amin > prev)
+            ok = busy | idle
+            kind[cl[ok]] = PREFILL
+            start[cl[ok]] = np.where(busy[ok], prev[ok], amin[ok])
+            ptok[cl[ok]] = psum[ok]
     start = np.where((kind == OTHER) & (start < 0), T, start)
     return dict(start=start, end=T, kind=kind, ndec=ndec, nfirst=nfirst, npf=npf, ptok=ptok,
                 coherence=coherence, first_on_grid=first_on_grid, n_gaps=n_gaps, sharing=sharing,

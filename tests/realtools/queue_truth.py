@@ -14,6 +14,9 @@ The model (times in ms, multiplied by ``time_scale``):
   sequence decodes; each emits one token to every sequence in the batch it started with. A
   sequence whose prefill ended at or before an iteration's start joins that iteration.
 * a request of ``n`` output tokens has its first token at prefill end and n-1 decode tokens.
+* ``prefill_lane="chunked"`` (params.EngineParams): no prefill lane — the prompts admitted at an
+  iteration's start are computed inside it (decode_step(decoding + new) + prefill_base_ms +
+  prefill_ms_per_token × their tokens); first tokens at its end.
 
 TTFT is measured from the intended arrival, TPOT = (last - first) / (n - 1), E2E = last - arrival.
 
@@ -111,6 +114,8 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
     o_tok = _as_lengths(output_tokens, n)
     if n and (np.any(np.diff(arr) < 0) or np.any(o_tok < 1)):
         raise ValueError("arrivals must be sorted and every request needs >= 1 output token")
+    if params.prefill_lane == "chunked":
+        return _simulate_chunked(arr, p_tok, o_tok, params)
     pf_s = np.array([params.prefill_ms(int(p)) for p in p_tok]) / 1e3 if n else np.zeros(0)
     step_base = params.decode_base_ms * params.time_scale / 1e3
     step_per = params.decode_ms_per_seq * params.time_scale / 1e3
@@ -174,6 +179,63 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
             ps[r] = t
             pf_req, pf_end = r, t + pf_s[r]
             pe[r] = pf_end
+    return Trace(arr, ps, pe, last, o_tok, join_it, np.asarray(iter_end, dtype=float))
+
+
+def _simulate_chunked(arr: np.ndarray, p_tok: np.ndarray, o_tok: np.ndarray, params: EngineParams) -> Trace:
+    """Chunked prefill: iterations back to back while anything runs; at an iteration's start the
+    waiting requests that arrived by then take free slots (FIFO) and their prompts are computed
+    in it (their first token at its end, their decode tokens from the next iteration on)."""
+    n = len(arr)
+    ps, pe, last = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    join_it = np.full(n, -1, dtype=np.int64)
+    iter_end: list[float] = []
+    waiting: deque[int] = deque()
+    decoding: list[list[int]] = []            # [request, decode tokens still to emit]
+    free = params.slots
+    nxt = 0
+    t = -math.inf
+    done = 0
+    while done < n:
+        if not decoding and not waiting:      # idle until the next arrival
+            t = max(t, arr[nxt])
+        while nxt < n and arr[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        new = []
+        while waiting and free > 0:
+            r = waiting.popleft()
+            free -= 1
+            ps[r] = t
+            new.append(r)
+        if not decoding and not new:
+            continue
+        dur = params.decode_step_ms(len(decoding) + len(new))
+        if new:
+            dur += params.chunk_ms(int(p_tok[new].sum()))
+        end = t + dur / 1e3
+        it = len(iter_end)
+        iter_end.append(end)
+        keep = []
+        for d in decoding:
+            d[1] -= 1
+            if d[1] == 0:
+                last[d[0]] = end
+                free += 1
+                done += 1
+            else:
+                keep.append(d)
+        for r in new:
+            pe[r] = end
+            if o_tok[r] == 1:
+                last[r] = end
+                free += 1
+                done += 1
+            else:
+                join_it[r] = it + 1
+                keep.append([r, int(o_tok[r]) - 1])
+        decoding = keep
+        t = end
     return Trace(arr, ps, pe, last, o_tok, join_it, np.asarray(iter_end, dtype=float))
 
 
