@@ -7,7 +7,8 @@ from the independent simulation queue_truth.py), capplan imports the runs, `twin
     python benchmarks/twin_realtools.py sweep --out /tmp/twrt        # ~10–20 min: the AIPerf sweep
     python benchmarks/twin_realtools.py recover /tmp/twrt/study      # fit, check, truth (~3 min)
     python benchmarks/twin_realtools.py llama-sweep --out /tmp/twll  # AIPerf against llama-server
-    python benchmarks/twin_realtools.py llama-recover /tmp/twll/study --steps-json steps.json
+    python benchmarks/twin_realtools.py llama-steps --out /tmp/twll    # decode step at 1 and 16 streams
+    python benchmarks/twin_realtools.py llama-recover /tmp/twll/study --steps-json /tmp/twll/steps.json
 
 Measured results: docs/twin.md, "Recovery on servers the twin did not generate".
 """
@@ -27,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.realtools import queue_truth as qt  # noqa: E402
 from tests.realtools.loop import _capplan, run_line, workload  # noqa: E402
-from tests.realtools.params import REFERENCE  # noqa: E402
+from tests.realtools.params import CHUNKED, REFERENCE  # noqa: E402
 from tests.realtools.queue_server import start_subprocess, stop_subprocess  # noqa: E402
 
 PEERS = Path(os.environ.get("CAPPLAN_PEERS", Path.home() / ".cache/capplan/peers/aiperf-0.13.0_guidellm-0.8.1"))
@@ -94,7 +95,7 @@ def recover(study: Path, *, params=REFERENCE, replays: int = 20, seed: int = 0) 
         "study": str(study), "runs": len(tw.source["runs"]), "method": tw.source["method"], "fit_s": round(fit_s, 2),
         "slots": [params.slots, tw.value("max_batch"), tw.param("max_batch").source],
         "prefill_mode": tw.value("prefill_mode"),
-        "lanes": [1, tw.value("prefill_lanes")],
+        "lanes": [1 if params.prefill_lane == "single" else "chunked", tw.value("prefill_lanes")],
         "prefill_ms_per_token": [params.prefill_ms_per_token, tw.value("prefill_ms_per_token")],
         "prefill_overhead_ms": [params.prefill_base_ms, tw.value("prefill_overhead_ms")],
         "decode_1_ms": [params.decode_step_ms(1), round(float(tw.service.step_ms(1)), 3)],
@@ -175,6 +176,53 @@ def llama_sweep(out: Path, *, rates=(0.5, 1.0, 2.0, 3.0, 4.0, 5.0), duration_s: 
     return study
 
 
+def llama_steps(out: Path, *, streams=(1, 16), seconds: float = 20.0, max_tokens: int = 64,
+                build: Path = LLAMA_DIR) -> dict:
+    """The decode step measured directly: ``n`` closed-loop streams (each sends its next request
+    when the last ends) for ``seconds``; the median gap between a stream's tokens. Written to
+    ``out/steps.json`` as {streams: median step ms}."""
+    import asyncio
+    import socket
+
+    import numpy as np
+
+    from tests.realtools.client import stream_request
+
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    proc, _ = start_llama(port, out / "llama-steps.log", build)
+    url = f"http://127.0.0.1:{port}"
+    prompt = "the quick brown fox jumps over the lazy dog " * 4
+
+    async def run(n: int) -> list[float]:
+        gaps: list[float] = []
+        stop = time.monotonic() + seconds
+
+        async def worker():
+            while time.monotonic() < stop:
+                r = await stream_request(url, prompt=prompt, max_tokens=max_tokens)
+                gaps.extend(np.diff(r.chunk_s).tolist())
+
+        await asyncio.gather(*(worker() for _ in range(n)))
+        return gaps
+
+    res = {}
+    try:
+        for n in streams:
+            g = np.asarray(asyncio.run(run(int(n))), float) * 1e3
+            res[int(n)] = {"median_ms": round(float(np.median(g)), 3), "p90_ms": round(float(np.percentile(g, 90)), 3),
+                           "gaps": int(len(g))}
+            print(n, res[int(n)], flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    steps = {"steps": {str(k): v["median_ms"] for k, v in res.items()}, "detail": res}
+    (out / "steps.json").write_text(json.dumps(steps, indent=1) + "\n", encoding="utf-8")
+    return steps
+
+
 def llama_recover(study: Path, steps_json: Path | None, *, replays: int = 20, seed: int = 0) -> dict:
     """Fit and check on llama-server; decode at 1 and 16 streams against the controlled
     measurement (streams → median step ms) when given."""
@@ -213,6 +261,9 @@ def main(argv=None) -> None:
     ls.add_argument("--out", required=True)
     ls.add_argument("--rates", default="0.5,1,2,3,4,5")
     ls.add_argument("--duration-s", type=float, default=30.0)
+    lt = sub.add_parser("llama-steps")
+    lt.add_argument("--out", required=True)
+    lt.add_argument("--seconds", type=float, default=20.0)
     lr = sub.add_parser("llama-recover")
     lr.add_argument("study")
     lr.add_argument("--steps-json", default=None, help="streams → median decode step ms, measured directly")
@@ -222,14 +273,17 @@ def main(argv=None) -> None:
     r.add_argument("study")
     r.add_argument("--replays", type=int, default=20)
     r.add_argument("--json", help="write the row here")
+    r.add_argument("--chunked", action="store_true", help="the replica with chunked prefill (params.CHUNKED)")
     a = ap.parse_args(argv)
     if a.cmd == "sweep":
         print(sweep(Path(a.out), duration_s=a.duration_s, seed=a.seed, isl_stddev=a.isl_stddev))
+    elif a.cmd == "llama-steps":
+        print(json.dumps(llama_steps(Path(a.out), seconds=a.seconds)))
     elif a.cmd == "llama-sweep":
         print(llama_sweep(Path(a.out), rates=tuple(float(x) for x in a.rates.split(",")), duration_s=a.duration_s))
     else:
         row = (llama_recover(Path(a.study), a.steps_json, replays=a.replays) if a.cmd == "llama-recover"
-               else recover(Path(a.study), replays=a.replays))
+               else recover(Path(a.study), replays=a.replays, params=CHUNKED if a.chunked else REFERENCE))
         text = json.dumps(row, indent=1, default=str)
         print(text)
         if a.json:
