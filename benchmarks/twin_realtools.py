@@ -176,10 +176,11 @@ def llama_sweep(out: Path, *, rates=(0.5, 1.0, 2.0, 3.0, 4.0, 5.0), duration_s: 
     return study
 
 
-def llama_steps(out: Path, *, streams=(1, 16), seconds: float = 20.0, max_tokens: int = 64,
+def llama_steps(out: Path, *, streams=(1, 16), seconds: float = 20.0, max_tokens: int = 256,
                 build: Path = LLAMA_DIR) -> dict:
     """The decode step measured directly: ``n`` closed-loop streams (each sends its next request
-    when the last ends) for ``seconds``; the median gap between a stream's tokens. Written to
+    when the last ends; tiny prompts, long answers) for ``seconds``; the median gap between a
+    stream's tokens. Written to
     ``out/steps.json`` as {streams: median step ms}."""
     import asyncio
     import socket
@@ -194,7 +195,7 @@ def llama_steps(out: Path, *, streams=(1, 16), seconds: float = 20.0, max_tokens
         port = so.getsockname()[1]
     proc, _ = start_llama(port, out / "llama-steps.log", build)
     url = f"http://127.0.0.1:{port}"
-    prompt = "the quick brown fox jumps over the lazy dog " * 4
+    prompt = "hi"  # a prompt of a few tokens and long answers: few steps carry a prompt
 
     async def run(n: int) -> list[float]:
         gaps: list[float] = []
