@@ -113,8 +113,14 @@ def test_client_path_without_server_stamps_says_what_falls_back(small_study, tmp
     assert tw.source["method"].startswith("client path")
     notes = " ".join(tw.notes)
     assert "missing itl_ns, admitted_ns" in notes
-    for key in ("max_batch", "kv_capacity_tokens", "token_budget"):
+    for key in ("kv_capacity_tokens", "token_budget"):
         assert tw.param(key).source == "default", key
+    # the batch never filled up (the generating 64 sequences are far above what ran): the most
+    # seen decoding together is a lower bound, the twin uses the stated default, and says so
+    mb = tw.param("max_batch")
+    assert mb.source in ("lower bound", "default") and mb.value == 256
+    assert "no fixed limit held them back" in mb.how or "too little" in mb.how
+    assert "max batch:" in notes and "set your engine's limit" in notes
     text = twin_to_yaml(tw)
     assert "source: default" in text and "missing itl_ns" in text
     # decode at light load is still close to the generating 20 ms; the prompt shares the batch

@@ -22,8 +22,10 @@ from ..errors import StudyError
 from .data import StudyData, load_study
 from .limits_fit import admission_limits, faults, nice_in, queue_limit, stall_masks, timeout_bounds
 from .model import Twin
-from .params import BOUND, DEFAULT, ESTIMATED, MANIFEST, PARAM_KEYS, DecodePoint, Param
-from .service_fit import client_service, server_budget, server_decode, server_prefill_mixed, server_prefill_separate
+from .params import BOUND, DEFAULT, ENGINE, ESTIMATED, MANIFEST, PARAM_KEYS, DecodePoint, Param
+from .service_fit import (client_service, decode_noise, server_budget, server_decode, server_prefill_mixed,
+                          server_prefill_separate)
+from .slots_fit import lanes_from_data, slots_from_data, slots_from_engine, slots_from_manifest
 from .timeline import DECODE, PREFILL, build_timeline
 from .workload_fit import fit_workload
 
@@ -96,7 +98,11 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
     # ------------------------------------------------------------------ path
     per_token = _gaps_per_token(data)
     tl = build_timeline(data) if data.has("itl_ns") and per_token >= 0.99 else None
-    server = (tl is not None and tl.coherence >= MIN_COHERENCE and tl.n_sharing >= MIN_SHARED_TOKENS
+    # the grid: every token gap spans one iteration — or, when first tokens come off the grid
+    # (prefill on its own lane), every decode gap does
+    on_grid = tl is not None and (tl.coherence >= MIN_COHERENCE or (
+        tl.coherence_decode >= MIN_COHERENCE and tl.first_on_grid < 0.5))
+    server = (on_grid and tl.n_sharing >= MIN_SHARED_TOKENS
               and tl.sharing >= MIN_COHERENCE and int((tl.kind == DECODE).sum()) >= MIN_DECODE_ITERATIONS)
     if data.has("itl_ns") and per_token < 0.99:
         notes.append(f"the gap lists (itl_ns) hold fewer gaps than tokens for {1 - per_token:.0%} of completed "
@@ -128,13 +134,18 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
         elif mode == "separate" and (data.has("admitted_ns") or data.has("prefill_start_ns")):
             pf = server_prefill_separate(data, reps=reps, rng=rng)
         else:
-            cs = client_service(data, replicas=replicas, reps=reps, rng=rng)
+            # separate prefill sends the first token when its lane finishes, not at an iteration end
+            cs = client_service(data, replicas=replicas, reps=reps, rng=rng, boundary=mode != "separate")
             pf = cs.prefill if cs is not None else None
             boundary_var = cs.boundary_var if cs is not None else 0.0
             notes.append("no admission stamps (admitted_ns / prefill_start_ns): prefill cost comes from the TTFT of "
-                         "requests that found the server nearly idle (client path)")
+                         "requests that found the server nearly idle (client path)" if mode != "separate" else
+                         "no admission stamps (admitted_ns / prefill_start_ns): prefill cost comes from the TTFT of "
+                         "requests that found no other prompt pending (client timings)")
         method = "server path: iterations rebuilt from per-token stamps" + (
-            " and admission stamps" if (data.has("admitted_ns") or data.has("prefill_start_ns")) else "")
+            " and admission stamps" if (data.has("admitted_ns") or data.has("prefill_start_ns")) else "") + (
+            f" (stamps of one iteration grouped within {tl.tol_ms[0]:.3g}–{tl.tol_ms[1]:.3g} ms, scaled to each "
+            "run's stamps)" if tl.tol_ms[1] > 0.2 + 1e-9 else "")
     else:
         cs = client_service(data, replicas=replicas, reps=reps, rng=rng)
         if cs is None:
@@ -152,9 +163,14 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
                          column="first_token_ns", fix="give a study with first-token times of completed requests")
     notes.extend(pf.notes)
     params.append(_p("prefill_mode", mode, ESTIMATED, mode_how))
-    params.append(_p("prefill_lanes", None, DEFAULT if mode == "separate" else ESTIMATED,
-                     "separate prefill: no sign of prompts waiting for each other was looked for; any number run at "
-                     "once (default)" if mode == "separate" else "not used with mixed prefill"))
+    if mode == "separate":
+        ln = lanes_from_data(data, lambda p: pf.overhead_ms + pf.ms_per_token * p)
+        params.append(_p("prefill_lanes", ln.value, ESTIMATED if ln.value is not None else DEFAULT, ln.how))
+        if ln.value is None:
+            notes.append(f"prefill lanes: {ln.how}")
+    else:
+        params.append(_p("prefill_lanes", None, ESTIMATED, "not used with mixed prefill: prompts are computed in "
+                         "chunks inside the decode iterations"))
     params.append(_p("prefill_ms_per_token", float(pf.ms_per_token), ESTIMATED, pf.how, pf.ci_per_token))
     params.append(_p("prefill_overhead_ms", float(pf.overhead_ms), ESTIMATED, pf.how, pf.ci_overhead))
     if mode == "separate":
@@ -201,10 +217,15 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
         if adm.max_batch.binding:
             params.append(_p("max_batch", int(adm.max_batch.value), ESTIMATED, adm.max_batch.how))
         else:
-            mb = max(int(adm.max_batch.value), DEFAULT_MAX_BATCH)
-            params.append(_p("max_batch", mb, BOUND, adm.max_batch.how + f"; it is at least that: default {mb}"))
-            notes.append(f"max batch: the batch never filled up; the twin uses {mb} (at least the "
-                         f"{int(adm.max_batch.value)} seen)")
+            said = slots_from_engine(data.system) or slots_from_manifest(data.system)
+            if said is not None:
+                params.append(_said_max_batch(said, adm.max_batch.how, int(adm.max_batch.value), data.system, notes))
+            else:
+                mb = max(int(adm.max_batch.value), DEFAULT_MAX_BATCH)
+                params.append(_p("max_batch", mb, BOUND, adm.max_batch.how + f"; it is at least that: default {mb}"))
+                notes.append(f"max batch: the batch never filled up and neither the engine's configuration nor "
+                             f"study.yaml names a limit; the twin uses {mb} (at least the {int(adm.max_batch.value)} "
+                             "seen)")
         if adm.kv_tokens.binding:
             params.append(_p("kv_capacity_tokens", int(round(adm.kv_tokens.value)), ESTIMATED, adm.kv_tokens.how,
                              (adm.kv_tokens.lo, adm.kv_tokens.hi)))
@@ -219,13 +240,12 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
         mb_seen = int(adm.max_batch.value)
     else:
         mb_seen = 0
-        params.append(_p("max_batch", DEFAULT_MAX_BATCH, DEFAULT,
-                         "needs per-token and admission stamps per replica; default 256 (vLLM's max_num_seqs)"))
+        params.append(_max_batch_without_admission(data, notes))
         params.append(_p("kv_capacity_tokens", 1_000_000, DEFAULT,
                          "needs per-token and admission stamps per replica; default 1,000,000 tokens (effectively "
                          "unlimited)"))
-        notes.append("max batch and KV capacity cannot be seen without per-token and admission stamps per replica "
-                     "(itl_ns, admitted_ns, replica_group): defaults 256 sequences and 1,000,000 tokens")
+        notes.append("KV capacity cannot be seen without per-token and admission stamps per replica "
+                     "(itl_ns, admitted_ns, replica_group): default 1,000,000 tokens")
     if budget is not None:
         params.append(_p("token_budget", int(round(budget[0])), ESTIMATED,
                          f"median over {budget[2]:,} iterations that computed one full chunk of a long prompt of "
@@ -260,6 +280,10 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
     params.append(_p("stall_share", fl.stall_share, ESTIMATED,
                      f"{fl.n_stalls:,} of {fl.n:,} requests got no token although requests scheduled after them were "
                      "served (not a queueing effect); replays keep them, new runs stall this share at random"))
+    nz = decode_noise(tl if server else None, dec)
+    params.append(_p("decode_noise_cv", round(nz.cv, 4), ESTIMATED,
+                     nz.how + "; reported, not simulated: the twin's decode steps are exact, so a server noisier "
+                     "than this fit shows wider tails than the twin (twin check names it)"))
     # ------------------------------------------------------------------ workload
     wl, wnotes = fit_workload(data, wait_s)
     notes.extend(wnotes)
@@ -277,8 +301,46 @@ def fit_data(data: StudyData, *, reps: int = 200, seed: int = 0, name: str | Non
         source["fitted_below_rps"] = float(below_rps)
     if server:
         source["grid_coherence"] = round(tl.coherence, 4)
+        source["grid_coherence_decode"] = round(tl.coherence_decode, 4)
+        source["grid_tolerance_ms"] = [round(tl.tol_ms[0], 4), round(tl.tol_ms[1], 4)]
+    source["decode_noise"] = {"cv": round(nz.cv, 4), "per_step": nz.per_step, "iterations": nz.n,
+                              "share_off_25pct": None if not math.isfinite(nz.share_off) else round(nz.share_off, 4)}
     return Twin(name=name or f"twin of {data.name}", params=tuple(params), decode=decode, decode_how=dec.how,
                 workload=wl, source=source, notes=tuple(notes), measured_decode=dec.measured)
+
+
+def _said_max_batch(said: tuple[int, str], seen_how: str, seen: int, system: dict, notes: list[str]) -> Param:
+    """The engine's (or study.yaml's) slot limit, when the data do not show one binding."""
+    val, where = said
+    src = ENGINE if slots_from_engine(system) is not None else MANIFEST
+    how = f"{where}; the data do not show it binding ({seen_how})"
+    if seen > val:
+        notes.append(f"max batch: {where} says {val}, but {seen} sequences were seen decoding together — the "
+                     "configuration may not be the one measured")
+    return _p("max_batch", int(val), src, how)
+
+
+def _max_batch_without_admission(data: StudyData, notes: list[str]) -> Param:
+    """Slots without admission stamps, in order of trust: what the data show binding, the
+    engine's own configuration or metrics, study.yaml, and only then a stated default."""
+    seen = slots_from_data(data) if (data.replica_names or data.replicas == 1) else None
+    said = slots_from_engine(data.system) or slots_from_manifest(data.system)
+    if seen is not None and seen.binding:
+        if said is not None and said[0] != int(seen.value):
+            notes.append(f"max batch: the data show {int(seen.value)} sequences binding; {said[1]} says {said[0]} — the "
+                         "twin trusts the data (the configuration may not be the one measured)")
+        return _p("max_batch", int(seen.value), ESTIMATED, seen.how)
+    seen_how = seen.how if seen is not None else ("several replicas without replica_group: sequences per replica "
+                                                  "cannot be counted")
+    if said is not None:
+        return _said_max_batch(said, seen_how, int(seen.value or 0) if seen is not None else 0, data.system, notes)
+    lo = int(seen.value) if seen is not None and seen.value else 0
+    mb = max(lo, DEFAULT_MAX_BATCH)
+    notes.append(f"max batch: the data show no slot limit binding and neither the engine's configuration "
+                 f"(study.yaml system.engine_config) nor study.yaml (system.max_batch) names one; the twin uses "
+                 f"{mb}" + (f" (at least the {lo} seen decoding together)" if lo else "") + " — set your engine's "
+                 "limit (vLLM --max-num-seqs, llama.cpp -np)")
+    return _p("max_batch", mb, BOUND if lo else DEFAULT, seen_how + f"; default {mb}")
 
 
 def _router(data: StudyData, notes: list[str]) -> Param:

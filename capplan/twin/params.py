@@ -9,6 +9,7 @@ from ..synth.config import ArrivalSpec, Tenant
 from ..synth.lengths import LengthDist
 
 ESTIMATED, DEFAULT, MANIFEST, BOUND, EDITED = "estimated", "default", "manifest", "lower bound", "edited"
+ENGINE = "engine config"  # the engine's own configuration or metrics, as study.yaml records them
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class Param:
     key: str
     value: object
     unit: str = ""
-    source: str = ESTIMATED  # estimated | default | manifest | lower bound | edited
+    source: str = ESTIMATED  # estimated | engine config | manifest | lower bound | default | edited
     how: str = ""
     ci95: tuple[float, float] | None = None
     fitted: object = None  # the value the fit gave (differs from value after an edit)
@@ -65,7 +66,7 @@ PARAM_KEYS: dict[str, tuple[str, str]] = {
     "prefill_jitter_cv": ("CV", "separate prefill: spread of each prompt's time around the line (lognormal, "
                                 "mean 1)"),
     "token_budget": ("tokens", "tokens per iteration (decodes + prompt chunk)"),
-    "max_batch": ("sequences", "sequences running at once per replica"),
+    "max_batch": ("sequences", "sequences running at once per replica (slots, held from prefill start)"),
     "kv_capacity_tokens": ("tokens", "KV cache per replica available to admission"),
     "kv_block_size": ("tokens", "tokens per KV block"),
     "kv_watermark": ("share", "share of KV blocks kept free at admission"),
@@ -74,6 +75,8 @@ PARAM_KEYS: dict[str, tuple[str, str]] = {
     "client_timeout_s": ("s", "the client gives up this long after the scheduled send"),
     "error_share": ("share", "requests the server fails at once, whatever the load"),
     "stall_share": ("share", "requests the server never serves, whatever the load"),
+    "decode_noise_cv": ("CV", "spread of single decode steps around the batch curve (reported; the simulator's "
+                              "steps are exact)"),
 }
 
 

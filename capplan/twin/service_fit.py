@@ -353,8 +353,10 @@ class ClientService:
     how_mode: str
 
 
-def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientService | None:
-    """Decode and prefill from per-request client times (see the module docstring)."""
+def client_service(data: StudyData, *, replicas: int, reps: int, rng, boundary: bool = True) -> ClientService | None:
+    """Decode and prefill from per-request client times (see the module docstring).
+    ``boundary=False``: first tokens are sent when the prompt is done, not at the next iteration
+    end (separate prefill seen off the token grid), so no boundary wait is taken off the TTFT."""
     rows = []
     tt = []
     for ri, run in enumerate(data.runs):
@@ -377,7 +379,10 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
         j = np.flatnonzero(okm)
         infl = infl_at(run.arrive[j].astype(float) - 1) / replicas  # in flight just before it arrived
         ndec = infl_at(run.arrive[j].astype(float)) / replicas
-        tt.append(np.c_[np.full(len(j), ri), (run.first[j] - run.arrive[j]) / 1e6, run.inp[j], infl, ndec])
+        # prompts pending (arrived, no first token yet) when it arrived: none ⇒ a free prefill lane
+        _, pend_at = _concurrency_integral(run.arrive[has_tok].astype(float), run.first[has_tok].astype(float))
+        pend = pend_at(run.arrive[j].astype(float) - 1) / replicas
+        tt.append(np.c_[np.full(len(j), ri), (run.first[j] - run.arrive[j]) / 1e6, run.inp[j], infl, ndec, pend])
     if not rows or not tt:
         return None
     R = np.concatenate(rows)
@@ -418,11 +423,20 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
                     "95 % interval: bootstrap over blocks of 25 consecutive requests", cv)
     # prefill from TTFT of requests that found (nearly) nobody in flight
     infl = TT[:, 3]
-    calm = infl < 0.5  # arrived to an idle server
-    if calm.sum() < 20:
-        calm = infl <= max(np.percentile(infl, 25), 1.0)
+    if boundary:
+        calm = infl < 0.5  # arrived to an idle server
+        if calm.sum() < 20:
+            calm = infl <= max(np.percentile(infl, 25), 1.0)
+    else:
+        # prefill off the grid (separate): the decodes do not delay a prompt, other prompts do —
+        # requests that found no prompt pending, with room among the sequences decoding
+        full = max(float(np.max(TT[:, 4])) - 1.0, 1.0)
+        calm = (TT[:, 5] < 0.5) & (TT[:, 4] < full)
+        if calm.sum() < 20:
+            calm = infl <= max(np.percentile(infl, 25), 1.0)
     T = TT[calm]
-    boundary = 0.5 * dec.step_ms(np.maximum(T[:, 4], 1)) * (T[:, 4] > 0)
+    on_grid = boundary
+    boundary = 0.5 * dec.step_ms(np.maximum(T[:, 4], 1)) * (T[:, 4] > 0) * float(on_grid)
     mixed_extra = dec.step_ms(T[:, 4] + 1)
     y_sep = T[:, 1] - boundary
     blk = (T[:, 0] * 100_000 + np.arange(len(T)) // 25).astype(np.int64)
@@ -434,10 +448,13 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
     else:
         mode = "separate"
         pf = pf_sep
-    boundary_var = float(np.mean((dec.step_ms(np.maximum(T[:, 4], 1)) ** 2 / 12.0) * (T[:, 4] > 0)))
-    how_pf = (f"least squares of TTFT on prompt tokens over {int(calm.sum()):,} requests that arrived with at most "
-              f"{float(np.max(infl[calm])):.0f} request(s) in flight per replica, less the expected wait for "
-              "the next iteration boundary" + (" and one decode step" if mode == "mixed" else "")
+    boundary_var = float(np.mean((dec.step_ms(np.maximum(T[:, 4], 1)) ** 2 / 12.0) * (T[:, 4] > 0))) * float(on_grid)
+    calm_what = (f"at most {float(np.max(infl[calm])):.0f} request(s) in flight per replica" if on_grid else
+                 "no other prompt pending and room among the decoding sequences")
+    how_pf = (f"least squares of TTFT on prompt tokens over {int(calm.sum()):,} requests that arrived with {calm_what}"
+              + (", less the expected wait for the next iteration boundary" if on_grid else
+                 " (first tokens come off the iteration grid: no boundary wait)")
+              + (" and one decode step" if mode == "mixed" else "")
               + "; client timings only; 95 % interval: bootstrap over blocks of 25 requests")
     pf = PrefillFit(pf.ms_per_token, pf.overhead_ms, pf.ci_per_token, pf.ci_overhead, pf.n, how_pf, pf.notes,
                     pf.resid_var, pf.mean_ms)
@@ -448,3 +465,37 @@ def client_service(data: StudyData, *, replicas: int, reps: int, rng) -> ClientS
                    f"prompts hardly slow the running decodes (< {MIXED_STALL_SHARE:.0%} of a prefill), so prefill runs on "
                    "its own resource (separate)"))
     return ClientService(dec, pf, boundary_var, stall, stall_ci, float(np.max(infl)) if len(infl) else 0.0, mode, how_mode)
+
+
+@dataclass(frozen=True)
+class DecodeNoise:
+    """Spread of single decode-only steps around the fitted batch curve (server path), or of
+    per-request TPOT around it (client path: an average over a request's steps, so smaller)."""
+
+    cv: float  # SD of (step − curve) / curve
+    share_off: float  # steps more than 25 % off the curve (hiccups, contention)
+    n: int
+    per_step: bool
+    how: str
+
+
+def decode_noise(tl: Timeline | None, dec: DecodeFit) -> DecodeNoise:
+    """The noise term: every decode-only iteration (none dropped) against the curve."""
+    if tl is None:
+        cv = dec.residual_cv if np.isfinite(dec.residual_cv) else 0.0
+        return DecodeNoise(float(cv), float("nan"), 0, False,
+                           "SD of per-request TPOT around the fitted curve / the curve (client timings: each value "
+                           "averages a request's steps, so single steps vary more)")
+    m = tl.kind == DECODE
+    if not m.any():
+        return DecodeNoise(0.0, float("nan"), 0, True, "no decode-only iteration")
+    fit = dec.step_ms(tl.n_dec[m])
+    rel = tl.dur_ns[m] / 1e6 / fit - 1.0
+    cv = float(np.std(rel))
+    off = float(np.mean(np.abs(rel) > 0.25))
+    burst = (f"; {tl.burst_share:.1%} of decode tokens came in bursts (closer than the grouping tolerance after "
+             "the stream's previous token: a stalled client or server), their steps left out" if tl.burst_share > 0
+             else "")
+    return DecodeNoise(cv, off, int(m.sum()), True,
+                       f"SD of (decode step − the fitted curve) / the curve over all {int(m.sum()):,} decode-only "
+                       f"iterations; {off:.1%} of them more than 25 % off the curve" + burst)

@@ -11,7 +11,9 @@ were being computed. docs/twin.md "Estimators" explains how the fit uses each ki
 - ``DECODE``: no prompt in progress, every token continues a stream → the iteration took
   ``decode_step_ms(n)`` with n = tokens emitted;
 - ``PREFILL``: every prompt in progress was admitted at the iteration's start and finished in
-  it → ``decode_step_ms(n) + overhead + ms_per_token × (their prompt tokens)``;
+  it → ``decode_step_ms(n) + overhead + ms_per_token × (their prompt tokens)``; without
+  admission stamps, the prompts that came out at its end all arrived during the iteration before
+  (or one prompt found the replica idle: it started at its arrival);
 - ``CHUNK``: exactly one prompt in progress, not finished, with decodes running → a full
   chunk of ``token_budget − decodes`` prompt tokens;
 - ``OTHER``: anything else (kept for the batch-size and KV bookkeeping only).
@@ -52,6 +54,9 @@ class Timeline:
     n_gaps: int
     sharing: float = float("nan")  # share of decode tokens sent while others decoded that share a stamp
     n_sharing: int = 0  # decode tokens sent while other requests were decoding
+    coherence_decode: float = float("nan")  # the coherence of the decode tokens alone
+    tol_ms: tuple[float, float] = (float("nan"), float("nan"))  # grouping tolerance used, min and max
+    burst_share: float = 0.0  # decode tokens that came closer than the tolerance after their previous one
 
     @property
     def dur_ns(self) -> np.ndarray:
@@ -92,14 +97,58 @@ def token_stream(run: RunData, idx: np.ndarray):
     return rid, t, pos == 0
 
 
-def _grid(t: np.ndarray, tol_ns: int) -> tuple[np.ndarray, np.ndarray]:
-    """Group stamps no more than ``tol_ns`` apart: (grid times, grid index of each stamp)."""
+def _grid(t: np.ndarray, tol_ns: int, rid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Group stamps no more than ``tol_ns`` apart: (grid times, grid index of each stamp).
+    With ``rid`` (the request of each stamp) a group never holds two tokens of one request —
+    one iteration emits one token per sequence — so a tolerance near the step time cannot merge
+    two iterations of a stream."""
     order = np.argsort(t, kind="stable")
     tsort = t[order]
     new = np.r_[True, np.diff(tsort) > tol_ns]
+    if rid is not None and len(t):
+        g = np.cumsum(new) - 1
+        rs = rid[order]
+        key = g * (int(rs.max()) + 1) + rs
+        dup = np.zeros(len(t), bool)
+        o = np.argsort(key, kind="stable")  # stable: time order within a (group, request)
+        dup[o[1:]] = key[o[1:]] == key[o[:-1]]
+        if dup.any():  # split the few groups that hold a request twice, in time order
+            new = new.copy()
+            for gi in np.unique(g[dup]):
+                idx = np.flatnonzero(g == gi)
+                seen: set = set()
+                for i in idx:
+                    if rs[i] in seen:
+                        new[i] = True
+                        seen = set()
+                    seen.add(rs[i])
     cid = np.empty(len(t), np.int64)
     cid[order] = np.cumsum(new) - 1
     return tsort[new], cid
+
+
+def step_tolerance_ns(rid: np.ndarray, t: np.ndarray, floor_ns: int = 200_000, share: float = 0.2) -> int:
+    """How far apart the stamps of one iteration may be: ``share`` of the median gap between a
+    stream's tokens (≈ the decode step), at least ``floor_ns``. Exact stamps need no more than
+    the floor; a server that writes an iteration's tokens over a millisecond (llama.cpp on a
+    CPU), or a client that stamps them on arrival, needs more. Grouping never puts two tokens
+    of one stream together (:func:`_grid`), so a tolerance near the step cannot merge two
+    iterations of a stream."""
+    same = rid[1:] == rid[:-1]
+    gaps = np.diff(t)[same] if len(t) > 1 else np.zeros(0)
+    gaps = gaps[gaps > 0]
+    if not len(gaps):
+        return floor_ns
+    return int(max(floor_ns, share * float(np.median(gaps))))
+
+
+def _group_span_ns(t: np.ndarray, cid: np.ndarray, m: int) -> np.ndarray:
+    """Last − first stamp of every group (0 for single stamps)."""
+    lo = np.full(m, np.iinfo(np.int64).max)
+    hi = np.full(m, np.iinfo(np.int64).min)
+    np.minimum.at(lo, cid, t)
+    np.maximum.at(hi, cid, t)
+    return hi - lo
 
 
 def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout_ns: int):
@@ -110,29 +159,45 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
     if len(t) < 2:
         return None
     n_gaps = int((~is_first).sum())
+    dk = ~is_first
+    if tol_ns is None:
+        tol_ns = step_tolerance_ns(rid[dk], t[dk])
     # coherence on the full stream (first tokens included)
-    T_all, cid = _grid(t, tol_ns)
+    T_all, cid = _grid(t, tol_ns, rid)
     same = rid[1:] == rid[:-1]
     step = cid[1:] - cid[:-1]
     coherence = float(np.mean(step[same] == 1)) if same.any() else float("nan")
-    ntok_all = np.bincount(cid, minlength=len(T_all))
-    nfirst_all = np.bincount(cid[is_first], minlength=len(T_all))
-    nfirst_ctx = nfirst_all[cid[is_first]]
-    with_dec = (ntok_all[cid[is_first]] - nfirst_ctx) > 0
-    # first tokens sent while others were decoding: on the grid iff a decode token shares the stamp
-    active = _active_count(run, idx, t[is_first]) > 0  # others between their first and last token
+    # and on the decode tokens alone: first tokens sent off the grid (prefill on its own lane)
+    # add grid points a decode gap then spans
+    T_d, cid_d = _grid(t[dk], tol_ns, rid[dk])
+    same_d = rid[dk][1:] == rid[dk][:-1]
+    coherence_dec = float(np.mean((cid_d[1:] - cid_d[:-1])[same_d] == 1)) if same_d.any() else float("nan")
+    ntok_d = np.bincount(cid_d, minlength=len(T_d))
+    # first tokens sent while others were decoding are on the grid when they come within one
+    # iteration's write spread (90 % quantile of the decode groups' spans) of a decode token;
+    # a prompt finished on its own lane lands anywhere in the step
+    span = _group_span_ns(t[dk], cid_d, len(T_d))
+    multi = ntok_d >= 2
+    spread = max(200_000, int(np.quantile(span[multi], 0.9))) if multi.any() else 200_000
+    td_sorted = np.sort(t[dk])
+    tf = t[is_first]
+    k = np.searchsorted(td_sorted, tf)
+    near = np.minimum(np.abs(tf - td_sorted[np.clip(k - 1, 0, max(len(td_sorted) - 1, 0))]),
+                      np.abs(td_sorted[np.clip(k, 0, max(len(td_sorted) - 1, 0))] - tf)) if len(td_sorted) else \
+        np.full(len(tf), np.iinfo(np.int64).max)
+    with_dec = near <= spread
+    active = _active_count(run, idx, tf) > 0  # others between their first and last token
     first_on_grid = float(np.mean(with_dec[active])) if active.any() else float("nan")
     # batching shows as decode tokens of concurrent streams sharing a stamp
-    dec_tok = ~is_first
-    busy = _active_count(run, idx, t[dec_tok]) >= 2
-    sharing = float(np.mean(ntok_all[cid[dec_tok]][busy] >= 2)) if busy.any() else float("nan")
+    busy = _active_count(run, idx, t[dk]) >= 2
+    sharing = float(np.mean(ntok_d[cid_d][busy] >= 2)) if busy.any() else float("nan")
     n_sharing = int(busy.sum())
     if separate:  # the grid is made of decode tokens only
         keep = ~is_first
         rid, t, is_first = rid[keep], t[keep], is_first[keep]
         if len(t) < 2:
             return None
-        T_all, cid = _grid(t, tol_ns)
+        T_all, cid = _grid(t, tol_ns, rid)
         same = rid[1:] == rid[:-1]
     T = T_all
     m = len(T)
@@ -167,6 +232,17 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
     # every decode token continues its stream (a resumed one means a recompute prefill); with
     # separate prefill a newly joined stream is fine as long as the step was busy before
     dec_ok = (j > 0) & (ndec > 0) & (nfirst == 0) & ((ncont >= 1) if separate else (ncont == ndec))
+    # a stream's tokens closer together than the grouping tolerance were not two iterations: the
+    # client received a burst after a stall (a busy machine). The steps ending at them and the
+    # stalled step before are not decode times
+    burst = np.zeros(len(t), bool)
+    burst[1:] = same & (np.diff(t) < tol_ns) & ~is_first[1:]
+    bad = np.zeros(m, bool)
+    if burst.any():
+        bad[cid[burst]] = True
+        bad[np.maximum(cid[burst] - 1, 0)] = True
+    dec_ok &= ~bad
+    burst_share = float(burst.sum() / max(int((~is_first).sum()), 1))
     if has_adm or separate:
         kind[dec_ok & (npf == 0)] = DECODE
     else:  # without admission stamps a prompt in progress cannot be seen
@@ -193,10 +269,34 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
             ptok[cc] = psum[clean]
         chunk = (j > 0) & (npf == 1) & (nfirst == 0) & (ndec >= 1) & (ncont == ndec)
         kind[chunk] = CHUNK
+    elif not separate:
+        # without admission stamps: prompts that arrived during the previous iteration and came
+        # out at the end of this one were admitted at its start and computed in it (a prompt
+        # that waited for a slot, or ran over several iterations, comes out later); a prompt that
+        # found the replica idle started at its arrival
+        fi = np.flatnonzero(is_first)
+        fc = cid[fi]
+        o = np.argsort(fc, kind="stable")
+        fc, fr = fc[o], rid[fi][o]
+        if len(fc):
+            heads = np.r_[0, np.flatnonzero(np.diff(fc)) + 1]
+            cl = fc[heads]
+            arr_f = run.arrive[fr]
+            amin = np.minimum.reduceat(arr_f, heads)
+            amax = np.maximum.reduceat(arr_f, heads)
+            psum = np.add.reduceat(run.inp[fr], heads)
+            prev = np.where(cl > 0, T[np.maximum(cl - 1, 0)], np.iinfo(np.int64).min)
+            prev2 = np.where(cl > 1, T[np.maximum(cl - 2, 0)], np.iinfo(np.int64).min)
+            busy = (cl > 0) & (ndec[cl] > 0) & (ncont[cl] == ndec[cl]) & (amin > prev2) & (amax <= prev)
+            idle = (ndec[cl] == 0) & (nfirst[cl] == 1) & (amin > prev)
+            ok = busy | idle
+            kind[cl[ok]] = PREFILL
+            start[cl[ok]] = np.where(busy[ok], prev[ok], amin[ok])
+            ptok[cl[ok]] = psum[ok]
     start = np.where((kind == OTHER) & (start < 0), T, start)
     return dict(start=start, end=T, kind=kind, ndec=ndec, nfirst=nfirst, npf=npf, ptok=ptok,
                 coherence=coherence, first_on_grid=first_on_grid, n_gaps=n_gaps, sharing=sharing,
-                n_sharing=n_sharing)
+                n_sharing=n_sharing, coherence_dec=coherence_dec, tol_ns=tol_ns, burst_share=burst_share)
 
 
 def _active_count(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -210,13 +310,17 @@ def _active_count(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarra
 
 
 
-def build_timeline(data: StudyData, *, tol_ns: int = 200_000, separate: bool = False,
+def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool = False,
                    runs: tuple[int, ...] | None = None, timeout_s: float = 60.0) -> Timeline | None:
     """Iterations of every (run, replica) whose stamps allow it; None when no replica does
     (no gap lists, or several replicas without ``replica_group``). ``timeout_s``: how long a
-    prompt that never produced a token stayed in the batch (the client timeout)."""
+    prompt that never produced a token stayed in the batch (the client timeout). ``tol_ns``:
+    the grouping tolerance; None scales it to each run's step time (:func:`step_tolerance_ns`)."""
     parts = []
     coh_num = coh_den = 0.0
+    cd_num = cd_den = 0.0
+    bu_num = 0.0
+    tols: list[int] = []
     fog_num = fog_den = 0.0
     sh_num = sh_den = 0.0
     block0 = 0
@@ -239,9 +343,14 @@ def build_timeline(data: StudyData, *, tol_ns: int = 200_000, separate: bool = F
             blocks = block0 + np.arange(m) // BLOCK_ITERATIONS
             block0 = int(blocks[-1]) + 1 if m else block0
             parts.append((ri, g, blocks, r))
+            tols.append(r["tol_ns"])
+            bu_num += r["burst_share"] * r["n_gaps"]
             if not np.isnan(r["coherence"]):
                 coh_num += r["coherence"] * r["n_gaps"]
                 coh_den += r["n_gaps"]
+            if not np.isnan(r["coherence_dec"]):
+                cd_num += r["coherence_dec"] * r["n_gaps"]
+                cd_den += r["n_gaps"]
             if not np.isnan(r["sharing"]):
                 sh_num += r["sharing"] * r["n_sharing"]
                 sh_den += r["n_sharing"]
@@ -259,4 +368,7 @@ def build_timeline(data: StudyData, *, tol_ns: int = 200_000, separate: bool = F
         n_first=cat("nfirst"), n_prefill=cat("npf"), prefill_tokens=cat("ptok"),
         coherence=coh_num / coh_den if coh_den else float("nan"),
         first_on_grid=fog_num / fog_den if fog_den else float("nan"), n_gaps=int(coh_den),
-        sharing=sh_num / sh_den if sh_den else float("nan"), n_sharing=int(sh_den))
+        sharing=sh_num / sh_den if sh_den else float("nan"), n_sharing=int(sh_den),
+        coherence_decode=cd_num / cd_den if cd_den else float("nan"),
+        burst_share=bu_num / coh_den if coh_den else 0.0,
+        tol_ms=(min(tols) / 1e6, max(tols) / 1e6))

@@ -29,7 +29,7 @@ TOP = ("format", "name", "fitted_from", "warning", "notes", "parameters", "decod
        "last_check")
 PARAM_FIELDS = ("value", "unit", "source", "how", "ci95", "fitted")
 #: parameters added after capplan-twin/1 was first written: older files get these defaults
-OPTIONAL_PARAMS = {"prefill_jitter_cv": 0.0}
+OPTIONAL_PARAMS = {"prefill_jitter_cv": 0.0, "decode_noise_cv": 0.0}
 
 
 def _clean(v):

@@ -11,8 +11,13 @@ from dataclasses import asdict, dataclass, replace
 @dataclass(frozen=True)
 class EngineParams:
     """A continuous-batching replica: ``slots`` sequence slots held from prefill start to the
-    last token; one prefill lane; decode iterations that emit one token to every decoding
-    sequence. All service times are multiplied by ``time_scale``."""
+    last token; decode iterations that emit one token to every decoding sequence. All service
+    times are multiplied by ``time_scale``.
+
+    ``prefill_lane``: ``"single"`` — one prefill lane beside the decode lane (a prompt takes
+    ``prefill_ms``); ``"chunked"`` — no lane: the prompts admitted at an iteration's start are
+    computed inside it, which then takes ``decode_step_ms(decoding + new prompts) +
+    prefill_base_ms + prefill_ms_per_token × their prompt tokens`` (the first tokens at its end)."""
 
     slots: int = 32
     prefill_base_ms: float = 30.0
@@ -21,6 +26,15 @@ class EngineParams:
     decode_ms_per_seq: float = 2.0
     time_scale: float = 1.0
     default_max_tokens: int = 32
+    prefill_lane: str = "single"
+
+    def __post_init__(self):
+        if self.prefill_lane not in ("single", "chunked"):
+            raise ValueError(f"prefill_lane must be 'single' or 'chunked', not {self.prefill_lane!r}")
+
+    def chunk_ms(self, prompt_tokens: int) -> float:
+        """What the prompts computed in one iteration add to it (chunked prefill)."""
+        return (self.prefill_base_ms + self.prefill_ms_per_token * prompt_tokens) * self.time_scale
 
     def prefill_ms(self, prompt_tokens: int) -> float:
         """Service time of one prefill on the single prefill lane."""
@@ -54,3 +68,5 @@ REFERENCE = EngineParams()
 #: A small, fast replica for CI: fewer slots, so the slot limit binds at a few req/s and runs of
 #: 20-30 s settle quickly.
 SMALL = EngineParams(slots=8)
+#: The reference replica with its prompts chunked into the decode iterations (no prefill lane).
+CHUNKED = EngineParams(prefill_lane="chunked")

@@ -6,7 +6,8 @@ It models a continuous-batching engine (params.EngineParams):
 * ``slots`` sequence slots, taken at prefill start and given back at the last token; requests
   wait FIFO for a slot;
 * one prefill lane: ``prefill_base_ms + prefill_ms_per_token * prompt_tokens``; the first token
-  is emitted at the end of the prefill, then the sequence decodes;
+  is emitted at the end of the prefill, then the sequence decodes (``--prefill-lane chunked``:
+  no lane, the prompts are computed inside the decode iterations, :class:`ChunkedEngine`);
 * a decode lane beside it: iterations of ``decode_base_ms + decode_ms_per_seq * batch`` back to
   back, each emitting one token to every sequence of the batch it started with (a sequence whose
   prefill ended at or before the iteration's start is in it);
@@ -162,6 +163,83 @@ class Engine:
             t = end
 
 
+class ChunkedEngine:
+    """``prefill_lane="chunked"``: no prefill lane. Iterations run back to back on the virtual
+    clock while anything runs; at an iteration's start the waiting requests whose arrival stamp
+    is not later take free slots (FIFO) and their prompts are computed inside it, which then
+    lasts ``decode_step_ms(decoding + new) + chunk_ms(their prompt tokens)``; their first token
+    comes at its end and they decode from the next one."""
+
+    def __init__(self, params: EngineParams):
+        self.p = params
+        self.queue: asyncio.Queue[_Seq] = asyncio.Queue()
+        self.tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self.tasks = [asyncio.ensure_future(self._run())]
+
+    def submit(self, seq: _Seq) -> None:
+        self.queue.put_nowait(seq)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        arrived: deque[_Seq] = deque()
+        batch: list[_Seq] = []
+        free = self.p.slots
+        t = -1e18                                  # virtual start of the next iteration
+        while True:
+            while not self.queue.empty():
+                arrived.append(self.queue.get_nowait())
+            if not batch and not arrived:
+                arrived.append(await self.queue.get())
+                continue
+            if not batch:
+                t = max(t, arrived[0].arrival)     # idle until the first waiting arrival
+            keep = []
+            for s in batch:                        # aborted by the client: slot back now
+                if s.cancelled:
+                    s.last_token = t
+                    free += 1
+                else:
+                    keep.append(s)
+            batch = keep
+            new = []
+            while arrived and arrived[0].arrival <= t and free > 0:
+                s = arrived.popleft()
+                free -= 1
+                new.append(s)
+            if not batch and not new:
+                continue
+            dur_ms = self.p.decode_step_ms(len(batch) + len(new))
+            if new:
+                dur_ms += self.p.chunk_ms(sum(s.prompt_tokens for s in new))
+            end = t + dur_ms / 1e3
+            for s in new:
+                s.prefill_start, s.prefill_end = t, end
+                s.remaining = s.n_out - 1
+                s.admitted.set()
+            delay = end - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            keep = []
+            for s in batch:
+                s.remaining -= 1
+                s.tokens.put_nowait(end)
+                if s.remaining == 0:
+                    s.last_token = end
+                    free += 1
+                else:
+                    keep.append(s)
+            for s in new:
+                if s.remaining == 0:
+                    s.last_token = end
+                    free += 1
+                else:
+                    keep.append(s)
+            batch = keep
+            t = end
+
+
 class Server:
     """HTTP front end (the request parsing of tests/fixtures/mock_server.py) over an Engine."""
 
@@ -171,7 +249,7 @@ class Server:
         self.model = model
         self.token_rule = token_rule
         self.fixed_prompt_tokens = fixed_prompt_tokens
-        self.engine = Engine(params)
+        self.engine = Engine(params) if params.prefill_lane == "single" else ChunkedEngine(params)
         self.counter = itertools.count(1)
         self.log = open(log_jsonl, "a", buffering=1) if log_jsonl else None
         self.t0_mono = time.monotonic()

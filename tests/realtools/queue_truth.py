@@ -14,6 +14,9 @@ The model (times in ms, multiplied by ``time_scale``):
   sequence decodes; each emits one token to every sequence in the batch it started with. A
   sequence whose prefill ended at or before an iteration's start joins that iteration.
 * a request of ``n`` output tokens has its first token at prefill end and n-1 decode tokens.
+* ``prefill_lane="chunked"`` (params.EngineParams): no prefill lane — the prompts admitted at an
+  iteration's start are computed inside it (decode_step(decoding + new) + prefill_base_ms +
+  prefill_ms_per_token × their tokens); first tokens at its end.
 
 TTFT is measured from the intended arrival, TPOT = (last - first) / (n - 1), E2E = last - arrival.
 
@@ -53,6 +56,17 @@ class Trace:
     prefill_end_s: np.ndarray
     last_token_s: np.ndarray
     output_tokens: np.ndarray
+    #: the decode iteration each request joined (−1: none) and every iteration's end (seconds):
+    #: request r's decode tokens come at iteration_end_s[join_iteration[r] : + output − 1]
+    join_iteration: np.ndarray | None = None
+    iteration_end_s: np.ndarray | None = None
+
+    def token_times_s(self, r: int) -> np.ndarray:
+        """Every output token's time of request ``r`` (first token at the prefill end)."""
+        k = int(self.output_tokens[r]) - 1
+        j = int(self.join_iteration[r]) if self.join_iteration is not None else -1
+        dec = self.iteration_end_s[j:j + k] if k > 0 and j >= 0 else np.zeros(0)
+        return np.r_[self.prefill_end_s[r], dec]
 
     @property
     def first_token_s(self) -> np.ndarray:
@@ -100,6 +114,8 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
     o_tok = _as_lengths(output_tokens, n)
     if n and (np.any(np.diff(arr) < 0) or np.any(o_tok < 1)):
         raise ValueError("arrivals must be sorted and every request needs >= 1 output token")
+    if params.prefill_lane == "chunked":
+        return _simulate_chunked(arr, p_tok, o_tok, params)
     pf_s = np.array([params.prefill_ms(int(p)) for p in p_tok]) / 1e3 if n else np.zeros(0)
     step_base = params.decode_base_ms * params.time_scale / 1e3
     step_per = params.decode_ms_per_seq * params.time_scale / 1e3
@@ -107,6 +123,8 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
     ps = np.full(n, np.nan)
     pe = np.full(n, np.nan)
     last = np.full(n, np.nan)
+    join_it = np.full(n, -1, dtype=np.int64)
+    iter_end: list[float] = []
 
     inf = math.inf
     waiting: deque[int] = deque()      # arrived, no slot / prefill lane yet (FIFO)
@@ -132,6 +150,7 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
                 free_slots += 1
                 done += 1
                 batch -= 1
+            iter_end.append(t)
             dec_end = inf
             it += 1
         if pf_end == t:                                # prefill ends: first token
@@ -150,6 +169,7 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
         if dec_end == inf and (batch or joined):
             for r in joined:                           # joins this iteration; last token at the
                 finish_at.setdefault(it + int(o_tok[r]) - 2, []).append(r)   # end of it+n-2
+                join_it[r] = it
             batch += len(joined)
             joined.clear()
             dec_end = t + step_base + step_per * batch
@@ -159,7 +179,64 @@ def simulate(arrivals_s, prompt_tokens, output_tokens, params: EngineParams = RE
             ps[r] = t
             pf_req, pf_end = r, t + pf_s[r]
             pe[r] = pf_end
-    return Trace(arr, ps, pe, last, o_tok)
+    return Trace(arr, ps, pe, last, o_tok, join_it, np.asarray(iter_end, dtype=float))
+
+
+def _simulate_chunked(arr: np.ndarray, p_tok: np.ndarray, o_tok: np.ndarray, params: EngineParams) -> Trace:
+    """Chunked prefill: iterations back to back while anything runs; at an iteration's start the
+    waiting requests that arrived by then take free slots (FIFO) and their prompts are computed
+    in it (their first token at its end, their decode tokens from the next iteration on)."""
+    n = len(arr)
+    ps, pe, last = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    join_it = np.full(n, -1, dtype=np.int64)
+    iter_end: list[float] = []
+    waiting: deque[int] = deque()
+    decoding: list[list[int]] = []            # [request, decode tokens still to emit]
+    free = params.slots
+    nxt = 0
+    t = -math.inf
+    done = 0
+    while done < n:
+        if not decoding and not waiting:      # idle until the next arrival
+            t = max(t, arr[nxt])
+        while nxt < n and arr[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        new = []
+        while waiting and free > 0:
+            r = waiting.popleft()
+            free -= 1
+            ps[r] = t
+            new.append(r)
+        if not decoding and not new:
+            continue
+        dur = params.decode_step_ms(len(decoding) + len(new))
+        if new:
+            dur += params.chunk_ms(int(p_tok[new].sum()))
+        end = t + dur / 1e3
+        it = len(iter_end)
+        iter_end.append(end)
+        keep = []
+        for d in decoding:
+            d[1] -= 1
+            if d[1] == 0:
+                last[d[0]] = end
+                free += 1
+                done += 1
+            else:
+                keep.append(d)
+        for r in new:
+            pe[r] = end
+            if o_tok[r] == 1:
+                last[r] = end
+                free += 1
+                done += 1
+            else:
+                join_it[r] = it + 1
+                keep.append([r, int(o_tok[r]) - 1])
+        decoding = keep
+        t = end
+    return Trace(arr, ps, pe, last, o_tok, join_it, np.asarray(iter_end, dtype=float))
 
 
 def poisson_arrivals(rate_rps: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -174,6 +251,22 @@ def poisson_arrivals(rate_rps: float, duration_s: float, rng: np.random.Generato
     return t[t < duration_s]
 
 
+def _prompts(prompt_tokens, rng: np.random.Generator, n: int):
+    """A fixed prompt length, or ``prompt_tokens(rng, n)`` drawn per request (drawn after the
+    arrivals, so the arrival stream is the same either way)."""
+    return prompt_tokens(rng, n) if callable(prompt_tokens) else prompt_tokens
+
+
+def prompt_pool(tokens) -> "callable":
+    """Prompt lengths drawn with replacement from ``tokens`` (e.g. the lengths a study sent)."""
+    pool = np.asarray(tokens, dtype=np.int64)
+
+    def draw(rng: np.random.Generator, n: int) -> np.ndarray:
+        return pool[rng.integers(0, len(pool), size=n)]
+
+    return draw
+
+
 @dataclass(frozen=True)
 class Attainment:
     """An attainment estimate with its Monte-Carlo standard error."""
@@ -185,7 +278,7 @@ class Attainment:
 
 
 def run_attainment(rate_rps: float, slo: SLO, *, duration_s: float, runs: int, seed: int = 0,
-                   params: EngineParams = REFERENCE, prompt_tokens: int = 64,
+                   params: EngineParams = REFERENCE, prompt_tokens=64,
                    output_tokens: int = 32, grace_s: float | None = None) -> Attainment:
     """Mean attainment over ``runs`` independent runs of ``duration_s`` started from an idle
     server: the protocol truth a sweep of runs of that length estimates. Requests arriving in
@@ -198,7 +291,7 @@ def run_attainment(rate_rps: float, slo: SLO, *, duration_s: float, runs: int, s
         a = poisson_arrivals(rate_rps, duration_s, rng)
         if len(a) == 0:
             continue
-        tr = simulate(a, prompt_tokens, output_tokens, params)
+        tr = simulate(a, _prompts(prompt_tokens, rng, len(a)), output_tokens, params)
         cut = None if grace_s is None else duration_s + grace_s
         per.append(tr.good(slo, cutoff_s=cut).mean())
         n_req += len(a)
@@ -209,13 +302,13 @@ def run_attainment(rate_rps: float, slo: SLO, *, duration_s: float, runs: int, s
 
 def steady_attainment(rate_rps: float, slo: SLO, *, horizon_s: float = 7200.0,
                       warmup_frac: float = 0.1, seed: int = 0, params: EngineParams = REFERENCE,
-                      prompt_tokens: int = 64, output_tokens: int = 32,
+                      prompt_tokens=64, output_tokens: int = 32,
                       batches: int = 30) -> Attainment:
     """Pooled steady-state attainment of one long run (the first ``warmup_frac`` of arrivals
     discarded); the standard error is by batch means over ``batches`` consecutive batches."""
     rng = np.random.default_rng([seed, 10**6])
     a = poisson_arrivals(rate_rps, horizon_s, rng)
-    tr = simulate(a, prompt_tokens, output_tokens, params)
+    tr = simulate(a, _prompts(prompt_tokens, rng, len(a)), output_tokens, params)
     g = tr.good(slo)[a >= warmup_frac * horizon_s].astype(float)
     means = np.array([b.mean() for b in np.array_split(g, batches)])
     return Attainment(float(g.mean()), float(means.std(ddof=1) / math.sqrt(batches)), len(g))
@@ -257,14 +350,15 @@ def _bisect(f, target: float, lo: float, hi: float, tol: float, protocol: str) -
     return CSLO(lo, se, a_lo.value, slope, protocol)
 
 
-def true_cslo(slo: SLO = SLO(), *, params: EngineParams = REFERENCE, prompt_tokens: int = 64,
+def true_cslo(slo: SLO = SLO(), *, params: EngineParams = REFERENCE, prompt_tokens=64,
               output_tokens: int = 32, duration_s: float = 60.0, runs: int = 200,
               horizon_s: float = 7200.0, lo_rps: float = 0.5, hi_rps: float = 30.0,
               tol_rps: float = 0.01, seed: int = 0, grace_s: float | None = None
               ) -> tuple[CSLO, CSLO]:
     """Both true capacities by bisection on the rate (common random numbers across rates):
     the steady-state C_SLO (one ``horizon_s`` run) and the C_SLO of the protocol "mean attainment
-    of ``runs`` runs of ``duration_s`` started idle"."""
+    of ``runs`` runs of ``duration_s`` started idle". ``prompt_tokens``: one length, or a
+    callable ``(rng, n) -> lengths`` (e.g. :func:`prompt_pool`)."""
     kw = dict(params=params, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
     steady = _bisect(lambda r: steady_attainment(r, slo, horizon_s=horizon_s, seed=seed, **kw),
                      slo.attainment, lo_rps, hi_rps, tol_rps, f"steady state ({horizon_s:g} s)")
