@@ -129,8 +129,9 @@ def test_sequential_requests_match_the_model(server):
     res = asyncio.run(seq())
     ttft = np.array([r.ttft_ms for r in res])
     tpot = np.array([r.tpot_ms for r in res])
-    # the client's own send/parse adds a millisecond or two to TTFT
-    assert np.median(ttft) == pytest.approx(SMALL.prefill_ms(64), abs=5)
+    # the client's own send/parse adds a millisecond or two to TTFT (tens on a box at load 20):
+    # never less than the model's prefill, a little more
+    assert SMALL.prefill_ms(64) - 2 <= np.median(ttft) <= SMALL.prefill_ms(64) + 15
     assert np.median(tpot) == pytest.approx(SMALL.decode_step_ms(1), abs=1)
 
 
