@@ -143,11 +143,14 @@ def test_stamps_spread_over_a_millisecond_still_show_the_grid(tmp_path):
 
 @pytest.mark.slow
 def test_check_on_the_replica_catches_a_slower_decode_and_reports_the_users_envelope(replica_study, replica_twin):
-    """A twin whose decode is 30 % slower disagrees; the check's measured C_SLO is the one
-    `capplan envelope` gives."""
+    """The fitted twin agrees with the replica (its lane now starts a prompt the moment it frees,
+    as the replica's does); one whose decode is 30 % slower disagrees; the check's measured
+    C_SLO is the one `capplan envelope` gives."""
     from capplan.envelope import fit_envelope
 
     slo = "ttft_ms=1000,tpot_ms=80,attainment=0.95"
+    fitted = replica_twin.check(replica_study, slo, replays=4, reps=50, steady=False)
+    assert fitted.verdict == "agrees", fitted.where
     slow = replica_twin.scaled(decode=1.3).check(replica_study, slo, replays=4, reps=50, steady=False)
     assert slow.verdict == "disagrees"
     env = fit_envelope(replica_study, slo, reps=50, seed=0)
