@@ -929,3 +929,21 @@ def test_guidellm_run_in_its_own_folder_is_named_after_the_folder(tmp_path):
     res = import_paths("guidellm", [str(d)])
     run = res.manifest["runs"][0]
     assert run["run_id"] == "rate4_s6000" and run["guidellm_label"].startswith("poisson@")
+
+
+def test_aiperf_failed_request_without_a_prompt_count_is_unknown_not_zero(tmp_path):
+    """A request reset before its prompt was counted reports error_isl 0: its length is unknown,
+    so it does not enter the workload's prompt lengths (a 0 there made `capplan design` decide no
+    AIPerf command could send them); the row keeps the 0 the contract needs."""
+    d = tmp_path / "rate_3.0"
+    shutil.copytree(AIPERF / "rate_3.0", d)
+    lines = (d / "profile_export.jsonl").read_text().splitlines()
+    i = next(k for k, line in enumerate(lines) if '"error_isl"' in line)
+    rec = json.loads(lines[i])
+    rec["metrics"]["error_isl"]["value"] = 0
+    lines[i] = json.dumps(rec)
+    (d / "profile_export.jsonl").write_text("\n".join(lines) + "\n")
+    res = import_paths("aiperf", [d])
+    assert res.manifest["workload"]["input_tokens"]["min"] == 32  # the 0 is left out
+    ev = res.events.to_pandas()
+    assert (ev["input_tokens"] == 0).sum() == 1 and ev.loc[ev["input_tokens"] == 0, "status"].iloc[0] == "error"

@@ -364,12 +364,15 @@ def _combine_facts(facts: list[dict]) -> tuple[dict, list[str]]:
 def summarize_workload(events: pa.Table, facts: list[dict], *, keep: dict | None = None) -> dict:
     """The manifest's ``workload`` block: the tools' stated facts combined over ``facts`` (one
     mapping per run, ``FACT_KEYS``) and the lengths summarised from ``events``: ``input_tokens``
-    over every row; ``output_tokens`` over ``max_output_tokens`` where stamped (``from: asked``),
+    over every row with a counted prompt (> 0); ``output_tokens`` over ``max_output_tokens`` where stamped (``from: asked``),
     else over the tokens received by ``ok`` rows (``from: received``). ``keep``: keys of an
     existing workload that capplan does not derive (e.g. ``client``), carried over."""
     out, mixed = _combine_facts(facts)
     cols = set(events.column_names)
-    inp = length_summary(events["input_tokens"].to_pylist()) if "input_tokens" in cols else None
+    # a prompt has at least one token: 0 is a request that failed before it was counted (a
+    # reset), whose length is unknown (the contract has no null here) — left out, not averaged in
+    inp = (length_summary([v for v in events["input_tokens"].to_pylist() if v])
+           if "input_tokens" in cols else None)
     if inp is not None:
         out["input_tokens"] = inp
     asked = (length_summary(events["max_output_tokens"].to_pylist())
