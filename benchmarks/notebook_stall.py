@@ -89,9 +89,10 @@ def run_part(part: str, client: str, timeout_s: float, work: Path) -> dict:
 
 SERVE = """import sys
 import capplan.commands.whatif as W
+import capplan.nbexec as N
 if sys.argv[1] == "plain":  # the baseline: no steady client, URL printed before the pool ran
-    W.VOILA_OPTIONS = ()
-    W.wait_for_pool = lambda *a, **k: 0
+    N.VOILA_OPTIONS = ()
+    W.wait_for_pool = W.wait_for_listening = lambda *a, **k: 0
 from capplan.cli import main
 sys.argv = ["capplan", "whatif", *sys.argv[2:]]
 main()

@@ -112,3 +112,19 @@ def test_the_url_waits_for_the_pool(tmp_path):
     assert wait_for_pool(tmp_path, 2, _Proc(), timeout_s=5, say=said.append) == 2 and len(said) == 1
     with pytest.raises(SpecError, match="Voila exited with code 1"):
         wait_for_pool(tmp_path / "none", 1, _Proc(1), timeout_s=5)
+
+
+def test_the_url_waits_for_a_listening_server():
+    import socket
+
+    import pytest
+
+    from capplan.commands.whatif import wait_for_listening
+    from capplan.errors import SpecError
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        assert wait_for_listening(srv.getsockname()[1], _Proc(), timeout_s=5)
+    with pytest.raises(SpecError, match="Voila exited with code 3 before it listened"):
+        wait_for_listening(1, _Proc(3), timeout_s=5)

@@ -31,7 +31,6 @@ import click
 
 from .. import report as R
 from ..errors import SpecError
-from ..nbexec import VOILA_OPTIONS
 from ..notebook import READY_DIR_ENV
 
 #: how long the pre-heated kernels may take to run the page before the URL is printed anyway
@@ -76,9 +75,31 @@ def wait_for_pool(ready_dir: Path, pool: int, proc: subprocess.Popen, *,
     return ready
 
 
+def wait_for_listening(port: int, proc: subprocess.Popen, *, timeout_s: float = 120.0) -> bool:
+    """Wait until Voila accepts connections on 127.0.0.1:``port`` (no HTTP request: each would
+    start a kernel), so the printed URL never meets a refused connection (``--pool 0``)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SpecError(f"Voila exited with code {proc.returncode} before it listened",
+                            fix="see the lines above for its reason")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.2)
+    click.echo(f"warning: Voila did not accept connections on port {port} within {timeout_s:.0f} s",
+               err=True)
+    return False
+
+
 def voila_command(notebook: Path, port: int, token: str, *, pool: int = 4, cull_after_s: int = 30) -> list[str]:
     """Voila on 127.0.0.1: no tracebacks to users, a pre-heated kernel pool, idle kernels of
     closed tabs culled (connected ones are kept)."""
+    from ..nbexec import VOILA_OPTIONS  # jupyter_client: imported when the app starts, not with the CLI
+
     cmd = [sys.executable, "-m", "voila", str(notebook), "--no-browser", f"--port={port}",
            "--Voila.ip=127.0.0.1", f"--token={token}", "--VoilaConfiguration.show_tracebacks=False",
            f"--MappingKernelManager.cull_idle_timeout={int(cull_after_s)}",
@@ -164,6 +185,7 @@ def cmd(study, spec, port, slo, reps, seed, token, pool, cull_after, scenarios):
             if pool > 0:
                 click.echo(f"running the page in {pool} pre-heated kernel(s) …", err=True)
                 wait_for_pool(ready_dir, pool, proc)
+            wait_for_listening(port, proc)
             # printed once the first visitors get a finished page at once
             click.echo(f"what-if panel for {params.study}: {url}  (Ctrl-C stops it)")
             sys.stdout.flush()
