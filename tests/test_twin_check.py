@@ -61,6 +61,16 @@ def test_fitted_twin_agrees_and_slower_decode_disagrees(study, twin, tmp_path):
     assert {"run_id", "attainment_measured", "attainment_pi_low", "tpot_p99_ms_inside"} <= set(d["runs"][0])
     slow = check_twin(twin.scaled(decode=1.3), study, SLO, replays=10, reps=50, steady=False)
     assert slow.verdict == "disagrees"
+    # the text never says ok for a value outside what it prints: each row shows the band the
+    # verdict used (the 95 % interval widened by the margin), and the margins are stated
+    for c in (chk, slow):
+        text = c.to_text()
+        assert "ok = the measured value lies in the band" in text and "±10 %" in text
+        for r in c.long_frame().itertuples():
+            if r.inside and np.isfinite(r.measured):
+                assert r.band_low <= r.measured <= r.band_high
+                assert r.band_low <= r.pi_low and r.pi_high <= r.band_high
+        assert "Inside the band" in c.display_frame().columns
     assert any(w.startswith("TPOT p50") for w in slow.where), slow.where
     assert "decode steps scaled by 1.3 by hand" in " ".join(slow.notes + twin.scaled(decode=1.3).notes)
 

@@ -57,6 +57,12 @@ def _disagree(k: int, n: int) -> tuple[bool, float]:
     return p < TEST_LEVEL, p
 
 
+def margin_text(absolute: float, relative: float) -> str:
+    """'±0.01', '±10 %' or 'max(±0.1, ±10 %)': a metric's margin in words."""
+    parts = ([f"±{absolute:g}"] if absolute else []) + ([f"±{relative * 100:g} %"] if relative else [])
+    return parts[0] if len(parts) == 1 else f"max({', '.join(parts)})" if parts else "none"
+
+
 def json_number(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else (
         round(float(x), 6) if isinstance(x, (float, np.floating)) else x)
@@ -96,12 +102,14 @@ class TwinCheck:
         return pd.DataFrame(rows)
 
     def display_frame(self):
-        """long_frame() for people: readable headers, yes/NO for inside the band."""
+        """long_frame() for people: readable headers, the band the verdict used (the 95 % interval
+        widened by MARGINS) beside the interval, yes/NO for inside that band."""
         lf = self.long_frame()
         return pd.DataFrame({"Run": lf["run_id"], "Offered (req/s)": lf["offered_rps"], "Metric": lf["label"],
                              "Measured": lf["measured"], "Twin (median of replays)": lf["twin"],
                              "Twin 95 % low": lf["pi_low"], "Twin 95 % high": lf["pi_high"],
-                             "Inside": np.where(lf["inside"], "yes", "NO")})
+                             "Band low (with margin)": lf["band_low"], "Band high (with margin)": lf["band_high"],
+                             "Inside the band": np.where(lf["inside"], "yes", "NO")})
 
     def to_dict(self) -> dict:
         runs = [{k: json_number(v) if not isinstance(v, (bool, np.bool_)) else bool(v) for k, v in r.items()}
@@ -130,13 +138,19 @@ class TwinCheck:
         lines += [f"  - {w}" for w in self.where]
         lines.append("")
         lf = self.long_frame()
-        hdr = f"{'run':<10} {'rate':>6}  {'metric':<30} {'measured':>11} {'twin 95 % interval':>25}  ok"
+        lines.append("ok = the measured value lies in the band: the twin's 95 % interval widened by the "
+                     "margin that does not matter for a plan, max(absolute, relative × measured): "
+                     + "; ".join(f"{METRIC_LABELS[k]} {margin_text(a, r)}" for k, (a, r) in MARGINS.items()
+                                 if k in METRIC_LABELS))
+        hdr = (f"{'run':<10} {'rate':>6}  {'metric':<30} {'measured':>11} {'twin 95 % interval':>25} "
+               f"{'band (with margin)':>25}  ok")
         lines.append(hdr)
         for r in lf.itertuples():
             def fmt(v):
                 return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g}"
             lines.append(f"{r.run_id:<10} {fmt(r.offered_rps):>6}  {r.label:<30} {fmt(r.measured):>11} "
-                         f"{'[' + fmt(r.pi_low) + ', ' + fmt(r.pi_high) + ']':>25}  {'yes' if r.inside else 'NO'}")
+                         f"{'[' + fmt(r.pi_low) + ', ' + fmt(r.pi_high) + ']':>25} "
+                         f"{'[' + fmt(r.band_low) + ', ' + fmt(r.band_high) + ']':>25}  {'yes' if r.inside else 'NO'}")
         c = self.cslo
         lines.append("")
         for key, label in (("measured", "measured envelope (capplan envelope)"),
