@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .errors import SpecError
-from .viz import FigureArea
+from .viz import FigureArea, format_number
 
 TABLE_KEYS = ("ready_time_s", "cold_start_reserve_groups", "warm_floor_topup_groups",
               "total_groups", "total_gpus", "cost_usd_per_month")
@@ -118,7 +118,8 @@ def fleet_table(plan, burst=None) -> pd.DataFrame:
                  {"key": "burst_good_lost", "quantity": "simulated burst: good requests lost",
                   "value": float(max(burst.good_lost, 0)), "unit": "requests"}]
     df = pd.DataFrame(rows, columns=["key", "quantity", "value", "unit"])
-    df["shown"] = [f"{v:,.0f}" if float(v).is_integer() else f"{v:,.3g}" for v in df["value"]]
+    # the report's number format: $85,632, not 8.56e+04
+    df["shown"] = [format_number(float(v)) for v in df["value"]]
     return df
 
 

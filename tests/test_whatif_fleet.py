@@ -74,3 +74,25 @@ def test_panel_headless(spec):
     panel.burst.value = 0.05
     assert _v(panel.state, "cold_start_reserve_groups") > 0
     assert "redrawn" in panel.status.value and len(panel.figure.data) == 1
+
+
+def test_fleet_table_numbers_read_like_the_report():
+    """A cost of 85,632.4 USD/month shows as 85,632, never 8.56e+04."""
+    import pandas as pd
+
+    from capplan import whatif_fleet as F
+
+    class _Item:
+        def __init__(self, name, value, unit):
+            self.name, self.value, self.unit = name, value, unit
+
+    class _Plan:
+        items = {"cost_usd_per_month": _Item("cost", 85632.4, "USD/month"), "total_gpus": _Item("GPUs", 32, "")}
+
+        def item(self, k):
+            return self.items[k]
+
+    tab = F.fleet_table(_Plan())
+    assert isinstance(tab, pd.DataFrame)
+    shown = dict(zip(tab["key"], tab["shown"]))
+    assert shown["cost_usd_per_month"] == "85,632" and shown["total_gpus"] == "32"
