@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .contract import pct_label
 from .kv import Catalogue, KVBudget, kv_bound_check, kv_budget, load_catalogue
 
 SECONDS_PER_DAY = 86400.0
@@ -162,7 +163,7 @@ def kv_items(spec, *, g: int, capacity_rps: float, facts, facts_at_capacity,
     if ctx is None:
         q = getattr(facts, "context_tokens_q", None)
         if q is not None and q >= 1:
-            name = _pname(facts.context_quantile)
+            name = pct_label(facts.context_quantile)
             ctx = int(math.ceil(q - 1e-9))
             ctx_src = f"{name} of input + output tokens per ok request of the study's tested mix"
             notes.append(f"KV bound at the tested mix's {name} context ({ctx:,} tokens of input + output, "
@@ -204,11 +205,6 @@ def kv_items(spec, *, g: int, capacity_rps: float, facts, facts_at_capacity,
         notes.append("KV-bound check not done: no study to read the mean time in system from and no "
                      "model.mean_e2e_s")
     return items, checks, notes, b
-
-
-def _pname(q: float) -> str:
-    """0.99 → "p99", 0.999 → "p99.9"."""
-    return f"p{q * 100:.10g}"
 
 
 # ----------------------------------------------------------------------------- power
