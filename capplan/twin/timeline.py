@@ -249,17 +249,9 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
         kind[dec_ok] = DECODE
     ptok = np.zeros(m, np.int64)
     if has_adm and not separate:
-        fi = np.flatnonzero(is_first)
-        fc = cid[fi]
-        o = np.argsort(fc, kind="stable")
-        fc, fr = fc[o], rid[fi][o]
-        if len(fc):
-            heads = np.r_[0, np.flatnonzero(np.diff(fc)) + 1]
-            cl = fc[heads]
-            adm_f = run.admitted[fr]
-            amin = np.minimum.reduceat(adm_f, heads)
-            amax = np.maximum.reduceat(adm_f, heads)
-            psum = np.add.reduceat(run.inp[fr], heads)
+        groups = _first_token_groups(cid, rid, is_first, run.admitted, run.inp)
+        if groups is not None:
+            cl, amin, amax, psum = groups
             prev = np.where(cl > 0, T[np.maximum(cl - 1, 0)], -1)
             clean = (amin == amax) & (amin >= 0) & (amin >= prev) & (npf[cl] == nfirst[cl]) & \
                 ((amin == prev) | (ndec[cl] == 0)) & (ncont[cl] == ndec[cl])
@@ -274,17 +266,9 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
         # out at the end of this one were admitted at its start and computed in it (a prompt
         # that waited for a slot, or ran over several iterations, comes out later); a prompt that
         # found the replica idle started at its arrival
-        fi = np.flatnonzero(is_first)
-        fc = cid[fi]
-        o = np.argsort(fc, kind="stable")
-        fc, fr = fc[o], rid[fi][o]
-        if len(fc):
-            heads = np.r_[0, np.flatnonzero(np.diff(fc)) + 1]
-            cl = fc[heads]
-            arr_f = run.arrive[fr]
-            amin = np.minimum.reduceat(arr_f, heads)
-            amax = np.maximum.reduceat(arr_f, heads)
-            psum = np.add.reduceat(run.inp[fr], heads)
+        groups = _first_token_groups(cid, rid, is_first, run.arrive, run.inp)
+        if groups is not None:
+            cl, amin, amax, psum = groups
             prev = np.where(cl > 0, T[np.maximum(cl - 1, 0)], np.iinfo(np.int64).min)
             prev2 = np.where(cl > 1, T[np.maximum(cl - 2, 0)], np.iinfo(np.int64).min)
             busy = (cl > 0) & (ndec[cl] > 0) & (ncont[cl] == ndec[cl]) & (amin > prev2) & (amax <= prev)
@@ -308,6 +292,21 @@ def _active_count(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarra
     n_ended = np.searchsorted(np.sort(l_[ok]), times, side="left")
     return n_started - n_ended
 
+
+
+def _first_token_groups(cid, rid, is_first, stamp, inp):
+    """The iterations that emitted first tokens, with the earliest and latest ``stamp``
+    (admission or arrival) and the summed prompt tokens of their requests; None when none."""
+    fi = np.flatnonzero(is_first)
+    fc = cid[fi]
+    o = np.argsort(fc, kind="stable")
+    fc, fr = fc[o], rid[fi][o]
+    if not len(fc):
+        return None
+    heads = np.r_[0, np.flatnonzero(np.diff(fc)) + 1]
+    st = stamp[fr]
+    return (fc[heads], np.minimum.reduceat(st, heads), np.maximum.reduceat(st, heads),
+            np.add.reduceat(inp[fr], heads))
 
 
 def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool = False,
