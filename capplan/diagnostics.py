@@ -17,7 +17,12 @@ plus ``run_diagnostics`` which combines them into one verdict per run:
   client, not the server, was the bottleneck; the offered rate was not delivered ⇒ unusable.
 - **Little's law**: in-window time in flight against λ·W̄ (sojourns spilling past the window);
   from events alone it cannot see lost events (that needs an independent in-flight count).
-- **offered rate**: measured from scheduled timestamps, against the nominal one.
+- **offered rate**: measured from scheduled timestamps, against the nominal one. A Poisson or
+  constant-rate run whose measured rate is further from the asked one than a Poisson client's
+  count scatter allows (``RATE_Z`` SDs of a run of its length, and more than ``RATE_TOL``) did
+  not carry the asked load ⇒ unusable: its failures say nothing about the asked level. Same when
+  the tool itself says a share of the requests was dispatched off the asked schedule
+  (``off_schedule`` requests, e.g. GuideLLM 0.8.1's start-up race, docs/importers.md).
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ TREND_P = 0.01          # one-sided p-value of the upward slope
 TREND_REL = 0.20        # fitted rise over the window, relative to the mean
 LITTLE_TOL = 0.10       # |L / (λW) − 1|
 RATE_TOL = 0.10         # |measured / nominal − 1|
+RATE_Z = 4.0            # SDs of a Poisson count, beyond which a run did not carry its asked rate
+OFF_SCHEDULE_SHARE = 0.05  # share of requests the tool sent off the asked schedule, above which likewise
+#: arrival processes whose count scatter is at most a Poisson process's
+SCHEDULED_ARRIVALS = ("poisson", "constant")
 LAG_P99_MS = 50.0       # default generator-lag p99 limit
 MSER_MIN_TAIL = 10      # batches that must remain after an MSER truncation point
 MIN_REQUESTS = 20       # below this a run says nothing
@@ -146,6 +155,8 @@ class RunDiagnostics:
     nominal_rps: float | None
     rate_ratio: float
     gen_lag_p99_ms: float
+    rate_z: float                # (measured − asked) in SDs of a Poisson count over the window
+    off_schedule: int            # requests the tool says it sent off the asked schedule
     littles_ratio: float
     trend_p_value: float
     trend_rel_increase: float
@@ -163,11 +174,22 @@ NO_STEADY_STATE = "warm-up (MSER-5) did not end in the first half: no steady sta
 MSER_LATE_FLAT = "mser5 (second half, no trend: not cut)"
 
 
+def rate_z(measured_rps: float, nominal_rps: float | None, span_s: float) -> float:
+    """How far the measured rate lies from the asked one, in SDs of the request count a Poisson
+    client asked for ``nominal_rps`` realises over ``span_s`` (nan when either is unknown)."""
+    if not nominal_rps or not (span_s == span_s and span_s > 0) or measured_rps != measured_rps:
+        return math.nan
+    expect = nominal_rps * span_s
+    return float((measured_rps - nominal_rps) * span_s / math.sqrt(expect))
+
+
 def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
                     mser_second_half: bool, measured_rps: float, nominal_rps: float | None,
                     gen_lag_p99_ms: float, littles: float, trend_all: TrendResult,
                     trend_end: TrendResult, duplicates: int = 0,
-                    lag_limit_ms: float = LAG_P99_MS, closed_loop: bool = False) -> RunDiagnostics:
+                    lag_limit_ms: float = LAG_P99_MS, closed_loop: bool = False,
+                    span_s: float = math.nan, arrival: str = "unknown",
+                    off_schedule: int = 0) -> RunDiagnostics:
     """One verdict per run: which flags make it unusable (excluded, with the reason) and
     which are warnings shown beside the result."""
     reasons, warns = [], []
@@ -185,7 +207,24 @@ def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
         reasons.append(f"generator lag p99 {gen_lag_p99_ms:.0f} ms > {lag_limit_ms:.0f} ms: "
                        "the client, not the server, was the bottleneck (coordinated omission)")
     rate_ratio = (measured_rps / nominal_rps) if nominal_rps else math.nan
-    if not closed_loop and rate_ratio == rate_ratio and abs(rate_ratio - 1) > RATE_TOL:
+    z = rate_z(measured_rps, nominal_rps, span_s)
+    off_rate = (not closed_loop and arrival in SCHEDULED_ARRIVALS and abs(z) > RATE_Z
+                and abs(rate_ratio - 1) > RATE_TOL)
+    if off_rate:
+        reasons.append(f"the client did not send at the asked rate: {measured_rps:.3g} req/s "
+                       f"measured vs {nominal_rps:.3g} asked ({rate_ratio - 1:+.0%}, {z:+.1f} SDs "
+                       f"of a Poisson client over {span_s:.0f} s): its load is not the asked "
+                       "level; rerun it (a busy load-generator machine, or a client bug)")
+    total = max(n, off_schedule)  # the off-schedule ones may lie in the cut warm-up
+    if not closed_loop and off_schedule and off_schedule / total > OFF_SCHEDULE_SHARE:
+        reasons.append(f"{off_schedule} requests (against {n} in the window) were sent off the "
+                       "asked schedule, by the tool's own record (dispatched at once): its load "
+                       "is not the asked level; rerun it")
+    elif off_schedule:
+        warns.append(f"{off_schedule} request(s) sent off the asked schedule by the tool's own "
+                     f"record (≤ {OFF_SCHEDULE_SHARE:.0%}: kept)")
+    if (not closed_loop and not off_rate and rate_ratio == rate_ratio
+            and abs(rate_ratio - 1) > RATE_TOL):
         warns.append(f"measured rate {measured_rps:.3g} req/s vs nominal {nominal_rps:.3g} "
                      f"({(rate_ratio - 1):+.0%}); the measured rate is used")
     if trend_all.trending:
@@ -201,7 +240,8 @@ def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
         run_id=run_id, n=int(n), warmup_s=float(warmup_s), warmup_source=warmup_source,
         mser_in_second_half=bool(mser_second_half), measured_rps=float(measured_rps),
         nominal_rps=nominal_rps, rate_ratio=float(rate_ratio),
-        gen_lag_p99_ms=float(gen_lag_p99_ms), littles_ratio=float(littles),
+        gen_lag_p99_ms=float(gen_lag_p99_ms), rate_z=float(z), off_schedule=int(off_schedule),
+        littles_ratio=float(littles),
         trend_p_value=trend_all.p_value, trend_rel_increase=trend_all.rel_increase,
         overloaded=trend_all.trending, too_short=too_short, duplicates=int(duplicates),
         usable=not reasons, reason="; ".join(reasons), warnings="; ".join(warns))

@@ -748,7 +748,8 @@ def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme: b
         n = r.n
         k = float(np.sum(gu))
         if (method == "run-effect" and not usable and n and k / n < slo.attainment
-                and str(diag.loc[r.run_id, "reason"]).startswith(NO_STEADY_STATE)):
+                and all(x.startswith(NO_STEADY_STATE)
+                        for x in str(diag.loc[r.run_id, "reason"]).split("; "))):
             usable = True  # a failing run without steady state still bounds capacity above
             kept.add(r.run_id)
         if r.n_units == 0 or n == 0:

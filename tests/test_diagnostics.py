@@ -92,6 +92,58 @@ def test_verdicts():
     assert not v.usable and "only 5 requests" in v.reason
 
 
+def test_rate_not_carried_by_hand():
+    # (measured − asked)·T / √(asked·T): (20 − 10)·15 / √150 = 12.25 SDs
+    assert dg.rate_z(20.0, 10.0, 15.0) == pytest.approx(10 * 15 / math.sqrt(150))
+    assert math.isnan(dg.rate_z(20.0, None, 15.0)) and math.isnan(dg.rate_z(20.0, 10.0, math.nan))
+    v = _verdict(measured_rps=20.0, span_s=15.0, arrival="poisson")
+    assert not v.usable and "did not send at the asked rate" in v.reason
+    assert v.rate_z == pytest.approx(12.247, abs=1e-3)
+    # +15 % over 15 s is 1.84 SDs: Poisson scatter of a short run, kept with the rate warning
+    v = _verdict(measured_rps=11.5, span_s=15.0, arrival="poisson")
+    assert v.usable and "nominal" in v.warnings
+    # the same +15 % over 1000 s is 15 SDs: not scatter
+    assert not _verdict(measured_rps=11.5, span_s=1000.0, arrival="constant").usable
+    # a bursty process (gamma) scatters more than Poisson: warned, not excluded
+    v = _verdict(measured_rps=20.0, span_s=15.0, arrival="gamma")
+    assert v.usable and "nominal" in v.warnings
+    # closed loop: no asked rate to miss
+    assert _verdict(measured_rps=20.0, span_s=15.0, arrival="poisson", closed_loop=True).usable
+
+
+def test_off_schedule_requests_by_the_tools_record():
+    v = _verdict(off_schedule=51)  # 51 of 1000 = 5.1 % > 5 %
+    assert not v.usable and "off the asked schedule" in v.reason and v.off_schedule == 51
+    v = _verdict(off_schedule=50)  # 5 %: kept, warned
+    assert v.usable and "off the asked schedule" in v.warnings
+    # more off schedule than in the window (the burst fell in the cut warm-up): all of it
+    assert not _verdict(n=40, off_schedule=82).usable
+
+
+def test_a_run_off_its_asked_rate_is_left_out_of_the_fit(tmp_path):
+    """A Poisson run asked for 10 req/s that sent 20 (a client that fell behind and caught up)
+    fails the SLO; before, it sat at its asked level and dragged C_SLO below 10. It is left
+    out with the reason, not kept as evidence, and the fit rests on the clean runs."""
+    rng = np.random.default_rng(7)
+    n = 1200
+    good = 300 * np.exp(0.2 * rng.standard_normal(n))
+    bad = 300 + 5 * np.arange(n)  # queue building at 20 req/s
+    ev = pd.concat([_run_frame("a5", n // 2, 5.0, good[: n // 2]),
+                    _run_frame("b10", n, 20.0, bad),
+                    _run_frame("c10", n, 10.0, good)])
+    runs = [{"run_id": "a5", "offered_rps": 5.0, "nominal_rps": 5.0, "arrival": "poisson"},
+            {"run_id": "b10", "offered_rps": 10.0, "nominal_rps": 10.0, "arrival": "poisson"},
+            {"run_id": "c10", "offered_rps": 10.0, "nominal_rps": 10.0, "arrival": "poisson",
+             "repeat": 1}]
+    path = write_study(tmp_path / "d", manifest_dict("rate", runs), ev)
+    e = fit_envelope(path, "ttft_ms=1000,attainment=0.9", reps=50)
+    r = e.runs.set_index("run_id")
+    assert not r.loc["b10", "usable"] and "did not send at the asked rate" in r.loc["b10", "reason"]
+    assert r.loc["a5", "usable"] and r.loc["c10", "usable"]
+    assert any("b10 excluded" in x for x in e.notes)
+    assert e.cslo.estimate >= 10.0  # both clean levels pass: C_SLO is at least the largest tested
+
+
 def _run_frame(rid, n, rate, ttft_ms, *, seed=0, lag_ms=0.0):
     sched = (np.arange(n) / rate * 1e9).astype(np.int64)
     first = sched + (np.asarray(ttft_ms) * 1e6).astype(np.int64)

@@ -146,7 +146,7 @@ def test_guidellm_startup_burst_detected_in_real_output(tmp_path):
     for rid, n in burst.items():
         flagged = [w for w in res.warnings if w.startswith(f"run {rid}:") and "start-up burst" in w]
         assert bool(flagged) == bool(n)
-        assert runs[rid].get("guidellm_startup_burst_requests", 0) == n
+        assert runs[rid].get("off_schedule_requests", 0) == n
     # nominal vs measured disagreement > 10 % is warned about
     for rid, r in runs.items():
         assert r["offered_rps"] == r["nominal_rps"]  # the level is the rate GuideLLM was asked for

@@ -146,6 +146,16 @@ def cell_index(plan, codes: np.ndarray) -> pd.DataFrame:
     return frame
 
 
+def off_schedule_requests(run) -> int:
+    """Requests the load tool itself recorded as sent off the asked schedule (manifest key
+    ``off_schedule_requests``; studies imported before it carry GuideLLM's older key)."""
+    x = run.extra.get("off_schedule_requests", run.extra.get("guidellm_startup_burst_requests"))
+    try:
+        return max(int(x or 0), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def assemble(manifest: C.Manifest, source: str, plan, units, per_run: list[RunSeries],
              by_unit: list[RunCounts], gspec: GridSpec, cell_codes, warm_src, warm_late,
              tail_from, lag_limit_ms) -> BlockStats:
@@ -185,7 +195,8 @@ def assemble(manifest: C.Manifest, source: str, plan, units, per_run: list[RunSe
             nominal_rps=r.nominal_rps if r.nominal_rps is not None else r.offered_rps,
             gen_lag_p99_ms=lag_p99, littles=littles, trend_all=dg.trend_test(bm),
             trend_end=dg.trend_test(bm_end), duplicates=dups,
-            lag_limit_ms=lag_limit, closed_loop=closed))
+            lag_limit_ms=lag_limit, closed_loop=closed, span_s=span, arrival=r.arrival,
+            off_schedule=off_schedule_requests(r)))
         out_runs.append(RunStats(
             run_id=r.run_id, run_idx=i, load_level=r.load_level, offered_rps=r.offered_rps,
             concurrency=None if r.concurrency is None else float(r.concurrency), repeat=r.repeat,
