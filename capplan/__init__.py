@@ -22,13 +22,15 @@ docs/envelope.md, docs/glossary.md.
 from __future__ import annotations
 
 from .version import __version__
-from .contract import CONTRACT_VERSION, Status
 from .errors import CapplanError, SpecError, StudyError
-from .slo import SLO
 
 #: name → (module, attribute), imported on first use (module ``__getattr__``, PEP 562); the
-#: study (DuckDB) too, so that ``capplan telemetry record`` runs on a GPU node without DuckDB
+#: study (DuckDB) too, so that ``capplan telemetry record`` runs on a GPU node without DuckDB,
+#: and the contract and SLO (pyarrow, numpy), so that ``capplan --help`` imports neither
 _LAZY = {
+    "CONTRACT_VERSION": ("capplan.contract", "CONTRACT_VERSION"),
+    "Status": ("capplan.contract", "Status"),
+    "SLO": ("capplan.slo", "SLO"),
     "Study": ("capplan.study", "Study"),
     "open_study": ("capplan.study", "open_study"),
     "fit_envelope": ("capplan.envelope", "fit_envelope"),
@@ -68,5 +70,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["CONTRACT_VERSION", "Status", "CapplanError", "SpecError", "StudyError", "SLO",
-           "Study", "open_study", "__version__", *_LAZY]
+__all__ = ["CapplanError", "SpecError", "StudyError", "__version__", *_LAZY]

@@ -13,47 +13,53 @@ import click
 from .version import __version__
 from .errors import CapplanError, SLOUnitWarning
 
-# name -> module under capplan.commands (each defines `cmd`)
-COMMANDS: dict[str, str] = {
-    "validate": "validate",
-    "summarize": "summarize",
-    "synth": "synth",
-    "envelope": "envelope",
-    "plan": "plan",
-    "telemetry": "telemetry",
-    "import": "importcmd",
-    "report": "report",
-    "whatif": "whatif",
-    "compare": "compare",
-    "timeline": "timeline",
-    "kv": "kv",
-    "mix": "mix",
-    "twin": "twin",
-    "design": "design",
-    "cache": "cache",
+#: name -> (module under capplan.commands, which defines `cmd`; the line `capplan --help` shows).
+#: The lines live here so that the help lists every command without importing any of them
+#: (each pulls in pandas, DuckDB, plotly… when it runs): `capplan --help` starts in the time of
+#: `import click`. ``LazyGroup`` gives a loaded command the same line.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("validate", "Check a study against the study contract; list every problem."),
+    "summarize": ("summarize", "Per-run funnel, offered rate, throughput and latency percentiles."),
+    "synth": ("synth", "Simulate a load sweep against LLM-serving replicas into a study."),
+    "envelope": ("envelope", "Fit the SLO capacity envelope (C_SLO, interval, lower bound)."),
+    "plan": ("plan", "Size replicas, GPUs, nodes and cost for a demand; finance export."),
+    "telemetry": ("telemetry", "GPU telemetry from the study's resources/ folder."),
+    "import": ("importcmd", "Import GuideLLM, vLLM, AIPerf, inference-perf… output as a study."),
+    "report": ("report", "Render the offline HTML report of a study (default: the demo)."),
+    "whatif": ("whatif", "Serve the what-if panel for a study on 127.0.0.1."),
+    "compare": ("compare", "Compare a candidate against a baseline on the same trace and SLO."),
+    "timeline": ("timeline", "What each failure, rollout or scale event did to the SLO."),
+    "kv": ("kv", "KV-memory bound of one replica: sequences of a context that fit."),
+    "mix": ("mix", "C_SLO at a production mix, from the tested per-cell attainment."),
+    "twin": ("twin", "Fit, check and run a calibrated twin of the measured system."),
+    "design": ("design", "Propose the next runs of a sweep (rates, repeats, durations)."),
+    "cache": ("cache", "The measured prefix-cache effect of a study."),
 }
 
 
 class LazyGroup(click.Group):
+    """Commands imported when run; the listing comes from ``COMMANDS`` alone."""
+
     def list_commands(self, ctx):
-        return [n for n in COMMANDS if self._load(n) is not None]
+        return list(COMMANDS)
 
     def get_command(self, ctx, name):
         return self._load(name)
 
+    def format_commands(self, ctx, formatter):
+        rows = [(name, line) for name, (_, line) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
     @staticmethod
     def _load(name):
-        mod = COMMANDS.get(name)
-        if mod is None:
+        entry = COMMANDS.get(name)
+        if entry is None:
             return None
-        full = f"capplan.commands.{mod}"
-        try:
-            module = importlib.import_module(full)
-        except ModuleNotFoundError as exc:
-            if exc.name == full:
-                return None  # not built yet
-            raise
-        return getattr(module, "cmd", None)
+        module = importlib.import_module(f"capplan.commands.{entry[0]}")
+        cmd = getattr(module, "cmd")
+        cmd.short_help = entry[1]
+        return cmd
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
