@@ -119,15 +119,16 @@ LLAMA_SLO_TEXT = "ttft_ms=2000,tpot_ms=80,attainment=0.95"
 
 #: low contention on a shared 2-core box: the engine's one thread on its own core, every client
 #: (AIPerf's processes, the controlled client) on the other, both ahead of background work
-SERVER_CPU, CLIENT_CPU, PRIORITY = "1", "0", -5
+#: (real-time FIFO priority where allowed: root; else only pinned)
+SERVER_CPU, CLIENT_CPU, RT_PRIORITY = "1", "0", 20
 
 
 def isolated(cmd: list[str], cpus: str, isolate: bool) -> list[str]:
-    """``cmd`` pinned to ``cpus`` and raised in priority (root only; else just pinned)."""
+    """``cmd`` pinned to ``cpus`` and ahead of background work."""
     if not isolate or (os.cpu_count() or 1) < 2:
         return cmd
     pre = ["taskset", "-c", cpus]
-    return pre + (["nice", "-n", str(PRIORITY)] if os.geteuid() == 0 else []) + cmd
+    return pre + (["chrt", "-f", str(RT_PRIORITY)] if os.geteuid() == 0 else []) + cmd
 
 
 def isolate_self(isolate: bool) -> None:
@@ -135,7 +136,7 @@ def isolate_self(isolate: bool) -> None:
     if isolate and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {int(CLIENT_CPU)})
         if os.geteuid() == 0:
-            os.nice(PRIORITY)
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
 
 
 def start_llama(port: int, log: Path, build: Path = LLAMA_DIR, isolate: bool = True):

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from capplan.errors import StudyError
+
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,13 @@ def loop(tool: str, *, url: str, model: str, tokenizer: str, slo: str, coarse_ra
 
     rounds: list[Round] = []
     for k in range(max_rounds + 1):
-        env = _fit(study, slo, reps, seed)
+        try:
+            env = _fit(study, slo, reps, seed)
+        except StudyError as exc:  # every run left out (e.g. a client that could not keep up)
+            rounds.append(Round(index=k, runs_in_study=-1, minutes_so_far=round(minutes, 3),
+                                estimate=math.nan, ci_low=math.nan, ci_high=math.nan,
+                                lower_bound=math.nan, honesty=f"no usable run: {exc.format()}"))
+            break
         c, h = env.cslo, env.honesty
         n_runs = len(env.runs)
         base = dict(index=k, runs_in_study=n_runs, minutes_so_far=round(minutes, 3),
