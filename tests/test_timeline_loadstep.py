@@ -166,3 +166,37 @@ def test_cli_step_options(make_study, capsys):
     rc = main(["timeline", str(path), "--slo", "ttft_ms=1000", "--step-z", "-1"])
     err = capsys.readouterr().err
     assert rc == 2 and "--step-z" in err and "Traceback" not in err
+
+
+def test_a_demand_step_in_the_simulator_against_the_fluid_model(tmp_path):
+    """One replica with deterministic service (fixed 128/64-token requests, batch ≤ 16) completes
+    C requests a second when saturated; constant arrivals at 0.6 C step to 1.5 C over
+    [120, 180 s). Fluid model: the queue grows at 0.5 C for 60 s to Q = 30 C (≈ 208); a request
+    arriving x s into the step waits 0.5 x s, so with a TTFT limit of 5 s the SLO breaks
+    10 s in; after the fall the queue drains at 0.4 C: empty 75 s later, and a request arriving
+    y s after the fall waits 30 − 0.4 y s, good from y = 62.5 s — recovery at the window after,
+    63 s (the prefill adds a few hundred ms)."""
+    from conftest import fixed_service_raw
+
+    from capplan.synth.config import parse_config
+    from capplan.synth.demand import steps
+    from capplan.synth.engine import OK
+    from capplan.synth.events import token_times
+    from capplan.synth.sweep import generate_study, simulate_level
+
+    cfg = parse_config(fixed_service_raw(1, arrival="constant", timeout_s=300.0))
+    res = simulate_level(cfg.with_(rates=(40.0,)), 40.0, duration_s=120.0)
+    _, _, last, _, _ = token_times(res, False)
+    done = last[res.status == OK]
+    C = float(((done > 60 * S) & (done < 120 * S)).sum() / 60.0)
+    dem = steps(0.6 * C, [(120.0, 1.5 * C), (180.0, 0.6 * C)])
+    path, _ = generate_study(cfg.with_(rates=(dem.peak_rps,), duration_s=400.0, demand=dem),
+                             tmp_path / "step", workers=1)
+    tl = analyse_timeline(path, "ttft_ms=5000,attainment=0.99", window_s=1.0)
+    assert tl.events[tl.events["event"] == "load_step"]["t_s"].tolist() == [120.0, 180.0]
+    r = tl.incidents.iloc[0]
+    assert r["kind"] == "load step" and r["fall_t_s"] == 180.0
+    assert abs(r["queue_peak"] / (30 * C) - 1) < 0.05
+    assert r["time_to_breach_s"] == pytest.approx(10.0, abs=1.0)
+    assert 63.0 <= r["recover_after_fall_s"] <= 65.0
+    assert abs(r["drain_after_fall_s"] / 75.0 - 1) < 0.03
