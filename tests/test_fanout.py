@@ -5,10 +5,8 @@ measured from a tiny event table — all by hand."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
