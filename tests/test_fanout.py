@@ -170,3 +170,13 @@ def test_cli(make_study, capsys):
         rc = main(["fanout", "--slo", "ttft_ms=2000", *bad])
         err = capsys.readouterr().err
         assert rc == 2 and "Traceback" not in err and err.strip(), bad
+
+
+def test_validate_refuses_a_negative_branch_depth(make_study, capsys):
+    df = _agent_events()
+    df.loc[2, "branch_depth"] = -1
+    path = make_study(df, runs=[{"run_id": "r1", "offered_rps": 1.0}])
+    rc = main(["validate", str(path)])
+    err = capsys.readouterr()
+    text = err.out + err.err
+    assert rc == 2 and "branch_depth is negative" in text and "Traceback" not in text
