@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "twin": ("twin", "Fit, check and run a calibrated twin of the measured system."),
     "design": ("design", "Propose the next runs of a sweep (rates, repeats, durations)."),
     "cache": ("cache", "The measured prefix-cache effect of a study."),
+    "fanout": ("fanout", "Root (agent / RAG) requests per second from per-call C_SLO."),
 }
 
 

@@ -78,6 +78,12 @@ EVENT_COLUMNS: tuple[Column, ...] = (
            "shared prompt prefix the request starts with (e.g. a system prompt's name or hash)"),
     Column("session_id", pa.string(), False, True,
            "conversation the request belongs to (a multi-turn session; later turns repeat earlier ones)"),
+    Column("agent_root", pa.string(), False, True,
+           "the root request (an agent or RAG request) this model call was made for; every call of "
+           "one root carries the same value"),
+    Column("branch_depth", pa.int64(), False, True,
+           "the call's step in its root's tree: calls of one root at the same depth run in "
+           "parallel, depths run one after another (0 first)", "steps"),
 )
 
 EVENT_COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in EVENT_COLUMNS}
@@ -86,7 +92,7 @@ INT_NS_COLUMNS: tuple[str, ...] = tuple(
     c.name for c in EVENT_COLUMNS if c.name.endswith("_ns") and c.dtype == pa.int64()
 )
 STRING_OPTIONAL_COLUMNS: tuple[str, ...] = ("tenant", "slo_class", "finish_reason", "replica_group",
-                                            "prefix_group", "session_id")
+                                            "prefix_group", "session_id", "agent_root")
 
 EVENT_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable) for c in EVENT_COLUMNS])
 
@@ -123,6 +129,7 @@ class TimelineEvent(str, Enum):
     FAULT_INJECTED = "fault_injected"  # a test harness broke something on purpose
     ROLLOUT_STEP = "rollout_step"  # a rollout step began (replicas swapped for a new version)
     CACHE_FLUSH = "cache_flush"  # a replica's prefix cache was emptied (restart, rollout, flush)
+    LOAD_STEP = "load_step"  # the offered request rate stepped (rate_before_rps → rate_rps)
 
 
 TIMELINE_EVENTS: tuple[str, ...] = tuple(e.value for e in TimelineEvent)
@@ -144,7 +151,10 @@ TIMELINE_COLUMNS: tuple[Column, ...] = (
            "scale_decision: the signal that set desired (queue_work, ttft_p99, kv_use, goodput)"),
     Column("signal_value", pa.float64(), False, True, "scale_decision: that signal's value"),
     Column("rate_rps", pa.float64(), False, True,
-           "scale_decision: the arrival rate it saw over its evaluation period", "req/s"),
+           "scale_decision: the arrival rate it saw over its evaluation period; load_step: the "
+           "offered rate after the step", "req/s"),
+    Column("rate_before_rps", pa.float64(), False, True,
+           "load_step: the offered rate before the step", "req/s"),
     Column("queue_work_s", pa.float64(), False, True,
            "scale_decision: work waiting and left in running requests, seconds of one replica's "
            "service", "s"),

@@ -96,6 +96,11 @@ def row_checks(manifest: C.Manifest, present: frozenset[str] | set[str]) -> list
             checks.append(RowCheck(f"negative_{col}", col, f'"{col}" < 0',
                                    f"{col} is negative",
                                    f"{col} counts tokens: write 0 or more"))
+    if "branch_depth" in present:
+        checks.append(RowCheck("negative_branch_depth", "branch_depth", '"branch_depth" < 0',
+                               "branch_depth is negative",
+                               "number a root's steps from 0: the first calls of an agent_root "
+                               "have branch_depth 0, the calls after its first tool 1, …"))
     if "computed_input_tokens" in present:
         checks.append(RowCheck("computed_above_input", "computed_input_tokens",
                                '"computed_input_tokens" > "input_tokens"',

@@ -28,6 +28,12 @@ from .. import spec as S
               help="req/s one replica serves within the SLO (replicas needed, overshoot)")
 @click.option("--silence-s", type=float, default=10.0, show_default=True,
               help="a replica silent this long while the run goes on is marked (derived event)")
+@click.option("--step-span", "step_span", default="30s", show_default=True,
+              help="load steps: arrivals this long before and after a window boundary are compared")
+@click.option("--step-z", type=float, default=5.0, show_default=True,
+              help="load steps: the standard deviations (× the counts' dispersion) a step needs")
+@click.option("--step-change", type=float, default=0.25, show_default=True,
+              help="load steps: the least relative change in the offered rate that counts")
 @click.option("--no-derive", is_flag=True, default=False,
               help="only the recorded events, none derived from the requests")
 @click.option("--check/--no-check", default=True, show_default=True,
@@ -35,12 +41,12 @@ from .. import spec as S
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="write windows.csv, incidents.csv, events.csv, summary.csv, timeline.txt and "
                    "timeline-<run>.html to this folder")
-def cmd(study, run, window, slo_text, recover_windows, pre_s, capacity_rps, silence_s, no_derive,
-        check, out) -> int:
+def cmd(study, run, window, slo_text, recover_windows, pre_s, capacity_rps, silence_s, step_span,
+        step_z, step_change, no_derive, check, out) -> int:
     """What each system event (failure, rollout, scale decision) did to the SLO of STUDY,
-    window by window."""
+    window by window; a step in the offered rate (derived from the arrivals) is an incident too."""
     from ..study import connect, open_study
-    from ..timeline import analyse_timeline
+    from ..timeline import StepRule, analyse_timeline
     from ..validate import open_checked
 
     try:
@@ -48,10 +54,16 @@ def cmd(study, run, window, slo_text, recover_windows, pre_s, capacity_rps, sile
     except ValueError:
         pass
     width = S.duration_s(window, "--window", above=0.0, example="1s")
+    try:
+        step_span = float(step_span)
+    except ValueError:
+        pass
+    span = S.duration_s(step_span, "--step-span", above=0.0, example="30s")
     st = (open_checked if check else open_study)(study, con=connect())
     tl = analyse_timeline(st, slo_text, run=run, window_s=width, recover_windows=recover_windows,
                           pre_s=pre_s, capacity_rps=capacity_rps, derive=not no_derive,
-                          silence_s=silence_s)
+                          silence_s=silence_s,
+                          step=StepRule(span_s=span, z_min=step_z, min_change=step_change))
     click.echo(tl.to_text())
     if out:
         names = tl.write(out)

@@ -26,8 +26,9 @@ from ..errors import SpecError
 from ..reduce import Occupancy, activity
 from ..slo import SLO
 from ..study import Study, open_study
-from .events import (EVENT_FRAME_COLUMNS, ReplicaSeries, derive_events, recorded_events,
-                     replica_series, step_integral, system_events)
+from .events import (EVENT_FRAME_COLUMNS, ReplicaSeries, StepRule, derive_events,
+                     derive_load_steps, load_steps, recorded_events, replica_series,
+                     step_integral, system_events, with_events)
 from .incidents import (CAUSES, INCIDENT_COLUMNS, IncidentParams, group_incidents,
                         measure_incidents)
 from .result import Timeline, decision_counts, incident_lines
@@ -35,6 +36,7 @@ from .windows import (CONFIDENCE, TTFT_P, WINDOW_COLUMNS, reduce_windows, window
                       windows_needed)
 
 __all__ = ["analyse_timeline", "Timeline", "system_events", "recorded_events", "derive_events",
+           "derive_load_steps", "load_steps", "StepRule",
            "replica_series", "ReplicaSeries", "step_integral", "group_incidents",
            "measure_incidents", "IncidentParams", "decision_counts", "incident_lines",
            "WINDOW_COLUMNS", "INCIDENT_COLUMNS", "EVENT_FRAME_COLUMNS", "CAUSES"]
@@ -43,14 +45,16 @@ __all__ = ["analyse_timeline", "Timeline", "system_events", "recorded_events", "
 def analyse_timeline(study, slo=None, *, run: str | None = None, window_s: float = 1.0,
                      recover_windows: int = 5, pre_s: float = 60.0,
                      capacity_rps: float | None = None, derive: bool = True,
-                     silence_s: float = 10.0, rate_smooth_s: float = 10.0) -> Timeline:
+                     silence_s: float = 10.0, rate_smooth_s: float = 10.0,
+                     step: StepRule = StepRule()) -> Timeline:
     """The timeline of a study's runs (all, or ``run``). ``slo``: an SLO or its text; default
     the study's own (study.yaml ``slo``, which ``capplan twin run`` records). ``window_s``:
     window width; ``recover_windows``: windows in a row at or above the target that count as
     recovered; ``pre_s``: how far back the pre-event baseline reaches; ``capacity_rps``: req/s
     one replica serves within the SLO (default study.yaml ``timeline.capacity_rps_per_replica``
     when a scenario wrote it) — needed for the replicas needed, decision delays and overshoot;
-    ``derive``: add the events the requests show (a replica silent for ``silence_s``)."""
+    ``derive``: add the events the requests show (a replica silent for ``silence_s``; a step
+    in the offered rate by the ``step`` rule, docs/timeline.md "Load steps")."""
     st = open_study(study) if not isinstance(study, Study) else study
     raw = st.manifest.raw or {}
     notes: list[str] = []
@@ -65,6 +69,10 @@ def analyse_timeline(study, slo=None, *, run: str | None = None, window_s: float
     K = S.number(recover_windows, "--recover-windows", integer=True, minimum=1, example="5")
     pre = S.number(pre_s, "--pre-s", above=0.0, example="60")
     silence = S.number(silence_s, "--silence-s", above=0.0, example="10")
+    step = StepRule(span_s=S.number(step.span_s, "--step-span", above=0.0, example="30s"),
+                    z_min=S.number(step.z_min, "--step-z", above=0.0, example="5"),
+                    min_change=S.number(step.min_change, "--step-change", minimum=0.0,
+                                        example="0.25"))
     if capacity_rps is None:
         capacity_rps, where = recorded_capacity(raw)
         if capacity_rps is not None:
@@ -112,6 +120,12 @@ def analyse_timeline(study, slo=None, *, run: str | None = None, window_s: float
         names = [str(v) for v in served[served["run_id"] == rid]["value"]]
         replicas[rid] = replica_series(rid, events, names, st.manifest.replicas)
     windows = window_frame(bs, occ, replicas, width, tuple(runs))
+    if derive:
+        steps = derive_load_steps(windows, events, width, step)
+        if len(steps):
+            events = with_events(events, steps, st)
+            notes.append(f"{len(steps)} load step(s) derived from the offered rate: "
+                         + step.describe(width) + " (source = derived)")
     gpr = st.manifest.gpus_per_replica
     inc_frames = []
     for r in st.manifest.runs:

@@ -5,8 +5,9 @@ Recorded events come from the study's ``timeline/`` table (docs/study-contract.m
 Where it is missing or silent, the requests still show some events (``derive_events``): a
 ``replica_group`` that stops serving while the run goes on (derived ``replica_failed`` when
 requests it held ended failed, else ``replica_removed``), and one that first serves well after
-the others (derived ``replica_ready``). Derived rows carry ``source = "derived"`` and say why in
-``detail``.
+the others (derived ``replica_ready``). The per-window arrival counts show a step in the offered
+rate (``derive_load_steps``, a ``load_step``: a change-point rule on the counts, ``StepRule``).
+Derived rows carry ``source = "derived"`` and say why in ``detail``.
 
 ``replica_series`` turns the events into step functions of the replicas *ready* (routable) and
 *provisioned* (asked for and not yet gone: added, ready or draining — what is paid for), by a
@@ -27,11 +28,12 @@ from ..study import Study
 
 #: columns of an events frame (the contract's, with seconds instead of ns, plus the source)
 EVENT_FRAME_COLUMNS = ("run_id", "t_s", "event", "replica", "group", "desired", "ready", "signal",
-                       "signal_value", "rate_rps", "queue_work_s", "work_rate_replicas", "detail",
-                       "source")
+                       "signal_value", "rate_rps", "rate_before_rps", "queue_work_s",
+                       "work_rate_replicas", "detail", "source")
 #: when events share a time, they apply in this order (a replacement is added after the failure)
-_ORDER = {e: i for i, e in enumerate(("fault_injected", "replica_failed", "rollout_step",
-                                      "scale_decision", "cache_flush", "replica_draining",
+_ORDER = {e: i for i, e in enumerate(("load_step", "fault_injected", "replica_failed",
+                                      "rollout_step", "scale_decision", "cache_flush",
+                                      "replica_draining",
                                       "replica_removed", "replica_added", "replica_ready"))}
 
 
@@ -115,10 +117,109 @@ def system_events(study: Study, *, derive: bool = True, silence_s: float = 10.0,
     if not derive:
         return rec
     act = activity(study) if act is None else act
-    der = derive_events(study, rec, act, silence_s)
-    if der.empty:
-        return rec
-    both = pd.concat([rec.astype(object), der.astype(object)], ignore_index=True)
+    return with_events(rec, derive_events(study, rec, act, silence_s), study)
+
+
+# ----------------------------------------------------------------------------- load steps
+
+@dataclass(frozen=True)
+class StepRule:
+    """When the per-window arrival counts show a step in the offered rate (docs/timeline.md
+    "Load steps"). At each window boundary, A and B are the arrivals in the ``span_s`` before
+    and after it (m = round(span_s / w) windows each, both inside the run's arrivals); a step
+    when z = (B − A) / √(D · (A + B)) reaches ``z_min`` in size and B and A differ by at least
+    ``min_change`` of the smaller. D ≥ 1 is the index of dispersion of the counts (1 for
+    Poisson arrivals), so a burstier process needs a bigger jump. Of boundaries closer than m
+    whose z has the same sign, the largest |z| is kept — on a tie the one with the largest jump
+    between its two windows (a step up and the step down after it both stay, however short the
+    step)."""
+
+    span_s: float = 30.0
+    z_min: float = 5.0
+    min_change: float = 0.25
+
+    def describe(self, width_s: float) -> str:
+        m = self.windows(width_s)
+        return (f"a step where the arrivals in the {m * width_s:g} s after a window boundary and "
+                f"the {m * width_s:g} s before it differ by ≥ {self.z_min:g} standard deviations "
+                f"(Poisson, × the counts' dispersion) and by ≥ {self.min_change:.0%}")
+
+    def windows(self, width_s: float) -> int:
+        return max(1, int(round(self.span_s / width_s)))
+
+
+def dispersion(counts: np.ndarray) -> float:
+    """The index of dispersion (variance / mean) of per-window counts, the variance from
+    successive differences — Σ (n_{k+1} − n_k)² / (2 (N − 1)) — so a step in the mean adds one
+    difference, not a level shift to every window; at least 1."""
+    n = np.asarray(counts, float)
+    if n.size < 3 or n.mean() <= 0:
+        return 1.0
+    var = float(np.mean(np.diff(n) ** 2) / 2.0)
+    return max(1.0, var / float(n.mean()))
+
+
+def load_steps(counts: np.ndarray, width_s: float, rule: StepRule = StepRule()) -> pd.DataFrame:
+    """The steps of one run's per-window arrival counts (window k covers [k·w, (k+1)·w)):
+    one row per step — ``t_s`` (the boundary), ``rate_before_rps`` = A / (m w),
+    ``rate_rps`` = B / (m w), ``z``, ``dispersion`` (``StepRule``)."""
+    cols = ["t_s", "rate_before_rps", "rate_rps", "z", "dispersion"]
+    n = np.asarray(counts, float)
+    busy = np.flatnonzero(n > 0)
+    m = rule.windows(width_s)
+    if busy.size == 0 or busy[-1] + 1 - busy[0] < 2 * m:
+        return pd.DataFrame(columns=cols)
+    lo, hi = int(busy[0]), int(busy[-1]) + 1  # the run's arrivals: windows lo … hi − 1
+    d = dispersion(n[lo:hi])
+    c = np.r_[0.0, np.cumsum(n)]
+    k = np.arange(lo + m, hi - m + 1)  # boundaries with m whole windows of arrivals each side
+    a, b = c[k] - c[k - m], c[k + m] - c[k]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.where(a + b > 0, (b - a) / np.sqrt(d * (a + b)), 0.0)
+    change = np.abs(b - a) / np.maximum(np.minimum(a, b), 1.0)
+    cand = np.flatnonzero((np.abs(z) >= rule.z_min) & (change >= rule.min_change))
+    kept: list[int] = []
+    jump = np.abs(n[k] - n[k - 1])  # ties (a step shorter than the span): the sharpest edge
+    order = cand[np.lexsort((cand, -jump[cand], -np.round(np.abs(z[cand]), 9)))]
+    for i in order:  # greedy: largest |z| first
+        if all(abs(int(k[i]) - int(k[j])) >= m or (z[i] > 0) != (z[j] > 0) for j in kept):
+            kept.append(int(i))
+    kept.sort()
+    span = m * width_s
+    return pd.DataFrame({"t_s": k[kept] * float(width_s), "rate_before_rps": a[kept] / span,
+                         "rate_rps": b[kept] / span, "z": z[kept], "dispersion": d},
+                        columns=cols)
+
+
+def derive_load_steps(windows: pd.DataFrame, recorded: pd.DataFrame, width_s: float,
+                      rule: StepRule = StepRule()) -> pd.DataFrame:
+    """``load_step`` events (``EVENT_FRAME_COLUMNS``, source "derived") from the per-window
+    ``offered`` counts of each run of a window frame; a recorded ``load_step`` of the run within
+    ``rule.span_s`` of a detected one explains it (nothing derived there)."""
+    rows = []
+    for run_id, w in windows.groupby("run_id", sort=False):
+        steps = load_steps(w.sort_values("window")["offered"].to_numpy(), width_s, rule)
+        rec = recorded[(recorded["run_id"] == run_id) & (recorded["event"] == "load_step")]
+        for s in steps.itertuples(index=False):
+            if len(rec) and (np.abs(rec["t_s"].to_numpy(float) - s.t_s) <= rule.span_s).any():
+                continue
+            rows.append({"run_id": run_id, "t_s": float(s.t_s), "event": "load_step",
+                         "rate_rps": float(s.rate_rps), "rate_before_rps": float(s.rate_before_rps),
+                         "signal": "offered_rate", "signal_value": float(s.z),
+                         "detail": f"derived: offered {s.rate_before_rps:.4g} → {s.rate_rps:.4g} "
+                                   f"req/s (arrivals {rule.windows(width_s) * width_s:g} s either "
+                                   f"side, z = {s.z:+.1f}, dispersion {s.dispersion:.2f})",
+                         "source": "derived"})
+    return pd.DataFrame(rows, columns=list(EVENT_FRAME_COLUMNS))
+
+
+def with_events(events: pd.DataFrame, more: pd.DataFrame, study: Study) -> pd.DataFrame:
+    """Two event frames as one, ordered (``EVENT_FRAME_COLUMNS``)."""
+    if more.empty:
+        return events
+    if events.empty:
+        return _ordered(more.copy(), study)
+    both = pd.concat([events.astype(object), more.astype(object)], ignore_index=True)
     both["t_s"] = both["t_s"].astype(float)
     return _ordered(both, study)
 

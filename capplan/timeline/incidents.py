@@ -27,6 +27,12 @@ Per incident (window width w, target a, K = ``recover_windows``):
   peak until the waiting count is back at the pre-event level for K window ends in a row
   (*drain time*, interpolated inside the window where it crossed), and the area (request-
   seconds waiting) from t to then;
+- load steps (a ``load_step`` up opens the incident; the first step down after it is when the
+  rate *fell back*): the rates before and after, *recovery after the fall* = the recovery
+  window's start − the fall (0 when the SLO came back before it), *drain after the fall* = the
+  queue back at its pre-step level − the fall; *good requests lost* counts against the
+  pre-step attainment (Σ pre-attainment · offered − good), since the pre-step goodput is
+  below what the higher rate offers;
 - scale decisions also: *decision delay* (from the first window since the previous decision
   where the replicas needed — ⌈smoothed offered rate / C⌉ — differed from those ready in the
   decision's direction, to the decision; without C, from the first breached window, for
@@ -51,7 +57,8 @@ INCIDENT_COLUMNS = (
     "pre_attainment", "pre_waiting", "breached", "time_to_breach_s", "breach_s", "recovered",
     "time_to_recover_s", "good_lost", "queue_peak", "queue_peak_t_s", "drain_s",
     "queue_area_req_s", "desired_from", "desired_to", "decision_delay_s", "replicas_added",
-    "ready_time_mean_s", "ready_time_max_s", "overshoot_gpu_h")
+    "ready_time_mean_s", "ready_time_max_s", "overshoot_gpu_h", "rate_from_rps", "rate_to_rps",
+    "fall_t_s", "recover_after_fall_s", "drain_after_fall_s")
 
 
 @dataclass(frozen=True)
@@ -70,13 +77,25 @@ class IncidentParams:
     guard_s: float = 0.0  # requests scheduled this long before an event can still be caught by it
 
 
+def step_down(ev: pd.DataFrame) -> np.ndarray:
+    """Which rows are a ``load_step`` down (rate after < rate before, both known)."""
+    if "rate_before_rps" not in ev:
+        return np.zeros(len(ev), bool)
+    after = pd.to_numeric(ev["rate_rps"], errors="coerce").to_numpy(float)
+    before = pd.to_numeric(ev["rate_before_rps"], errors="coerce").to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        return (ev["event"] == "load_step").to_numpy() & (after < before)
+
+
 def group_incidents(events: pd.DataFrame, width_s: float) -> list[pd.DataFrame]:
-    """The events of one run split into incidents (module docstring), in time order."""
+    """The events of one run split into incidents (module docstring), in time order. A load
+    step up is a cause; a step down follows the incident it ends."""
     # the fleet at the start (replicas ready at 0) is the state events change, not a change
     ev = events[~((events["t_s"] <= 0) & events["event"].isin(FOLLOW_UPS))].reset_index(drop=True)
     if ev.empty:
         return []
-    cause = ev["event"].isin(CAUSES).to_numpy().copy()
+    cause = (ev["event"].isin(CAUSES).to_numpy()
+             | ((ev["event"] == "load_step").to_numpy() & ~step_down(ev)))
     if (ev["event"] == "scale_decision").any():  # a decision that keeps the count is no cause
         prev = None
         for i in np.flatnonzero(ev["event"].to_numpy() == "scale_decision"):
@@ -113,13 +132,15 @@ def _kind(inc: pd.DataFrame, prev_desired) -> tuple[str, object, object]:
         return "rollout", None, None
     if "cache_flush" in evs:
         return "cache flush", None, None
-    if "scale_decision" in evs:
+    if "scale_decision" in evs and inc["event"].iloc[0] != "load_step":
         d = inc[inc["event"] == "scale_decision"].iloc[0]
         to = None if pd.isna(d["desired"]) else int(d["desired"])
         frm = prev_desired if prev_desired is not None else (
             None if pd.isna(d["ready"]) else int(d["ready"]))
         kind = "scale out" if frm is None or to is None or to > frm else "scale in"
         return kind, frm, to
+    if "load_step" in evs:
+        return "load step", None, None
     return "replica change", None, None
 
 
@@ -159,6 +180,8 @@ def measure_incidents(run_id: str, incidents: list[pd.DataFrame], win: pd.DataFr
     prov = win["replicas_provisioned"].to_numpy(float)
     ready_w = win["replicas_ready"].to_numpy(float)
     decisions = [i for i, inc in enumerate(incidents) if (inc["event"] == "scale_decision").any()]
+    every = pd.concat(incidents)
+    downs = np.sort(every.loc[step_down(every), "t_s"].to_numpy(float))  # the rate fell back
     rows = []
     prev_desired = None
     for n_inc, inc in enumerate(incidents):
@@ -201,8 +224,12 @@ def measure_incidents(run_id: str, incidents: list[pd.DataFrame], win: pd.DataFr
         if not math.isnan(q["drain_end_s"]):
             ends.append(min(nw, int(math.ceil(q["drain_end_s"] / w))))
         k_imp = max(ends)
-        lost = (pre_good * w * (k_imp - k_g) - good[k_g:k_imp].sum()) if not math.isnan(pre_good) \
-            else math.nan
+        if kind == "load step":  # more was offered than before: count against the attainment
+            lost = (pre_att * offered[k_g:k_imp].sum() - good[k_g:k_imp].sum()) \
+                if not math.isnan(pre_att) else math.nan
+        else:
+            lost = (pre_good * w * (k_imp - k_g) - good[k_g:k_imp].sum()) \
+                if not math.isnan(pre_good) else math.nan
         row = {"run_id": run_id, "incident": n_inc + 1, "t_s": t, "kind": kind, "what": _what(inc),
                "events": len(inc), "pre_offered_rps": pre_off, "pre_goodput_rps": pre_good,
                "pre_attainment": pre_att, "pre_waiting": pre_wait, "breached": breached,
@@ -212,11 +239,38 @@ def measure_incidents(run_id: str, incidents: list[pd.DataFrame], win: pd.DataFr
                "desired_from": d_from, "desired_to": d_to}
         row.update(_scale_figures(n_inc, inc, incidents, decisions, kind, start, w, need, ready_w,
                                   prov, breach, p, t))
+        if kind == "load step":
+            row.update(_step_figures(inc, downs, t, start, kr, breached, q["drain_end_s"]))
         rows.append(row)
     df = pd.DataFrame(rows, columns=list(INCIDENT_COLUMNS))
     for c in ("desired_from", "desired_to", "replicas_added"):
         df[c] = df[c].astype("Int64")
     return df
+
+
+def _step_figures(inc: pd.DataFrame, downs: np.ndarray, t: float, start: np.ndarray, kr,
+                  breached: bool, drain_end_s: float) -> dict:
+    """A load step's rates, when the rate fell back (the first step down after t) and the
+    recovery and drain counted from then (module docstring)."""
+    first = inc.iloc[0]
+    out = {"rate_from_rps": float(pd.to_numeric(first["rate_before_rps"], errors="coerce")),
+           "rate_to_rps": float(pd.to_numeric(first["rate_rps"], errors="coerce")),
+           "fall_t_s": math.nan, "recover_after_fall_s": math.nan,
+           "drain_after_fall_s": math.nan}
+    if step_down(inc.iloc[[0]])[0]:
+        return out  # a step down on its own: nothing fell back after it
+    later = downs[downs > t]
+    if later.size == 0:
+        return out
+    fall = float(later[0])
+    out["fall_t_s"] = fall
+    if not breached:
+        out["recover_after_fall_s"] = 0.0
+    elif kr is not None:
+        out["recover_after_fall_s"] = max(0.0, float(start[kr]) - fall)
+    if not math.isnan(drain_end_s):
+        out["drain_after_fall_s"] = max(0.0, drain_end_s - fall)
+    return out
 
 
 def _first(mask: np.ndarray, k: int):

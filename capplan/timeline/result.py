@@ -16,7 +16,8 @@ from ..slo import SLO
 EVENT_COLOURS = {"fault_injected": "#d62728", "replica_failed": "#d62728",
                  "replica_added": "#2ca02c", "replica_ready": "#1f77b4",
                  "replica_draining": "#ff7f0e", "replica_removed": "#7f7f7f",
-                 "scale_decision": "#9467bd", "rollout_step": "#8c564b", "cache_flush": "#bcbd22"}
+                 "scale_decision": "#9467bd", "rollout_step": "#8c564b", "cache_flush": "#bcbd22",
+                 "load_step": "#17becf"}
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,10 @@ INCIDENT_LABELS = {
     "good_lost": "good requests lost", "queue_peak": "longest queue", "drain_s": "queue drained in (s)",
     "queue_area_req_s": "request-seconds waiting", "desired_from": "desired before",
     "desired_to": "desired after", "decision_delay_s": "decision delay (s)",
-    "ready_time_max_s": "ready after (s, longest)", "overshoot_gpu_h": "overshoot (GPU-hours)"}
+    "ready_time_max_s": "ready after (s, longest)", "overshoot_gpu_h": "overshoot (GPU-hours)",
+    "rate_from_rps": "rate before step (req/s)", "rate_to_rps": "rate after step (req/s)",
+    "fall_t_s": "rate fell back at (s)", "recover_after_fall_s": "recovered after the fall (s)",
+    "drain_after_fall_s": "queue back after the fall (s)"}
 SUMMARY_LABELS = {
     "run_id": "run", "windows": "windows", "offered": "requests offered", "good": "good requests",
     "attainment": "attainment", "slo_minutes_broken": "SLO-minutes broken", "incidents": "incidents",
@@ -239,6 +243,19 @@ def incident_lines(r: dict) -> list[str]:
         out.append(f"    before: {r['pre_offered_rps']:.4g} req/s offered, goodput "
                    f"{r['pre_goodput_rps']:.4g} req/s, attainment {_pct(r['pre_attainment'])}, "
                    f"{r['pre_waiting']:.3g} waiting on average")
+    if r.get("kind") == "load step" and not _nan(r.get("rate_to_rps")):
+        s = f"    offered {r['rate_from_rps']:.4g} → {r['rate_to_rps']:.4g} req/s"
+        if _nan(r.get("fall_t_s")):
+            if r["rate_to_rps"] > r["rate_from_rps"]:
+                s += "; the rate did not fall back in the run"
+        else:
+            s += f"; it fell back at {r['fall_t_s']:.1f} s"
+            s += ("; the SLO not recovered by the end of the run" if _nan(r["recover_after_fall_s"])
+                  else f"; SLO recovered {r['recover_after_fall_s']:.0f} s after the fall")
+            s += ("; queue not back to its pre-step level by the end of the run"
+                  if _nan(r["drain_after_fall_s"])
+                  else f"; queue back to its pre-step level {r['drain_after_fall_s']:.1f} s after it")
+        out.append(s)
     if r["breached"]:
         rec = (f"recovered {r['time_to_recover_s']:.0f} s after the event" if r["recovered"]
                else "not recovered by the end of the run")
