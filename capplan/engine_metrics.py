@@ -340,7 +340,9 @@ def read(study_root: str | Path) -> pd.DataFrame | None:
             raise StudyError(f"missing column(s) {', '.join(lack)}", file=str(f), column=lack[0],
                              fix="re-import it: capplan telemetry engine FILE --into STUDY",
                              code="engine_metrics")
-        parts.append(t.select([c.name for c in C.ENGINE_METRIC_COLUMNS if c.required]).to_pandas())
+        df = t.select([c.name for c in C.ENGINE_METRIC_COLUMNS if c.name in t.column_names]).to_pandas()
+        df["source"] = (df["source"].fillna("") if "source" in df else "") + f"@{f.name}"
+        parts.append(df)
     return pd.concat(parts, ignore_index=True)
 
 
@@ -362,10 +364,11 @@ def counter_increase(values) -> float:
 def pressure(metrics: pd.DataFrame | None, windows: dict[str, tuple[int, int]],
              n_requests: dict[str, int]) -> pd.DataFrame:
     """Per run, from the scrapes taken in its steady window ``windows[run] = (start_ns, end_ns)``
-    on the run's clock: the preemption counter's increase (summed over label sets: several
-    engines or models), per 1,000 requests of ``n_requests``; peak KV-cache usage (0–1, the
-    fullest label set of any scrape); peak running and waiting requests (summed over label
-    sets per scrape). What a run lacks is NaN with ``engine_note`` saying why."""
+    on the run's clock: the preemption counter's increase (summed over label sets — several
+    engines or models — and over scrape files, each its own endpoint), per 1,000 requests of
+    ``n_requests``; peak KV-cache usage (0–1, the fullest label set of any scrape); peak running
+    and waiting requests (summed over the label sets of one scrape, the highest scrape of any
+    file). What a run lacks is NaN with ``engine_note`` saying why."""
     rows = []
     for rid, (lo, hi) in windows.items():
         row = {"run_id": rid, "engine_scrapes": 0, "preemptions": float("nan"),
@@ -390,7 +393,8 @@ def pressure(metrics: pd.DataFrame | None, windows: dict[str, tuple[int, int]],
             notes.append("preemptions not recorded (one scrape in the steady window)")
         else:
             row["preemptions"] = float(sum(counter_increase(g.sort_values("t_ns")["value"])
-                                           for _, g in pre.groupby("labels") if len(g) >= 2))
+                                           for _, g in pre.groupby(["source", "labels"])
+                                           if len(g) >= 2))
             n = n_requests.get(rid) or 0
             row["preemptions_per_1k"] = 1000.0 * row["preemptions"] / n if n else float("nan")
         for key, col, how in (("kv_usage", "kv_usage_peak", "max"),
@@ -399,7 +403,7 @@ def pressure(metrics: pd.DataFrame | None, windows: dict[str, tuple[int, int]],
             if g.empty:
                 notes.append(f"{key} not recorded")
             else:
-                row[col] = float(g.groupby("t_ns")["value"].agg(how).max())
+                row[col] = float(g.groupby(["source", "t_ns"])["value"].agg(how).max())
         row["engine_note"] = "; ".join(notes)
         rows.append(row)
     return pd.DataFrame(rows, columns=["run_id", *PRESSURE_COLUMNS])
