@@ -173,7 +173,7 @@ ENGINE_METRIC_COLUMNS: tuple[Column, ...] = (
            'the sample\'s labels, sorted, as k="v" pairs joined by commas (empty when none)'),
     Column("kind", pa.string(), True, False, "one of " + ", ".join(ENGINE_METRIC_KINDS)),
     Column("value", pa.float64(), True, False, "the sample's value (a counter's running total)"),
-    Column("source", pa.string(), False, True, "the scrape file (and endpoint) it was read from"),
+    Column("source", pa.string(), False, True, "the name of the scrape file it was read from"),
 )
 ENGINE_METRIC_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable)
                                   for c in ENGINE_METRIC_COLUMNS])

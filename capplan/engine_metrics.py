@@ -295,9 +295,9 @@ def run_spans(study, epoch_start_ns: dict[str, int] | None = None) -> dict[str, 
             f"{len(missing)} of {len(starts)} runs have no epoch_start_ns in study.yaml "
             f"({', '.join(missing[:6])}{', …' if len(missing) > 6 else ''}): the scrapes' "
             "wall-clock times cannot be placed on their clocks", file=str(study.root / C.MANIFEST_NAME),
-            column="runs[].epoch_start_ns",
+            column="runs[].epoch_start_ns", code="engine_metrics",
             fix="give each run's wall-clock start: --run-start RUN=<epoch seconds of its first "
-                "scheduled request> (AIPerf and GuideLLM imports record it)", code="engine_metrics")
+                "scheduled request> (AIPerf, GenAI-Perf and GuideLLM imports record it)")
     ends = dict(study.sql(
         f"SELECT run_id, max(greatest(scheduled_ns, coalesce(sent_ns, 0), "
         f"coalesce(first_token_ns, 0), coalesce(last_token_ns, 0))) FROM {study.events_view} "

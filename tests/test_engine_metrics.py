@@ -217,3 +217,27 @@ def test_aiperf_import_records_the_runs_wall_clock_start():
                 for ln in src.read_text().splitlines()
                 if ln.strip() and json.loads(ln)["metadata"].get("benchmark_phase") != "warmup")
     assert res.manifest["runs"][0]["epoch_start_ns"] == first
+
+
+def test_a_real_aiperf_server_metrics_export_placed_on_its_run(make_study, capsys):
+    """AIPerf 0.13's own JSON lines of llama-server's /metrics (README.md beside the fixture):
+    the run started at epoch 1796168025.909798993 s and its last stamp was 21.299266026 s, so
+    11 of the 14 scrapes fall in it (the baseline before the run and the two after are out)."""
+    src = FIX / "aiperf_server_metrics_export.jsonl"
+    f = E.read_scrapes(src)
+    assert f.format == "aiperf" and len(f.scrapes) == 14
+    end_ns = 21_299_266_026
+    rows = [ev("rate_2.0", "q0", scheduled_ms=0.0, ttft_ms=100, e2e_ms=200),
+            ev("rate_2.0", "q1", scheduled_ms=end_ns / 1e6 - 1000, ttft_ms=100, e2e_ms=1000)]
+    study = make_study(rows, runs=[{"run_id": "rate_2.0", "offered_rps": 3.0,
+                                    "epoch_start_ns": 1_796_168_025_909_798_993}])
+    assert main(["telemetry", "engine", str(src), "--into", str(study)]) == 0
+    out = capsys.readouterr().out
+    assert "14 scrapes read from 1 file(s) (aiperf); rate_2.0: 11" in out
+    assert "3 scrape(s) fall in no run's span" in out
+    r = summarize(open_study(study)).to_frame().iloc[0]
+    # deferred 3, 5, 6, 9, 8, 13, 11, 10, 8, 6, 5 and processing 2 throughout the window
+    assert r.engine_scrapes == 11 and r.waiting_peak == 13 and r.running_peak == 2
+    m = E.read(study)
+    decodes = m[m.metric == "llamacpp:n_decode"].sort_values("t_ns")["value"]
+    assert E.counter_increase(decodes) == 566 - 39
