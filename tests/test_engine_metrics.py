@@ -241,3 +241,26 @@ def test_a_real_aiperf_server_metrics_export_placed_on_its_run(make_study, capsy
     m = E.read(study)
     decodes = m[m.metric == "llamacpp:n_decode"].sort_values("t_ns")["value"]
     assert E.counter_increase(decodes) == 566 - 39
+
+
+def test_pressure_says_why_a_figure_is_not_recorded():
+    rows = [("r1", 5, "vllm:num_preemptions", "", "counter", 3.0, "a"),
+            ("r1", 5, "vllm:num_requests_waiting", "", "gauge", 2.0, "a"),
+            ("r2", 1, "vllm:num_preemptions", "", "counter", 1.0, "a")]
+    m = pd.DataFrame(rows, columns=["run_id", "t_ns", "metric", "labels", "kind", "value", "source"])
+    p = E.pressure(m, {"r1": (0, 10), "r2": (2, 10), "r3": (0, 10)},
+                   {"r1": 10, "r2": 10, "r3": 10}).set_index("run_id")
+    assert p.loc["r1", "engine_scrapes"] == 1 and math.isnan(p.loc["r1", "preemptions"])
+    assert "preemptions not recorded (one scrape in the steady window)" in p.loc["r1", "engine_note"]
+    assert p.loc["r1", "waiting_peak"] == 2 and "kv_usage not recorded" in p.loc["r1", "engine_note"]
+    assert p.loc["r2", "engine_note"] == "not recorded (no scrape in the steady window)"  # at 1 < 2
+    assert p.loc["r3", "engine_note"] == "not recorded (no scrape in the steady window)"
+
+
+def test_an_unreadable_engine_metrics_file_exits_2(sweep, capsys):
+    bad = sweep / C.ENGINE_METRICS_DIR / "broken.parquet"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not parquet")
+    assert main(["summarize", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "broken.parquet" in err and "not readable parquet" in err and "Traceback" not in err
