@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("synth", "Simulate a load sweep against LLM-serving replicas into a study."),
     "envelope": ("envelope", "Fit the SLO capacity envelope (C_SLO, interval, lower bound)."),
     "plan": ("plan", "Size replicas, GPUs, nodes and cost for a demand; finance export."),
-    "telemetry": ("telemetry", "GPU telemetry from the study's resources/ folder."),
+    "telemetry": ("telemetry", "GPU telemetry and the serving engine's /metrics."),
     "import": ("importcmd", "Import GuideLLM, vLLM, AIPerf, inference-perf… output as a study."),
     "report": ("report", "Render the offline HTML report of a study (default: the demo)."),
     "whatif": ("whatif", "Serve the what-if panel for a study on 127.0.0.1."),

@@ -166,12 +166,35 @@ TIMELINE_COLUMNS: tuple[Column, ...] = (
 TIMELINE_COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in TIMELINE_COLUMNS}
 TIMELINE_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable) for c in TIMELINE_COLUMNS])
 
+# The serving engine's own Prometheus /metrics (optional, under engine_metrics/): one row per
+# counter or gauge sample per scrape, on the run's clock. `capplan telemetry engine` writes it
+# from a recorded scrape file; `capplan summarize` reads preemptions, KV-cache usage and queue
+# depth from it. docs/study-contract.md section 10 and docs/engine-metrics.md.
+ENGINE_METRICS_DIR = "engine_metrics"
+ENGINE_METRIC_KINDS: tuple[str, ...] = ("counter", "gauge", "untyped")
+
+ENGINE_METRIC_COLUMNS: tuple[Column, ...] = (
+    Column("run_id", pa.string(), True, False, "the run of study.yaml the scrape was taken in"),
+    Column("t_ns", pa.int64(), True, False, "scrape time, ns on the run's clock (as scheduled_ns)", "ns"),
+    Column("metric", pa.string(), True, False,
+           "metric family name as the engine exports it, a counter's _total suffix removed "
+           "(vllm:num_preemptions, llamacpp:requests_deferred)"),
+    Column("labels", pa.string(), True, False,
+           'the sample\'s labels, sorted, as k="v" pairs joined by commas (empty when none)'),
+    Column("kind", pa.string(), True, False, "one of " + ", ".join(ENGINE_METRIC_KINDS)),
+    Column("value", pa.float64(), True, False, "the sample's value (a counter's running total)"),
+    Column("source", pa.string(), False, True, "the name of the scrape file it was read from"),
+)
+ENGINE_METRIC_SCHEMA = pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable)
+                                  for c in ENGINE_METRIC_COLUMNS])
+
 # Manifest keys.
 MANIFEST_REQUIRED = ("contract", "name", "system", "load_model", "runs")
 SYSTEM_KEYS = ("gpu", "gpus_per_replica", "tp", "pp", "replicas", "engine", "model")
 RUN_REQUIRED_OPEN = ("run_id", "offered_rps")
 RUN_REQUIRED_CLOSED = ("run_id", "concurrency")
-RUN_OPTIONAL = ("arrival", "duration_s", "warmup_s", "repeat", "nominal_rps", "notes", "cache_condition")
+RUN_OPTIONAL = ("arrival", "duration_s", "warmup_s", "repeat", "nominal_rps", "notes", "cache_condition",
+                "epoch_start_ns")
 
 
 class CacheCondition(str, Enum):
@@ -247,6 +270,9 @@ class RunSpec:
     nominal_rps: float | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
     cache_condition: str | None = None  # one of CACHE_CONDITIONS, None when not labelled
+    #: wall-clock time (epoch ns) of the run clock's 0, when the load tool's clock was wall-clock:
+    #: what places the engine's /metrics scrapes on the run's clock (docs/engine-metrics.md)
+    epoch_start_ns: int | None = None
 
     @property
     def load_level(self) -> float:

@@ -265,8 +265,8 @@ class RunSummary:
 
     def display_frame(self, section: str = "all") -> pd.DataFrame:
         """Readable strings, one row per run keyed by run_id and load.
-        ``section``: funnel, rates, latency, slo or all."""
-        if section not in ("funnel", "rates", "latency", "slo", "all"):
+        ``section``: funnel, rates, latency, slo, engine or all."""
+        if section not in ("funnel", "rates", "latency", "slo", "engine", "all"):
             raise ValueError(f"unknown section {section!r}")
         t = self.table
         out = self._key()
@@ -301,6 +301,30 @@ class RunSummary:
             out["error_rate"] = nums(t["error_rate"], 4)
             out["meets_slo"] = t["meets_slo"].map(
                 lambda v: "n/a" if pd.isna(v) else ("yes" if v else "NO"))
+        if section in ("engine", "all") and "engine_scrapes" in t:
+            out = out.join(self._engine_cells(section == "engine"))
+        return out
+
+    def _engine_cells(self, with_attainment: bool) -> pd.DataFrame:
+        """Preemptions (count, per 1k requests), peak KV usage, peak running and waiting, each
+        "not recorded" where the engine's metrics do not say; attainment beside them."""
+        t = self.table
+
+        def cells(col, fmt):
+            return t[col].map(lambda v: "not recorded" if pd.isna(v) else fmt(v))
+
+        out = pd.DataFrame(index=t.index)
+        if with_attainment:
+            out["requests"] = t["n_offered"].map(lambda v: f"{int(v):,}")
+            if self.slo is not None:
+                out["attain_offered"] = t["attainment_offered"].map(
+                    lambda v: "n/a" if pd.isna(v) else f"{v:.4f}")
+        out["scrapes"] = t["engine_scrapes"].map(lambda v: f"{int(v)}")
+        out["preemptions"] = cells("preemptions", lambda v: f"{v:,.0f}")
+        out["preempt_per_1k"] = cells("preemptions_per_1k", lambda v: f"{v:,.1f}")
+        out["kv_peak"] = cells("kv_usage_peak", lambda v: f"{100 * v:.1f}%")
+        out["running_peak"] = cells("running_peak", lambda v: f"{v:,.0f}")
+        out["waiting_peak"] = cells("waiting_peak", lambda v: f"{v:,.0f}")
         return out
 
     def to_text(self) -> str:
@@ -322,10 +346,27 @@ class RunSummary:
             parts.append(f"SLO: {self.slo.describe()}. Good = status ok and every limit holds; "
                          "rejected, failed and unfinished requests are violations.\n"
                          + self.display_frame("slo").to_string(index=False))
+        parts.append(self._engine_text())
         notes = [f"  {r.run_id}: {r.notes}" for r in self.table.itertuples() if r.notes]
         if notes:
             parts.append("Notes\n" + "\n".join(notes))
         return "\n\n".join(parts)
+
+
+    def _engine_text(self) -> str:
+        t = self.table
+        if "engine_scrapes" not in t or not (t["engine_scrapes"] > 0).any():
+            why = sorted(set(t["engine_note"])) if "engine_note" in t else []
+            return ("Engine metrics: not recorded (" + "; ".join(w.removeprefix("not recorded (")
+                                                          .removesuffix(")") for w in why)
+                    + "). `capplan telemetry engine FILE --into STUDY` imports a recorded "
+                      "/metrics file (docs/engine-metrics.md).")
+        text = ("Engine metrics (the engine's own /metrics, scrapes in the steady window: "
+                "preemptions = the counter's increase, restarts counted; peaks over the "
+                "scrapes; docs/engine-metrics.md)\n"
+                + self.display_frame("engine").to_string(index=False))
+        notes = [f"  {r.run_id}: {r.engine_note}" for r in t.itertuples() if r.engine_note]
+        return text + ("\n" + "\n".join(notes) if notes else "")
 
 
 def _check_unknown_runs(study: Study) -> None:
@@ -398,8 +439,27 @@ def summarize(study: Study, slo: SLO | str | dict | None = None, *,
                   WHERE in_window AND status = 'ok' AND itl_ns IS NOT NULL)
             GROUP BY run_id
         """, [pcts]).df()
-    return RunSummary(table=_assemble(study, window, df, itl, slo, confidence), slo=slo,
-                      confidence=confidence)
+    table = _assemble(study, window, df, itl, slo, confidence)
+    return RunSummary(table=_with_engine(study, window, df, table), slo=slo, confidence=confidence)
+
+
+def _with_engine(study: Study, window: Window, agg: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The engine's KV pressure beside each run (``capplan.engine_metrics.pressure``) over the
+    run's steady window: from its warm-up to the last stamp of a window request."""
+    from . import engine_metrics
+
+    ends = dict(zip(agg["run_id"], agg["end_ns"]))
+    windows = {}
+    for rid in table["run_id"]:
+        lo = int(round(window.seconds(rid) * C.NS_PER_S))
+        end = ends.get(rid)
+        windows[rid] = (lo, lo - 1 if end is None or pd.isna(end) else int(end))
+    engine = engine_metrics.pressure(engine_metrics.read(study.root), windows,
+                                     dict(zip(table["run_id"], table["n_offered"])))
+    at = list(table.columns).index("notes")
+    out = table.drop(columns="notes").merge(engine, on="run_id", how="left")
+    cols = list(table.columns[:at]) + list(engine_metrics.PRESSURE_COLUMNS) + ["notes"]
+    return out.assign(notes=table["notes"].to_numpy())[cols]
 
 
 def _assemble(study: Study, window: Window, agg: pd.DataFrame, itl: pd.DataFrame | None,

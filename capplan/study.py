@@ -237,6 +237,7 @@ def _read_manifest(path, problems: ProblemList, text: str | None = None) -> C.Ma
             duration_s=dur, warmup_s=warm,
             repeat=num("repeat", integer=True, minimum=0, example="1") or 0,
             nominal_rps=num("nominal_rps", above=0.0, example="4.0"),
+            epoch_start_ns=num("epoch_start_ns", integer=True, minimum=0, example="1796167537605000000"),
             extra={k: v for k, v in r.items() if k not in RUN_KEYS},
         ))
     if problems.errors and not runs:

@@ -32,7 +32,7 @@ DOC = ROOT / "docs" / "architecture.md"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "contract", "version", "io")),
     ("kit", ("spec", "slo", "sketch", "earlystop", "periods", "resources", "dialect")),
-    ("study", ("study", "sparkstudy", "telemetry", "importers", "loadtools")),
+    ("study", ("study", "sparkstudy", "telemetry", "engine_metrics", "importers", "loadtools")),
     ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce", "runeffect", "honesty")),
     ("simulation", ("synth",)),

@@ -1,4 +1,5 @@
-"""`capplan telemetry record`: sample GPU power/energy/utilisation/memory/clocks via NVML."""
+"""`capplan telemetry record`: sample GPU power/energy/utilisation/memory/clocks via NVML.
+`capplan telemetry engine`: import the serving engine's recorded /metrics scrapes into a study."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import click
 
 @click.group("telemetry")
 def cmd():
-    """GPU telemetry for the study's resources/ folder."""
+    """GPU telemetry (resources/) and the engine's own /metrics (engine_metrics/) of a study."""
 
 
 @cmd.command("record", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -66,3 +67,65 @@ def record_cmd(interval, out, duration, run_id, command):
     if rc:
         click.echo(f"the command exited with code {rc}", err=True)
     return rc
+
+
+@cmd.command("engine")
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--into", "into", required=True, type=click.Path(file_okay=False),
+              help="the study whose runs the scrapes were taken during")
+@click.option("--run-start", "run_start", multiple=True, metavar="RUN=EPOCH_S",
+              help="a run's wall-clock start (epoch seconds of its first scheduled request), "
+                   "for runs whose study.yaml has no epoch_start_ns; repeatable")
+@click.option("--name", default=None,
+              help="file name under engine_metrics/ (default: the first file's stem); the same "
+                   "name again replaces it")
+def engine_cmd(files, into, run_start, name):
+    """Import recorded Prometheus /metrics scrapes of the serving engine (vLLM, llama.cpp) into
+    STUDY/engine_metrics/: each scrape goes to the run whose time span holds it.
+
+    FILES: '# scrape at <epoch s>' blocks of /metrics text, JSON lines {"t", "text"}, or
+    AIPerf's server_metrics_export.jsonl (docs/engine-metrics.md).
+
+    Example: capplan telemetry engine scrapes.prom --into studies/llama
+    """
+    from pathlib import Path
+
+    from .. import engine_metrics as E
+    from ..errors import SpecError
+    from ..study import open_study
+
+    starts = {}
+    for item in run_start:
+        rid, sep, val = item.partition("=")
+        try:
+            starts[rid.strip()] = E.epoch_seconds_ns(val.strip())
+        except ValueError:
+            sep = ""
+        if not sep or not rid.strip():
+            raise SpecError(f"--run-start {item!r}: expected RUN=<epoch seconds>",
+                            field="--run-start", fix="e.g. --run-start r01=1796167537.605")
+    read = [E.read_scrapes(f) for f in files]
+    study = open_study(into)
+    placed = E.place(read, E.run_spans(study, starts))
+    n = sum(len(f.scrapes) for f in read)
+    if not placed.table.num_rows:
+        raise SpecError(f"none of the {n} scrapes falls inside a run of {study.name} "
+                        "(each run spans its epoch_start_ns to its last request stamp)",
+                        field="FILES", file=str(files[0]),
+                        fix="check the study and the recording are of the same sweep, or give "
+                            "--run-start RUN=<epoch s> where study.yaml's epoch_start_ns is wrong")
+    path = E.write(study.root, placed, name or Path(files[0]).name.split(".")[0])
+    click.echo(f"{n} scrapes read from {len(read)} file(s) ({', '.join(f.format for f in read)}); "
+               + ", ".join(f"{rid}: {k}" for rid, k in placed.scrapes_by_run.items()))
+    if placed.outside:
+        click.echo(f"{placed.outside} scrape(s) fall in no run's span (between or outside the "
+                   "runs) and were left out")
+    if placed.skipped_samples:
+        click.echo(f"{placed.skipped_samples:,} histogram, summary or NaN samples left out "
+                   "(counters and gauges are kept)")
+    found = {key: next((m for m in names if m in set(placed.table["metric"].to_pylist())), None)
+             for key, names in E.SIGNALS.items()}
+    click.echo("signals: " + ", ".join(f"{k} {'from ' + v if v else 'not recorded'}"
+                                      for k, v in found.items()))
+    click.echo(f"wrote {path}")
+    return 0

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (RunData, add_row, add_unexported_rows, endpoint_kind, load_json, load_jsonl,
-                     new_columns, parse_rate, status_from_error, to_int)
+from .common import (EPOCH_S_MIN, RunData, add_row, add_unexported_rows, endpoint_kind, load_json,
+                     load_jsonl, new_columns, parse_rate, status_from_error, to_int)
 
 TOOL = "aiperf"
 RECORDS = "profile_export.jsonl"
@@ -109,6 +109,13 @@ def _load_model(summary: dict | None, folder: Path) -> tuple[float | None, int |
     return rate, conc, arrival
 
 
+def _epoch_clock(stamps) -> bool:
+    """AIPerf stamps requests with wall-clock epoch ns (time.time_ns); a hand-made file with
+    small numbers is on no known clock."""
+    vals = [v for v in stamps if v is not None]
+    return bool(vals) and min(vals) >= EPOCH_S_MIN * C.NS_PER_S
+
+
 def _cancelled_in_log(folder: Path) -> int | None:
     log = folder / "logs" / "aiperf.log"
     if not log.is_file():
@@ -188,7 +195,8 @@ def _parse_file(path: Path) -> RunData:
         del cols["max_output_tokens"]
     # the run is the folder AIPerf wrote it to (rate_6.0 in a sweep, the --artifact-dir name else)
     run = RunData(run_id=folder.name or path.stem, source=str(path), columns=cols,
-                  nominal_rps=rate, concurrency=conc, arrival=arrival, workload=facts)
+                  nominal_rps=rate, concurrency=conc, arrival=arrival, workload=facts,
+                  clock_epoch_ns=0 if _epoch_clock(cols["scheduled_ns"]) else None)
     if summary:
         phases = [ph for ph in ((summary.get("input_config") or {}).get("phases") or [])
                   if isinstance(ph, dict) and ph.get("kind") == "profiling"]

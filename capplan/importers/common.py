@@ -62,6 +62,11 @@ class RunData:
     workload: dict = field(default_factory=dict)
     #: rows added for requests the tool counted but did not export: {status: count}
     added: dict = field(default_factory=dict)
+    #: wall-clock time (epoch ns) of this run's raw clock zero, when the tool's clock is
+    #: wall-clock (AIPerf: 0, its stamps are epoch ns); None when it is a private monotonic
+    #: clock. ``assemble`` writes the run's ``epoch_start_ns`` from it, which places the engine's
+    #: /metrics scrapes on the run's clock (docs/engine-metrics.md)
+    clock_epoch_ns: int | None = None
 
     @property
     def n(self) -> int:
@@ -443,17 +448,19 @@ def add_unexported_rows(run: RunData, n: int, status: str, *, input_tokens: int 
 # assembly
 # ------------------------------------------------------------------------------------------
 
-def _rebase(run: RunData) -> RunData:
+def _rebase(run: RunData) -> int:
+    """Move the run's clock so its first scheduled request is at 0; returns the old value of
+    that 0 (on the tool's raw clock)."""
     cols = run.columns
     sched = cols["scheduled_ns"]
     if any(v is None for v in sched):
         raise StudyError(f"run {run.run_id}: some requests have no intended start time",
                          file=run.source)
-    t0 = min(sched) if sched else 0
+    t0 = int(min(sched)) if sched else 0
     for name in TIME_COLUMNS:
         if name in cols:
             cols[name] = [None if v is None else int(v) - t0 for v in cols[name]]
-    return run
+    return t0
 
 
 def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None = None,
@@ -478,7 +485,7 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
         if r.n == 0:
             warnings.append(f"run {r.run_id}: no requests in {r.source}; skipped")
             continue
-        _rebase(r)
+        t0 = _rebase(r)
         warnings.extend(f"run {r.run_id}: {w}" for w in r.warnings)
         rate = measured_rps(r.columns["scheduled_ns"])
         entry: dict = {"run_id": r.run_id}
@@ -522,6 +529,8 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
             entry["warmup_s"] = float(r.warmup_s)
         if r.timestamps == "none":
             entry["timestamps"] = "none"
+        elif r.clock_epoch_ns is not None:
+            entry["epoch_start_ns"] = int(r.clock_epoch_ns) + t0
         entry["source"] = r.source
         if r.added:
             entry["added_unexported_requests"] = dict(r.added)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (RunData, add_row, endpoint_kind, gaps_ns, load_json, new_columns,
+from .common import (EPOCH_S_MIN, RunData, add_row, endpoint_kind, gaps_ns, load_json, new_columns,
                      requested_output_tokens, to_int)
 
 TOOL = "genai_perf"
@@ -136,13 +136,15 @@ def _experiment(exp: dict, k: int, path: Path, isl: float | None) -> RunData:
                 output_tokens=len(tok_ts), status=status, itl_ns=gaps_ns(tok_ts),
                 max_output_tokens=requested_output_tokens(r.get("request_inputs")))
     closed = mode == "concurrency"
+    epoch = bool(cols["sent_ns"]) and min(cols["sent_ns"]) >= EPOCH_S_MIN * C.NS_PER_S
     run = RunData(run_id=f"{mode or 'experiment'}_{value if value is not None else k}",
                   source=str(path), columns=cols,
                   nominal_rps=None if closed else (float(value) if value else None),
                   concurrency=to_int(value, 1) if closed else None,
                   arrival="concurrency" if closed else "unknown",
                   extra={"input_tokens_source": "genai_perf_mean_isl" if isl is not None
-                         else "prompt_words"})
+                         else "prompt_words"},
+                  clock_epoch_ns=0 if epoch else None)  # GenAI-Perf stamps epoch ns
     wb = exp.get("window_boundaries") or []
     if wb:
         first = min(cols["scheduled_ns"])

@@ -201,7 +201,8 @@ def _bench_v2(bench: dict, index: int, path: str, version: int) -> RunData:
     run = RunData(run_id=_run_label(kind, rate, conc, index), source=path, columns=cols,
                   nominal_rps=rate if conc is None else None, concurrency=conc, arrival=arrival,
                   duration_s=_float(bench.get("duration")),
-                  extra={"guidellm_strategy": kind, "guidellm_format_version": version})
+                  extra={"guidellm_strategy": kind, "guidellm_format_version": version},
+                  clock_epoch_ns=_epoch_ns(start))
     sm = bench.get("scheduler_metrics") or {}
     measure_start = _float(sm.get("measure_start_time"))
     first_sched = min((x for x in cols["scheduled_ns"] if x is not None), default=None)
@@ -266,7 +267,8 @@ def _bench_v1(bench: dict, index: int, path: str, version: int) -> RunData:
                 status=st, itl_ns=None, finish_reason=None)
     run = RunData(run_id=_run_label(kind, rate, conc, index), source=path, columns=cols,
                   nominal_rps=rate if conc is None else None, concurrency=conc, arrival=arrival,
-                  extra={"guidellm_strategy": kind, "guidellm_format_version": version})
+                  extra={"guidellm_strategy": kind, "guidellm_format_version": version},
+                  clock_epoch_ns=_epoch_ns(start))
     rs = bench.get("run_stats") or {}
     if rs.get("start_time") is not None and rs.get("end_time") is not None:
         run.duration_s = float(rs["end_time"]) - float(rs["start_time"])
@@ -296,6 +298,12 @@ def _float(v) -> float | None:
         return None if v is None else float(v)
     except (TypeError, ValueError):
         return None
+
+
+def _epoch_ns(start_s: float) -> int | None:
+    """The epoch ns of the run clock's origin ``start_s`` (epoch seconds); None when the file's
+    times are not epoch seconds."""
+    return int(round(start_s * C.NS_PER_S)) if start_s >= EPOCH_S_MIN else None
 
 
 def _first_epoch(values) -> float:
