@@ -44,11 +44,13 @@ def bt(noisy_csv):
 def test_backtest_error_matches_the_known_noise(bt, noisy_csv):
     """The best possible forecast of a quarter's peak is E[max of its 3 months' truth + noise];
     even it misses by the noise of that maximum: the expected MAPE of this ideal forecast follows
-    from the known truth and SIGMA alone (Monte Carlo below, 2 % here). Holt–Winters also
-    estimates level, trend and season, so its MAPE is a little larger on average: over 20 noise
-    seeds of this series it was 1.23× the ideal (pooled), single series 0.57–2.24× (6 quarters
-    each: the MAPE of 6 absolute errors has a coefficient of variation of about 0.35). The test
-    accepts 0.5–2.5×, which a forecast off by a noise level 3× too large or small would fail."""
+    from the known truth and SIGMA alone (Monte Carlo below: 2.0 % here). Holt–Winters also
+    estimates level, trend and season, so its back-tested MAPE is larger on average: over 40
+    noise seeds of this series (benchmarks/backtest_noise.py) it was 1.35× the ideal pooled,
+    and 0.57–2.57× for 38 of the 40 single series (the MAPE of 6 absolute errors scatters: its
+    coefficient of variation is about 0.4); extremes 3.17. The band 0.5–2.6× holds the middle
+    95 % of that spread; this seed gives 1.51×. The planned peak (upper end of the 95 %
+    interval) fell short of the p90 actual in 6 of the 40 series, by at most 1.4 %: u ≤ 2 %."""
     assert len(bt.origins) == 6 and bt.origins[0] == "2023Q4" and bt.origins[-1] == "2025Q1"
     q = MONTHS.tz_localize(None).to_period("Q")
     rng = np.random.default_rng(1)
@@ -60,7 +62,7 @@ def test_backtest_error_matches_the_known_noise(bt, noisy_csv):
         ideal.append(np.mean(np.abs(peaks - peaks.mean()) / peaks))
     expected = float(np.mean(ideal))
     assert 0.015 < expected < 0.025
-    assert 0.5 * expected <= bt.mape <= 2.5 * expected, (bt.mape, expected)
+    assert 0.5 * expected <= bt.mape <= 2.6 * expected, (bt.mape, expected)
     # the forecast is not biased: the middle quarter's actual / forecast is within a few noise SDs of 1
     p50 = dict(bt.ratio_quantiles)[0.5]
     assert abs(p50 - 1.0) < 3 * SIGMA / 130
@@ -175,3 +177,27 @@ def test_cli_plan_with_backtest_and_too_short_history(tmp_path, noisy_csv, bt, c
     err = capsys.readouterr().err
     assert rc == 2 and "too short to back-test" in err and "through 2025-12-31" in err and "Traceback" not in err
     assert not (tmp_path / "p").exists()
+
+
+def test_plan_page_shows_the_backtest(tmp_path, noisy_csv):
+    """Notebook 03 executed with papermill (as `capplan report` runs it) with a spec whose u is
+    back-tested: the page shows where u came from, the back-test's table and figure."""
+    import json
+
+    import nbformat
+
+    from capplan import report as R
+    from capplan.resources import default_spec_path
+
+    raw = yaml.safe_load(default_spec_path().read_text(encoding="utf-8"))
+    raw.pop("start", None)
+    raw["demand"] = {"history": str(noisy_csv), "uncertainty": "backtest", "horizon_quarters": 1,
+                     "mean_to_peak": 0.6}
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    nb = R.execute_notebook(R.notebooks_dir() / "03-plan.ipynb",
+                            {"spec_path": str(tmp_path / "plan.yaml"), "reps": 50, "seed": 0}, cwd=tmp_path)
+    text = json.dumps(nbformat.v4.new_notebook(cells=nb.cells))
+    assert '"output_type": "error"' not in text
+    assert "Forecast back-test" in text and "p90 under-forecast of the planned peak" in text
+    assert "Actual peak (req/s)" in text or "actual peak" in text.lower()
+    assert "demand.uncertainty: backtest" in text  # the Assumptions row says how u was set
