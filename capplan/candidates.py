@@ -122,7 +122,10 @@ class Comparison:
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame(list(self.rows))
+        df = pd.DataFrame(list(self.rows))
+        if "rank" in df:
+            df["rank"] = df["rank"].astype("Int64")  # 1, 2, … and <NA> for the unranked
+        return df
 
     def figure(self):
         import plotly.graph_objects as go
@@ -207,7 +210,8 @@ def compare_candidates(candidates, *, slo=None, baseline: str | None = None, qua
               if cand.name == baseline else
               quality_verdict(q, base_q, margin=quality_margin, confidence=quality_confidence,
                               same_outputs=cand.same_outputs, baseline_name=f"the baseline {baseline}"))
-        row.update({"quality_eval": q.eval if q is not None else None, "quality_score": q.score if q else None,
+        row.update({"quality_eval": q.eval if q is not None else None,
+                    "quality_score": q.score if q is not None else None,
                     "quality_se": q.se if q is not None else None, "quality_delta": qv.delta,
                     "quality_delta_low": qv.delta_low, "quality_margin": qv.margin,
                     "comparable": qv.comparable, "quality_reason": qv.reason})

@@ -257,17 +257,20 @@ def _quality(check: S.Checks, value) -> C.QualityResult | None:
     q = check(S.mapping, value, "quality", known=C.QUALITY_REQUIRED + C.QUALITY_OPTIONAL, example=eg)
     if q is None:
         return None
-    for k in C.QUALITY_REQUIRED:
-        if q.get(k) is None:
-            check.error(S.join("quality", k), f"quality is missing '{k}'", example=eg,
-                        fix="give the eval's name, the build's score and its standard error (se)")
-    name = check(S.text, q.get("eval"), "quality.eval", optional=False, example="mmlu-pro")
+    missing = [k for k in C.QUALITY_REQUIRED if q.get(k) is None]
+    for k in missing:
+        check.error(S.join("quality", k), f"quality is missing '{k}'", example=eg,
+                    fix="give the eval's name, the build's score and its standard error (se)")
+    name = check(S.text, q.get("eval"), "quality.eval", optional=True, example="mmlu-pro")
+    if isinstance(name, str) and not name.strip():
+        check.error("quality.eval", "quality.eval is empty", fix="name the eval, e.g. eval: mmlu-pro")
+        name = None
     score = check(S.number, q.get("score"), "quality.score", optional=True, example="0.712")
     se = check(S.number, q.get("se"), "quality.se", optional=True, minimum=0.0, example="0.004")
     hib = check(S.flag, q.get("higher_is_better"), "quality.higher_is_better", default=True)
     n = check(S.number, q.get("n"), "quality.n", optional=True, integer=True, above=0, example="12032")
     notes = check(S.text, q.get("notes"), "quality.notes", example="lm-eval-harness 0.4.5, 5-shot")
-    if None in (name, score, se, hib) or (q.get("n") is not None and n is None) \
+    if missing or None in (name, score, se, hib) or (q.get("n") is not None and n is None) \
             or (q.get("notes") is not None and notes is None):
         return None
     return C.QualityResult(eval=name, score=float(score), se=float(se), higher_is_better=hib, n=n, notes=notes)

@@ -122,7 +122,8 @@ def test_study_quality_block_is_read_and_used(tmp_path):
     ({"eval": "mmlu-pro", "score": 0.7}, "quality is missing 'se'"),
     ({"eval": "mmlu-pro", "score": 0.7, "se": 0.01, "stderr": 0.01}, "stderr"),
     ({"eval": "mmlu-pro", "score": 0.7, "se": 0.01, "higher_is_better": "yes"}, "quality.higher_is_better"),
-    ("mmlu 0.7", "quality"),
+    ({"eval": " ", "score": 0.7, "se": 0.01}, "quality.eval is empty"),
+    ("mmlu 0.7", "quality must be a mapping"),
 ])
 def test_malformed_quality_is_a_clear_error(tmp_path, block, words):
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(dict(MANIFEST, quality=block)))
@@ -130,6 +131,7 @@ def test_malformed_quality_is_a_clear_error(tmp_path, block, words):
         parse_manifest(tmp_path / "study.yaml")
     text = exc.value.format()
     assert words in text and "study.yaml" in text
+    assert len(exc.value.problems) == 1  # one problem, said once
 
 
 def test_validate_names_the_quality_field(make_study, capsys):
