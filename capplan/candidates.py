@@ -86,8 +86,11 @@ def quality_verdict(cand: QualityResult | None, base: QualityResult | None, *, m
                                      "on this build, to its study.yaml")
     if base is None:
         return QualityVerdict(False, f"{baseline_name} has no quality result to compare {cand.eval} with")
-    if cand.eval != base.eval or cand.higher_is_better != base.higher_is_better:
+    if cand.eval != base.eval:
         return QualityVerdict(False, f"evaluated on {cand.eval!r}, {baseline_name} on {base.eval!r}: not the same eval")
+    if cand.higher_is_better != base.higher_is_better:
+        return QualityVerdict(False, f"its {cand.eval} result and {baseline_name}'s disagree on whether higher is "
+                                     "better: fix higher_is_better in one of the study.yaml files")
     sign = 1.0 if base.higher_is_better else -1.0
     d = sign * (cand.score - base.score)
     se = math.hypot(cand.se, base.se)

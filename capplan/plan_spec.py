@@ -127,6 +127,10 @@ class DemandSpec:
         bt = backtest_from_file(self.history, time_column=self.history_time_column,
                                 rate_column=self.history_rate_column, horizon_quarters=self.horizon_quarters,
                                 interval=self.interval, quantile=self.backtest_quantile)
+        if bt.u > 3.0:
+            S.fail(f"{s}.uncertainty", f"the back-test measured u = {bt.u:.3g}: the forecast's planned peak fell "
+                   f"short by more than 3× ({bt.sentence})", "check the history (units, a level shift), or give "
+                   "u as a number")
         object.__setattr__(self, "uncertainty", bt.u)
         object.__setattr__(self, "backtest", bt)
 
