@@ -85,6 +85,8 @@ def test_worse_beyond_the_margin_with_uncertainties_is_refused():
     # another eval is not evidence
     other = quality_verdict(QualityResult(eval="gsm8k", score=0.9, se=0.001), BASE)
     assert not other.comparable and "not the same eval" in other.reason
+    flipped = quality_verdict(QualityResult(eval="mmlu-pro", score=0.71, se=0.002, higher_is_better=False), BASE)
+    assert not flipped.comparable and "disagree on whether higher is better" in flipped.reason
 
 
 def test_same_build_needs_no_eval_and_the_baseline_can_be_named():
