@@ -195,6 +195,27 @@ RUN_REQUIRED_OPEN = ("run_id", "offered_rps")
 RUN_REQUIRED_CLOSED = ("run_id", "concurrency")
 RUN_OPTIONAL = ("arrival", "duration_s", "warmup_s", "repeat", "nominal_rps", "notes", "cache_condition",
                 "epoch_start_ns")
+#: the optional ``quality:`` block: an eval result of the build the sweep ran (docs/study-contract.md)
+QUALITY_REQUIRED = ("eval", "score", "se")
+QUALITY_OPTIONAL = ("higher_is_better", "n", "notes")
+
+
+@dataclass(frozen=True)
+class QualityResult:
+    """What the served build scores on an eval, measured on the same build (weights, dtype or
+    quantisation, engine, decoding settings) as the load sweep: ``score`` with its standard error
+    ``se`` (same units). A cheaper build that serves worse answers is not a cheaper equal, so
+    plan candidates are compared on quality before cost (``capplan.candidates``)."""
+
+    eval: str
+    score: float
+    se: float
+    higher_is_better: bool = True
+    n: int | None = None  # items the eval scored
+    notes: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.eval} {self.score:.4g} ± {self.se:.2g} (SE)"
 
 
 class CacheCondition(str, Enum):
@@ -289,6 +310,7 @@ class Manifest:
     load_model: str
     runs: tuple[RunSpec, ...]
     raw: dict = field(default_factory=dict, compare=False, hash=False)
+    quality: QualityResult | None = None
 
     @property
     def run_ids(self) -> tuple[str, ...]:

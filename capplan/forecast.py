@@ -31,6 +31,8 @@ import pandas as pd
 from .errors import SpecError
 
 MIN_POINTS = 10
+#: per-period frequency → (seasonal period, periods of history the seasonal term needs)
+_SEASON = {"D": (7, 28), "W": (52, 104), "MS": (12, 24)}
 
 
 @dataclass(frozen=True)
@@ -160,12 +162,8 @@ def _regularise(s: pd.Series) -> tuple[pd.Series, str, int | None, list[str]]:
     notes = []
     ns = s.index.as_unit("ns").asi8  # pandas ≥ 3 defaults to µs: never assume the unit
     dt = np.median(np.diff(ns)) / 1e9 / 86400.0  # days
-    if dt < 6.5:
-        freq, period, need = "D", 7, 28
-    elif dt < 27:
-        freq, period, need = "W", 52, 104
-    else:
-        freq, period, need = "MS", 12, 24
+    freq = "D" if dt < 6.5 else "W" if dt < 27 else "MS"
+    period, need = _SEASON[freq]
     y = s.resample(freq).max()
     gaps = int(y.isna().sum())
     if gaps:
@@ -258,3 +256,186 @@ def forecast_peaks_from_file(path: str | os.PathLike, *, time_column: str = "t",
     st = p.stat()
     return _cached(str(p), st.st_mtime_ns, st.st_size, time_column, rate_column, int(horizon_quarters),
                    float(interval), int(reps), int(seed))
+
+
+# ----------------------------------------------------------------------------- back-test
+
+#: fewest rolling origins a back-test accepts (fewer give no usable error quantile)
+MIN_ORIGINS = 4
+#: quantiles of the actual/forecast ratio a back-test reports
+RATIO_QUANTILES = (0.1, 0.5, 0.9)
+
+
+@dataclass(frozen=True)
+class BackTest:
+    """The forecast back-tested on its own history (rolling origin, docs/plan.md "Back-test").
+    One row per (origin, quarter ahead) in ``rows``: the actual peak, the forecast mean of the
+    peak, the planned peak (the interval's upper end, what the plan sizes for), their ratios and
+    the absolute percentage error. ``mape`` and ``ratio_quantiles`` (actual / forecast mean) say
+    how accurate the forecast is; ``under_forecast`` is the ``quantile`` of actual / planned − 1,
+    and ``u = max(0, under_forecast)`` the demand uncertainty that would have covered the actual
+    peak in that share of the back-tested quarters."""
+
+    origins: tuple[str, ...]
+    horizon_quarters: int
+    interval: float
+    quantile: float
+    mape: float
+    ratio_quantiles: tuple[tuple[float, float], ...]
+    planned_ratio_quantiles: tuple[tuple[float, float], ...]
+    under_forecast: float
+    u: float
+    freq: str
+    model: str
+    rows: pd.DataFrame = field(repr=False, compare=False)
+
+    @property
+    def quarters(self) -> int:
+        return len(self.rows)
+
+    @property
+    def sentence(self) -> str:
+        """Where ``u`` came from, in one line (the plan's summary and Assumptions quote it)."""
+        q = f"p{self.quantile * 100:g}"
+        return (f"back-tested: {q} under-forecast of the planned peak {self.under_forecast:+.1%} over "
+                f"{len(self.origins)} origins ({self.quarters} quarters, {self.horizon_quarters} ahead each), "
+                f"so u = {self.u:.1%}; forecast MAPE {self.mape:.1%}")
+
+    def to_text(self) -> str:
+        r = ", ".join(f"p{p * 100:g} {v:.3f}" for p, v in self.ratio_quantiles)
+        rp = ", ".join(f"p{p * 100:g} {v:.3f}" for p, v in self.planned_ratio_quantiles)
+        return "\n".join([
+            f"Back-test of the demand forecast ({self.model}) on its own history: fitted at "
+            f"{len(self.origins)} quarter ends ({self.origins[0]} … {self.origins[-1]}), each forecasting the next "
+            f"{self.horizon_quarters} quarter(s), compared with the peak that happened ({self.quarters} quarters).",
+            f"Forecast mean of the quarter's peak: MAPE {self.mape:.1%}; actual / forecast {r} "
+            f"(> 1: under-forecast).",
+            f"Planned peak (upper end of the {self.interval:.0%} interval): actual / planned {rp}.",
+            f"u = max(0, p{self.quantile * 100:g} of actual / planned − 1) = {self.u:.1%}: planning for "
+            f"planned peak × (1 + u) would have covered the actual peak in {self.quantile:.0%} of these quarters.",
+        ])
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.rows.copy()
+
+    def figure(self):
+        """Actual peak against the forecast mean and the planned peak, per back-tested quarter."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        for step in sorted(self.rows["step"].unique()):
+            r = self.rows[self.rows["step"] == step]
+            tag = f" ({step} ahead)" if self.horizon_quarters > 1 else ""
+            fig.add_trace(go.Scatter(x=r["quarter"], y=r["forecast_mean_rps"], mode="markers",
+                                     name="forecast mean" + tag, marker={"symbol": "circle-open"}))
+            fig.add_trace(go.Scatter(x=r["quarter"], y=r["planned_peak_rps"], mode="markers",
+                                     name="planned peak" + tag, marker={"symbol": "triangle-up-open"}))
+        actual = self.rows.drop_duplicates("quarter")
+        fig.add_trace(go.Scatter(x=actual["quarter"], y=actual["actual_peak_rps"], mode="lines+markers",
+                                 name="actual peak", line={"color": "#444"}))
+        fig.update_layout(title=f"Forecast back-test: {len(self.origins)} origins, MAPE {self.mape:.1%}",
+                          yaxis_title="quarter's peak (req/s)", template="plotly_white")
+        return fig
+
+
+def _quarter_labels(q: pd.Period, freq: str) -> pd.DatetimeIndex:
+    """The period labels of a per-period series that fall in quarter ``q`` (a week counts where it ends)."""
+    return pd.date_range(q.start_time, q.end_time.normalize(), freq=freq)
+
+
+def backtest(history: pd.Series, *, horizon_quarters: int = 1, interval: float = 0.95, quantile: float = 0.9,
+             reps: int = 1000, seed: int = 0, forecaster=None) -> BackTest:
+    """Rolling-origin back-test of ``forecaster`` (default :func:`forecast_peaks`, the plan's):
+    at every calendar-quarter end with enough history before it to fit the same model as the
+    whole history and ``horizon_quarters`` complete quarters after it, fit on the history up to
+    that end, forecast the next ``horizon_quarters`` quarters' peaks and compare each with the
+    peak that happened. Raises SpecError (field ``demand.uncertainty``) naming the history
+    needed when it gives fewer than ``MIN_ORIGINS`` origins."""
+    forecaster = forecaster or forecast_peaks
+    y, freq, period, _ = _regularise(history)
+    min_train = _SEASON[freq][1] if period else MIN_POINTS
+    naive = y.index.tz_localize(None) if y.index.tz is not None else y.index
+    qidx = naive.to_period("Q")
+    first = pd.date_range(naive[0], periods=min_train, freq=freq)[-1].to_period("Q")
+    last = qidx[-1]
+    if naive[-1] < _quarter_labels(last, freq)[-1]:
+        last -= 1  # the last quarter is not complete
+    H = int(horizon_quarters)
+    n = (last - H).ordinal - first.ordinal + 1
+    if n < MIN_ORIGINS:
+        more = MIN_ORIGINS - max(n, 0)
+        through = (last + more).end_time.date().isoformat()
+        unit = {"D": "days", "W": "weeks", "MS": "months"}[freq]
+        raise _bad(f"demand history too short to back-test: {max(n, 0)} origin(s), a back-test needs "
+                   f"{MIN_ORIGINS}. Each origin is a quarter end with at least {min_train} {unit} of history "
+                   f"before it and {H} complete quarter(s) after it; the history runs "
+                   f"{naive[0].date()} – {naive[-1].date()} ({len(y)} {unit})",
+                   "demand.uncertainty",
+                   fix=f"give {more} more complete quarter(s) of history (through {through}), a shorter "
+                       f"horizon_quarters, or u as a number (uncertainty: 0.2)")
+    origins = [first + i for i in range(n)]
+    rows = []
+    model = ""
+    for o in origins:
+        fc = forecaster(y[qidx <= o], horizon_quarters=H, interval=interval, reps=reps, seed=seed)
+        model = getattr(fc, "model", model)
+        want = tuple(str(o + k) for k in range(1, H + 1))
+        if tuple(fc.labels) != want:
+            raise _bad(f"the back-test fit at {o} forecast quarters {', '.join(fc.labels)} instead of "
+                       f"{', '.join(want)}", "demand.history", fix="give a regular history (one rate per period)")
+        for k, (label, mean, upper) in enumerate(zip(fc.labels, fc.mean, fc.upper), start=1):
+            actual = float(y[qidx == o + k].max())
+            if actual <= 0:
+                raise _bad(f"the history's peak in {label} is 0: the back-test's percentage errors are undefined",
+                           "demand.history", fix="give u as a number (uncertainty: 0.2)")
+            rows.append({"origin": str(o), "quarter": label, "step": k, "actual_peak_rps": actual,
+                         "forecast_mean_rps": float(mean), "planned_peak_rps": float(upper),
+                         "actual_to_forecast": actual / float(mean) if mean > 0 else float("inf"),
+                         "actual_to_planned": actual / float(upper) if upper > 0 else float("inf"),
+                         "ape": abs(actual - float(mean)) / actual})
+    return backtest_errors(pd.DataFrame(rows), origins=tuple(str(o) for o in origins), horizon_quarters=H,
+                           interval=interval, quantile=quantile, freq=freq, model=model)
+
+
+def backtest_errors(rows: pd.DataFrame, *, origins: tuple[str, ...], horizon_quarters: int, interval: float,
+                    quantile: float, freq: str = "", model: str = "") -> BackTest:
+    """The error summary of back-test rows (``actual_peak_rps``, ``forecast_mean_rps``,
+    ``planned_peak_rps``): MAPE = mean |actual − forecast| / actual; ratio quantiles (type 7);
+    u = max(0, quantile of actual / planned − 1)."""
+    a = rows["actual_peak_rps"].to_numpy(dtype=float)
+    m = rows["forecast_mean_rps"].to_numpy(dtype=float)
+    p = rows["planned_peak_rps"].to_numpy(dtype=float)
+    mape = float(np.mean(np.abs(a - m) / a))
+    rq = tuple((q, float(np.quantile(a / m, q))) for q in RATIO_QUANTILES)
+    pq = tuple((q, float(np.quantile(a / p, q))) for q in RATIO_QUANTILES)
+    under = float(np.quantile(a / p, quantile)) - 1.0
+    return BackTest(origins=origins, horizon_quarters=horizon_quarters, interval=interval, quantile=quantile,
+                    mape=mape, ratio_quantiles=rq, planned_ratio_quantiles=pq, under_forecast=under,
+                    u=max(0.0, under), freq=freq, model=model, rows=rows)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_backtest(path: str, mtime_ns: int, size: int, time_column: str, rate_column: str,
+                     horizon_quarters: int, interval: float, quantile: float, reps: int, seed: int) -> BackTest:
+    s = read_history(path, time_column=time_column, rate_column=rate_column)
+    try:
+        return backtest(s, horizon_quarters=horizon_quarters, interval=interval, quantile=quantile, reps=reps,
+                        seed=seed)
+    except SpecError as exc:  # too short: the spec's uncertainty line is the place, the history is named
+        if exc.field == "demand.uncertainty":
+            raise SpecError(f"{exc.args[0]} (history {path})", field=exc.field, fix=exc.fix) from None
+        raise SpecError(exc.args[0], field=exc.field, fix=exc.fix, file=path) from None
+
+
+def backtest_from_file(path: str | os.PathLike, *, time_column: str = "t", rate_column: str = "rps",
+                       horizon_quarters: int = 1, interval: float = 0.95, quantile: float = 0.9,
+                       reps: int = 1000, seed: int = 0) -> BackTest:
+    """``backtest`` of a history file, cached on (path, mtime, size, settings): a spec with
+    ``demand.uncertainty: backtest`` is loaded by several pages and the what-if panel."""
+    p = Path(path)
+    if not p.is_file():
+        raise _bad("demand history file not found", file=str(p),
+                   fix="give demand.history a CSV or parquet file (relative to the spec file)")
+    st = p.stat()
+    return _cached_backtest(str(p), st.st_mtime_ns, st.st_size, time_column, rate_column, int(horizon_quarters),
+                            float(interval), float(quantile), int(reps), int(seed))

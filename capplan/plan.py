@@ -282,7 +282,8 @@ class Plan:
             f"{gpus:.0f} GPUs on {plural(self.value('nodes'), 'node')}"
             + (f" ({billed:.0f} GPUs billed: whole nodes)" if billed != gpus else "")
             + f", for a peak demand of {self.value('peak_rps'):.4g} req/s planned at "
-            f"{self.value('demand_rps'):.4g} req/s (+{self.spec.demand.uncertainty:.0%} uncertainty), "
+            f"{self.value('demand_rps'):.4g} req/s (+{self.spec.demand.uncertainty:.0%} uncertainty"
+            + (f", {self.spec.demand.uncertainty_source}" if self.spec.demand.backtested else "") + "), "
             f"at {self.capacity.rps_per_group:.4g} req/s per group ({self.capacity.source}).",
             f"Cost ${self.value('cost_usd_per_month'):,.0f} per month, "
             f"${self.value('cost_usd_per_quarter'):,.0f} per quarter, "
@@ -999,7 +1000,7 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
 
     add("peak_rps", "peak demand λ_peak", peak, "req/s", peak_formula, peak_inputs)
     add("demand_rps", "planned demand D (peak + uncertainty)", D, "req/s", "λ_peak × (1 + u)",
-        {"λ_peak": peak, "u": u})
+        {"λ_peak": peak, "u": u, **({"u from": spec.demand.uncertainty_source} if spec.demand.backtested else {})})
     cap_inputs = {"source": cap.source}
     if cap.lower_bound is not None or cap.estimate is not None:
         cap_inputs.update({"estimate": cap.estimate, "ci_low": cap.ci_low, "ci_high": cap.ci_high,

@@ -44,6 +44,8 @@ class DemandSpec:
     history: str | None = None  # CSV/parquet of timestamped request rates
     history_time_column: str = "t"
     history_rate_column: str = "rps"
+    #: u, a fraction (plan for peak × (1 + u)); ``"backtest"`` in the YAML measures it on the
+    #: history (``forecast.backtest``): the ``backtest_quantile`` of actual / planned peak − 1
     uncertainty: float = 0.0
     horizon_quarters: int = 1
     growth_per_quarter: float = 0.0  # only without a history
@@ -53,6 +55,9 @@ class DemandSpec:
     #: demand as a daily token volume instead of a peak rate: {input: tokens/day, output: ...}
     tokens_per_day: tuple[tuple[str, float], ...] = ()
     input_tokens_per_request: float | None = None  # without a study (or to override it)
+    backtest_quantile: float = 0.9  # with uncertainty: backtest
+    #: the back-test u was measured by (``forecast.BackTest``); not a YAML key
+    backtest: Any = field(default=None, compare=False, repr=False, metadata={"yaml": False})
 
     def __post_init__(self):
         s = self.SECTION
@@ -82,6 +87,13 @@ class DemandSpec:
         S.text(self.history, f"{s}.history")
         S.text(self.history_time_column, f"{s}.history_time_column", optional=False)
         S.text(self.history_rate_column, f"{s}.history_rate_column", optional=False)
+        S.number(self.backtest_quantile, f"{s}.backtest_quantile", above=0.5, below=1.0, example="0.9")
+        if isinstance(self.uncertainty, str) and self.uncertainty.strip().lower() in ("backtest", "back-test"):
+            self._measure_uncertainty()
+        elif isinstance(self.uncertainty, str):
+            S.fail(f"{s}.uncertainty", f"{s}.uncertainty must be a number or backtest, got {self.uncertainty!r}",
+                   "write a fraction (uncertainty: 0.2 plans for peak × 1.2) or uncertainty: backtest to "
+                   "measure it on the demand history")
         u = S.number(self.uncertainty, f"{s}.uncertainty", minimum=0.0, example="0.2")
         if u > 3.0:
             S.fail(f"{s}.uncertainty", f"{s}.uncertainty {u:g} means planning for {1 + u:g}× the peak",
@@ -99,6 +111,38 @@ class DemandSpec:
                  optional=True, example="250")
         S.number(self.input_tokens_per_request, f"{s}.input_tokens_per_request", above=0.0,
                  optional=True, example="1200")
+
+    def _measure_uncertainty(self) -> None:
+        """``uncertainty: backtest``: u from a rolling-origin back-test of the forecast on the
+        history (same horizon and interval as the plan); refused without a history or with one
+        too short to back-test."""
+        s = self.SECTION
+        if not self.history:
+            S.fail(f"{s}.uncertainty", "uncertainty: backtest measures u on the demand history, but the demand "
+                   "has no history", "add demand.history (a file of request rates), or give u as a number (0.2)")
+        S.number(self.horizon_quarters, f"{s}.horizon_quarters", integer=True, minimum=1, maximum=40, example="4")
+        S.number(self.interval, f"{s}.interval", above=0.5, maximum=0.999, example="0.95")
+        from .forecast import backtest_from_file
+
+        bt = backtest_from_file(self.history, time_column=self.history_time_column,
+                                rate_column=self.history_rate_column, horizon_quarters=self.horizon_quarters,
+                                interval=self.interval, quantile=self.backtest_quantile)
+        if bt.u > 3.0:
+            S.fail(f"{s}.uncertainty", f"the back-test measured u = {bt.u:.3g}: the forecast's planned peak fell "
+                   f"short by more than 3× ({bt.sentence})", "check the history (units, a level shift), or give "
+                   "u as a number")
+        object.__setattr__(self, "uncertainty", bt.u)
+        object.__setattr__(self, "backtest", bt)
+
+    @property
+    def backtested(self) -> bool:
+        """Is u the back-test's (not a number typed in the spec, or moved on a slider since)?"""
+        return self.backtest is not None and self.uncertainty == self.backtest.u
+
+    @property
+    def uncertainty_source(self) -> str:
+        """Where u came from, in words."""
+        return self.backtest.sentence if self.backtested else "given in the spec"
 
     @property
     def total_peak_rps(self) -> float:
@@ -536,6 +580,8 @@ class PlanSpec:
             sec = getattr(self, attr)
             d = {}
             for f in fields(sec):
+                if not f.metadata.get("yaml", True):
+                    continue
                 v = getattr(sec, f.name)
                 if f.name in ("peak_rps", "ready_time_s", "tokens_per_day"):
                     v = {a: b for a, b in v}
@@ -589,7 +635,7 @@ def _build(raw, base_dir) -> PlanSpec:
     for key, cls in _SECTIONS.items():
         if raw.get(key) is None:
             continue
-        values = S.mapping(raw[key], key, known=[f.name for f in fields(cls)],
+        values = S.mapping(raw[key], key, known=[f.name for f in fields(cls) if f.metadata.get("yaml", True)],
                            example="see templates/plan.yaml")
         if key == "demand" and values.get("history") and base_dir is not None:
             h = values["history"]

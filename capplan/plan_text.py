@@ -36,6 +36,7 @@ _FIELD_TEXT = {
     "demand.mean_to_peak": ("mean demand / peak demand", "fraction"),
     "demand.output_tokens_per_request": ("output tokens per request", "tokens"),
     "demand.history": ("demand history file", ""), "demand.interval": ("forecast interval", "fraction"),
+    "demand.backtest_quantile": ("back-test quantile u is read at", "fraction"),
     "capacity.source": ("capacity from", ""), "capacity.use": ("plan on the C_SLO", ""),
     "capacity.rps_per_group": ("capacity per replica group (given)", "req/s"),
     "capacity.confidence": ("confidence of the C_SLO interval", "fraction"),
@@ -64,6 +65,8 @@ def _unused_fields(spec, cap, facts) -> set[str]:
     a number that changes nothing)."""
     d = spec.demand
     out = set()
+    if not d.backtested:
+        out.add("demand.backtest_quantile")
     if not d.history:
         out |= {"demand.history", "demand.history_time_column", "demand.history_rate_column", "demand.interval"}
     else:
@@ -113,7 +116,10 @@ def assumptions(spec, cap, facts, mean_to_peak_default) -> list[tuple[str, Any, 
             label = f"{label}: {k.rsplit('.', 1)[1]}"
         if k.startswith("autoscaling.ready_time_s."):
             label, unit = f"replica ready time: {k.rsplit('.', 1)[1]}", "s"
-        out.append((label, _assumption_value(v), unit, f"spec field {k}"))
+        note = f"spec field {k}"
+        if k == "demand.uncertainty" and spec.demand.backtested:  # u measured, not typed: say how
+            note = f"demand.uncertainty: backtest, {spec.demand.uncertainty_source}"
+        out.append((label, _assumption_value(v), unit, note))
     mtp = spec.demand.mean_to_peak or mean_to_peak_default or 1.0
     out += [
         ("hours per month", K.HOURS_PER_MONTH, "h", "8 760 h / 12"),

@@ -117,7 +117,7 @@ def find_parquet(folder: Path) -> tuple[Path, ...]:
 
 
 #: Keys of study.yaml and of its runs that the contract defines (others are kept and ignored).
-MANIFEST_KEYS = C.MANIFEST_REQUIRED + ("workload",)
+MANIFEST_KEYS = C.MANIFEST_REQUIRED + ("workload", "quality")
 RUN_KEYS = tuple(dict.fromkeys(C.RUN_REQUIRED_OPEN + C.RUN_REQUIRED_CLOSED + C.RUN_OPTIONAL))
 LOAD_MODELS = tuple(m.value for m in C.LoadModel)
 
@@ -240,12 +240,41 @@ def _read_manifest(path, problems: ProblemList, text: str | None = None) -> C.Ma
             epoch_start_ns=num("epoch_start_ns", integer=True, minimum=0, example="1796167537605000000"),
             extra={k: v for k, v in r.items() if k not in RUN_KEYS},
         ))
+    quality = _quality(check, raw.get("quality"))
     if problems.errors and not runs:
         return None
     return C.Manifest(
         contract=str(contract), name=str(raw.get("name", Path(str(path)).parent.name)), system=system,
         workload=raw.get("workload") or {}, load_model=str(load_model), runs=tuple(runs), raw=raw,
+        quality=quality,
     )
+
+
+def _quality(check: S.Checks, value) -> C.QualityResult | None:
+    """The manifest's optional ``quality`` block, every problem named (None when absent or bad)."""
+    if value is None:
+        return None
+    eg = "quality: {eval: mmlu-pro, score: 0.712, se: 0.004}"
+    q = check(S.mapping, value, "quality", known=C.QUALITY_REQUIRED + C.QUALITY_OPTIONAL, example=eg)
+    if q is None:
+        return None
+    missing = [k for k in C.QUALITY_REQUIRED if q.get(k) is None]
+    for k in missing:
+        check.error(S.join("quality", k), f"quality is missing '{k}'", example=eg,
+                    fix="give the eval's name, the build's score and its standard error (se)")
+    name = check(S.text, q.get("eval"), "quality.eval", optional=True, example="mmlu-pro")
+    if isinstance(name, str) and not name.strip():
+        check.error("quality.eval", "quality.eval is empty", fix="name the eval, e.g. eval: mmlu-pro")
+        name = None
+    score = check(S.number, q.get("score"), "quality.score", optional=True, example="0.712")
+    se = check(S.number, q.get("se"), "quality.se", optional=True, minimum=0.0, example="0.004")
+    hib = check(S.flag, q.get("higher_is_better"), "quality.higher_is_better", default=True)
+    n = check(S.number, q.get("n"), "quality.n", optional=True, integer=True, above=0, example="12032")
+    notes = check(S.text, q.get("notes"), "quality.notes", example="lm-eval-harness 0.4.5, 5-shot")
+    if missing or None in (name, score, se, hib) or (q.get("n") is not None and n is None) \
+            or (q.get("notes") is not None and notes is None):
+        return None
+    return C.QualityResult(eval=name, score=float(score), se=float(se), higher_is_better=hib, n=n, notes=notes)
 
 
 # --------------------------------------------------------------------------------------------

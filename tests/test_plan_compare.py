@@ -1,4 +1,6 @@
-"""Candidates (TP2 vs TP4): the cheapest per SLO-meeting request, and whether that is settled."""
+"""Candidates (TP2 vs TP4): the cheapest per SLO-meeting request, and whether that is settled.
+A TP change serves the same build, so those candidates are ``same_outputs`` (quality:
+tests/test_candidates_quality.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def test_not_settled_when_intervals_overlap():
     # TP2: lb 10.5 → 10 groups × 2 = 20 GPUs; CI [10, 14] → 10 or 8 groups → 20 or 16 GPUs
     # TP4: lb 26 → 4 groups × 4 = 16 GPUs; CI [20, 32] → 5 or 4 groups → 20 or 16 GPUs
     cmp = compare_candidates([Candidate("TP2", spec(2), envelope=env(10.5, 10.0, 14.0)),
-                              Candidate("TP4", spec(4), envelope=env(26.0, 20.0, 32.0))])
+                              Candidate("TP4", spec(4), envelope=env(26.0, 20.0, 32.0), same_outputs=True)])
     df = cmp.to_frame().set_index("candidate")
     assert df.loc["TP2", "cost_usd_per_1k_good_requests"] == pytest.approx(per_1k(20))
     assert df.loc["TP4", "cost_usd_per_1k_good_requests"] == pytest.approx(per_1k(16))
@@ -51,9 +53,10 @@ def test_not_settled_when_intervals_overlap():
 
 def test_settled_when_apart_and_failing_candidates_excluded():
     # TP2 CI [10, 12] → 10 or 9 groups → 20 or 18 GPUs; TP4 CI [25, 40] → 4 or 3 groups → 16 or 12 GPUs
-    cheap_but_unbracketed = Candidate("H100-TP1", spec(1, price=0.5), envelope=env(5.0, 0.0, 9.0, status="< min tested"))
+    cheap_but_unbracketed = Candidate("H100-TP1", spec(1, price=0.5), envelope=env(5.0, 0.0, 9.0, status="< min tested"),
+                                       same_outputs=True)
     cmp = compare_candidates([Candidate("TP2", spec(2), envelope=env(10.5, 10.0, 12.0)),
-                              Candidate("TP4", spec(4), envelope=env(26.0, 25.0, 40.0)),
+                              Candidate("TP4", spec(4), envelope=env(26.0, 25.0, 40.0), same_outputs=True),
                               cheap_but_unbracketed])
     df = cmp.to_frame().set_index("candidate")
     assert cmp.best == "TP4" and cmp.settled
@@ -66,7 +69,8 @@ def test_settled_when_apart_and_failing_candidates_excluded():
 
 def test_capacity_numbers_and_unplannable_candidate():
     cmp = compare_candidates([Candidate("A", spec(2), capacity=12.5),
-                              Candidate("B", spec(2), envelope=env(None, 0.0, 0.0, status="< min tested"))])
+                              Candidate("B", spec(2), envelope=env(None, 0.0, 0.0, status="< min tested"),
+                                        same_outputs=True)])
     df = cmp.to_frame().set_index("candidate")
     assert cmp.best == "A" and cmp.settled
     assert not df.loc["B", "meets_slo"] and "no usable C_SLO" in df.loc["B", "reason"]

@@ -63,6 +63,8 @@ def test_page_shows_measured_cache_and_simulated_sweeps(page):
     text = json.dumps(nbformat.v4.new_notebook(cells=nb.cells))
     assert "Request hit rate" in text and "request_hit_rate" not in text  # headers for people
     assert "Best split" in text and "Jain" in text and "Cost per 1 000 good requests" in text
+    # the candidates are judged on quality first: the twin's configurations serve the measured build
+    assert "Quality against the baseline" in text and "same build as the baseline" in text
     for f in ("cache_runs.csv", "cache_timeline.csv", "cache_sweep.csv", "pd_sweep.csv", "policies.csv"):
         assert (tmp / "data" / "scenarios" / f).is_file(), f
 
