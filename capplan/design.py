@@ -478,12 +478,12 @@ def _why_none(env, gap_now: float, tried: list[tuple[float, float]], duration_s:
     status = h.status if h is not None else "without a verdict"
     need = ("the bound is honest, so no run is needed before planning on it"
             if h is not None and h.honest else f"the bound is {status}")
-    after = ", ".join(f"{g:.3g} at {r:g} req/s" for r, g in tried)
+    after = ", ".join(f"{g:.3g} req/s at {r:g} req/s" for r, g in tried)
     tau = getattr(env.run_effect, "tau", None) if env.run_effect is not None else None
     spread = f", run-to-run SD τ = {tau:.3g} on the logit scale" if tau is not None and tau == tau else ""
     return (f"no run is proposed: {need}, and none of the candidate runs is expected to narrow it — "
             f"after one more {duration_s:.0f}-s run the expected gap between the estimate and the "
-            f"lower bound would be {after or 'not computable'} req/s, against {gap_now:.3g} req/s now "
+            f"lower bound would be {after or 'not computable'}, against {gap_now:.3g} req/s now "
             f"(outcomes simulated from the current fit{spread}); a larger --budget-minutes does not "
             "change this first step")
 
