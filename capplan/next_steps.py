@@ -166,7 +166,7 @@ def runs_before_signing(plan: dict, env: dict | None, params: dict) -> list[Next
     out = []
     rates = _bracketing_rates(env)
     where = (f" (repeats at {' and '.join(f'{r:g}' for r in rates)} {unit}, the tested rates either side "
-             "of C_SLO, narrow it)" if rates else "")
+             "of C_SLO)" if rates else "")
     if fewer:
         q = fewer[0]
         saved = "; ".join(f"{x['quarter']}: {x['other_groups']} instead of {x['groups']}" for x in fewer)
@@ -214,9 +214,11 @@ def what_to_test(plan: dict, env: dict | None, params: dict, dynamics: list[dict
                     f"a sweep with production's request lengths near C_SLO measures it.")
         else:
             extra = _num(r.get("delta_cost_usd_per_month"))
-            text = (f"Test the production mix: on the {r.get('basis')} ({_num(r.get('rps_per_group')):.4g} req/s "
-                    f"per group, {r.get('status')}) the plan would need {plural(r.get('groups', 0), 'replica group')} "
-                    f"= {int(r.get('gpus', 0)):,} GPUs instead of this plan's tested-mix sizing"
+            qs = plan.get("quarters") or []
+            now = f" instead of {qs[0]['groups']}" if qs else ""
+            text = (f"Test the production mix: on the {r.get('basis')}, {_num(r.get('rps_per_group')):.4g} req/s "
+                    f"per group ({r.get('status')}), the first quarter would need "
+                    f"{plural(r.get('groups', 0), 'replica group')} = {int(r.get('gpus', 0)):,} GPUs{now}"
                     + (f" (+${extra:,.0f} per month)" if extra is not None else "")
                     + ". A sweep with production's request lengths near C_SLO measures it instead of "
                       "reweighting the tested one.")

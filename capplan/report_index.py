@@ -426,7 +426,8 @@ def checks_section(plan: dict, dynamics: list[dict] | None = None, pages: tuple[
         rows.append(f'<tr class="{cls}" data-check="{e(c["key"])}"><td>{state}</td><td>{e(c["sentence"])}'
                     + (f'<br><small>{e(for_readers(c["caveat"]))}</small>' if c.get("caveat") else "")
                     + extra + "</td></tr>")
-    return ('<section id="checks"><h2>Checks</h2><p>Failing and caveated checks first.</p>'
+    return ('<section id="checks"><h2>Checks</h2><p>Failing checks first, then those whose simulation '
+            'broke the SLO, then caveated ones.</p>'
             '<table class="grid"><thead><tr><th>Result</th><th>Check</th></tr></thead><tbody>'
             + "".join(rows) + "</tbody></table></section>")
 

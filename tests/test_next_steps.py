@@ -20,6 +20,7 @@ from capplan.next_steps import next_steps, runs_before_signing, what_to_test
 from capplan.plan import CapacityInfo, load_plan_spec, make_plan
 from capplan.report_index import IndexInputs, checks_section, index_html
 from capplan.sensitivity import plan_record, sensitivity
+from test_report import demo_report  # noqa: F401  (shared fixture)
 
 #: no reserves (policy none, no burst, no floor): N = ⌈D / C⌉ per quarter
 BASE = {"start": "2026-04-01",
@@ -219,8 +220,9 @@ def test_what_to_test_follows_the_studys_results():
     mix = [{"basis": "target mix (reweighted, peak_hour)", "rps_per_group": 27.0, "status": "honest", "groups": 5,
             "gpus": 20, "delta_cost_usd_per_month": 1234.0, "production_lower": True, "used_basis": "tested mix"}]
     t = what_to_test(rec, None, {}, None, mix, ("07-mix.html",))
-    assert len(t) == 1 and t[0].text.startswith("Test the production mix: on the target mix (reweighted, peak_hour) "
-                                                "(27 req/s per group, honest) the plan would need 5 replica groups")
+    assert len(t) == 1 and t[0].text.startswith("Test the production mix: on the target mix (reweighted, peak_hour), "
+                                                "27 req/s per group (honest), the first quarter would need 5 replica "
+                                                "groups = 20 GPUs instead of 4")
     assert "+$1,234 per month" in t[0].text and t[0].link == "07-mix.html"
     settling = dict(HONEST, estimand="the largest offered rate …; runs near the crossing were still settling at "
                                      "their end, so the steady-state capacity … is likely lower")
@@ -255,3 +257,30 @@ def test_design_says_why_it_proposes_no_run():
     assert text.startswith("no run is proposed: the bound is honest, so no run is needed before planning on it")
     assert "0.164 req/s at 5 req/s, 0.134 req/s at 5.4 req/s, 0.113 req/s at 5.3 req/s, against 0.0899 req/s now" in text
     assert "τ = 1.05" in text
+
+
+def test_demo_index_ends_its_answer_with_dated_next_steps(demo_report):  # noqa: F811
+    """The demo report's index: the answer ends with the next steps, each dated; the capacity
+    steps are the plan's fleet steps (one per change of groups, on the quarter's first day with
+    the demo's fixed growth); every quarter of the table carries its band."""
+    import html as H
+
+    index = (demo_report / "index.html").read_text(encoding="utf-8")
+    rec = json.loads((demo_report / "data" / "plan.json").read_text(encoding="utf-8"))
+    answer = re.search(r'<section id="answer">(.*?)</section>', index, re.S).group(1)
+    block = re.search(r'<div id="next-steps">(.*?)</div>', answer, re.S).group(1)
+    dates = re.findall(r'<li data-by="([0-9]{4}-[0-9]{2}-[0-9]{2})">', block)
+    assert dates and block.count("<li ") == len(dates)  # every step dated
+    assert all(f'<span class="due">by {dt.date.fromisoformat(d).day} ' in block for d in dates)
+    for kind in ("capacity", "runs"):
+        assert f'data-kind="{kind}"' in block
+    qs = rec["quarters"]
+    want = [("start", qs[0]["quarter"], qs[0]["start"])] + [
+        ("add" if b["groups"] > a["groups"] else "release", b["quarter"], b["start"])
+        for a, b in zip(qs, qs[1:]) if b["groups"] != a["groups"]]
+    assert [(s["kind"], s["quarter"], s["by"]) for s in rec["fleet_steps"]] == want
+    words = re.sub(r"<[^>]+>", "", block)  # glossary links out
+    for s in rec["fleet_steps"]:
+        assert H.escape(s["sentence"]) in words
+    bands = re.findall(r'<td class="num" data-col="band"', answer)
+    assert len(bands) == len(qs) == len(rec["sensitivity"]["quarters"])
