@@ -159,24 +159,33 @@ def runs_before_signing(plan: dict, env: dict | None, params: dict) -> list[Next
         return [NextStep(RUNS, start, text, command=cmd)]
     bands = sens.get("quarters") or []
     other = sens.get("other_name") or "other number"
-    other_value = (cap.get("estimate") if other == "estimate" else cap.get("lower_bound"))
+    other_value = _num(cap.get("estimate") if other == "estimate" else cap.get("lower_bound"))
+    verdict = (f"the lower bound is honest ({h.get('sentence') or 'it includes the run-to-run variation'})"
+               if status == "honest" else "the envelope gives no verdict on its lower bound")
     ci_low = _num(cap.get("ci_low"))
     fewer = [q for q in bands if q.get("other_groups") is not None and q["other_groups"] < q["groups"]]
+    more = [q for q in bands if q.get("other_groups") is not None and q["other_groups"] > q["groups"]]
     short = [q for q in bands if ci_low is not None and ci_low < q["low_system"] * (1 - 1e-9)]
     out = []
     rates = _bracketing_rates(env)
     where = (f" (repeats at {' and '.join(f'{r:g}' for r in rates)} {unit}, the tested rates either side "
              "of C_SLO)" if rates else "")
+    if more:  # planned on the estimate; the lower bound needs more
+        out.append(NextStep(RUNS, start,
+                            f"The plan stands on the estimate, which makes no lower-bound claim: on the {other} "
+                            f"({other_value:.4g} {unit}) it would need more replica groups in "
+                            + "; ".join(f"{x['quarter']} ({x['other_groups']} instead of {x['groups']})" for x in more)
+                            + f". Narrow the interval before signing{where}, or plan on the {other}.", command=cmd))
     if fewer:
         q = fewer[0]
         saved = "; ".join(f"{x['quarter']}: {x['other_groups']} instead of {x['groups']}" for x in fewer)
         out.append(NextStep(RUNS, min(_date(x["start"]) for x in fewer),
                             f"Narrowing the C_SLO interval could save groups: planned on the {other} "
-                            f"({_num(other_value):.4g} {unit}) the plan would need fewer replica groups in "
+                            f"({other_value:.4g} {unit}) the plan would need fewer replica groups in "
                             f"{plural(len(fewer), 'quarter')} ({saved}; {q['quarter']} needs fewer than "
-                            f"{q['groups']} from a C_SLO of {q['high_system']:.4g} {unit}). The "
-                            f"lower bound is honest, so these runs are optional{where}; the command says whether "
-                            "any is expected to narrow it, and by how much.", command=cmd))
+                            f"{q['groups']} from a C_SLO of {q['high_system']:.4g} {unit}). As {verdict}, these "
+                            f"runs are optional{where}; the command says whether any is expected to narrow it, "
+                            "and by how much.", command=cmd))
     if short:
         q = short[0]
         out.append(NextStep(RUNS, min(_date(x["start"]) for x in short),
@@ -188,13 +197,14 @@ def runs_before_signing(plan: dict, env: dict | None, params: dict) -> list[Next
                             command=cmd))
     if not out:
         groups = ", ".join(str(q["groups"]) for q in bands)
+        edge = [q["quarter"] for q in bands if q.get("knife_edge")]
+        inside = ("the C_SLO interval lies inside every quarter's band" if not edge else
+                  f"the interval's top reaches past the band of {', '.join(edge)}, which only the estimate "
+                  "moving up could use")
         out.append(NextStep(RUNS, start,
-                            "None needed: the lower bound is honest ("
-                            + (h.get("sentence") or "it includes the run-to-run variation") + "), and narrowing "
-                            f"it cannot change the plan — planned on the {other} "
-                            + (f"({_num(other_value):.4g} {unit}) " if _num(other_value) is not None else "")
-                            + f"every quarter keeps its groups ({groups}), and the C_SLO interval stays inside "
-                              "every quarter's band."))
+                            f"None needed: {verdict}, and narrowing it cannot change the plan — planned on the "
+                            f"{other} " + (f"({other_value:.4g} {unit}) " if other_value is not None else "")
+                            + f"every quarter keeps its groups ({groups}), and {inside}."))
     return out
 
 

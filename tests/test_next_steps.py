@@ -169,6 +169,13 @@ def test_runs_before_signing_when_narrowing_could_save_or_short():
                                                                                        ci=(27.8, 29.0)))), None, params)
     assert len(calm) == 1 and calm[0].text.startswith("None needed: the lower bound is honest")
     assert calm[0].by == dt.date(2026, 4, 1)
+    # planned on the estimate 30.5: on the lower bound 30, 2026Q4 needs ⌈121/30⌉ = 5 groups, not 4
+    est = CapacityInfo(rps_per_group=30.5, source="study C_SLO estimate", estimate=30.5, ci_low=29.0, ci_high=31.0,
+                       lower_bound=30.0, confidence=0.95, study_replicas=1, honesty=dict(HONEST))
+    on_est = runs_before_signing(_record(make_plan(load_plan_spec(BASE), capacity=est)), None, params)
+    assert on_est[0].text.startswith("The plan stands on the estimate, which makes no lower-bound claim: on the "
+                                     "lower bound (30 req/s) it would need more replica groups in 2026Q4 "
+                                     "(5 instead of 4)")
     # an unsupported bound: the runs its verdict names, before the plan's first day
     bad = dict(HONEST, status="unsupported", sentence="one run per rate",
                runs_to_add=[{"rate_rps": 30.0, "repeats": 3, "duration_s": 600.0, "why": "repeat"}])
