@@ -160,8 +160,8 @@ def runs_before_signing(plan: dict, env: dict | None, params: dict) -> list[Next
     bands = sens.get("quarters") or []
     other = sens.get("other_name") or "other number"
     other_value = _num(cap.get("estimate") if other == "estimate" else cap.get("lower_bound"))
-    verdict = (f"the lower bound is honest ({h.get('sentence') or 'it includes the run-to-run variation'})"
-               if status == "honest" else "the envelope gives no verdict on its lower bound")
+    verdict = "the lower bound is honest" if status == "honest" else "the envelope gives no verdict on its lower bound"
+    why = f" ({h['sentence']})" if status == "honest" and h.get("sentence") else ""
     ci_low = _num(cap.get("ci_low"))
     fewer = [q for q in bands if q.get("other_groups") is not None and q["other_groups"] < q["groups"]]
     more = [q for q in bands if q.get("other_groups") is not None and q["other_groups"] > q["groups"]]
@@ -202,7 +202,7 @@ def runs_before_signing(plan: dict, env: dict | None, params: dict) -> list[Next
                   f"the interval's top reaches past the band of {', '.join(edge)}, which only the estimate "
                   "moving up could use")
         out.append(NextStep(RUNS, start,
-                            f"None needed: {verdict}, and narrowing it cannot change the plan — planned on the "
+                            f"None needed: {verdict}{why}, and narrowing it cannot change the plan — planned on the "
                             f"{other} " + (f"({other_value:.4g} {unit}) " if other_value is not None else "")
                             + f"every quarter keeps its groups ({groups}), and {inside}."))
     return out
