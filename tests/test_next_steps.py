@@ -190,6 +190,16 @@ SIMULATED = [{"check": "failure", "what": "losing zone a (3 of 8 groups) at the 
               "good_requests_lost": "0", "breach_s": "0", "sentence": "a rolling update: the SLO held"}]
 
 
+def test_read_dynamics_reads_what_the_timelines_page_writes(tmp_path):
+    from capplan.report_index import read_dynamics
+
+    assert read_dynamics(tmp_path) == []  # no twin, no simulation
+    (tmp_path / "timeline").mkdir()
+    pd.DataFrame(SIMULATED).to_csv(tmp_path / "timeline" / "plan-simulated.csv", index=False)
+    rows = read_dynamics(tmp_path)
+    assert [r["check"] for r in rows] == ["failure", "rollout"] and rows[0]["good_requests_lost"] == "144"
+
+
 def test_failure_check_says_the_simulation_broke_the_slo():
     """A failure check that holds on paper but whose simulation on the twin broke the SLO for
     20 s (144 good requests lost) never reads plain "holds": it says what happened, linked to
