@@ -126,7 +126,7 @@ class Design:
                  f"expected: estimate {_f(e['estimate'])}, lower bound {_f(e['lower_bound'])} "
                  f"req/s ({e['honesty']}; from {self.source})", ""]
         if not self.runs:
-            lines.append("no run within the budget shrinks the gap between estimate and bound")
+            lines.append("no run proposed (why: the note below)")
         for r in self.runs:
             lines.append(f"- {r.repeats} × {r.rate_rps:g} req/s, {r.duration_s:.0f} s each "
                          f"({r.warmup_s:.0f} s warm-up): {r.why}")
@@ -424,9 +424,11 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
             notes.append(f"these runs take {sum(r.minutes for r in chosen):.0f} min, more than "
                          f"the budget of {budget_minutes:g} min: no smaller set can make the "
                          "bound honest")
+    tried: list[tuple[float, float]] = []  # (rate, expected gap) of the first search step
     while left >= dur / 60.0 - 1e-9 and len(chosen) < max_runs:
         g0 = _gap(cur)
         best = None
+        first = not tried
         for rate, why in cands:
             envs = []
             for s in range(sims):
@@ -437,13 +439,14 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
                                             int(rng.integers(2**31)))
                 envs.append(fit_from_stats(add_runs(stats, extra), slo, **fit))
             gap = float(np.mean([_gap(e) for e in envs]))
+            if first:
+                tried.append((rate, gap))
             score = (g0 - gap) / (dur / 60.0)
             if best is None or score > best[0]:
                 best = (score, rate, why, envs)
         if best is None or best[0] <= 0:
             if not chosen:
-                notes.append("no candidate run shrinks the expected gap between the estimate "
-                             "and its honest lower bound")
+                notes.append(_why_none(start, g0, tried, dur))
             break
         _, rate, why, envs = best
         # extend the sweep by the median outcome (the one whose bound is the median)
@@ -456,6 +459,9 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
         else:
             chosen.append(ProposedRun(rate, 1, dur, warm, why))
         left -= dur / 60.0
+    if not chosen and not tried and not notes:
+        notes.append(f"the budget ({budget_minutes:g} min) is shorter than one run of {dur:.0f} s: "
+                     "no run was tried")
     expected = _summary(cur)
     src = "the current fit" if model is None else f"the model {getattr(model, 'name', 'given')}"
     return Design(study=str(getattr(stats, "name", "")), slo=str(slo),
@@ -463,6 +469,23 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
                   expected=expected, runs=tuple(chosen), existing=_existing(start), source=src,
                   notes=tuple(notes), workload=dict(workload or {}),
                   study_path=str(study_path or ""), runs_in_study=len(env.runs))
+
+
+def _why_none(env, gap_now: float, tried: list[tuple[float, float]], duration_s: float) -> str:
+    """Why no run is proposed, in numbers: the gap now and the gap expected after one more run
+    at each candidate rate (the first search step), and whether the bound needs any run."""
+    h = env.honesty
+    status = h.status if h is not None else "without a verdict"
+    need = ("the bound is honest, so no run is needed before planning on it"
+            if h is not None and h.honest else f"the bound is {status}")
+    after = ", ".join(f"{g:.3g} req/s at {r:g} req/s" for r, g in tried)
+    tau = getattr(env.run_effect, "tau", None) if env.run_effect is not None else None
+    spread = f", run-to-run SD τ = {tau:.3g} on the logit scale" if tau is not None and tau == tau else ""
+    return (f"no run is proposed: {need}, and none of the candidate runs is expected to narrow it — "
+            f"after one more {duration_s:.0f}-s run the expected gap between the estimate and the "
+            f"lower bound would be {after or 'not computable'}, against {gap_now:.3g} req/s now "
+            f"(outcomes simulated from the current fit{spread}); a larger --budget-minutes does not "
+            "change this first step")
 
 
 #: simulated outcomes of the honest package that must come out honest (else a run is added)

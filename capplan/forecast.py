@@ -40,7 +40,10 @@ class Forecast:
     """Quarterly peak forecast. Per quarter: ``labels``, ``mean`` (mean of simulated peaks),
     ``lower``/``upper`` (percentile interval at ``interval``), ``point`` (peak of the point
     forecast). ``trend_per_step`` and ``season`` are the fitted components at the end of the
-    history (per ``freq`` step); ``bands`` holds the per-step point forecast and interval."""
+    history (per ``freq`` step); ``bands`` holds the per-step point forecast and interval, and
+    ``peak_so_far_upper``: the upper end of the peak from the quarter's start up to the step
+    (at a quarter's last step it is the quarter's planned peak; ``capplan.fleet_steps`` dates
+    a fleet step by the first step where it passes what the previous fleet carries)."""
 
     labels: tuple[str, ...]
     mean: tuple[float, ...]
@@ -211,10 +214,12 @@ def forecast_peaks(history: pd.Series, *, horizon_quarters: int = 4, interval: f
     alpha = (1.0 - interval) / 2.0
     fut_naive = future.tz_localize(None) if future.tz is not None else future
     labels, mean, lower, upper, pk = [], [], [], [], []
+    so_far = np.full(H, np.nan)  # upper end of the peak from the quarter's start to each step
     for q in quarters:
         sel = (fut_naive >= q.start_time) & (fut_naive <= q.end_time)  # a week counts where it ends
         if not sel.any():
             raise _bad(f"no forecast step falls in {q}", fix="use a finer history")
+        so_far[sel] = np.quantile(np.maximum.accumulate(sims[sel], axis=0), 1.0 - alpha, axis=1)
         peaks = sims[sel].max(axis=0)
         labels.append(str(q))
         mean.append(float(peaks.mean()))
@@ -222,7 +227,8 @@ def forecast_peaks(history: pd.Series, *, horizon_quarters: int = 4, interval: f
         upper.append(float(np.quantile(peaks, 1.0 - alpha)))
         pk.append(float(point[sel].max()))
     bands = pd.DataFrame({"point": point, "lower": np.quantile(sims, alpha, axis=1),
-                          "upper": np.quantile(sims, 1.0 - alpha, axis=1)}, index=future)
+                          "upper": np.quantile(sims, 1.0 - alpha, axis=1), "peak_so_far_upper": so_far},
+                         index=future)
     season = tuple(float(v) for v in res.season[-period:]) if period else ()
     tail = history[history.index > history.index[-1] - pd.Timedelta(days=28)]
     mtp = float(tail.mean() / tail.max()) if tail.max() > 0 else 1.0

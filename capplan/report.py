@@ -728,7 +728,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     from .glossary import glossary_html, link_terms
     from .io import atomic_dir, write_text_atomic
     from .provenance import write_bundle
-    from .report_index import IndexInputs, index_html, read_mix_record, read_records
+    from .report_index import IndexInputs, index_html, read_dynamics, read_mix_record, read_records
 
     t_start = perf_counter()
     say = progress or (lambda _msg: None)
@@ -785,7 +785,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         info = IndexInputs(study_name=opened.name, study_hash=study_hash, pages=tuple(pages),
                            exports=tuple(exports), parameters=params.provenance_rows(
                                opened.name, study_hash, base_info), baseline=params.baseline is not None)
-        (tmp / "index.html").write_text(index_html(info, *read_records(data), mix=read_mix_record(data)), encoding="utf-8")
+        (tmp / "index.html").write_text(index_html(info, *read_records(data), mix=read_mix_record(data),
+                                                   dynamics=read_dynamics(data)), encoding="utf-8")
         meta = {"capplan": __version__, "study": str(params.study), "study_name": opened.name,
                 "study_sha256": study_hash, "spec": str(params.spec), "slo": params.slo,
                 "seed": params.seed, "reps": params.reps, "confidence": params.confidence,

@@ -13,7 +13,12 @@ exported numbers. Order, as a planner reads it:
    that fact, the number the plan used and what the other would cost;
 2. **how sure**: the C_SLO interval, what the plan assumes (lower bound or estimate), the
    sensitivity band, and whether the lower bound can be trusted with the runs to add;
-3. the checks, failing and caveated ones first;
+   The answer ends with **next steps**, each dated (``capplan.next_steps``): the nodes to have
+   or add by when, the runs to make before signing, what to test next;
+2b. the sensitivity band of every quarter sits in the quarter table;
+3. the checks, failing and caveated ones first; a check that holds on paper but broke the SLO
+   when the timelines page simulated it on the twin (``data/timeline/plan-simulated.csv``)
+   says so in numbers, linked to that page;
 4. what the plan assumes (policy, rollout, prices), links, parameters and provenance.
 
 Every term's first use links to the glossary page.
@@ -30,6 +35,8 @@ from pathlib import Path
 
 from .glossary import for_readers, link_terms
 from .honesty import RunToAdd
+from .next_steps import KINDS, SIMULATED_ANCHOR, TIMELINES_PAGE, NextStep, next_steps, simulated_breaks, \
+    simulated_words
 from .plan_text import plural
 
 e = html.escape
@@ -140,8 +147,24 @@ def mix_words(plan: dict, extra: list[dict] | None = None) -> str:
     return f'<div class="{"warn" if lower else "def"}" id="production-mix">{items}</div>'
 
 
+def read_dynamics(data_dir: Path) -> list[dict]:
+    """The plan's checks simulated on the twin by the timelines page
+    (``data/timeline/plan-simulated.csv``, ``capplan.plan_dynamics.PlanDynamics.to_frame``);
+    [] without a twin."""
+    p = data_dir / "timeline" / "plan-simulated.csv"
+    if not p.is_file():
+        return []
+    return list(csv.DictReader(p.read_text(encoding="utf-8-sig").splitlines()))
+
+
+def _simulated_link(pages: tuple[str, ...]) -> str:
+    return (f' — <a href="{TIMELINES_PAGE}#{SIMULATED_ANCHOR}">Timelines: the plan, simulated</a>'
+            if TIMELINES_PAGE in pages else "")
+
+
 def answer_section(plan: dict, verdict: dict | None, env: dict | None = None,
-                   mix: list[dict] | None = None) -> str:
+                   mix: list[dict] | None = None, steps: list[NextStep] | None = None,
+                   dynamics: list[dict] | None = None, pages: tuple[str, ...] = ()) -> str:
     q = plan["quarters"][0]
     about = dict(plan["about"])
     billed, gpus = q["billed_gpus"], q["gpus"]
@@ -168,6 +191,13 @@ def answer_section(plan: dict, verdict: dict | None, env: dict | None = None,
                     f"(C_SLO {rate(sens['low_system'])} to {rate(sens.get('high_system'))}); "
                     + (f"{plural(down['groups'], 'group')} would do at the top of the interval, " if down else "")
                     + (f"{plural(up['groups'], 'group')} would be needed below it" if up else "") + " — see how sure.")
+    broken = simulated_breaks(dynamics)
+    held = {c["key"] for c in plan["checks"] if c["ok"]}
+    for key, r in broken.items():
+        if key in held:
+            warn.append(f"<b>Holds on paper, not when simulated</b>: on the twin at the planned size, "
+                        f"{e(simulated_words(r))}, although the plan's {e(key.replace('_', '-'))} check holds"
+                        + _simulated_link(pages) + ".")
     caveats = [c for c in plan["checks"] if c["ok"] and c.get("caveat")]
     if caveats:
         warn.append("<b>Caveat</b>: " + "; ".join(e(_first_sentence(for_readers(c["caveat"]))) for c in caveats)
@@ -179,9 +209,30 @@ def answer_section(plan: dict, verdict: dict | None, env: dict | None = None,
                      + "; ".join(e(x) for x in verdict["failed"] + verdict["regressed"]) + ")."))
     warn_html = "".join(f'<p class="warn">{w}</p>' for w in warn)
     first = mix_words(plan, mix)
+    tail = f"{quarters_table(plan)}\n{next_steps_block(steps or [])}"
     if first and 'class="warn"' in first:  # production's mix gives less: said first
-        return f'<section id="answer">\n{first}\n{words}\n{warn_html}\n{quarters_table(plan)}\n</section>'
-    return f'<section id="answer">\n{words}\n{warn_html}\n{first}\n{quarters_table(plan)}\n</section>'
+        return f'<section id="answer">\n{first}\n{words}\n{warn_html}\n{tail}\n</section>'
+    return f'<section id="answer">\n{words}\n{warn_html}\n{first}\n{tail}\n</section>'
+
+
+def next_steps_block(steps: list[NextStep]) -> str:
+    """The answer's last part: the dated next steps by kind (``capplan.next_steps``)."""
+    if not steps:
+        return ""
+    parts = ['<div id="next-steps"><h2>Next steps</h2>']
+    for kind, title in KINDS:
+        mine = [s for s in steps if s.kind == kind]
+        if not mine:
+            continue
+        items = []
+        for s in mine:
+            when = f'<span class="due">by {e(s.by_text)}</span> ' if s.by is not None else ""
+            cmd = f'<br><code class="cmd">{e(s.command)}</code>' if s.command else ""
+            link = f' <a href="{e(s.link)}">{e(s.link_text or s.link)}</a>' if s.link else ""
+            items.append(f'<li data-by="{s.by.isoformat() if s.by else ""}">{when}{e(s.text)}{link}{cmd}</li>')
+        parts.append(f'<h3>{e(title)}</h3><ul class="steps" data-kind="{kind}">{"".join(items)}</ul>')
+    parts.append("</div>")
+    return "".join(parts)
 
 
 def _first_sentence(text: str) -> str:
@@ -215,20 +266,37 @@ def _cell(v, fmt: str) -> str:
     return f"{v:.4g}"
 
 
+def _band_cell(b: dict | None) -> str:
+    """A quarter's sensitivity band: the C_SLO range over which it keeps its groups."""
+    if not b:
+        return '<td class="num" data-col="band">n/a</td>'
+    hi = f"{b['high_system']:.4g}" if b.get("high_system") is not None else "∞"
+    edge = ' <b class="edge">knife-edge</b>' if b.get("knife_edge") else ""
+    return (f'<td class="num" data-col="band" data-low="{b["low_system"]!r}" data-high="{b.get("high_system")!r}">'
+            f'{b["low_system"]:.4g}–{hi}{edge}</td>')
+
+
 def quarters_table(plan: dict) -> str:
-    head = "".join(f'<th class="num">{e(h)}</th>' for _, h, _ in QUARTER_VIEW)
+    bands = {b["quarter"]: b for b in (plan.get("sensitivity") or {}).get("quarters") or []}
+    unit = (plan.get("capacity") or {}).get("unit") or "req/s"
+    band_head = f'<th class="num">Plan holds for C_SLO ({e(unit)})</th>' if bands else ""
+    head = "".join(f'<th class="num">{e(h)}</th>' for _, h, _ in QUARTER_VIEW) + band_head
     rows = []
     for q in plan["quarters"]:
         cells = "".join(f'<td class="num" data-col="{k}">{_cell(q.get(k), f)}</td>' for k, _, f in QUARTER_VIEW)
+        if bands:
+            cells += _band_cell(bands.get(q["quarter"]))
         rows.append(f'<tr data-quarter="{e(q["quarter"])}"><th>{e(q["quarter"])}<br>'
                     f'<small>{e(_date_text(q["start"], q["end"]))}</small></th>{cells}</tr>')
     years = "".join(
         f'<tr class="total"><th>{e(y["period"])}<br><small>{e(_date_text(y["start"], y["end"]))}</small></th>'
         f'<td colspan="7"></td><td class="num" data-col="cost_usd_total">{usd(y["cost_usd"])}</td>'
-        f'<td colspan="2"><small>total cost</small></td></tr>'
+        f'<td colspan="{2 + bool(bands)}"><small>total cost</small></td></tr>'
         for y in plan.get("years", []))
+    cap = (" The last column is the sensitivity band of each quarter: the C_SLO range over which that "
+           "quarter keeps its replica groups; knife-edge when the C_SLO interval reaches past it." if bands else "")
     return (f'<div class="scroll"><table id="quarters" class="grid"><caption>The plan by quarter (dated; '
-            f'the first row is the answer above)</caption>\n<thead><tr><th>Quarter</th>{head}</tr></thead>\n'
+            f'the first row is the answer above).{e(cap)}</caption>\n<thead><tr><th>Quarter</th>{head}</tr></thead>\n'
             f'<tbody>{"".join(rows)}{years}</tbody></table></div>')
 
 
@@ -315,8 +383,8 @@ def honesty_block(env: dict | None, cap: dict) -> str:
                          + "".join(f"<li>{e(RunToAdd.from_dict(x).describe())}</li>" for x in runs)
                          + "</ul>")
         elif status == "honest":
-            parts.append("<p>No further runs are needed for an honest bound; <code>capplan design</code> "
-                         "lists the runs that would narrow it most per minute of load test.</p>")
+            parts.append('<p>No further runs are needed for an honest bound; whether narrowing it could '
+                         'change the plan is under <a href="#next-steps">Next steps</a>.</p>')
     else:
         notes = [n for n in (env or {}).get("notes", []) if "bracket" in n or "too high" in n]
         if notes:
@@ -331,14 +399,35 @@ def honesty_block(env: dict | None, cap: dict) -> str:
     return "".join(parts)
 
 
-def checks_section(plan: dict) -> str:
+def checks_section(plan: dict, dynamics: list[dict] | None = None, pages: tuple[str, ...] = ()) -> str:
+    """The checks, failing and caveated first. A check the timelines page simulated on the twin
+    (``dynamics``) says what happened there; one that holds on paper but broke the SLO when
+    simulated reads "holds on paper; broke the SLO when simulated", with the numbers and a link."""
+    sim = {str(r.get("check", "")): r for r in dynamics or []}
+    broken = simulated_breaks(dynamics)
     rows = []
-    for c in plan["checks"]:
-        state = "FAILS" if not c["ok"] else ("holds, with a caveat" if c.get("caveat") else "holds")
-        cls = "fail" if not c["ok"] else ("caveat" if c.get("caveat") else "ok")
+    for c in sorted(plan["checks"], key=lambda c: (c["ok"], c["key"] not in broken, not c.get("caveat"))):
+        r = sim.get(c["key"])
+        if not c["ok"]:
+            state, cls = "FAILS", "fail"
+        elif c["key"] in broken:
+            state, cls = "holds on paper; broke the SLO when simulated", "simfail"
+        elif c.get("caveat"):
+            state, cls = "holds, with a caveat", "caveat"
+        else:
+            state, cls = "holds", "ok"
+        extra = ""
+        if c["key"] in broken:
+            extra = (f"<br><small>Simulated on the twin at the planned size: {e(simulated_words(r))}"
+                     f"{_simulated_link(pages)}.</small>")
+        elif r is not None:
+            extra = (f"<br><small>Simulated on the twin at the planned size: {e(str(r.get('sentence', '')))}"
+                     f"{_simulated_link(pages)}.</small>")
         rows.append(f'<tr class="{cls}" data-check="{e(c["key"])}"><td>{state}</td><td>{e(c["sentence"])}'
-                    + (f'<br><small>{e(for_readers(c["caveat"]))}</small>' if c.get("caveat") else "") + "</td></tr>")
-    return ('<section id="checks"><h2>Checks</h2><p>Failing and caveated checks first.</p>'
+                    + (f'<br><small>{e(for_readers(c["caveat"]))}</small>' if c.get("caveat") else "")
+                    + extra + "</td></tr>")
+    return ('<section id="checks"><h2>Checks</h2><p>Failing checks first, then those whose simulation '
+            'broke the SLO, then caveated ones.</p>'
             '<table class="grid"><thead><tr><th>Result</th><th>Check</th></tr></thead><tbody>'
             + "".join(rows) + "</tbody></table></section>")
 
@@ -363,10 +452,15 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.total th, tr.total td { border-top: 2px solid #999; }
 caption { text-align: left; color: #555; font-size: .9em; }
 .def { color: #444; font-size: .95em; }
-tr.fail td { color: #b00; font-weight: 600; } tr.caveat td:first-child { color: #b36b00; font-weight: 600; }
+tr.fail td { color: #b00; font-weight: 600; } tr.simfail td:first-child { color: #b00; font-weight: 600; } tr.caveat td:first-child { color: #b36b00; font-weight: 600; }
 .scroll { overflow-x: auto; }
 td code { word-break: break-all; }
 a.glossary { color: inherit; text-decoration: underline dotted; }
+#next-steps { border-left: 4px solid #2ca02c; padding: .2em 1em .5em; background: #f4faf3; margin-top: 1em; }
+#next-steps h2 { margin: .3em 0; } #next-steps h3 { margin: .6em 0 .2em; font-size: 1.05em; }
+ul.steps li { margin: .35em 0; } .due { font-weight: 600; white-space: nowrap; }
+code.cmd { word-break: break-all; font-size: .9em; }
+b.edge { color: #b36b00; font-weight: 600; white-space: nowrap; }
 """
 
 
@@ -381,16 +475,19 @@ def read_mix_record(data_dir: Path) -> list[dict]:
 
 
 def index_html(info: IndexInputs, plan: dict | None, env: dict | None, verdict: dict | None,
-               mix: list[dict] | None = None) -> str:
+               mix: list[dict] | None = None, dynamics: list[dict] | None = None) -> str:
     """The whole front page (see the module docstring). ``mix``: the mix page's production-mix
-    numbers (``read_mix_record``), said first when lower than the tested mix."""
+    numbers (``read_mix_record``), said first when lower than the tested mix; ``dynamics``: the
+    plan's checks simulated on the twin (``read_dynamics``)."""
     about = dict(plan["about"]) if plan else {}
+    pages = tuple(p for p, _ in info.pages)
     title = f"Capacity plan: {about.get('plan', info.study_name)}"
     sub = f"Study <code>{e(info.study_name)}</code>" + (f" · SLO: {e(about['SLO'])}" if "SLO" in about else "")
     body = [f"<h1>{e(title)}</h1>", f'<p class="sub">{sub}</p>']
     if plan:
-        body += [answer_section(plan, verdict, env, mix), how_sure_section(plan, env), checks_section(plan),
-                 settings_section(plan)]
+        steps = next_steps(plan, env, dict(info.parameters), dynamics, mix, pages)
+        body += [answer_section(plan, verdict, env, mix, steps, dynamics, pages), how_sure_section(plan, env),
+                 checks_section(plan, dynamics, pages), settings_section(plan)]
     else:
         body.append('<p class="warn">This report has no plan export.</p>')
     pages = "".join(f'<li><a href="{e(p)}">{e(t)}</a></li>' for p, t in info.pages)

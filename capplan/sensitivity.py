@@ -15,6 +15,10 @@ system's units (× the study's replicas), so it reads beside the C_SLO interval:
 
 When the C_SLO interval reaches past the range, the plan is *knife-edge*: a capacity the data
 cannot rule out gives a different plan (``Sensitivity.knife_edge``).
+
+Every quarter of the plan has its own band (``Sensitivity.quarters``, one :class:`QuarterBand`
+each): later quarters plan a larger demand, so the same C_SLO interval can sit safely inside
+the first quarter's band and reach past a later one's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .fleet_steps import fleet_steps
 from .plan import Plan, make_plan, size
 from .plan_text import plural
 
@@ -39,6 +44,38 @@ class Step:
     billed_gpus: int
     nodes: int
     cost_usd_per_month: float
+
+
+@dataclass(frozen=True)
+class QuarterBand:
+    """One quarter's band: the per-group capacities [low, high) over which that quarter keeps
+    its groups, the groups just below it, and the groups on the other C_SLO number."""
+
+    quarter: str
+    start: object  # datetime.date
+    demand_rps: float
+    groups: int
+    low_rps_per_group: float
+    high_rps_per_group: float  # ∞ when no capacity gives fewer groups (a floor binds)
+    replicas: int
+    groups_below: int
+    other_groups: int | None = None  # on the other C_SLO number (None without one)
+    knife_edge: bool = False
+
+    @property
+    def low_system(self) -> float:
+        return self.low_rps_per_group * self.replicas
+
+    @property
+    def high_system(self) -> float:
+        return self.high_rps_per_group * self.replicas
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["start"] = self.start.isoformat() if hasattr(self.start, "isoformat") else self.start
+        d.update(low_system=self.low_system, high_system=_json_num(self.high_system),
+                 high_rps_per_group=_json_num(self.high_rps_per_group))
+        return d
 
 
 @dataclass(frozen=True)
@@ -62,6 +99,8 @@ class Sensitivity:
     ci_high: float | None = None
     confidence: float | None = None
     unit: str = "req/s"
+    #: the band of every quarter of the plan (the first is the band above)
+    quarters: tuple[QuarterBand, ...] = ()
 
     # ------------------------------------------------------------------ views
     @property
@@ -125,7 +164,27 @@ class Sensitivity:
         if self.knife_edge:
             out.append("Knife-edge: capacities inside the C_SLO interval give a different plan, so the "
                        "number of groups depends on where in its interval the true capacity lies.")
+        later = self.quarters[1:]
+        if later:
+            out.append("Later quarters: " + "; ".join(
+                f"{q.quarter} ({plural(q.groups, 'group')}) holds for C_SLO {q.low_system:.4g}–"
+                + (f"{q.high_system:.4g}" if math.isfinite(q.high_system) else "any higher value")
+                + (" — knife-edge" if q.knife_edge else "") for q in later) + ".")
         return out
+
+    def quarters_frame(self):
+        """One row per quarter: its planned demand and groups, the C_SLO band over which it keeps
+        them (study system and per group), the groups just below, on the other number, and
+        whether the C_SLO interval reaches past its band."""
+        import pandas as pd
+
+        return pd.DataFrame([{"quarter": q.quarter, "demand_rps": q.demand_rps, "groups": q.groups,
+                              "c_slo_low_rps": q.low_system, "c_slo_high_rps": q.high_system,
+                              "capacity_low_rps_per_group": q.low_rps_per_group,
+                              "capacity_high_rps_per_group": q.high_rps_per_group,
+                              "groups_below_band": q.groups_below,
+                              f"groups_on_the_{self.other_name.replace(' ', '_') or 'other_number'}": q.other_groups,
+                              "knife_edge": q.knife_edge} for q in self.quarters])
 
     def to_text(self) -> str:
         return "\n".join(self.sentences())
@@ -204,21 +263,58 @@ def _delta(new: float, old: float) -> str:
     return f"{sign}${abs(d):,.0f}, {sign}{abs(d) / old:.0%}" if old else f"{sign}${abs(d):,.0f}"
 
 
-def _groups_at(plan: Plan, c: float) -> int:
-    return size(plan.value("demand_rps"), c, plan.spec, plan.gpus_per_group or int(plan.value("gpus_per_group"))).total
+def _groups_at(plan: Plan, c: float, demand_rps: float | None = None) -> int:
+    D = plan.value("demand_rps") if demand_rps is None else demand_rps
+    return size(D, c, plan.spec, plan.gpus_per_group or int(plan.value("gpus_per_group"))).total
 
 
-def _edge(plan: Plan, lo: float, hi: float, below: int) -> float:
+def _edge(plan: Plan, lo: float, hi: float, below: int, demand_rps: float | None = None) -> float:
     """Smallest capacity in (lo, hi] with at most ``below`` groups (groups fall with capacity)."""
     for _ in range(200):
         if hi - lo <= _REL * hi:
             break
         mid = 0.5 * (lo + hi)
-        if _groups_at(plan, mid) <= below:
+        if _groups_at(plan, mid, demand_rps) <= below:
             hi = mid
         else:
             lo = mid
     return hi
+
+
+def _band(plan: Plan, C: float, N: int, demand_rps: float | None = None) -> tuple[float, float]:
+    """[low, high): the per-group capacities around C that keep N groups at this demand."""
+    lo = C
+    while _groups_at(plan, lo, demand_rps) <= N:
+        lo *= 0.5
+    low = _edge(plan, lo, C, N, demand_rps)
+    hi = C
+    while _groups_at(plan, hi, demand_rps) >= N and hi < C * 1e6:
+        hi *= 2.0
+    high = _edge(plan, C, hi, N - 1, demand_rps) if _groups_at(plan, hi, demand_rps) < N else math.inf
+    return low, high
+
+
+def _outside(values, low_system: float, high_system: float) -> bool:
+    return any(not (low_system * (1 - _REL) <= v < high_system) for v in values if v is not None)
+
+
+def quarter_bands(plan: Plan, other_rps_per_group: float | None = None) -> tuple[QuarterBand, ...]:
+    """The band of each quarter of ``plan`` at its planned demand (see :class:`QuarterBand`);
+    ``other_rps_per_group``: the other C_SLO number per group, to count its groups too."""
+    C = plan.capacity.rps_per_group
+    cap = plan.capacity
+    r = cap.study_replicas or 1
+    vals = (cap.ci_low, cap.ci_high, cap.estimate, cap.lower_bound)
+    out = []
+    for q in plan.quarters:
+        D = q.demand_rps if q.demand_rps is not None else plan.value("demand_rps")
+        low, high = _band(plan, C, int(q.groups), D)
+        out.append(QuarterBand(
+            quarter=q.label, start=q.start, demand_rps=float(D), groups=int(q.groups), low_rps_per_group=low,
+            high_rps_per_group=high, replicas=r, groups_below=_groups_at(plan, low * (1 - 1e-6), D),
+            other_groups=None if other_rps_per_group is None else _groups_at(plan, other_rps_per_group, D),
+            knife_edge=_outside(vals, low * r, high * r)))
+    return tuple(out)
 
 
 def _step(plan: Plan, c: float) -> Step:
@@ -235,16 +331,8 @@ def sensitivity(plan: Plan) -> Sensitivity:
     just below it, at its top and on the other C_SLO number (see the module docstring)."""
     C = plan.capacity.rps_per_group
     N = int(plan.value("total_groups"))
-    # the band's bottom: the smallest capacity that still needs no more than N groups
-    lo = C
-    while _groups_at(plan, lo) <= N:
-        lo *= 0.5
-    low = _edge(plan, lo, C, N)
-    # its top: the smallest capacity that needs fewer than N groups (none: a floor binds)
-    hi = C
-    while _groups_at(plan, hi) >= N and hi < C * 1e6:
-        hi *= 2.0
-    high = _edge(plan, C, hi, N - 1) if _groups_at(plan, hi) < N else math.inf
+    # the band: the capacities that need no more than N groups and not fewer (high ∞: a floor binds)
+    low, high = _band(plan, C, N)
     cap = plan.capacity
     r = cap.study_replicas or 1
     uses_lb = "lower" in cap.source
@@ -252,13 +340,14 @@ def sensitivity(plan: Plan) -> Sensitivity:
     other = None
     if cap.estimate is not None and other_value is not None and other_value > 0 and math.isfinite(other_value):
         other = _step(plan, other_value / r)
+    bands = quarter_bands(plan, other.capacity_rps_per_group if other is not None else None)
     return Sensitivity(
         plan_step=_step(plan, C), low_rps_per_group=low, high_rps_per_group=high, replicas=r,
         up=_step(plan, low * (1 - 1e-6)), down=None if math.isinf(high) else _step(plan, high * (1 + 1e-9)),
         other=other, other_name=other_name if other is not None else "",
         uses="lower bound" if uses_lb else ("estimate" if cap.estimate is not None else "given capacity"),
         estimate=cap.estimate, lower_bound=cap.lower_bound, ci_low=cap.ci_low, ci_high=cap.ci_high,
-        confidence=cap.confidence, unit=cap.unit or "req/s")
+        confidence=cap.confidence, unit=cap.unit or "req/s", quarters=bands)
 
 
 def _step_dict(s: Step | None) -> dict | None:
@@ -305,7 +394,9 @@ def plan_record(plan: Plan, sens: Sensitivity | None = None) -> dict:
                         "margin_above": _json_num(sens.margin_above), "knife_edge": sens.knife_edge,
                         "plan": _step_dict(sens.plan_step), "up": _step_dict(sens.up),
                         "down": _step_dict(sens.down), "other": _step_dict(sens.other),
-                        "other_name": sens.other_name, "sentences": sens.sentences()},
+                        "other_name": sens.other_name, "sentences": sens.sentences(),
+                        "quarters": [q.to_dict() for q in sens.quarters]},
+        "fleet_steps": [st.to_dict() for st in fleet_steps(plan)],
     }
 
 

@@ -38,9 +38,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin", "fanout")),
     ("plan", ("plan_spec", "plan_text", "plan", "plan_dynamics", "forecast", "plan_bounds", "sensitivity",
-              "candidates", "design")),
+              "candidates", "design", "fleet_steps")),
     ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",
-                      "nbexec", "report_index", "report", "mix.panel", "mix.page")),
+                      "nbexec", "next_steps", "report_index", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
 )
 
