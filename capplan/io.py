@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -280,12 +281,12 @@ def _column_pt(width_chars: float) -> float:
 
 
 def _lines(text: str, width_chars: float) -> int:
-    """Lines a wrapped text takes in a column ``width_chars`` wide, explicit line breaks
-    counted. An Arial line holds about 1.15 characters per digit width (LibreOffice's
-    printout of the plan's formulas); counting one per width, less one, leaves room for
-    words that do not break and for wide glyphs."""
-    per_line = max(width_chars - 1, 1) * 1.1
-    return sum(max(1, math.ceil(len(part) / per_line)) for part in str(text).split("\n"))
+    """Lines a wrapped text takes in a column ``width_chars`` wide: word-wrapped as a
+    spreadsheet does, about 1.1 characters per digit width (Arial text is narrower than its
+    digits; measured on LibreOffice's printout of the plan's formulas, less some room for wide
+    glyphs), explicit line breaks counted."""
+    per_line = max(int((width_chars - 1) * 1.1), 1)
+    return sum(max(1, len(textwrap.wrap(part, per_line))) for part in str(text).split("\n"))
 
 
 def _auto_width(header: str, shown: list[str]) -> float:
