@@ -7,8 +7,9 @@ What a finance reader gets (docs/plan.md "Finance export"):
   text columns (a table never mixes the two in one column: key–value tables have a ``Value``
   column for numbers and a ``Text`` column for words);
 - the plan dated: cost by quarter (first and last day), by month and by plan year;
-- a print setup on every sheet: landscape, one page wide, the header row repeated on each page,
-  a print area; the Summary sheet prints on one page;
+- a print setup on every sheet: A4 landscape, one page wide, the header row repeated on each
+  page, a print area, never below 8 pt (``capplan.io.write_xlsx``); the Summary, Cost by year
+  and Capacity with CI on one page each; the cost sheets right after the Summary;
 - CSVs rounded to a stated precision (``CSV_PRECISION``: money to the cent, req/s to 0.0001,
   fractions to 6 decimals, percentages to 0.01, counts whole, other numbers to 6 significant
   digits) so they carry no float noise; the workbook keeps full precision.
@@ -35,8 +36,9 @@ from .io import SheetLayout, atomic_dir, write_csv, write_xlsx
 from .version import __version__
 
 XLSX_NAME = "plan.xlsx"
-SHEETS = ("Summary", "Plan line items", "Checks", "Assumptions", "Capacity with CI", "Cost by quarter",
-          "Cost by month", "Cost by year", "Provenance")
+#: the sheets in print order: what it costs first, then how it was sized, then where it came from
+SHEETS = ("Summary", "Cost by quarter", "Cost by month", "Cost by year", "Plan line items", "Checks",
+          "Capacity with CI", "Assumptions", "Provenance")
 CSV_NAMES = {"Summary": "summary.csv", "Plan line items": "line_items.csv", "Checks": "checks.csv",
              "Assumptions": "assumptions.csv", "Capacity with CI": "capacity.csv",
              "Cost by quarter": "cost_by_quarter.csv", "Cost by month": "cost_by_month.csv",
@@ -117,33 +119,36 @@ def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: d
                      else json.dumps(v, sort_keys=True, default=str)))
     prov.append(("spec (JSON)", json.dumps(plan.spec.to_dict(), sort_keys=True, default=str, ensure_ascii=False)))
     provenance = pd.DataFrame([(k, None if v is None else str(v)) for k, v in prov], columns=["Key", "Value"])
-    out = {"Summary": summary, "Plan line items": items, "Checks": checks, "Assumptions": assumptions,
-           "Capacity with CI": capacity, "Cost by quarter": quarters, "Cost by month": months,
-           "Cost by year": years, "Provenance": provenance}
+    out = {"Summary": summary, "Cost by quarter": quarters, "Cost by month": months, "Cost by year": years,
+           "Plan line items": items, "Checks": checks, "Capacity with CI": capacity,
+           "Assumptions": assumptions, "Provenance": provenance}
     for sheet, df in getattr(plan.capacity, "tables", ()):  # SLO classes, production mix (docs/mix.md)
         out[sheet] = df
     return out
 
 
 def plan_layouts(plan) -> dict[str, SheetLayout]:
-    """Number formats and print setup of the plan's sheets."""
+    """Number formats and print setup of the plan's sheets. The widths (characters) keep every
+    sheet one A4 landscape page wide at 100 % or close to it (docs/plan.md "Finance export");
+    machine keys are hidden (the CSVs carry them)."""
     unit = ("Value", "Unit")
     return {
+        # the Unit column is wide so the plan's words above the table wrap over Value + Unit
         "Summary": SheetLayout(unit_column=unit, about=tuple(plan.about()), one_page=True,
-                               widths={"Quantity": 58, "Value": 16, "Unit": 12, "Key": 30}, hidden=("Key",)),
-        "Plan line items": SheetLayout(unit_column=unit, widths={"Line item": 34, "Value": 14, "Unit": 11,
-                                                                 "Formula": 60, "Inputs": 52, "Key": 24}),
-        "Checks": SheetLayout(widths={"Check": 90, "Holds": 7, "Caveat": 60, "Key": 16}),
-        "Assumptions": SheetLayout(unit_column=unit, widths={"Assumption": 44, "Value": 14, "Text": 64,
-                                                             "Unit": 10, "Note": 44}),
+                               widths={"Quantity": 44, "Value": 16, "Unit": 60, "Key": 30}, hidden=("Key",)),
+        "Cost by quarter": SheetLayout(kinds=dict(_QUARTER_KINDS)),
+        "Cost by month": SheetLayout(kinds={"First day": "date", "Last day": "date", "Billed GPUs": "int",
+                                            "Cost (USD)": "usd"}),
+        "Cost by year": SheetLayout(kinds={"First day": "date", "Last day": "date", "Quarters": "int",
+                                           "Cost (USD)": "usd"}, one_page=True),
+        "Plan line items": SheetLayout(unit_column=unit, widths={"Line item": 32, "Value": 14, "Unit": 11,
+                                                                 "Formula": 48, "Inputs": 42, "Key": 24},
+                                       hidden=("Key",)),
+        "Checks": SheetLayout(widths={"Check": 72, "Holds": 7, "Caveat": 52, "Key": 16}, hidden=("Key",)),
         "Capacity with CI": SheetLayout(unit_column=unit, one_page=True,
                                         widths={"Quantity": 46, "Value": 12, "Unit": 9, "Note": 70}),
-        "Cost by quarter": SheetLayout(kinds=dict(_QUARTER_KINDS), widths={"Quarter": 22}),
-        "Cost by month": SheetLayout(kinds={"First day": "date", "Last day": "date", "Billed GPUs": "int",
-                                            "Cost (USD)": "usd"}, widths={"Month": 18, "Quarter": 22}),
-        "Cost by year": SheetLayout(kinds={"First day": "date", "Last day": "date", "Quarters": "int",
-                                           "Cost (USD)": "usd"}, one_page=True,
-                                    widths={"Period": 26}),
+        "Assumptions": SheetLayout(unit_column=unit, widths={"Assumption": 44, "Value": 12, "Text": 44,
+                                                             "Unit": 10, "Note": 44}),
         "Provenance": SheetLayout(widths={"Key": 30, "Value": 100}),
     }
 

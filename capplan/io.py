@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -257,75 +258,159 @@ def _column_kind(col: str, values: list, layout: SheetLayout) -> str | None:
     return "number" if nums else None
 
 
+#: Print legibility. The workbook's body font is Arial 10 pt: Excel has it, and LibreOffice
+#: prints it in Liberation Sans, which has Arial's metrics, so the widths below hold in both
+#: (Calibri, xlsxwriter's default, becomes a wider substitute in a LibreOffice without Carlito
+#: and shrank the printout). A printed sheet never shrinks it below ``MIN_PRINT_PT``: the
+#: smallest print scale is 82 % (8.2 pt), a little above 8/10 because the widths are estimates.
+FONT = {"font_name": "Arial", "font_size": 10}
+FONT_PT = 10.0
+MIN_PRINT_PT = 8.0
+MIN_PRINT_SCALE = 0.82
+PAGE_BODY_PT = (842 - 2 * 0.4 * 72, 595 - 2 * 0.6 * 72)
+LINE_PT = 12.75  # one line of 10 pt Arial (Excel's row height for it, 17 px)
+MAX_ROW_PT = 409.0  # Excel's largest row height
+NARROWEST_TEXT_CHARS = 12  # a wrapped text column is never made narrower than this
+
+
+def _column_pt(width_chars: float) -> float:
+    """Printed width of a column ``width_chars`` wide at 100 %. Excel gives Arial 10 7 px per
+    character plus 5 px padding (5.25 pt + 3.75 pt); LibreOffice lays the same column out about
+    5 % wider (measured: 5.55 pt per character + 4 pt), and the wider is taken."""
+    return 5.55 * width_chars + 4.0
+
+
+def _lines(text: str, width_chars: float) -> int:
+    """Lines a wrapped text takes in a column ``width_chars`` wide: word-wrapped as a
+    spreadsheet does, about 1.1 characters per digit width (Arial text is narrower than its
+    digits; measured on LibreOffice's printout of the plan's formulas, less some room for wide
+    glyphs), explicit line breaks counted."""
+    per_line = max(int((width_chars - 1) * 1.1), 1)
+    return sum(max(1, len(textwrap.wrap(part, per_line))) for part in str(text).split("\n"))
+
+
+def _auto_width(header: str, shown: list[str]) -> float:
+    """A column's width in characters when its layout names none: the widest value, the
+    header's longest word or a third of the header (headers wrap), at least 8, at most 40
+    (longer text wraps), plus 2 for padding."""
+    words = max((len(w) for w in header.split()), default=0)
+    return min(max([words, math.ceil(len(header) / 3), 6] + [len(v) for v in shown]), 38) + 2
+
+
+def _fit_widths(widths: list[float], text_cols: set[int], shown: list[int]) -> list[float]:
+    """Narrow the widest wrapped-text columns, one character at a time, until the shown
+    columns fit the page's width at ``MIN_PRINT_SCALE`` (or every text column is at
+    ``NARROWEST_TEXT_CHARS``). Number and date columns keep their width."""
+    widths = list(widths)
+    room = PAGE_BODY_PT[0] / MIN_PRINT_SCALE
+    while sum(_column_pt(widths[j]) for j in shown) > room:
+        cands = [j for j in shown if j in text_cols and widths[j] > NARROWEST_TEXT_CHARS]
+        if not cands:
+            break
+        j = max(cands, key=lambda k: widths[k])
+        widths[j] -= 1
+    return widths
+
+
 def write_xlsx(tables: dict[str, pd.DataFrame], path: str | os.PathLike, *, created: _dt.datetime,
                title: str = "capplan plan", layouts: dict[str, SheetLayout] | None = None) -> None:
     """Write the tables with xlsxwriter: formulas and URLs off, text made safe, numbers as
-    numbers with a format per unit, dates as dates, and a print setup on every sheet
-    (landscape, one page wide — ``one_page`` sheets one page in all —, header row repeated,
-    print area)."""
+    numbers with a format per unit, dates as dates, and a print setup on every sheet: A4
+    landscape, one page wide (``one_page`` sheets one page in all), header row repeated, print
+    area, wrapped text rows as tall as their lines — and never printed below ``MIN_PRINT_PT``:
+    wide text columns are narrowed (their text wraps) until the sheet fits one page wide at
+    ``MIN_PRINT_SCALE``; a sheet of numbers that still does not fit prints at that scale across
+    pages, its first column repeated; a ``one_page`` sheet too long for one page at that scale
+    prints one page wide."""
     import xlsxwriter
 
     layouts = layouts or {}
     wb = xlsxwriter.Workbook(str(path), {"strings_to_formulas": False, "strings_to_urls": False,
-                                         "strings_to_numbers": False, "nan_inf_to_errors": False})
+                                         "strings_to_numbers": False, "nan_inf_to_errors": False,
+                                         "default_format_properties": dict(FONT), "default_row_height": 17})
     wb.set_properties({"title": title, "author": "capplan", "created": created})
     head = wb.add_format({"bold": True, "text_wrap": True, "valign": "top", "bottom": 1})
     wrap = wb.add_format({"text_wrap": True, "valign": "top"})
     label = wb.add_format({"bold": True, "valign": "top"})
-    fmts = {k: wb.add_format({"num_format": f, "valign": "top"}) for k, (f, _) in KINDS.items()}
+    top = wb.add_format({"valign": "top"})
+    fmts = {k: wb.add_format({"num_format": f, "valign": "top", **({"align": "center"} if k == "date" else {})})
+            for k, (f, _) in KINDS.items()}
+    # LibreOffice prints a boolean cell as 1/0 unless its format says TRUE/FALSE (Excel always does)
+    boolean = wb.add_format({"num_format": '"TRUE";"TRUE";"FALSE"', "valign": "top", "align": "center"})
     for sheet, df in tables.items():
         lay = layouts.get(sheet, SheetLayout())
         ws = wb.add_worksheet(sheet)
         safe = _safe_frame(df)
+        cols = list(df.columns)
+        shown = [j for j, c in enumerate(cols) if c not in lay.hidden]
+        # widths first (text wraps to them), then the rows' heights from the wrapped lines
+        text_cols = {j for j, c in enumerate(safe.columns) if any(isinstance(v, str) for v in safe[c])}
+        widths = _fit_widths([lay.widths.get(c) or _auto_width(str(sc), [_shown(v) for v in safe[sc]])
+                              for c, sc in zip(cols, safe.columns)], text_cols, shown)
+        for j, width in enumerate(widths):
+            ws.set_column(j, j, width, None, {"hidden": True} if cols[j] in lay.hidden else None)
+        heights: list[float] = []  # every printed row's height in points
         row0 = 0
-        if lay.about:  # the description block above the table: label | text
+        if lay.about:  # the description block above the table: label | text across the shown columns
             ws.write_string(0, 0, safe_text(title), label)
+            heights.append(LINE_PT)
+            span = [j for j in shown if j > 0]
+            text_width = sum(widths[j] for j in span) if span else widths[0]
             for i, (k, v) in enumerate(lay.about, start=1):
                 ws.write_string(i, 0, safe_text(k), label)
-                if len(safe.columns) > 2:
-                    ws.merge_range(i, 1, i, len(safe.columns) - 1, safe_text(v), wrap)
+                if len(span) > 1:
+                    ws.merge_range(i, span[0], i, span[-1], safe_text(v), wrap)
                 else:
                     ws.write_string(i, 1, safe_text(v), wrap)
-                ws.set_row(i, 15 * max(1, math.ceil(len(str(v)) / 75)))
+                h = min(LINE_PT * max(_lines(v, text_width), _lines(k, widths[0])), MAX_ROW_PT)
+                ws.set_row(i, h)
+                heights.append(h)
+            heights.append(LINE_PT)  # the blank row before the table
             row0 = len(lay.about) + 2
         units = None
         if lay.unit_column and lay.unit_column[1] in df.columns:
             units = [kind_for_unit(u) for u in df[lay.unit_column[1]].tolist()]
         lines = [1] * (len(safe) + 1)  # text lines per row (wrapped), for explicit row heights
-        for j, col in enumerate(df.columns):
+        for j, col in enumerate(cols):
             scol = safe.columns[j]
             values = safe[scol].tolist()
             ws.write_string(row0, j, scol, head)
             kind = _column_kind(col, values, lay)
-            width = lay.widths.get(col) or min(max([len(str(scol))] + [len(_shown(v)) for v in values] + [8]) + 2, 60)
-            ws.set_column(j, j, width, None, {"hidden": True} if col in lay.hidden else None)
-            if col not in lay.hidden:
+            if j in shown:
                 for i, v in enumerate([scol] + values):
                     if isinstance(v, str):
-                        lines[i] = max(lines[i], math.ceil(len(v) * 1.1 / max(width - 1, 1)))
+                        lines[i] = max(lines[i], _lines(v, widths[j]))
             for i, v in enumerate(values, start=row0 + 1):
                 if v is None:
                     ws.write_blank(i, j, None)
                 elif isinstance(v, bool):
-                    ws.write_boolean(i, j, v)
+                    ws.write_boolean(i, j, v, boolean)
                 elif isinstance(v, (_dt.date, _dt.datetime)):
                     d = v if isinstance(v, _dt.datetime) else _dt.datetime(v.year, v.month, v.day)
                     ws.write_datetime(i, j, d, fmts["date"])
                 elif isinstance(v, (int, float)):
                     k = kind or (units[i - row0 - 1] if units else "number")
                     ws.write_number(i, j, v, fmts[k])
-                else:
-                    ws.write_string(i, j, v, wrap)
+                else:  # a hidden column's text unwrapped: LibreOffice draws a wrapped one, clipped, a letter a line
+                    ws.write_string(i, j, v, wrap if j in shown else top)
         for i, n in enumerate(lines):
+            h = min(LINE_PT * n, MAX_ROW_PT)
             if n > 1:
-                ws.set_row(row0 + i, 15 * n)
-        shown = [j for j, c in enumerate(df.columns) if c not in lay.hidden]
+                ws.set_row(row0 + i, h)
+            heights.append(h)
         last_row, last_col = row0 + len(safe), max(max(shown, default=1), 1)
         ws.freeze_panes(row0 + 1, 0)
         ws.set_landscape()
         ws.set_paper(9)  # A4; fit-to-width keeps Letter printouts on one page wide too
         ws.set_margins(left=0.4, right=0.4, top=0.6, bottom=0.6)
-        ws.fit_to_pages(1, 1 if lay.one_page else 0)
+        width_scale = PAGE_BODY_PT[0] / sum(_column_pt(widths[j]) for j in shown)
+        if width_scale < MIN_PRINT_SCALE:  # numbers only, too many columns: across pages, legibly
+            ws.set_print_scale(int(MIN_PRINT_SCALE * 100))
+            ws.repeat_columns(0)
+        elif lay.one_page and min(width_scale, PAGE_BODY_PT[1] / sum(heights)) >= MIN_PRINT_SCALE:
+            ws.fit_to_pages(1, 1)
+        else:
+            ws.fit_to_pages(1, 0)
         ws.repeat_rows(row0)
         ws.print_area(0, 0, last_row, last_col)
         ws.set_header(f"&L{_header_text(title)}&R{_header_text(sheet)}")
@@ -338,6 +423,9 @@ def _header_text(text: str) -> str:
 
 
 def _shown(v) -> str:
+    """A value as the sheet shows it (for column widths)."""
+    if isinstance(v, (_dt.date, _dt.datetime)):
+        return v.strftime("%Y-%m-%d")
     if isinstance(v, float):
         return f"{v:,.2f}"
     return "" if v is None else str(v)

@@ -189,3 +189,28 @@ def llama_server(llama_engine, tmp_path):
         yield srv
     finally:
         llama.stop(srv)
+
+
+@pytest.fixture(scope="session")
+def libreoffice():
+    """LibreOffice headless and poppler's PDF tools, for the tests that print the workbook
+    (tests/test_export_print.py): ``soffice``, ``pdftohtml``, ``pdfinfo`` and a font with
+    Arial's metrics (Liberation Sans, or Arial itself) — the workbook's font. When one is
+    missing the test is skipped with the packages to install, but fails under CI (env ``CI``
+    set), which installs them (.ci/run), so CI cannot skip it silently."""
+    import os
+    import shutil
+    import subprocess
+
+    missing = [t for t in ("soffice", "pdftohtml", "pdfinfo") if shutil.which(t) is None]
+    if shutil.which("fc-match") is not None:
+        family = subprocess.run(["fc-match", "-f", "%{family}", "Arial"], capture_output=True, text=True).stdout
+        if "Liberation Sans" not in family and "Arial" not in family:
+            missing.append(f"a font with Arial's metrics (Arial is printed in {family or 'nothing'})")
+    if missing:
+        msg = (f"printing the workbook needs {', '.join(missing)}: apt-get install libreoffice-calc-nogui "
+               "poppler-utils fonts-liberation")
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return shutil.which("soffice")

@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import math
 import re
-import shutil
-import subprocess
 
 import openpyxl
 import pandas as pd
@@ -262,27 +260,3 @@ def test_csvs_are_rounded_to_the_stated_precision(tmp_path):
     assert all(re.fullmatch(r"\d+", x) for x in q["Replica groups"])
     prov = pd.read_csv(out / "provenance.csv", encoding="utf-8-sig").set_index("Key")["Value"]
     assert "money (USD) to 0.01" in prov["CSV precision"]
-
-
-@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice (soffice) is not installed")
-def test_summary_prints_on_one_page_in_libreoffice(tmp_path):
-    """Rendered through LibreOffice headless: the Summary sheet alone is one page, and the
-    whole workbook a handful (it was 23 pages, columns split across pages)."""
-    import datetime as dt
-
-    from capplan.export import plan_layouts, plan_tables, write_xlsx
-
-    plan = make_plan(load_plan_spec(SPEC), capacity=50.0)
-    tables, layouts = plan_tables(plan, time=T), plan_layouts(plan)
-    write_xlsx({"Summary": tables["Summary"]}, tmp_path / "summary.xlsx", created=dt.datetime(2026, 1, 1),
-               layouts=layouts)
-    export_plan(plan, tmp_path / "x", time=T)
-
-    def pages(xlsx):
-        subprocess.run(["soffice", "--headless", "--convert-to", "pdf", "--outdir", str(tmp_path), str(xlsx)],
-                       check=True, capture_output=True, timeout=180)
-        pdf = (tmp_path / xlsx.with_suffix(".pdf").name).read_bytes()
-        return len(re.findall(rb"/Type\s*/Page[^s]", pdf))
-
-    assert pages(tmp_path / "summary.xlsx") == 1
-    assert pages(tmp_path / "x" / "plan.xlsx") <= 14
