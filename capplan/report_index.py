@@ -226,7 +226,9 @@ def next_steps_block(steps: list[NextStep]) -> str:
             continue
         items = []
         for s in mine:
-            when = f'<span class="due">by {e(s.by_text)}</span> ' if s.by is not None else ""
+            # the date leads the step, unless its words already name it (a fleet step's "before …")
+            when = (f'<span class="due">by {e(s.by_text)}</span> '
+                    if s.by is not None and s.by_text not in s.text else "")
             cmd = f'<br><code class="cmd">{e(s.command)}</code>' if s.command else ""
             link = f' <a href="{e(s.link)}">{e(s.link_text or s.link)}</a>' if s.link else ""
             items.append(f'<li data-by="{s.by.isoformat() if s.by else ""}">{when}{e(s.text)}{link}{cmd}</li>')
