@@ -65,8 +65,10 @@ class Design:
     study: str
     slo: str
     budget_minutes: float
-    current: dict              # estimate, lower_bound, ci_low, ci_high, status, honesty
-    expected: dict             # the same, expected after the proposed runs
+    #: the measured C_SLO now (estimate, lower_bound, ci_low, ci_high, status, honesty, reps,
+    #: seed): the envelope ``propose`` was given, as ``capplan envelope`` prints it
+    current: dict
+    expected: dict             # the same, expected after the proposed runs (trial fits)
     runs: tuple[ProposedRun, ...]
     existing: tuple[dict, ...]  # the sweep so far: rate_rps, runs, duration_s, warmup_s
     source: str                 # "the current fit" or the model's name
@@ -76,6 +78,17 @@ class Design:
     workload: dict = field(default_factory=dict)
     study_path: str = ""
     runs_in_study: int = 0
+    #: the trial fits' bootstrap replicates and their reading of the sweep as it is now: when
+    #: they are fewer than the measured C_SLO's, ``expected`` is an approximation at that count,
+    #: comparable with ``trial_now`` (not with ``current``)
+    trial_reps: int = 0
+    trial_now: dict = field(default_factory=dict)
+
+    @property
+    def approximate(self) -> bool:
+        """The expected numbers come from trial fits with other replicates than the measured
+        C_SLO (fewer, for speed), and runs were proposed."""
+        return bool(self.runs) and bool(self.trial_now) and self.trial_reps != self.current.get("reps")
 
     @property
     def minutes(self) -> float:
@@ -85,7 +98,8 @@ class Design:
         return {"format": DESIGN_FORMAT, "study": self.study, "slo": self.slo,
                 "budget_minutes": self.budget_minutes, "minutes": round(self.minutes, 3),
                 "expected_from": self.source, "current": self.current,
-                "expected": self.expected, "next_runs": [r.to_dict() for r in self.runs],
+                "expected": self.expected, "trial_reps": self.trial_reps, "trial_now": self.trial_now,
+                "next_runs": [r.to_dict() for r in self.runs],
                 "existing": list(self.existing), "notes": list(self.notes)}
 
     def to_frame(self) -> pd.DataFrame:
@@ -119,12 +133,23 @@ class Design:
 
     def to_text(self) -> str:
         c, e = self.current, self.expected
+        what = c.get("settings_note") or (f"the measured C_SLO, as capplan envelope prints it ({c['reps']} "
+                                          f"bootstrap replicates, seed {c['seed']})")
         lines = [f"Next runs for {self.study} ({self.slo}); budget {self.budget_minutes:g} min, "
                  f"proposed {self.minutes:.0f} min",
                  f"now:      estimate {_f(c['estimate'])}, lower bound {_f(c['lower_bound'])} "
-                 f"req/s ({c['honesty']})",
-                 f"expected: estimate {_f(e['estimate'])}, lower bound {_f(e['lower_bound'])} "
-                 f"req/s ({e['honesty']}; from {self.source})", ""]
+                 f"req/s ({c['honesty']}) — {what}"]
+        if not self.runs:
+            lines.append("expected: unchanged — no run proposed")
+        else:
+            lines.append(f"expected: estimate {_f(e['estimate'])}, lower bound {_f(e['lower_bound'])} "
+                         f"req/s ({e['honesty']}; from {self.source})")
+        if self.approximate:
+            t = self.trial_now
+            lines.append(f"          approximate: trial fits with {self.trial_reps} bootstrap replicates (--reps), "
+                         f"which read the sweep as it is now at estimate {_f(t['estimate'])}, lower bound "
+                         f"{_f(t['lower_bound'])} req/s — compare the expected numbers with these")
+        lines.append("")
         if not self.runs:
             lines.append("no run proposed (why: the note below)")
         for r in self.runs:
@@ -144,7 +169,8 @@ def _summary(env) -> dict:
     c = env.cslo
     return {"estimate": _num(c.estimate), "lower_bound": _num(c.lower_bound),
             "ci_low": _num(c.ci_low), "ci_high": _num(c.ci_high), "status": c.status,
-            "honesty": env.honesty.status if env.honesty else ""}
+            "honesty": env.honesty.status if env.honesty else "", "reps": int(env.reps),
+            "seed": int(env.seed)}
 
 
 def _num(v):
@@ -386,8 +412,10 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
             seed: int = 0, model=None, max_runs: int = 12, workload: dict | None = None,
             study_path: str | os.PathLike | None = None) -> Design:
     """Greedy proposal of next runs within ``budget_minutes`` (see the module docstring).
-    ``workload`` (the study manifest's) and ``study_path`` go into the printed commands; by
-    default they come from the study the envelope was fitted on."""
+    ``env`` is the measured C_SLO (``Design.current``); the trial fits use ``reps`` replicates
+    (fewer, for speed: their expected numbers are then labelled approximate, beside the trial
+    fits' own reading of the sweep now). ``workload`` (the study manifest's) and ``study_path``
+    go into the printed commands; by default they come from the study the envelope was fitted on."""
     from .envelope import fit_from_stats
 
     if env.stats is None:
@@ -462,13 +490,16 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     if not chosen and not tried and not notes:
         notes.append(f"the budget ({budget_minutes:g} min) is shorter than one run of {dur:.0f} s: "
                      "no run was tried")
-    expected = _summary(cur)
+    # with no run proposed nothing changes: the expectation is the measured C_SLO itself
+    expected = _summary(cur) if chosen else _summary(env)
     src = "the current fit" if model is None else f"the model {getattr(model, 'name', 'given')}"
     return Design(study=str(getattr(stats, "name", "")), slo=str(slo),
-                  budget_minutes=float(budget_minutes), current=_summary(start),
+                  budget_minutes=float(budget_minutes),
+                  current={**_summary(env), "settings_note": env.settings_note()},
                   expected=expected, runs=tuple(chosen), existing=_existing(start), source=src,
                   notes=tuple(notes), workload=dict(workload or {}),
-                  study_path=str(study_path or ""), runs_in_study=len(env.runs))
+                  study_path=str(study_path or ""), runs_in_study=len(env.runs),
+                  trial_reps=int(reps), trial_now=_summary(start))
 
 
 def _why_none(env, gap_now: float, tried: list[tuple[float, float]], duration_s: float) -> str:
@@ -484,7 +515,8 @@ def _why_none(env, gap_now: float, tried: list[tuple[float, float]], duration_s:
     return (f"no run is proposed: {need}, and none of the candidate runs is expected to narrow it — "
             f"after one more {duration_s:.0f}-s run the expected gap between the estimate and the "
             f"lower bound would be {after or 'not computable'}, against {gap_now:.3g} req/s now "
-            f"(outcomes simulated from the current fit{spread}); a larger --budget-minutes does not "
+            f"as the trial fits read it (outcomes simulated from the current fit{spread}; the same "
+            "replicates on both sides); a larger --budget-minutes does not "
             "change this first step")
 
 

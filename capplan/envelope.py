@@ -64,7 +64,7 @@ from .contract import PERCENTILES, ci_cols, pct_col
 from .earlystop import n_min
 from .errors import SpecError, StudyError
 from .reduce import BlockStats, reduce_study
-from .slo import SLO
+from .slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO
 
 STATUS_BRACKETED = "bracketed"
 STATUS_ABOVE = "≥ max tested"
@@ -223,6 +223,17 @@ class Envelope:
         """The block length override in requests (None: Politis–White per run)."""
         return self.scheme.block_len
 
+    def settings_note(self) -> str:
+        """"" when this is the measured C_SLO's fit (``capplan.slo``'s ``CSLO_*`` settings, the
+        run-effect method); else words that label the number as another fit of it, for whoever
+        prints it beside the name (docs/envelope.md, "One measured C_SLO")."""
+        if (self.reps, self.seed, self.method) == (CSLO_REPS, CSLO_SEED, "run-effect") \
+                and abs(self.confidence - CSLO_CONFIDENCE) < 1e-12:
+            return ""
+        return (f"fitted with {self.reps} bootstrap replicates, seed {self.seed}, {self.confidence:.0%}, method "
+                f"{self.method} — not the measured C_SLO's settings ({CSLO_REPS} replicates, seed {CSLO_SEED}, "
+                f"{CSLO_CONFIDENCE:.0%}, run-effect: capplan envelope's defaults), so an approximation of it")
+
     # ------------------------------------------------------------------ views
     #: columns of the run and diagnostics tables in ``to_text`` (those present are shown)
     TEXT_RUN_COLUMNS = ("run_id", "x", "n", "attainment", "att_ci_low", "att_ci_high", "fitted",
@@ -248,6 +259,8 @@ class Envelope:
                  f"C_SLO estimate:   {_fmt(c.estimate)} {unit}   status: {c.status}",
                  f"{c.confidence:.0%} CI:           [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}] {unit}",
                  f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}"]
+        if self.settings_note() and not self.iid_assumption:
+            lines.append(f"({self.settings_note()})")
         if c.closed_loop:
             lines.append(f"at concurrency:   {_fmt(c.load_at_capacity)}")
         if self.run_effect is not None:
@@ -968,8 +981,8 @@ def group_levels(asked, tol_rel: float = LEVEL_TOL_REL, span_s=None) -> np.ndarr
     return out
 
 
-def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = 0.95,
-                   reps: int = 1000, seed: int = 0, scheme: str | boot.Scheme = "circular",
+def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSLO_CONFIDENCE,
+                   reps: int = CSLO_REPS, seed: int = CSLO_SEED, scheme: str | boot.Scheme = "circular",
                    block_len: float | None = None, method: str = "run-effect",
                    run_effect: rfx.RunEffect | None = None) -> Envelope:
     """The envelope from reduced statistics (the fast path behind ``refit``). ``scheme``: a
@@ -1174,11 +1187,15 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
 
 # ============================================================================ public entry
 
-def fit_envelope(study, slo, *, confidence: float = 0.95, reps: int = 1000, seed: int = 0,
+def fit_envelope(study, slo, *, confidence: float = CSLO_CONFIDENCE, reps: int = CSLO_REPS,
+                 seed: int = CSLO_SEED,
                  scheme: str | boot.Scheme = "circular", block_len: float | None = None,
                  warmup="manifest", stats: BlockStats | None = None,
                  method: str = "run-effect", run_effect: rfx.RunEffect | None = None) -> Envelope:
-    """Fit the SLO capacity envelope of a sweep.
+    """Fit the SLO capacity envelope of a sweep. With its defaults (``capplan.slo``'s
+    ``CSLO_*`` settings, the run-effect method, circular blocks, the manifest's warm-up) this is
+    "the measured C_SLO" every command and page prints under that name (docs/envelope.md, "One
+    measured C_SLO").
 
     ``study``: a Study or a path; ``slo``: an SLO or ``"ttft_ms=2000,attainment=0.99"``;
     ``scheme``: "circular" (default), "stationary", "iid" or a ``capplan.bootstrap`` scheme;

@@ -8,9 +8,9 @@ and checks without this module knowing those classes:
 - checks: ``(key, sentence, ok)``
 
 Work units: capacity is measured in requests, demand is often forecast in tokens. Token goodput
-at the SLO is C_SLO × good fraction × tokens per SLO-meeting request (prefill = input tokens,
-decode = output tokens), read from the study at the capacity point; a daily token volume is
-turned into requests with a stated tokens-per-request assumption.
+at the SLO is C × good fraction × tokens per SLO-meeting request (C: the capacity per replica
+group; prefill = input tokens, decode = output tokens), read from the study at the capacity
+point; a daily token volume is turned into requests with a stated tokens-per-request assumption.
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ def token_items(*, capacity_rps: float, groups: int, facts_at_capacity, facts_at
             tps = good_rps * per
             items.append((f"{name}_tokens_per_s_per_group", f"{name} token goodput per group at C_SLO",
                           tps, "tokens/s",
-                          f"C_SLO × good fraction at C_SLO × {kind} tokens per SLO-meeting request",
-                          {"C_SLO": capacity_rps, "good_fraction": fc.good_fraction,
+                          f"C × good fraction at C_SLO × {kind} tokens per SLO-meeting request (C: "
+                          "capacity per replica group)",
+                          {"C": capacity_rps, "good_fraction": fc.good_fraction,
                            f"{kind}_tokens_per_good_request": per, "read": fc.how}))
             items.append((f"{name}_tokens_per_s_fleet", f"fleet {name} token goodput at C_SLO", tps * groups,
                           "tokens/s", f"N × {name} token goodput per group",
@@ -195,8 +196,8 @@ def kv_items(spec, *, g: int, capacity_rps: float, facts, facts_at_capacity,
     if w is not None and b.weights_fit:
         chk = kv_bound_check(b, capacity_rps, w, wsrc)
         items.append(("kv_sequences_needed", "sequences in flight per replica at C_SLO", chk.needed_sequences,
-                      "sequences", "C_SLO × mean time in system (Little's law)",
-                      {"C_SLO": capacity_rps, "mean_e2e_s": w, "source": wsrc}))
+                      "sequences", "C × mean time in system (Little's law; C: capacity per replica group)",
+                      {"C": capacity_rps, "mean_e2e_s": w, "source": wsrc}))
         items.append(("kv_bound_rps_per_group", f"KV-bound rate per replica at {ctx:,} tokens of context",
                       chk.kv_bound_rps, "req/s", "max concurrent sequences ÷ mean time in system",
                       {"max_sequences": b.max_sequences, "mean_e2e_s": w}))

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Mapping
 from . import spec as S
 from .errors import SpecError
 from .periods import parse_start
-from .slo import SLO, SLOClasses, load_slo_file
+from .slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, SLOClasses, load_slo_file
 
 POLICIES = ("node", "zone", "n_plus_k", "none")
 READY_PARTS = ("provision", "image", "weights", "rank_init", "compile", "warmup", "register")
@@ -176,9 +176,11 @@ class CapacitySpec:
     source: str = "study"  # study | number
     rps_per_group: float | None = None
     use: str = "lower_bound"  # lower_bound | estimate (of the study's C_SLO)
-    confidence: float = 0.95
-    reps: int = 1000  # the lower bound is a 5 % quantile: 200 replicates read it ~0.5 % high
-    seed: int = 0
+    #: the measured C_SLO's settings (``capplan.slo``): a spec that keeps them plans on the number
+    #: ``capplan envelope`` prints
+    confidence: float = CSLO_CONFIDENCE
+    reps: int = CSLO_REPS  # the lower bound is a 5 % quantile: 200 replicates read it ~0.5 % high
+    seed: int = CSLO_SEED
     good_fraction: float | None = None  # without a study: SLO-meeting share of offered requests
     #: plan with a lower bound the study cannot support honestly (``Envelope.honesty``), saying
     #: so in the plan; without it such a plan is refused (docs/envelope.md)

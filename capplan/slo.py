@@ -1,4 +1,5 @@
-"""The SLO: which limits make a request *good*, and the attainment target.
+"""The SLO: which limits make a request *good*, the attainment target, and the settings of
+"the measured C_SLO" at it (``CSLO_CONFIDENCE``, ``CSLO_REPS``, ``CSLO_SEED``).
 
 A request is good when its status is ``ok`` and every limit that is set holds. TTFT counts from
 ``scheduled_ns`` by default, so a generator that fell behind cannot hide queueing
@@ -280,3 +281,16 @@ def _slo_at(value, field: str, required: bool = False) -> SLO | None:
         return SLO.parse(value)
     except SpecError as exc:
         S.fail(field + (f".{exc.field}" if exc.field else ""), exc.message, exc.fix)
+
+
+#: "The measured C_SLO" of a study at an SLO is ``capplan.fit_envelope`` (run-to-run variation
+#: included) with these settings — the interval's confidence, the bootstrap replicates and the
+#: seed — wherever a command or a page prints it under that name: ``capplan envelope``, ``plan``,
+#: ``mix`` (its tested mix), ``design`` (its "now"), ``twin check``, the report's pages and the
+#: what-if (the plan spec's ``capacity:`` defaults are these). The C_SLO's estimate moves with the
+#: replicates too (200 read the demo's 5.301 as 5.300, its lower bound 5.162 as 5.210), so a
+#: number fitted with other settings is labelled as an approximation beside this one
+#: (docs/envelope.md, "One measured C_SLO").
+CSLO_CONFIDENCE = 0.95
+CSLO_REPS = 1000
+CSLO_SEED = 0

@@ -20,7 +20,9 @@ import click
                    "of the current fit")
 @click.option("--confidence", type=float, default=0.95, show_default=True)
 @click.option("--reps", type=int, default=200, show_default=True,
-              help="bootstrap replicates per trial fit")
+              help="bootstrap replicates per trial fit (the expected numbers, labelled approximate when "
+                   "fewer than the measured C_SLO's; \"now\" is always the measured C_SLO, as capplan "
+                   "envelope prints it)")
 @click.option("--sims", type=int, default=4, show_default=True,
               help="simulated outcomes per candidate run")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -50,7 +52,8 @@ def cmd(study, slo_text, budget_minutes, out, twin_path, confidence, reps, sims,
     if sims < 1:
         raise SpecError(f"--sims must be at least 1, got {sims}", field="sims")
     model = load_model(twin_path) if twin_path else None
-    env = fit_envelope(study, slo_text, confidence=confidence, reps=reps, seed=seed)
+    # "now": the measured C_SLO with capplan envelope's replicates; the trial fits use --reps
+    env = fit_envelope(study, slo_text, confidence=confidence, seed=seed)
     d = propose(env, budget_minutes=budget_minutes, sims=sims, reps=reps, seed=seed,
                 model=model, study_path=study)
     click.echo(env.honesty.to_text())

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import SpecError
+from ..slo import CSLO_REPS
 
 
 def _say(msg: str) -> None:
@@ -71,7 +72,9 @@ def fit_cmd(study, out, runs, below, reps, seed, name):
 @click.option("--holdout", type=float, default=None,
               help="fit on the runs below this rate (req/s) and predict the runs at or above it")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--reps", type=int, default=200, show_default=True, help="bootstrap replicates of the measured envelope")
+@click.option("--reps", type=int, default=CSLO_REPS, show_default=True,
+              help="bootstrap replicates of the measured C_SLO (the default is capplan envelope's; fewer are "
+                   "printed as an approximation)")
 @click.option("--steady-draws", type=int, default=10, show_default=True,
               help="parameter draws for the steady-state C_SLO interval")
 @click.option("--no-steady", is_flag=True, help="skip the steady-state C_SLO (faster)")

@@ -103,9 +103,11 @@ class MixFit:
                                  f"{self.target.period} of {self.target.source}")
                + f" ({self.target.buckets.describe()})",
                f"C_SLO at the tested mix:  {fmt(b.estimate)} req/s  {b.confidence:.0%} CI [{fmt(b.ci_low)}, "
-               f"{fmt(b.ci_high)}]  lower bound {fmt(b.lower_bound)}  ({b.status})",
+               f"{fmt(b.ci_high)}]  lower bound {fmt(b.lower_bound)}  ({b.status}; "
+               + (self.base.settings_note() or "the measured C_SLO, as capplan envelope prints it") + ")",
                f"C_SLO at the target mix:  {fmt(w.estimate)} req/s  {w.confidence:.0%} CI [{fmt(w.ci_low)}, "
-               f"{fmt(w.ci_high)}]  lower bound {fmt(w.lower_bound)}  ({w.status})",
+               f"{fmt(w.ci_high)}]  lower bound {fmt(w.lower_bound)}  ({w.status}; another quantity: each "
+               "cell's tested attainment reweighted to the target's shares)",
                f"effective sample size of the reweighting: {self.ess:,.0f} requests "
                f"({self.ess_share:.0%} of the {int(self.runs.loc[self.runs['usable'], 'n'].sum()):,} tested)", "",
                "cells (tested share → target share, attainment over the study):"]

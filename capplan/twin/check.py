@@ -28,7 +28,7 @@ import pandas as pd
 from scipy.stats import binom
 
 from ..errors import StudyError
-from ..slo import SLO
+from ..slo import CSLO_REPS, SLO
 from .capacity import steady_cslo
 from .data import StudyData, load_study
 from .limits_fit import stall_masks, timeout_bounds
@@ -41,6 +41,23 @@ MARGINS: dict[str, tuple[float, float]] = {
     "attainment": (0.01, 0.0), "ttft_p50_ms": (0.1, 0.10), "ttft_p99_ms": (0.1, 0.10),
     "tpot_p50_ms": (0.01, 0.10), "tpot_p99_ms": (0.01, 0.10), "achieved_rps": (0.0, 0.05),
     "share_rejected": (0.01, 0.0), "share_timed_out": (0.01, 0.0),
+}
+#: the check's C_SLOs: key in ``TwinCheck.cslo`` → (label, why it is the number it is). Only the
+#: first is "the measured C_SLO" (docs/envelope.md, "One measured C_SLO"); the others are other
+#: quantities and say so.
+CSLO_ROWS: dict[str, tuple[str, str]] = {
+    "measured": ("C_SLO measured (capplan envelope)",
+                 "the study's C_SLO as capplan envelope, the plan and the report give it: runs pooled with "
+                 "the run-to-run variation"),
+    "measured_within_run": ("within-run crossing of the measured runs",
+                            "each measured run read on its own, without the run-to-run variation (the "
+                            "envelope's within-run method): the quantity a replay gives, so the replays are "
+                            "compared with it, not with the measured C_SLO"),
+    "replay": ("twin's crossing, replaying the measured runs",
+               "the same within-run crossing on the twin's replays of the measured runs (median and 2.5–97.5 % "
+               "over the replays)"),
+    "twin": ("twin's steady-state C_SLO",
+             "the twin's long Poisson runs at the measured mix, not the measured runs' protocol"),
 }
 RUN_MISS_RATE = 0.05
 TEST_LEVEL = 0.01
@@ -131,6 +148,24 @@ class TwinCheck:
             write_text_atomic(path, text)
         return text
 
+    def cslo_frame(self) -> pd.DataFrame:
+        """The C_SLOs of the check, one row each, labelled as the quantity they are (``CSLO_ROWS``):
+        the measured C_SLO (the one ``capplan envelope`` prints) and, beside it, the within-run
+        crossing of the same runs and the twin's, each with why it is another number. The CLI
+        and the report's twin page print these rows."""
+        rows = []
+        for key, (label, why) in CSLO_ROWS.items():
+            d = self.cslo.get(key) or {}
+            if not d:
+                continue
+            if key == "measured" and d.get("settings_note"):
+                label, why = "C_SLO measured, approximate", d["settings_note"]
+            rows.append({"key": key, "label": label, "estimate": d.get("estimate"), "ci_low": d.get("ci_low"),
+                         "ci_high": d.get("ci_high"), "lower_bound": d.get("lower_bound"),
+                         "status": d.get("status"), "why": why})
+        return pd.DataFrame(rows, columns=["key", "label", "estimate", "ci_low", "ci_high", "lower_bound", "status",
+                                           "why"])
+
     def to_text(self) -> str:
         lines = [f"Twin check: {self.twin} against {self.study} — SLO {SLO.parse(self.slo).describe()}; "
                  f"{self.replays} replays per run",
@@ -151,18 +186,16 @@ class TwinCheck:
             lines.append(f"{r.run_id:<10} {fmt(r.offered_rps):>6}  {r.label:<30} {fmt(r.measured):>11} "
                          f"{'[' + fmt(r.pi_low) + ', ' + fmt(r.pi_high) + ']':>25} "
                          f"{'[' + fmt(r.band_low) + ', ' + fmt(r.band_high) + ']':>25}  {'yes' if r.inside else 'NO'}")
-        c = self.cslo
         lines.append("")
-        for key, label in (("measured", "measured envelope (capplan envelope)"),
-                           ("measured_within_run", "measured, each run on its own"),
-                           ("replay", "twin, replaying the measured runs"),
-                           ("twin", "twin, steady state (long Poisson runs)")):
-            d = c.get(key) or {}
-            if d.get("estimate") is not None:
-                lines.append(f"C_SLO {label:<38} {d['estimate']:.3f} req/s  95 % interval "
-                             f"[{_num(d.get('ci_low'))}, {_num(d.get('ci_high'))}]")
-            elif d:
-                lines.append(f"C_SLO {label:<38} n/a ({d.get('status', 'not bracketed')})")
+        for r in self.cslo_frame().to_dict("records"):
+            r = {k: json_number(v) for k, v in r.items()}  # the frame's NaN for "none" back to None
+            if r["estimate"] is not None:
+                lb = f", lower bound {_num(r['lower_bound'])}" if r["lower_bound"] is not None else ""
+                lines.append(f"{r['label']:<58} {r['estimate']:.3f} req/s  95 % interval "
+                             f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]{lb}")
+            else:
+                lines.append(f"{r['label']:<58} n/a ({r['status'] or 'not bracketed'})")
+            lines.append(f"    {r['why']}")
         if self.holdout:
             h = self.holdout
             lines.append("")
@@ -277,10 +310,11 @@ def _replay_cslo(counts, target: float, seed: int) -> dict:
 
 
 def check_twin(twin: "Twin", study, slo: SLO | str, *, replays: int = 20, seed: int = 0, envelope=None,
-               reps: int = 200, steady: bool = True, steady_draws: int = 10, workers: int | None = None,
+               reps: int = CSLO_REPS, steady: bool = True, steady_draws: int = 10, workers: int | None = None,
                data: StudyData | None = None, steady_options: dict | None = None) -> TwinCheck:
     """Check ``twin`` against ``study`` (see the module docstring). ``envelope``: the measured
-    envelope if already fitted (else fitted here with ``reps`` replicates); ``steady=False``
+    envelope if already fitted (else fitted here with ``reps`` replicates: by default the measured
+    C_SLO's, so the check prints the number ``capplan envelope`` does); ``steady=False``
     skips the steady-state C_SLO; ``workers`` processes (default: 2 for checks of ≥ 300 k
     replayed requests, else 1; the numbers do not depend on it); ``steady_options`` are passed
     to ``steady_cslo`` (runs, duration_s, warmup_s)."""
@@ -379,23 +413,25 @@ def _check(twin, data, s, *, replays, seed, envelope, reps, steady, steady_draws
     # C_SLO: the measured envelope (the one `capplan envelope` gives the user), replays, steady state
     cslo: dict = {}
     within = None
-    if envelope is None:
-        from ..envelope import fit_envelope
+    from ..envelope import fit_envelope
 
-        try:
+    try:
+        if envelope is None:
             envelope = fit_envelope(data.root, s, reps=reps, seed=seed)
-            # the replays' crossing rule: each run's own attainment (no run effect), so the
-            # replayed C_SLO is compared with the same quantity of the measured runs
-            within = fit_envelope(data.root, s, reps=reps, seed=seed, method="within-run")
-        except StudyError as exc:
-            notes.append(f"measured envelope not available: {exc}")
-            envelope = None
+        # the replays' crossing rule: each run's own attainment (no run effect), so the replayed
+        # C_SLO is compared with the same quantity of the measured runs (the envelope's settings)
+        within = fit_envelope(data.root, s, confidence=envelope.confidence, reps=envelope.reps,
+                              seed=envelope.seed, stats=envelope.stats, method="within-run")
+    except StudyError as exc:
+        notes.append(f"measured envelope not available: {exc}")
     if envelope is not None:
         c = envelope.cslo
         cslo["measured"] = {"estimate": json_number(c.estimate), "ci_low": json_number(c.ci_low),
                             "ci_high": json_number(c.ci_high), "lower_bound": json_number(c.lower_bound),
-                            "status": c.status, "kind": "the study's envelope, as `capplan envelope` computes it "
-                            f"({reps} bootstrap replicates, seed {seed})"}
+                            "status": c.status, "reps": int(envelope.reps), "seed": int(envelope.seed),
+                            "settings_note": envelope.settings_note(),
+                            "kind": "the study's envelope, as `capplan envelope` computes it "
+                            f"({envelope.reps} bootstrap replicates, seed {envelope.seed})"}
     if within is not None:
         w = within.cslo
         cslo["measured_within_run"] = {"estimate": json_number(w.estimate), "ci_low": json_number(w.ci_low),

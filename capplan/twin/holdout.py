@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import StudyError
-from ..slo import SLO
+from ..slo import CSLO_REPS, SLO
 from .check import TwinCheck, check_twin, json_number
 from .data import load_study
 from .fit import fit_twin
@@ -19,8 +19,8 @@ from .model import Twin
 from .replay import METRIC_LABELS, METRICS
 
 
-def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20, seed: int = 0, reps: int = 200,
-                  steady: bool = True, steady_draws: int = 10, workers: int | None = None, fit_reps: int = 200,
+def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20, seed: int = 0,
+                  reps: int = CSLO_REPS, steady: bool = True, steady_draws: int = 10, workers: int | None = None, fit_reps: int = 200,
                   steady_options: dict | None = None) -> tuple[Twin, TwinCheck]:
     """Fit on the runs offered below ``below_rps`` and predict the runs at or above it (what a
     planner does when asked about more load than was tested); reports how far off it was."""
