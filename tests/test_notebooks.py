@@ -207,3 +207,48 @@ def test_binned_quantile_and_format_number():
     assert [format_number(v) for v in (17.0, 51873.216, 3.00909, 0.0123456, float("nan"),
                                        True, "text", 12)] == \
         ["17", "51,873", "3.009", "0.01235", "n/a", "yes", "text", "12"]
+
+
+def test_text_colour_reads_on_dark_and_light_cells():
+    from capplan.viz import text_colour
+
+    assert text_colour("#000000") == "white" and text_colour("#ffffff") == "black"
+    assert text_colour("rgb(165,0,38)") == "white"  # RdYlGn's dark red end
+    assert text_colour("rgb(0,104,55)") == "white"  # its dark green end
+    assert text_colour("rgb(255,255,191)") == "black"  # its pale yellow middle
+    assert text_colour("#d9d9d9") == "black"  # the "too few" grey
+
+
+def test_breakdown_cells_have_readable_short_text():
+    """Dark cells get white text, light ones black; a normal cell shows only its value (N in
+    the hover), a too-few cell its value and "n=…" — no long label to overlap the next cell."""
+    import pandas as pd
+
+    from capplan.viz import breakdown_figure
+
+    rows = []
+    for j, run in enumerate(["r1", "r2", "r3"]):
+        for k, (bucket, n) in enumerate((("short", 500), ("long", 40))):
+            rows.append({"run_id": run, "bucket": bucket, "n_offered": n,
+                         "attainment_offered": [1.0, 0.6, 0.0][j] if k == 0 else 0.9})
+    fig = breakdown_figure(pd.DataFrame(rows), "bucket")
+    txt = fig.data[-1]
+    cells = dict(zip(zip(txt.x, txt.y), zip(txt.text, txt.textfont.color)))
+    assert cells[("r1", "short")] == ("1.000", "white")  # dark green
+    assert cells[("r3", "short")] == ("0.000", "white")  # dark red
+    assert cells[("r2", "short")] == ("0.600", "black")  # pale yellow middle
+    assert cells[("r1", "long")] == ("0.900<br>n=40", "black")  # grey: too few
+    assert all(len(t.split("<br>")[0]) <= 5 and "too few" not in t for t in txt.text)
+
+
+def test_runs_get_distinct_line_styles():
+    import pandas as pd
+
+    from capplan.viz import latency_cdf_figure, run_style
+
+    styles = {(run_style(i)["color"], run_style(i)["dash"]) for i in range(17)}
+    assert len(styles) == 17
+    frames = {f"r{i:02d}": pd.DataFrame({"ttft_ms": [10.0 * (i + 1), 20.0], "status": "ok"})
+              for i in range(17)}
+    fig = latency_cdf_figure(frames, "ttft_ms", limit_ms=2000)
+    assert len({(t.line.color, t.line.dash) for t in fig.data}) == 17
