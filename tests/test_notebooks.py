@@ -252,3 +252,23 @@ def test_runs_get_distinct_line_styles():
               for i in range(17)}
     fig = latency_cdf_figure(frames, "ttft_ms", limit_ms=2000)
     assert len({(t.line.color, t.line.dash) for t in fig.data}) == 17
+
+
+@pytest.mark.parametrize("path", sorted(R.notebooks_dir().glob("*.ipynb")), ids=lambda p: p.name)
+def test_parameters_cells_parse_and_default_to_the_demo(path):
+    """papermill reads every parameter of every notebook (a comment with '=' made it print
+    "Unable to parse line …" on each report), and no notebook needs a parameter set to run:
+    an empty study_path means the bundled demo study (06-twin stopped with "set study_path")."""
+    from papermill.translators import PythonTranslator
+
+    nb = nbformat.read(str(path), as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1
+    names = {p.name for p in PythonTranslator.inspect(cells[0])}
+    assigned = set(re.findall(r"^(\w+)\s*(?::[^=]+)?=", cells[0].source, flags=re.M))
+    assert names == assigned, assigned - names
+    if "study_path" in names:
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        assert ("demo_study_path()" in code or "notebook.setup(study_path=study_path" in code
+                or "model_settings(os.environ, study_path=study_path" in code)  # both default to it
+        assert 'raise ValueError("set study_path' not in code
