@@ -31,7 +31,7 @@ JARGON = (
     # issue 28: missing from the glossary until then
     "honest", "unsupported", "τ", "logit", "prior", "Clopper–Pearson", "load effect", "SLO-minutes",
     # and what the twin, mix, timelines and comparison pages add
-    "KV", "SD", "CV", "Monte-Carlo", "twin", "prediction band", "target mix", "tested mix",
+    "KV", "SD", "CV", "twin", "prediction band", "target mix", "tested mix",
     "reweighting", "SLO class", "gate", "good requests lost",
 )
 #: Capitals and symbols that are plain words or are defined where they stand.

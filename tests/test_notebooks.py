@@ -163,7 +163,9 @@ def test_whatif_notebook_executes_and_shows_the_panel(tmp_path):
                             cwd=tmp_path)
     assert not [o for o in _outputs(nb) if o.get("output_type") == "error"]
     views = [o for o in _outputs(nb) if WIDGET in o.get("data", {})]
-    assert len(views) == 2  # the plan panel, then ready time / warm floor / burst
+    # one display: the plan panel with ready time / warm floor / burst under it (a second
+    # display reached the browser before its widgets in 2 of 4 Voila loads: "model not found")
+    assert len(views) == 1
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     html = " ".join(str(m["state"].get("value", "")) for m in state.values()
                     if m["model_name"] == "HTMLModel")
