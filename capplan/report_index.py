@@ -366,6 +366,7 @@ caption { text-align: left; color: #555; font-size: .9em; }
 tr.fail td { color: #b00; font-weight: 600; } tr.caveat td:first-child { color: #b36b00; font-weight: 600; }
 .scroll { overflow-x: auto; }
 td code { word-break: break-all; }
+#provenance th { padding-right: 1em; white-space: nowrap; vertical-align: top; }
 a.glossary { color: inherit; text-decoration: underline dotted; }
 """
 

@@ -406,8 +406,10 @@ def styled(df: pd.DataFrame, *, headers: dict | None = None):
         st = st.format(format_usd, subset=money)
     text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])
             or pd.api.types.is_bool_dtype(df[c])]
-    if text:
+    if text:  # the cells and their header: a right-aligned header sat far from its text column
         st = st.set_properties(subset=text, **{"text-align": "left"})
+        st = st.set_table_styles({c: [{"selector": "th", "props": "text-align: left"}] for c in text},
+                                 overwrite=False)
     return st
 
 

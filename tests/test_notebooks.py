@@ -274,3 +274,13 @@ def test_parameters_cells_parse_and_default_to_the_demo(path):
         assert ("demo_study_path()" in code or "notebook.setup(study_path=study_path" in code
                 or "model_settings(os.environ, study_path=study_path" in code)  # both default to it
         assert 'raise ValueError("set study_path' not in code
+
+
+def test_text_columns_have_left_headers():
+    import pandas as pd
+
+    from capplan.viz import styled
+
+    html = styled(pd.DataFrame({"result": ["holds"], "check": ["a sentence"], "groups": [3]})).to_html()
+    assert re.search(r"th\.col0 \{\s*text-align: left", html) and re.search(r"th\.col1 \{\s*text-align: left", html)
+    assert not re.search(r"th\.col2 \{", html)  # numbers keep right-aligned headers
