@@ -323,6 +323,7 @@ def test_a_study_without_system_events_says_so_first(make_study, capsys):
     assert "no timeline/ table" in tl.headline and "capplan twin run" in tl.headline
     text = tl.to_text()
     assert text.index("No system events") < text.index("Run r1:")
+    assert "No system events" not in tl.to_text(headline=False)  # the page says it once, above
     assert main(["timeline", str(path), "--slo", "ttft_ms=1000,attainment=0.99"]) == 0
     assert "No system events" in capsys.readouterr().out
     path2, _ = _failure_study(make_study)

@@ -94,11 +94,13 @@ class Timeline:
         return df[cols].rename(columns=INCIDENT_LABELS)
 
     # -- text ----------------------------------------------------------------------------
-    def to_text(self) -> str:
+    def to_text(self, headline: bool = True) -> str:
+        """What `capplan timeline` prints; ``headline=False`` leaves out the no-events sentence
+        (a page that says it in its own words above)."""
         out = [f"Timeline of {self.study}: windows of {_dur(self.width_s)}; SLO {self.slo}; "
                f"recovered = {self.recover_windows} windows in a row at or above "
                f"{self.slo.attainment:.4g}"]
-        if self.headline:
+        if self.headline and headline:
             out += ["", self.headline]
         summ = self.summary_frame()
         for rid in self.run_ids:
