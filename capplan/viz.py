@@ -359,7 +359,12 @@ HEADERS = {
     "input_tokens_bucket": "prompt length (tokens)", "output_tokens_bucket": "output length (tokens)",
     "tenant": "tenant", "case": "case", "c_slo_rps": "C_SLO (req/s)",
     "capacity_rps_per_group": "capacity per replica group (req/s)",
+    "cslo_estimate": "C_SLO estimate (req/s)", "ci_low": "95 % low", "ci_high": "95 % high",
+    "lower_bound": "lower bound (req/s)", "delta_%": "delta (%)", "delta_ci": "delta CI",
 }
+#: words of column names that are abbreviations (``cslo_rps`` → 'C_SLO (req/s)')
+_WORDS = {"cslo": "C_SLO", "gpu": "GPU", "gpus": "GPUs", "kv": "KV", "slo": "SLO", "ci": "CI", "cv": "CV",
+          "sd": "SD", "rps": "req/s", "j": "J", "jain": "Jain"}
 _UNITS = (("_rps", " (req/s)"), ("_ms", " (ms)"), ("_pct", " (%)"), ("_usd", " (USD)"), ("_s", " (s)"),
           ("_w", " (W)"), ("_wh", " (Wh)"))
 
@@ -377,7 +382,7 @@ def human(col) -> str:
         if c.endswith(suffix):
             c, unit = c[: -len(suffix)], text
             break
-    words = c.replace("_", " ")
+    words = " ".join(_WORDS.get(w, w) for w in c.split("_"))
     for metric in ("ttft", "tpot", "itl", "e2e"):
         if words.startswith(metric + " "):
             words = metric.upper() + words[len(metric):]

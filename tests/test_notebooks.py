@@ -284,3 +284,11 @@ def test_text_columns_have_left_headers():
     html = styled(pd.DataFrame({"result": ["holds"], "check": ["a sentence"], "groups": [3]})).to_html()
     assert re.search(r"th\.col0 \{\s*text-align: left", html) and re.search(r"th\.col1 \{\s*text-align: left", html)
     assert not re.search(r"th\.col2 \{", html)  # numbers keep right-aligned headers
+
+
+def test_human_headers_spell_abbreviations():
+    from capplan.viz import human
+
+    assert human("cslo_rps") == "C_SLO (req/s)" and human("ttft_p99_ms") == "TTFT p99 (ms)"
+    assert human("goodput_rps_per_gpu") == "goodput req/s per GPU" and human("slo_class") == "SLO class"
+    assert human("ci_low") == "95 % low" and human("cslo_estimate") == "C_SLO estimate (req/s)"
