@@ -375,7 +375,7 @@ def human(col) -> str:
     c = str(col)
     if c in HEADERS:
         return HEADERS[c]
-    if "_" not in c:
+    if "_" not in c or c[:1].isupper():  # already words, or a name like C_SLO / N_eff
         return c
     unit = ""
     for suffix, text in _UNITS:

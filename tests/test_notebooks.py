@@ -292,3 +292,4 @@ def test_human_headers_spell_abbreviations():
     assert human("cslo_rps") == "C_SLO (req/s)" and human("ttft_p99_ms") == "TTFT p99 (ms)"
     assert human("goodput_rps_per_gpu") == "goodput req/s per GPU" and human("slo_class") == "SLO class"
     assert human("ci_low") == "95 % low" and human("cslo_estimate") == "C_SLO estimate (req/s)"
+    assert human("C_SLO") == "C_SLO" and human("N_eff") == "N_eff"  # names stay (it said "C SLO")
