@@ -60,6 +60,36 @@ TERMS: tuple[Term, ...] = (
          "the planning number. It sits above the 95 % interval's low end because it leaves all 5 % on one "
          "side, where the two-sided interval leaves 2.5 %.",
          ("lower bound",)),
+    Term("honest", "honest lower bound (honest, unsupported, optimistic)",
+         "Whether the sweep can support its C_SLO lower bound. Honest: the bound includes the run-to-run "
+         "variation measured near the crossing — from repeated runs at rates on both sides of it, or from a "
+         "twin — and no run there was still settling. Unsupported: that variation could not be measured (one "
+         "run per rate there, runs too short, nothing passing); the bound then rests on an assumed spread and "
+         "may be too high, so the plan refuses it unless told to accept it, and capplan names the runs to add. "
+         "Optimistic: the bound leaves run-to-run variation out altogether (a within-run interval).",
+         ("honest", "unsupported")),
+    Term("run-effect", "run-to-run variation (τ)",
+         "Two runs at the same rate on the same system do not reach the same attainment: warm caches, request "
+         "order and congestion episodes differ. τ is the standard deviation of a run's attainment on the logit "
+         "scale between such runs; the lower bound adds it to the block bootstrap, which sees only the "
+         "variation inside each run. τ = 1 means a run's odds of meeting the SLO typically differ by a factor "
+         "of e ≈ 2.7 from the next run's.",
+         ("τ", "run-to-run variation", "between-run SD")),
+    Term("logit", "logit scale",
+         "logit(a) = ln(a ÷ (1 − a)): the log odds of meeting the SLO. It stretches the region near 1 (0.99 "
+         "is 4.6, 0.999 is 6.9), where attainments that look alike on a plain scale differ in misses tenfold; "
+         "run-to-run variation is measured on it.",
+         ("logit",)),
+    Term("prior", "prior (half-normal prior on τ)",
+         "What is assumed about τ before the runs are seen: a half-normal distribution of scale 0.7 (τ is "
+         "below 0.47 with even odds, below 1.4 with 95 %). Repeated runs near the crossing update it; with "
+         "fewer than 3 such runs the result is mostly this assumption, and the bound is called unsupported.",
+         ("half-normal prior", "prior")),
+    Term("clopper-pearson", "Clopper–Pearson interval",
+         "The exact binomial confidence interval for a share of successes (k of n): it never claims more "
+         "certainty than the count allows. Used where there is nothing to resample — a run with no misses (or "
+         "no successes) — and for coverage figures (how often an interval held in simulations).",
+         ("Clopper–Pearson", "Clopper-Pearson", "Clopper–Pearson-floor")),
     Term("capacity-per-group", "capacity per replica group (C)",
          "C_SLO divided by the replicas of the tested system: what one replica group serves within the SLO. "
          "The plan sizes with it; it is not called C_SLO, so C_SLO always means the tested system's number.",
@@ -112,6 +142,59 @@ TERMS: tuple[Term, ...] = (
          "bootstrap resamples (within the histogram's relative accuracy), so they can differ slightly. A "
          "percentile needs enough requests (about 662 for a p99 claim); with fewer it is shown as —.",
          ("p99",)),
+    Term("kv", "KV cache (KV memory)",
+         "The keys and values of every token a replica holds for the sequences it serves, kept in GPU memory "
+         "next to the weights. Its size caps how many sequences (and tokens of context) run at once; the KV "
+         "bound is the rate at which that cap, not compute, would bind.",
+         ("KV cache", "KV memory", "KV-memory", "KV")),
+    Term("stats-abbrev", "SD, SE, CV",
+         "Standard deviation (spread of single values), standard error (spread of an estimate: the SD of "
+         "what a repeat would give) and coefficient of variation (SD ÷ mean: 1 for Poisson arrivals' gaps).",
+         ("SD", "SE", "CV")),
+    Term("monte-carlo", "Monte-Carlo error",
+         "The part of a simulated number's uncertainty that comes from simulating a finite number of runs; "
+         "more replays shrink it. It says nothing about whether the model is right.",
+         ("Monte-Carlo", "Monte Carlo")),
+    Term("twin", "twin (of the measured system)",
+         "A model of the measured serving system — decode step by batch size, prefill cost, scheduler and "
+         "memory limits, client timeout — estimated from the study's own events. It is checked by replaying "
+         "every measured run; only a twin that agrees is used to answer questions the runs did not test.",
+         ("twin",)),
+    Term("prediction-band", "prediction band",
+         "Where a repeat of a run would land with 95 % probability according to the twin: the 2.5–97.5 % "
+         "range of the twin's replays of that run. A measured value outside it (widened by the practical "
+         "margin) counts against the twin.",
+         ("prediction band", "prediction interval")),
+    Term("tested-mix", "tested mix, target mix (reweighting)",
+         "The tested mix is the share of each kind of request (prompt and output length, class) the load test "
+         "sent; the target mix, production's. Reweighting recomputes C_SLO with each kind's attainment "
+         "weighted by its share in the target mix instead of the tested one.",
+         ("tested mix", "target mix", "reweighting", "reweighted")),
+    Term("load-effect", "load effect",
+         "What a different mix does to every request, not just its own kind: more long prompts mean more "
+         "prefill work at the same request rate, which slows the short requests too. Reweighting cannot see "
+         "it (it takes each kind's attainment at the tested load); a twin running the target mix does, so "
+         "both answers are shown.",
+         ("load effect",)),
+    Term("slo-class", "SLO class",
+         "A kind of request with its own SLO (e.g. interactive: TTFT ≤ 1 s; batch: E2E ≤ 30 s). C_SLO by "
+         "class is the largest rate at which every class meets its own target; the class that fails first "
+         "binds.",
+         ("SLO class", "SLO classes", "binding class")),
+    Term("gate", "gate (release gate)",
+         "A rule the candidate must pass against the baseline (e.g. attainment no more than 0.005 lower): it "
+         "fails when the bootstrap interval of the difference excludes zero on the bad side and the difference "
+         "is worse than the tolerance. One failing gate makes the comparison's verdict FAIL.",
+         ("gate", "gates")),
+    Term("slo-minutes", "SLO-minutes (broken)",
+         "Time the SLO was broken: the windows whose attainment fell below the target × the window length, "
+         "in minutes. 0.5 SLO-minutes is 30 one-second windows below target.",
+         ("SLO-minutes", "SLO-minute")),
+    Term("good-lost", "good requests lost",
+         "SLO-meeting requests an event cost: the goodput before the event × each window's length, minus the "
+         "requests that window served well, summed until the SLO recovered and the queue drained; for a "
+         "scenario on the twin, the same run without the event minus the run with it.",
+         ("good requests lost",)),
     Term("knee", "knee",
          "The first load level where one more req/s offered buys less than 0.5 req/s of goodput: past it, "
          "extra load mostly makes requests late.",
@@ -134,6 +217,14 @@ TERMS: tuple[Term, ...] = (
     Term("replica-group", "replica group",
          "The unit the plan counts: one model replica on TP × PP GPUs.",
          ("replica group", "replica groups")),
+    Term("tp-pp", "TP, PP (tensor and pipeline parallelism)",
+         "How one model replica is split over GPUs: TP GPUs share each layer, PP stages hold consecutive "
+         "layers; a replica group has TP × PP GPUs.",
+         ("TP", "PP")),
+    Term("fifo", "FIFO (first in, first out)",
+         "Requests served in arrival order, with no priority or fair share between tenants: the scheduling "
+         "policy the others are compared against.",
+         ("FIFO",)),
     Term("peak-demand", "peak demand (λ_peak)",
          "The highest request rate the plan must serve in a quarter (from the spec, or the forecast's upper "
          "bound).",

@@ -457,6 +457,7 @@ caption { text-align: left; color: #555; font-size: .9em; }
 tr.fail td { color: #b00; font-weight: 600; } tr.simfail td:first-child { color: #b00; font-weight: 600; } tr.caveat td:first-child { color: #b36b00; font-weight: 600; }
 .scroll { overflow-x: auto; }
 td code { word-break: break-all; }
+#provenance th { padding-right: 1em; white-space: nowrap; vertical-align: top; }
 a.glossary { color: inherit; text-decoration: underline dotted; }
 #next-steps { border-left: 4px solid #2ca02c; padding: .2em 1em .5em; background: #f4faf3; margin-top: 1em; }
 #next-steps h2 { margin: .3em 0; } #next-steps h3 { margin: .6em 0 .2em; font-size: 1.05em; }

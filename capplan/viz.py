@@ -34,6 +34,30 @@ LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=60,
               legend=dict(title=None))
 
 
+#: Run colours: a qualitative palette (Plotly's ten); past ten runs the colours repeat with
+#: another dash, so no two runs of a page look the same.
+RUN_COLOURS: tuple[str, ...] = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+RUN_DASHES: tuple[str, ...] = ("solid", "dash", "dot", "dashdot")
+
+
+def run_style(i: int) -> dict:
+    """The line of the i-th run (0-based): a colour, and a dash once the colours repeat."""
+    return dict(color=RUN_COLOURS[i % len(RUN_COLOURS)],
+                dash=RUN_DASHES[(i // len(RUN_COLOURS)) % len(RUN_DASHES)])
+
+
+def text_colour(fill: str) -> str:
+    """Black or white, whichever reads better on ``fill`` ('#rrggbb' or 'rgb(r, g, b)'): the
+    WCAG relative luminance against the mid-point of the two contrasts."""
+    from plotly.colors import hex_to_rgb, unlabel_rgb
+
+    rgb = hex_to_rgb(fill) if fill.startswith("#") else unlabel_rgb(fill)
+    lin = [(c / 255) / 12.92 if c / 255 <= 0.04045 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    lum = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    return "black" if lum > 0.179 else "white"
+
+
 def run_label(row) -> str:
     """'r03 · 4 rps' (open loop) or 'c03 · conc 16' (closed loop)."""
     rid = row["run_id"]
@@ -122,13 +146,13 @@ def latency_cdf_figure(frames: Mapping[str, pd.DataFrame], metric: str = "ttft_m
     request frame). Only completed requests have latencies; the SLO limit is a vertical line."""
     label = METRIC_LABELS.get(metric, metric)
     fig = go.Figure()
-    for name, df in frames.items():
+    for i, (name, df) in enumerate(frames.items()):
         d = df[df["status"] == "ok"] if ok_only and "status" in df else df
         e = thin_ecdf(d[metric], max_points=max_points)
         if log_x:  # a log axis cannot place 0; the CDF heights still count those requests
             e = e[e["value"] > 0]
         fig.add_scatter(x=e["value"], y=e["cdf"], name=str(name), mode="lines",
-                        line_shape="hv",
+                        line_shape="hv", line=run_style(i),
                         hovertemplate=str(name) + "<br>%{x:.1f} ms<br>F = %{y:.4f}<extra></extra>")
     if limit_ms is not None:
         # annotations on a log axis take log10 coordinates (shapes take data values)
@@ -168,10 +192,10 @@ def latency_timeseries_figure(frames: Mapping[str, pd.DataFrame], metric: str = 
     climbing line is a queue that never drains (overload), a hump at the start is warm-up."""
     label = METRIC_LABELS.get(metric, metric)
     fig = go.Figure()
-    for name, df in frames.items():
+    for i, (name, df) in enumerate(frames.items()):
         s = binned_quantile(df, metric, bin_s=bin_s, q=q)
         fig.add_scatter(x=s["t_s"], y=s["value"], name=str(name), mode="lines",
-                        customdata=s["n"],
+                        line=run_style(i), customdata=s["n"],
                         hovertemplate=str(name) + "<br>t = %{x:.0f} s<br>%{y:.1f} ms"
                                                   "<br>n = %{customdata}<extra></extra>")
     if limit_ms is not None:
@@ -195,9 +219,13 @@ def breakdown_figure(table: pd.DataFrame, key: str, value: str = "attainment_off
                      fmt: str = ".3f", min_n: int = 100) -> go.Figure:
     """Heat map of ``value`` per run (columns) and ``key`` group (rows) from a
     ``metrics.breakdown`` frame: where in the mix (long prompts, one tenant) the SLO breaks
-    first. Cell text shows the value and N. Cells with fewer than ``min_n`` requests (default
-    100: below it one miss moves attainment by more than the 0.99 target's 1 % budget) are
-    grey and marked "too few" instead of coloured as if certain."""
+    first. Cell text shows the value in black or white, whichever reads on the cell's colour;
+    N is in the hover. Cells with fewer than ``min_n`` requests (default 100: below it one miss
+    moves attainment by more than the 0.99 target's 1 % budget) are grey and show their N
+    ("n=42") under the value instead of a colour read as if certain — short enough not to
+    overlap its neighbours."""
+    from plotly.colors import get_colorscale, sample_colorscale
+
     if key not in table:
         raise KeyError(f"breakdown frame has no column {key!r}")
     runs = run_order or list(dict.fromkeys(table["run_id"]))
@@ -208,31 +236,46 @@ def breakdown_figure(table: pd.DataFrame, key: str, value: str = "attainment_off
                           sort=False).reindex(index=keys, columns=runs)
     zv, nv = z.to_numpy(float), n.to_numpy(float)
     few = np.isfinite(zv) & (np.nan_to_num(nv, nan=0.0) < min_n)
-    text = [[("" if pd.isna(v) else format(v, fmt)) + ("" if pd.isna(c) else f"<br>N={int(c)}")
-             + (" (too few)" if f else "")
-             for v, c, f in zip(zr, cr, fr)] for zr, cr, fr in zip(zv, nv, few)]
+    shown = np.where(few, np.nan, zv)
     scale = "RdYlGn" if value.startswith("attainment") else "Viridis"
+    finite = shown[np.isfinite(shown)]
+    zmin, zmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    span = (zmax - zmin) or 1.0
+    colours = get_colorscale(scale)
+
+    def cell(v, c, f):
+        if pd.isna(v):
+            return "", "black"
+        if f:  # grey cell: its value and how few requests it holds
+            return format(v, fmt) + ("" if pd.isna(c) else f"<br>n={int(c)}"), "black"
+        fill = sample_colorscale(colours, [min(max((v - zmin) / span, 0.0), 1.0)])[0]
+        return format(v, fmt), text_colour(fill)
+
+    cells = [[cell(v, c, f) for v, c, f in zip(zr, cr, fr)] for zr, cr, fr in zip(zv, nv, few)]
     label = HEADERS.get(value, human(value))
-    fig = go.Figure(go.Heatmap(z=np.where(few, np.nan, zv), x=runs, y=[str(k) for k in keys],
+    fig = go.Figure(go.Heatmap(z=shown, x=runs, y=[str(k) for k in keys], zmin=zmin, zmax=zmax,
                                colorscale=scale, colorbar=dict(title=label), hoverongaps=False,
                                customdata=nv, name=label,
                                hovertemplate="run %{x}<br>" + key + " %{y}<br>" + label
                                              + " %{z:" + fmt + "}<br>N = %{customdata}<extra></extra>"))
-    if few.any():  # too few requests to read a colour into: grey, hatched, marked in the text
+    if few.any():  # too few requests to read a colour into: grey, marked in the text
         fig.add_trace(go.Heatmap(z=np.where(few, 1.0, np.nan), x=runs, y=[str(k) for k in keys],
                                  colorscale=[[0, "#d9d9d9"], [1, "#d9d9d9"]], showscale=False,
                                  hoverongaps=False, customdata=nv, name="too few requests",
                                  hovertemplate="run %{x}<br>" + key + " %{y}<br>N = %{customdata}: "
                                                "too few requests to judge<extra></extra>"))
-    fig.add_trace(go.Scatter(x=[r for r in runs for _ in keys], y=[str(k) for _ in runs for k in keys],
-                             mode="text", text=[text[i][j] for j in range(len(runs)) for i in range(len(keys))],
-                             textfont=dict(size=10), hoverinfo="skip", showlegend=False))
+    order = [(i, j) for j in range(len(runs)) for i in range(len(keys))]
+    fig.add_trace(go.Scatter(x=[runs[j] for _, j in order], y=[str(keys[i]) for i, _ in order],
+                             mode="text", text=[cells[i][j][0] for i, j in order],
+                             textfont=dict(size=10, color=[cells[i][j][1] for i, j in order]),
+                             hoverinfo="skip", showlegend=False))
     fig.update_layout(**LAYOUT, title=title or f"{label} by {human(key)} and run",
                       xaxis_title="run", yaxis_title=human(key))
     if few.any():
         fig.add_annotation(x=0, y=-0.18, xref="paper", yref="paper", showarrow=False, xanchor="left",
-                           text=f"grey: fewer than {min_n:,} requests — too few for a single miss not to "
-                                "decide the cell; its value is in the cell text", font=dict(size=11))
+                           text=f"grey: fewer than {min_n:,} requests (n under the value) — too few "
+                                "for a single miss not to decide the cell. Hover a cell for its N.",
+                           font=dict(size=11))
     fig.update_yaxes(type="category")
     fig.update_xaxes(type="category")
     return fig
@@ -322,7 +365,12 @@ HEADERS = {
     "capacity_high_rps_per_group": "band per replica group below (req/s)",
     "groups_below_band": "replica groups below the band", "groups_on_the_estimate": "replica groups on the estimate",
     "groups_on_the_lower_bound": "replica groups on the lower bound", "knife_edge": "knife-edge",
+    "cslo_estimate": "C_SLO estimate (req/s)", "ci_low": "95 % low", "ci_high": "95 % high",
+    "lower_bound": "lower bound (req/s)", "delta_%": "delta (%)", "delta_ci": "delta CI",
 }
+#: words of column names that are abbreviations (``cslo_rps`` → 'C_SLO (req/s)')
+_WORDS = {"cslo": "C_SLO", "gpu": "GPU", "gpus": "GPUs", "kv": "KV", "slo": "SLO", "ci": "CI", "cv": "CV",
+          "sd": "SD", "rps": "req/s", "j": "J", "jain": "Jain"}
 _UNITS = (("_rps", " (req/s)"), ("_ms", " (ms)"), ("_pct", " (%)"), ("_usd", " (USD)"), ("_s", " (s)"),
           ("_w", " (W)"), ("_wh", " (Wh)"))
 
@@ -333,14 +381,14 @@ def human(col) -> str:
     c = str(col)
     if c in HEADERS:
         return HEADERS[c]
-    if "_" not in c:
+    if "_" not in c or c[:1].isupper():  # already words, or a name like C_SLO / N_eff
         return c
     unit = ""
     for suffix, text in _UNITS:
         if c.endswith(suffix):
             c, unit = c[: -len(suffix)], text
             break
-    words = c.replace("_", " ")
+    words = " ".join(_WORDS.get(w, w) for w in c.split("_"))
     for metric in ("ttft", "tpot", "itl", "e2e"):
         if words.startswith(metric + " "):
             words = metric.upper() + words[len(metric):]
@@ -369,8 +417,10 @@ def styled(df: pd.DataFrame, *, headers: dict | None = None):
         st = st.format(format_usd, subset=money)
     text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])
             or pd.api.types.is_bool_dtype(df[c])]
-    if text:
+    if text:  # the cells and their header: a right-aligned header sat far from its text column
         st = st.set_properties(subset=text, **{"text-align": "left"})
+        st = st.set_table_styles({c: [{"selector": "th", "props": "text-align: left"}] for c in text},
+                                 overwrite=False)
     return st
 
 

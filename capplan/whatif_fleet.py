@@ -7,7 +7,8 @@ the other. :func:`fleet_state` is a pure function of a plan spec, a capacity per
 warm-floor top-up move with the controls) and, given a twin, simulates the burst at the
 planned size (``capplan.plan_dynamics.cold_start_scenario``: SLO-minutes caused and good
 requests lost against the same run on the full fleet). :class:`FleetWhatIfPanel` wires three
-ipywidgets sliders to it; each change redraws a table and a figure in place.
+ipywidgets sliders to it; each change redraws a table (the replica groups by reason: the main
+panel draws them as its chart) and, with a twin, the simulated burst in place.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from plotly.subplots import make_subplots
 from .errors import SpecError
 from .viz import FigureArea, format_number
 
-TABLE_KEYS = ("ready_time_s", "cold_start_reserve_groups", "warm_floor_topup_groups",
-              "total_groups", "total_gpus", "cost_usd_per_month")
+#: the groups by reason are rows here, not a chart: the main panel above draws that chart
+TABLE_KEYS = ("ready_time_s", "traffic_groups", "failure_reserve_groups", "rollout_overlap_groups",
+              "cold_start_reserve_groups", "warm_floor_topup_groups", "total_groups", "total_gpus",
+              "cost_usd_per_month")
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class FleetParams:
 class FleetState:
     params: FleetParams
     table: pd.DataFrame
-    figure: go.Figure
+    figure: go.Figure | None  # the simulated burst; None without a twin
     plan: object = field(repr=False)
     burst: object = field(default=None, repr=False)  # plan_dynamics.DynamicCheck or None
     seconds: float = 0.0
@@ -123,31 +126,23 @@ def fleet_table(plan, burst=None) -> pd.DataFrame:
     return df
 
 
-def fleet_figure(plan, burst=None) -> go.Figure:
-    """Replica groups by reason; with a simulated burst, its offered rate, goodput and replicas."""
-    cols = 2 if burst is not None else 1
-    fig = make_subplots(rows=1, cols=cols, column_widths=[0.4, 0.6][:cols] if cols == 2 else None,
-                        subplot_titles=("Replica groups at peak",) + (("Simulated burst",) if burst else ()),
-                        specs=[[{}] + ([{"secondary_y": True}] if burst else [])])
-    parts = [("traffic", "traffic_groups"), ("failure", "failure_reserve_groups"),
-             ("rollout", "rollout_overlap_groups"), ("cold start", "cold_start_reserve_groups"),
-             ("warm floor", "warm_floor_topup_groups")]
-    x = [p for p, _ in parts] + ["total"]
-    y = [float(plan.value(k)) for _, k in parts] + [float(plan.value("total_groups"))]
-    fig.add_trace(go.Waterfall(x=x, y=y, measure=["relative"] * len(parts) + ["total"],
-                               text=[f"{v:.0f}" for v in y], textposition="outside", showlegend=False),
-                  row=1, col=1)
-    if burst is not None:
-        w = burst.timeline.to_frame()
-        t = (w["t_start_s"] + w["t_end_s"]) / 2
-        fig.add_trace(go.Scatter(x=t, y=w["offered_rps"], name="offered", line=dict(color="#7f7f7f")), 1, 2)
-        fig.add_trace(go.Scatter(x=t, y=w["goodput_rps"], name="goodput", line=dict(color="#2ca02c")), 1, 2)
-        fig.add_trace(go.Scatter(x=w["t_start_s"], y=w["replicas_ready"], name="groups ready",
-                                 line=dict(shape="hv", color="#1f77b4")), 1, 2, secondary_y=True)
-        fig.update_xaxes(title_text="seconds", row=1, col=2)
-        fig.update_yaxes(title_text="req/s", row=1, col=2)
-        fig.update_yaxes(title_text="groups", row=1, col=2, secondary_y=True)
-    fig.update_yaxes(title_text="replica groups", row=1, col=1)
+def fleet_figure(plan, burst=None) -> go.Figure | None:
+    """The simulated burst — offered rate, goodput and groups ready — or None without one.
+    The replica groups by reason are the main panel's chart (and this panel's table rows):
+    drawing them here too put the same chart twice on the page."""
+    if burst is None:
+        return None
+    fig = make_subplots(rows=1, cols=1, subplot_titles=("Simulated burst at the planned size",),
+                        specs=[[{"secondary_y": True}]])
+    w = burst.timeline.to_frame()
+    t = (w["t_start_s"] + w["t_end_s"]) / 2
+    fig.add_trace(go.Scatter(x=t, y=w["offered_rps"], name="offered", line=dict(color="#7f7f7f")), 1, 1)
+    fig.add_trace(go.Scatter(x=t, y=w["goodput_rps"], name="goodput", line=dict(color="#2ca02c")), 1, 1)
+    fig.add_trace(go.Scatter(x=w["t_start_s"], y=w["replicas_ready"], name="groups ready",
+                             line=dict(shape="hv", color="#1f77b4")), 1, 1, secondary_y=True)
+    fig.update_xaxes(title_text="seconds")
+    fig.update_yaxes(title_text="req/s")
+    fig.update_yaxes(title_text="groups", secondary_y=True)
     fig.update_layout(template="plotly_white", height=400, margin=dict(l=60, r=30, t=60, b=50),
                       legend=dict(orientation="h", y=-0.2))
     return fig
@@ -193,12 +188,15 @@ class FleetWhatIfPanel:
         self.status = W.HTML()
         self.table = W.HTML()
         self.state = self._state(p)
-        self.plot = FigureArea(self.state.figure if self.state else None, css_class="capplan-fleet-chart")
+        # a chart only for a simulated burst (a twin): the groups by reason are the main chart's
+        fig = self.state.figure if self.state else None
+        self.plot = FigureArea(fig, css_class="capplan-fleet-chart") if fig is not None else None
         self._show(self.state)
         for c in (self.ready, self.floor, self.burst):
             c.observe(self._on_change, names="value")
         self.widget = W.VBox([W.HBox([W.VBox([self.ready, self.floor, self.burst]),
-                                      W.VBox([self.table, self.status])]), self.plot.widget])
+                                      W.VBox([self.table, self.status])])]
+                             + ([self.plot.widget] if self.plot is not None else []))
 
     @classmethod
     def from_model(cls, model, *, system=None, **kw) -> "FleetWhatIfPanel":
@@ -210,9 +208,9 @@ class FleetWhatIfPanel:
         return cls(model.spec, cap, study=model.study, system=system, **kw)
 
     @property
-    def figure(self) -> go.Figure:
-        """The figure on screen."""
-        return self.plot.figure
+    def figure(self) -> go.Figure | None:
+        """The figure on screen (None without a twin: no burst is simulated)."""
+        return self.plot.figure if self.plot is not None else None
 
     def params(self) -> FleetParams:
         return FleetParams(float(self.ready.value), int(self.floor.value), float(self.burst.value))
@@ -240,5 +238,6 @@ class FleetWhatIfPanel:
         if state is None:
             return
         self.state = state
-        self.plot.show(state.figure)
+        if self.plot is not None and state.figure is not None:
+            self.plot.show(state.figure)
         self._show(state)

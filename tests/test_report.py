@@ -435,7 +435,8 @@ def test_compare_report_pages_index_and_verdict(compare_report, small_sweeps):
         assert f'href="{target}"' in index, target
     verdict = (d / "data/compare/verdict.csv").read_text(encoding="utf-8-sig")
     assert "passed,False" in verdict and "gate failed" in verdict
-    assert re.search(r"Comparison with the baseline: <b>FAIL</b> \(\d+ gates? failed", index)
+    # "gate" links to its glossary entry
+    assert re.search(r"Comparison with the baseline: <b>FAIL</b> \(\d+ (?:<a [^>]*>)?gates?(?:</a>)? failed", index)
     meta = json.loads((d / "report.json").read_text(encoding="utf-8"))
     assert Path(meta["baseline"]) == small_sweeps["a"] and Path(meta["study"]) == small_sweeps["d"]
     assert len(meta["baseline_sha256"]) == 64 and meta["baseline_sha256"] != meta["study_sha256"]

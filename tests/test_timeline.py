@@ -310,3 +310,22 @@ def test_figure_marks_events_and_breaches(make_study):
     assert {"offered", "goodput (SLO-good)", "attainment", "ready", "replica failed",
             "fault injected"} <= names
     assert any(s.type == "rect" for s in fig.layout.shapes)
+
+
+def test_a_study_without_system_events_says_so_first(make_study, capsys):
+    """No timeline/ table and no silent replica: the text says plainly that there is no event
+    and what would produce one, before the per-run lines; a study with events does not."""
+    rng = np.random.default_rng(3)
+    sched = np.sort(rng.uniform(0, 30, 150))
+    path = make_study(frame(sched, ttft_s=0.3), runs=[{"run_id": "r1", "offered_rps": 5, "duration_s": 30}])
+    tl = analyse_timeline(path, "ttft_ms=1000,attainment=0.99", window_s=1.0)
+    assert len(tl.events) == 0 and tl.headline.startswith("No system events")
+    assert "no timeline/ table" in tl.headline and "capplan twin run" in tl.headline
+    text = tl.to_text()
+    assert text.index("No system events") < text.index("Run r1:")
+    assert "No system events" not in tl.to_text(headline=False)  # the page says it once, above
+    assert main(["timeline", str(path), "--slo", "ttft_ms=1000,attainment=0.99"]) == 0
+    assert "No system events" in capsys.readouterr().out
+    path2, _ = _failure_study(make_study)
+    tl2 = analyse_timeline(path2, "ttft_ms=1000,attainment=0.99", window_s=1.0, derive=False)
+    assert len(tl2.events) and tl2.headline == "" and "No system events" not in tl2.to_text()

@@ -205,3 +205,41 @@ def test_plan_table_rows(model):
     assert list(t.columns) == ["key", "quantity", "value", "unit", "shown"]
     assert {"cslo_estimate", "total_gpus", "cost_usd_per_month", "checks"} <= set(t["key"])
     assert isinstance(model.defaults(), WhatIfParams)
+
+
+def test_a_typed_limit_applies_and_says_its_range(model):
+    """Typing 1500 in the TTFT box (applied on Enter or when the box loses focus) moves the
+    slider and re-plans at 1 500 ms; a value off the slider's positions is added and fitted
+    exactly; one outside the range is refused in words, the plan staying on screen."""
+    panel = WhatIfPanel(model)
+    lo, hi = min(v for _, v in panel.ttft.options), max(v for _, v in panel.ttft.options)
+    hint = panel.widget.children[0].children[0].children[1].children[1].value
+    assert f"{lo:,.0f}–{hi:,.0f} ms" in hint and "Enter" in hint
+    panel.ttft_typed.value = 1500.0
+    assert panel.ttft.value == 1500.0 and panel.state.envelope.slo.ttft_ms == 1500.0
+    want = whatif_state(model, model.defaults().with_(ttft_ms=1500.0))
+    assert _v(panel.state, "cslo_lower_bound") == _v(want, "cslo_lower_bound")
+    assert "TTFT ≤ 1500 ms" in panel.status.value
+    panel.ttft_typed.value = 1750.0  # not a slider position: added, and fitted at exactly 1 750 ms
+    assert panel.ttft.value == 1750.0 and 1750.0 in [v for _, v in panel.ttft.options]
+    assert panel.state.envelope.slo.ttft_ms == 1750.0
+    before = panel.table.value
+    panel.ttft_typed.value = lo / 10  # outside the range: said, not applied
+    assert panel.ttft.value == 1750.0 and panel.ttft_typed.value == 1750.0
+    assert "outside the range" in panel.status.value and f"{lo:,.0f}–{hi:,.0f} ms" in panel.status.value
+    assert panel.table.value == before
+    panel.ttft.value = 2000.0  # the slider moves the box too
+    assert panel.ttft_typed.value == 2000.0
+
+
+def test_widgets_added_below_stay_under_the_chart(model):
+    import ipywidgets as W
+
+    panel = WhatIfPanel(model)
+    extra = W.HTML("below")
+    panel.add_below(extra)
+    assert panel.widget.children[-1] is extra and panel.widget.children[-2] is panel.chart
+    panel.ttft.value = min(v for _, v in panel.ttft.options)  # no plan: the chart goes, extra stays
+    assert panel.chart not in panel.widget.children and panel.widget.children[-1] is extra
+    panel.ttft.value = 2000.0
+    assert panel.widget.children[-2:] == (panel.chart, extra)

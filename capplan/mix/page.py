@@ -218,22 +218,21 @@ class MixPage:
         if self.twin_source and not self.mixes:
             return "The twin needs a target mix: the plan spec has none (or it was not fitted)."
         return ("No twin: give one (`capplan report --twin twin.yaml`, or `mix.twin` in the plan spec) to run the "
-                "target mix through it — the load effect reweighting cannot see (docs/mix.md, \"The twin at the "
-                "target mix\").")
+                "target mix through it — the load effect reweighting cannot see.")
 
     def no_classes_text(self) -> str:
         failed = [p for p in self.problems if p.startswith("SLO classes")]
         if failed:
             return "The SLO classes were not fitted: " + failed[0]
-        return ("No SLO classes: the plan spec has no `slo_file` / `slo_classes` (see templates/slo.yaml and "
-                "docs/mix.md, \"SLO classes\").")
+        return ("No SLO classes: the plan spec has no `slo_file` / `slo_classes` (templates/slo.yaml is an "
+                "example).")
 
     def no_mix_text(self) -> str:
         failed = [p for p in self.problems if p.startswith("target mix")]
         if failed:
             return "The target mix was not fitted: " + failed[0]
-        return ("No target mix: the plan spec has no `mix.target` (a production trace or a bucket table; "
-                "docs/mix.md, \"Target mix\").")
+        return ("No target mix: the plan spec has no `mix.target` (a production trace or a bucket "
+                "table).")
 
     def bounds_frame(self) -> pd.DataFrame:
         if self.plan is None:  # refused: the reason is in ``problems``

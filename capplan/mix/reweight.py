@@ -126,12 +126,15 @@ class MixFit:
         for lab, g in self.cell_runs[self.cell_runs["usable"]].groupby("label", sort=False):
             fig.add_trace(go.Scatter(x=g["x"], y=g["attainment"], mode="markers", name=lab, opacity=0.6,
                                      marker={"size": 5 + 10 * np.sqrt(g["share_in_target"].iloc[0])}))
-        for what, e, dash in (("tested mix", self.base, "dot"), ("target mix", self.envelope, "solid")):
+        # the two C_SLOs are often close: their labels go on opposite sides so they never overlap
+        for what, e, dash, where in (("tested mix", self.base, "dot", "top left"),
+                                     ("target mix", self.envelope, "solid", "bottom right")):
             fig.add_trace(go.Scatter(x=e.levels["x"], y=e.levels["fitted"], mode="lines", name=f"{what} fit",
                                      line={"dash": dash, "width": 3}))
             c = e.cslo
             if c.estimate == c.estimate:
-                fig.add_vline(x=c.estimate, line_dash=dash, annotation_text=f"{what} C_SLO {c.estimate:.3g}")
+                fig.add_vline(x=c.estimate, line_dash=dash, annotation_text=f"{what} C_SLO {c.estimate:.3g}",
+                              annotation_position=where)
         fig.add_hline(y=self.envelope.target, line_dash="dash", annotation_text=f"target {self.envelope.target:g}")
         fig.update_layout(title=f"C_SLO at the tested mix and at the target mix ({self.target.period})",
                           xaxis_title="offered rate (req/s)", yaxis_title="attainment", template="plotly_white")

@@ -145,11 +145,29 @@ def analyse_timeline(study, slo=None, *, run: str | None = None, window_s: float
     incidents = (pd.concat([f for f in inc_frames if len(f)], ignore_index=True)
                  if any(len(f) for f in inc_frames) else pd.DataFrame(columns=list(INCIDENT_COLUMNS)))
     notes += _window_notes(windows, slo, width, capacity_rps, incidents)
+    headline = "" if len(events) else no_events_text(bool(st.timeline_files), derive, silence)
     return Timeline(study=st.name, slo=slo, width_s=width, recover_windows=int(K), pre_s=pre,
                     capacity_rps=capacity_rps, gpus_per_replica=gpr, windows=windows,
                     events=events,
                     incidents=incidents, replicas=replicas, notes=tuple(notes),
-                    run_ids=tuple(runs))
+                    run_ids=tuple(runs), headline=headline)
+
+
+def no_events_text(has_table: bool, derive: bool, silence_s: float) -> str:
+    """Why a timeline has no incidents and what would give it some: said first, so an empty
+    per-event section is not read as "nothing went wrong"."""
+    where = ("its timeline/ table records none for these runs" if has_table
+             else "it has no timeline/ table")
+    shown = (f"and the requests show none (no replica went silent for {silence_s:g} s or started "
+             "late)" if derive else "and events derived from the requests were turned off (--no-derive)")
+    return ("No system events: the study records no failure, rollout, burst or scale decision ("
+            f"{where}) {shown}, so there is no incident to measure — the lines below only sum up "
+            "each run's windows against the SLO. Events come from a timeline/ table written by the "
+            "serving system or the load harness (replica_failed, rollout_step, scale_decision, …: "
+            "the study contract, section 9), or from a scenario on the twin: `capplan twin run "
+            "--twin twin.yaml --scenario s.yaml --out STUDY2` writes a study with its timeline, "
+            "and `capplan report STUDY --twin twin.yaml` simulates the plan's failure, rollout and "
+            "burst checks.")
 
 
 def _window_notes(windows: pd.DataFrame, slo: SLO, width: float, capacity_rps, incidents) -> list[str]:

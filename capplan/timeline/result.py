@@ -40,6 +40,8 @@ class Timeline:
     replicas: dict = field(repr=False, default_factory=dict)
     notes: tuple[str, ...] = ()
     run_ids: tuple[str, ...] = ()
+    #: said first when the runs have no system event (``no_events_text``), else empty
+    headline: str = ""
 
     # -- tables --------------------------------------------------------------------------
     def to_frame(self) -> pd.DataFrame:
@@ -93,10 +95,14 @@ class Timeline:
         return df[cols].rename(columns=INCIDENT_LABELS)
 
     # -- text ----------------------------------------------------------------------------
-    def to_text(self) -> str:
+    def to_text(self, headline: bool = True) -> str:
+        """What `capplan timeline` prints; ``headline=False`` leaves out the no-events sentence
+        (a page that says it in its own words above)."""
         out = [f"Timeline of {self.study}: windows of {_dur(self.width_s)}; SLO {self.slo}; "
                f"recovered = {self.recover_windows} windows in a row at or above "
                f"{self.slo.attainment:.4g}"]
+        if self.headline and headline:
+            out += ["", self.headline]
         summ = self.summary_frame()
         for rid in self.run_ids:
             s = summ[summ["run_id"] == rid].iloc[0]

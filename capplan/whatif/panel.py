@@ -141,6 +141,10 @@ class WhatIfPanel:
 
         self.ttft = limit_slider("TTFT limit (ms)", p.ttft_ms, "x")
         self.tpot = limit_slider("TPOT limit (ms)", p.tpot_ms, "y")
+        # a limit typed in a box applies on Enter or when the box loses focus; the hint says
+        # the range a limit can take (the slider's ends)
+        self.ttft_typed, ttft_row = self._typed_box("TTFT", self.ttft, style)
+        self.tpot_typed, tpot_row = self._typed_box("TPOT", self.tpot, style)
         choices = sorted(set(ATTAINMENT_CHOICES) | {p.attainment})
         self.attainment = W.SelectionSlider(
             options=[(f"{a:.4g}", a) for a in choices], value=p.attainment,
@@ -173,19 +177,91 @@ class WhatIfPanel:
         for c in self.controls:
             c.observe(self._on_change, names="value")
         self.save.on_click(self._on_save)
-        left = W.VBox(self.controls + [W.HBox([self.save]), self.saved],
+        shown = []
+        for c in self.controls:
+            shown.append(c)
+            if c is self.ttft and ttft_row is not None:
+                shown.append(ttft_row)
+            if c is self.tpot and tpot_row is not None:
+                shown.append(tpot_row)
+        left = W.VBox(shown + [W.HBox([self.save]), self.saved],
                       layout=W.Layout(flex="0 1 470px", min_width="380px"))
         right = W.VBox([self.status, self.table], layout=W.Layout(flex="1 1 380px", min_width="320px"))
-        self.body = [W.HBox([left, right], layout=W.Layout(flex_flow="row wrap", width="100%")),
-                     W.HTML("<b>By quarter</b>"), self.quarters, self.chart]
+        self._top = [W.HBox([left, right], layout=W.Layout(flex_flow="row wrap", width="100%")),
+                     W.HTML("<b>By quarter</b>"), self.quarters]
+        self._below: list = []
+        self.body = self._top + [self.chart]
         if root is not None:
             root.children = self.body
             self.widget = root
         else:
             self.widget = W.VBox(self.body)
         self._placed = True
+        self._chart_shown = True
         if state is None:
             self._place_figure(False)
+
+    def add_below(self, *widgets) -> None:
+        """Put more widgets under the plan's chart, in the panel's own box: one display for
+        the page, so the browser receives every widget with the first (a second display of
+        its own was, in 2 of 4 Voila page loads, rendered before its model had arrived:
+        "model not found")."""
+        self._below = list(self._below) + list(widgets)
+        self._place_figure(self._chart_shown)
+
+    def _typed_box(self, name: str, slider, style):
+        """A box to type the ``name`` limit into, under its slider, with the allowed range."""
+        import ipywidgets as W
+
+        if slider is None:
+            return None, None
+        lo, hi = self._limit_range(slider)
+        box = W.FloatText(value=float(slider.value), description="or type (ms)", continuous_update=False,
+                          style=style, layout=W.Layout(width="260px"))
+        box.add_class(f"capplan-typed-{name.lower()}")
+        hint = W.HTML(f"<small>{lo:,.0f}–{hi:,.0f} ms; Enter or Tab applies</small>")
+        box.observe(lambda ch: self._on_typed(name, slider, box, ch["new"]), names="value")
+        slider.observe(lambda ch: setattr(box, "value", float(ch["new"])), names="value")
+        return box, W.HBox([box, hint], layout=W.Layout(align_items="center"))
+
+    @staticmethod
+    def _limit_range(slider) -> tuple[float, float]:
+        if hasattr(slider, "options"):
+            vals = [float(v) for _, v in slider.options]
+            return min(vals), max(vals)
+        return float(slider.min), float(slider.max)
+
+    def _on_typed(self, name: str, slider, box, value) -> None:
+        """A typed limit: inside the slider's range it becomes the slider's value (added to its
+        positions when it is not one: the envelope is fitted exactly there); outside it, the
+        panel says the range and keeps the plan on screen."""
+        if getattr(self, "_quiet", False):
+            return
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            v = math.nan
+        if math.isclose(v, float(slider.value), rel_tol=1e-12):
+            return
+        lo, hi = self._limit_range(slider)
+        if not (math.isfinite(v) and lo <= v <= hi):
+            self.status.value = (f"{_CSS}<span class='capplan-problem' id='whatif-typed-problem'>{name} limit "
+                                 f"{value:g} ms is outside the range this study can answer, {lo:,.0f}–{hi:,.0f} "
+                                 "ms: not applied.</span>")
+            box.value = float(slider.value)
+            return
+        if hasattr(slider, "options") and all(not math.isclose(v, float(o)) for _, o in slider.options):
+            opts = sorted([(lbl, float(o)) for lbl, o in slider.options] + [(f"{v:,.0f}" if v >= 100 else f"{v:g}", v)],
+                          key=lambda lo_: lo_[1])
+            self._quiet = True  # new options move the index: no re-plan for that intermediate value
+            try:
+                current = float(slider.value)
+                slider.options = opts
+                slider.value = current
+            finally:
+                self._quiet = False
+        slider.value = next((float(o) for _, o in slider.options if math.isclose(v, float(o))), v) \
+            if hasattr(slider, "options") else v
 
     # ------------------------------------------------------------------ starting
     @classmethod
@@ -261,11 +337,12 @@ class WhatIfPanel:
         self.stale = True
 
     def _place_figure(self, shown: bool) -> None:
-        """Take the chart off the page while there is no plan (and put it back after)."""
+        """Take the chart off the page while there is no plan (and put it back after); what
+        ``add_below`` added stays under it."""
         if not getattr(self, "_placed", False):
             return
-        kids = [c for c in self.widget.children if c is not self.chart]
-        self.widget.children = tuple(kids + ([self.chart] if shown else []))
+        self._chart_shown = shown
+        self.widget.children = tuple(self._top + ([self.chart] if shown else []) + list(self._below))
 
     def _show(self, state: WhatIfState | None) -> None:
         if state is None:
@@ -283,6 +360,8 @@ class WhatIfPanel:
         self.stale = False
 
     def _on_change(self, change) -> None:
+        if getattr(self, "_quiet", False):
+            return
         self.saved.value = ""
         state = self._state(self.params())
         if state is None:
