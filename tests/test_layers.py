@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce", "runeffect", "honesty")),
     ("simulation", ("synth",)),
-    ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin", "fanout")),
+    ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin", "fanout", "burst")),
     ("plan", ("plan_spec", "plan_text", "plan", "plan_dynamics", "forecast", "plan_bounds", "sensitivity",
               "candidates", "design", "fleet_steps")),
     ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",

@@ -1,0 +1,70 @@
+"""Production burstiness (capplan.burst; docs/plan.md, "Production burstiness"): the estimators
+against a gamma renewal process whose gap CV and long-window dispersion are known by hand, the
+burst factor by hand, and the refusal wording."""
+
+import numpy as np
+import pytest
+
+from capplan import burst as B
+from capplan.synth.arrivals import arrival_times_ns
+
+
+def _gamma_times(cv: float, rate: float = 20.0, duration_s: float = 20_000.0, seed: int = 7) -> np.ndarray:
+    return arrival_times_ns("gamma", rate, duration_s, np.random.default_rng(seed), cv=cv) / 1e9
+
+
+@pytest.mark.parametrize("k", [0.25, 1.0, 4.0])
+def test_gamma_gap_cv_and_dispersion(k):
+    # gamma gaps of shape k: CV = 1/sqrt(k); a renewal process has D(w) → CV² = 1/k for windows
+    # much longer than a gap (here 50 s ≈ 1000 gaps). 400 windows: D's relative standard error
+    # ≈ sqrt(2/399)·(1 + …) ≈ 7 %, so 20 % is > 2.5 standard errors; the gap CV over 400 000
+    # gaps is within 5 %.
+    t = _gamma_times(cv=1 / np.sqrt(k))
+    m = B.measure_times(t, 50.0, "test")
+    assert m.gap_cv == pytest.approx(1 / np.sqrt(k), rel=0.05)
+    assert m.dispersion == pytest.approx(1 / k, rel=0.20)
+
+
+def test_per_second_series_matches_times():
+    t = _gamma_times(cv=2.0, duration_s=5_000.0)
+    per_s = B.counts_in_windows(t, 1.0)
+    a = B.measure_per_second(per_s, 10, "series")
+    b = B.measure_times(t, 10.0, "trace")
+    assert a.dispersion == pytest.approx(b.dispersion, rel=1e-9)
+    assert a.gap_cv is None
+
+
+def test_counts_and_dispersion_by_hand():
+    # arrivals at 0, 0.5, 1.2, 2.1, 2.2, 2.3, 3.9 → windows of 1 s: [2, 1, 3] (the last, partial, dropped)
+    c = B.counts_in_windows(np.array([0, 0.5, 1.2, 2.1, 2.2, 2.3, 3.9]), 1.0)
+    assert c.tolist() == [2, 1, 3]
+    # 10 windows 1,3,1,3,…: mean 2, sample variance 10/9 → D = 5/9
+    assert B.dispersion(np.array([1, 3] * 5)) == pytest.approx((10 / 9) / 2)
+    assert np.isnan(B.dispersion(np.array([1, 3, 2])))  # under 10 windows: no estimate
+
+
+def test_burst_factor_by_hand():
+    # D_prod 4, D_sweep 1 (Poisson), μ = 100 per window, p = 0.99 (z = 2.3263479):
+    # (1 + z·sqrt(4/100)) / (1 + z·sqrt(1/100)) = 1.46526957 / 1.23263479 = 1.18872969
+    assert B.burst_factor(4.0, 1.0, 100.0, 0.99) == pytest.approx(1.18872969, rel=1e-7)
+    assert B.burst_factor(0.5, 1.0, 100.0, 0.99) == 1.0  # smoother than tested: never below 1
+
+
+def test_burst_factor_from_a_known_gamma_process():
+    # measured on a gamma process with CV 2 (D → 4) at a peak of 20 req/s in 50-s windows (μ = 1000):
+    # f → (1 + z·sqrt(4/1000)) / (1 + z·sqrt(1/1000)) = 1.14713 / 1.07357 = 1.06852
+    m = B.measure_times(_gamma_times(cv=2.0), 50.0, "gamma CV 2")
+    cmp = B.compare(m, [1.0], "a Poisson sweep", peak_rps=20.0, quantile=0.99)
+    assert cmp.factor == pytest.approx(1.06852, rel=0.02)
+    assert not cmp.covered
+
+
+def test_refusal_wording_and_cover():
+    prod = B.BurstMeasure(4.0, 1.0, 2.0, "trace x")
+    c = B.compare(prod, [0.98, 1.03], "2 open-loop runs", peak_rps=100.0)
+    assert c.sentence.startswith("not honest: production is burstier (D=4 at 1 s) than anything tested "
+                                 "(max D=1.03, 2 open-loop runs)")
+    ok = B.compare(B.BurstMeasure(1.1, 1.0, None, "series"), [1.03], "2 runs", peak_rps=100.0)
+    assert ok.covered  # within 10 % of the most dispersed run: sampling error, not burstier
+    none = B.compare(prod, [float("nan")], "no runs", peak_rps=100.0)
+    assert none.sweep_max_dispersion == 1.0 and "Poisson assumed" in none.sweep_source
