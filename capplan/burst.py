@@ -149,3 +149,69 @@ def compare(production: BurstMeasure, sweep_dispersions: list[float], sweep_sour
     f = burst_factor(production.dispersion, dmax, mu, quantile)
     return BurstComparison(production, dmax, sweep_source, float(peak_rps), float(quantile), f,
                            covered=bool(production.dispersion <= dmax * (1 + COVER_TOLERANCE)))
+
+
+# ----------------------------------------------------------------------------- from a plan spec
+
+ARRIVAL_KEYS = ("trace", "format", "per_second", "column", "dispersion", "cv", "window_s", "quantile")
+
+
+def production_from_spec(arrivals: dict) -> BurstMeasure:
+    """Production's burstiness from ``demand.arrivals`` (validated by ``plan_spec``): a trace
+    (Azure CSV / Mooncake JSONL), a per-second count series (CSV, ``column``), a measured
+    dispersion, or the gap CV of a gamma renewal process (D = CV², its long-window limit)."""
+    w = float(arrivals.get("window_s", 1.0))
+    f = "demand.arrivals"
+    if arrivals.get("trace"):
+        from .synth.arrivals import load_trace
+
+        tr = load_trace(arrivals["trace"], arrivals.get("format", "auto"))
+        m = measure_times(tr.t_s, w, f"trace {tr.path} ({tr.n:,} requests over {tr.span_s:,.0f} s)")
+    elif arrivals.get("per_second"):
+        import pandas as pd
+
+        path, col = arrivals["per_second"], arrivals.get("column", "count")
+        try:
+            df = pd.read_csv(path)
+        except FileNotFoundError:
+            raise SpecError("per-second rate series not found", file=str(path), field=f"{f}.per_second",
+                            fix="give a CSV with one row per second and a count column") from None
+        if col not in df.columns:
+            raise SpecError(f"per-second series lacks column {col!r}", file=str(path), field=f"{f}.column",
+                            fix="columns: " + ", ".join(map(str, df.columns)))
+        per_s = pd.to_numeric(df[col], errors="coerce").to_numpy(float)
+        if not np.isfinite(per_s).all() or (per_s < 0).any():
+            raise SpecError(f"column {col!r} holds a missing, non-numeric or negative count", file=str(path),
+                            field=f"{f}.column", fix="one non-negative request count per second")
+        m = measure_per_second(per_s, w, f"per-second series {path} ({len(per_s):,} s)")
+    elif arrivals.get("dispersion") is not None:
+        m = BurstMeasure(float(arrivals["dispersion"]), w, None, "index of dispersion given in the spec")
+    else:
+        cv = float(arrivals["cv"])
+        m = BurstMeasure(cv * cv, w, cv, f"gap CV {cv:g} given in the spec: D = CV² (a renewal process's "
+                                         "long-window limit)")
+    if not np.isfinite(m.dispersion):
+        raise SpecError(f"production's dispersion cannot be measured at {w:g}-s windows: fewer than 10 whole "
+                        "windows", field=f"{f}.window_s", fix="a longer trace or series, or a shorter window_s")
+    return m
+
+
+def sweep_dispersions(study, window_s: float) -> tuple[list[float], str]:
+    """Dispersion of the scheduled sends of each open-loop tested run (≥ 50 requests) at
+    ``window_s``, and a sentence saying where they came from."""
+    if study is None:
+        return [], "Poisson assumed: no study given"
+    from .twin.data import load_study
+
+    data = load_study(study)
+    if data.load_model != "open":
+        return [], "Poisson assumed: the study is closed-loop"
+    ds = []
+    for run in data.runs:
+        s = run.sched[run.in_window]
+        if len(s) >= 50:
+            ds.append(measure_times(s / 1e9, window_s, run.run_id).dispersion)
+    ok = [d for d in ds if np.isfinite(d)]
+    if not ok:
+        return [], f"Poisson assumed: no tested run holds 10 whole {window_s:g}-s windows"
+    return ok, f"{len(ok)} open-loop tested run{'s' if len(ok) != 1 else ''} at {window_s:g} s"

@@ -199,6 +199,14 @@ class Plan:
     #: the plan on the study's other C_SLO numbers (tested vs production mix), each with its
     #: first quarter's size and cost and a sentence (``compare_numbers``); empty without a target mix
     mix_comparison: tuple = ()
+    #: production's burstiness against the sweep's at the first quarter's peak
+    #: (``capplan.burst.BurstComparison``); None without ``demand.arrivals``
+    burst: Any = None
+
+    @property
+    def burstier_than_tested(self) -> bool:
+        """Is production burstier than any tested run (the plan's peak then extrapolates)?"""
+        return self.burst is not None and not self.burst.covered
 
     @property
     def production_mix_lower(self) -> bool:
@@ -283,7 +291,8 @@ class Plan:
             + (f" ({billed:.0f} GPUs billed: whole nodes)" if billed != gpus else "")
             + f", for a peak demand of {self.value('peak_rps'):.4g} req/s planned at "
             f"{self.value('demand_rps'):.4g} req/s (+{self.spec.demand.uncertainty:.0%} uncertainty"
-            + (f", {self.spec.demand.uncertainty_source}" if self.spec.demand.backtested else "") + "), "
+            + (f", {self.spec.demand.uncertainty_source}" if self.spec.demand.backtested else "")
+            + (f", × burst factor {self.burst.factor:.4g}" if self.burst is not None else "") + "), "
             f"at {self.capacity.rps_per_group:.4g} req/s per group ({self.capacity.source}).",
             f"Cost ${self.value('cost_usd_per_month'):,.0f} per month, "
             f"${self.value('cost_usd_per_quarter'):,.0f} per quarter, "
@@ -294,6 +303,8 @@ class Plan:
                "FAILED checks: " + "; ".join(c.sentence for c in self.checks if not c.ok)),
         ]
         mix = [c["sentence"] for c in self.mix_comparison]
+        if self.burstier_than_tested:  # said first: the peak is sized beyond anything tested
+            lines = ["Production is burstier than the sweep — " + self.burst.sentence + "."] + lines
         if self.production_mix_lower:  # said first: the plan may be sized on the higher number
             return "\n".join(mix + lines)
         return "\n".join(lines + mix)
@@ -715,14 +726,16 @@ def capacity_at_twin(spec: PlanSpec, study, slo: SLO, fit=None, twinmix=None) ->
 
 def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=None, facts=None,
               forecast=None, gpus_per_group: int | None = None, system: dict | None = None,
-              as_of=None) -> Plan:
+              as_of=None, sweep_burst: tuple | None = None) -> Plan:
     """Build the plan. ``capacity``: req/s per replica group (number or CapacityInfo);
     otherwise from ``envelope`` or a fit on ``study``. ``facts`` (``cost.study_facts``) and
     ``forecast`` (``forecast.forecast_peaks``) may be passed precomputed so repeated calls
     (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history.
     ``system``: the study's ``system`` mapping (model, gpu) when ``study`` is not passed.
     Quarters are dated from the spec's ``start``, else from the calendar quarter after
-    ``as_of`` (date or ISO time, e.g. the export time; default today, UTC)."""
+    ``as_of`` (date or ISO time, e.g. the export time; default today, UTC). ``sweep_burst``:
+    (tested runs' dispersions, where from) for ``demand.arrivals``, precomputed by
+    :func:`prepare_plan`; otherwise measured on ``study``."""
     spec = load_plan_spec(spec)
     slo = _plan_slo(spec, slo, envelope)
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
@@ -788,12 +801,15 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
 
     if system is None and study is not None:
         system = dict(study.manifest.system or {})
-    ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts, system=system)
+    bursts = _bursts(spec, study, sweep_burst, q_peaks)
+    if bursts[0] is not None:
+        notes.append("arrivals: " + bursts[0].sentence)
+    ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts, system=system, burst=bursts[0])
     items, checks = _items_for(ctx, q_peaks[0], peak_formula, peak_inputs, notes,
                                      mean_to_peak_default)
     quarters = []
-    for period, peak, mean, low in zip(q_periods, q_peaks, q_means, q_lows):
-        D_q = peak * (1 + d.uncertainty)
+    for period, peak, mean, low, bq in zip(q_periods, q_peaks, q_means, q_lows, bursts):
+        D_q = peak * (1 + d.uncertainty) * (bq.factor if bq is not None else 1.0)
         s = size(D_q, C, spec, g)
         c = _costs(ctx, s, peak, mean_to_peak_default)
         quarters.append(QuarterPlan(label=period.label, peak_rps=peak, forecast_mean_rps=mean, groups=s.total,
@@ -805,10 +821,29 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     assumptions = assumption_rows(spec, cap, facts, mean_to_peak_default)
     plan = Plan(spec=spec, capacity=cap, items=tuple(items), checks=tuple(checks), quarters=tuple(quarters),
                 assumptions=tuple(assumptions), notes=tuple(dict.fromkeys(notes)), slo=slo, forecast=forecast,
-                facts=facts, gpus_per_group=g, as_of=reference_day(as_of))
+                facts=facts, gpus_per_group=g, as_of=reference_day(as_of), burst=bursts[0])
     if cap.alternatives and not isinstance(capacity, CapacityInfo):  # a given CapacityInfo: a re-plan
         plan = dataclasses.replace(plan, mix_comparison=compare_numbers(plan))
     return plan
+
+
+def _bursts(spec: PlanSpec, study, sweep_burst, q_peaks) -> list:
+    """Production's burstiness against the sweep's at each quarter's peak × (1 + u)
+    (``capplan.burst.compare``), or Nones without ``demand.arrivals``."""
+    d = spec.demand
+    if not d.arrivals:
+        return [None] * len(q_peaks)
+    from . import burst as BU
+
+    arr = dict(d.arrivals)
+    prod = BU.production_from_spec(arr)
+    sweep_d, sweep_src = sweep_burst if sweep_burst is not None else BU.sweep_dispersions(study, prod.window_s)
+    return [BU.compare(prod, list(sweep_d), sweep_src, p * (1 + d.uncertainty), arr["quantile"]) for p in q_peaks]
+
+
+def _sweep_burst(plan: "Plan") -> tuple | None:
+    b = plan.burst
+    return None if b is None else ([b.sweep_max_dispersion], b.sweep_source)
 
 
 def _tested_and_production(cap: CapacityInfo) -> tuple[float | None, list[float]]:
@@ -831,7 +866,7 @@ def compare_numbers(plan: Plan) -> tuple[dict, ...]:
     for a in cap.alternatives:
         alt = dataclasses.replace(cap, rps_per_group=float(a["rps_per_group"]), alternatives=(), basis=a["basis"])
         p = make_plan(plan.spec, alt, slo=plan.slo, facts=plan.facts, forecast=plan.forecast,
-                      gpus_per_group=plan.gpus_per_group, as_of=plan.as_of)
+                      gpus_per_group=plan.gpus_per_group, as_of=plan.as_of, sweep_burst=_sweep_burst(plan))
         o = p.quarters[0]
         cost, base = float(o.cost_usd_per_month), float(q.cost_usd_per_month)
         d = cost - base
@@ -878,8 +913,13 @@ def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, sl
                                       interval=d.interval)
     gpus = _gpus_per_group(spec, study)
     system = dict(study.manifest.system or {}) if study is not None else None
+    sweep_burst = None
+    if d.arrivals:
+        from .burst import sweep_dispersions
+
+        sweep_burst = sweep_dispersions(study, dict(d.arrivals)["window_s"])
     return {"capacity": cap, "facts": facts, "forecast": fc, "slo": slo, "gpus_per_group": gpus,
-            "system": system}
+            "system": system, "sweep_burst": sweep_burst}
 
 
 def _plan_slo(spec: PlanSpec, slo, envelope) -> SLO | None:
@@ -900,6 +940,7 @@ class _Ctx:
     slo: SLO | None
     facts: Any
     system: dict | None = None  # the study's system (model, gpu) for the KV and power bounds
+    burst: Any = None  # capplan.burst.BurstComparison at the first quarter's peak, or None
 
 
 def gpus_per_group(spec: PlanSpec, study) -> int:
@@ -987,7 +1028,8 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
     spec, cap, g = ctx.spec, ctx.cap, ctx.g
     C = cap.rps_per_group
     u = spec.demand.uncertainty
-    D = peak * (1 + u)
+    f_burst = ctx.burst.factor if ctx.burst is not None else 1.0
+    D = peak * (1 + u) * f_burst
     s = size(D, C, spec, g)
     fail, roll, auto, prices = spec.failure, spec.rollout, spec.autoscaling, spec.prices
     n = spec.group.gpus_per_node
@@ -999,8 +1041,21 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
         items.append(LineItem(name, value, unit, formula, inputs, key))
 
     add("peak_rps", "peak demand λ_peak", peak, "req/s", peak_formula, peak_inputs)
-    add("demand_rps", "planned demand D (peak + uncertainty)", D, "req/s", "λ_peak × (1 + u)",
-        {"λ_peak": peak, "u": u, **({"u from": spec.demand.uncertainty_source} if spec.demand.backtested else {})})
+    if ctx.burst is not None:
+        bc = ctx.burst
+        add("burst_factor", "burst factor f (production's burstiness against the sweep's)", f_burst, "×",
+            "(1 + z_p·sqrt(D_prod/μ)) / (1 + z_p·sqrt(D_sweep/μ)), at least 1; μ = λ_peak·(1 + u)·w "
+            "(docs/plan.md, \"Production burstiness\")",
+            {"D_prod": bc.production.dispersion, "D_sweep": bc.sweep_max_dispersion, "w_s": bc.production.window_s,
+             "μ": bc.peak_rps * bc.production.window_s, "p": bc.quantile, "production from": bc.production.source,
+             "sweep from": bc.sweep_source})
+        add("demand_rps", "planned demand D (peak + uncertainty, × burst factor)", D, "req/s",
+            "λ_peak × (1 + u) × f",
+            {"λ_peak": peak, "u": u, "f": f_burst,
+             **({"u from": spec.demand.uncertainty_source} if spec.demand.backtested else {})})
+    else:
+        add("demand_rps", "planned demand D (peak + uncertainty)", D, "req/s", "λ_peak × (1 + u)",
+            {"λ_peak": peak, "u": u, **({"u from": spec.demand.uncertainty_source} if spec.demand.backtested else {})})
     cap_inputs = {"source": cap.source}
     if cap.lower_bound is not None or cap.estimate is not None:
         cap_inputs.update({"estimate": cap.estimate, "ci_low": cap.ci_low, "ci_high": cap.ci_high,
@@ -1153,6 +1208,8 @@ def _checks(ctx: _Ctx, s: Sizing, peak, D, C, c) -> list[Check]:
     r = s.loss_rollout
     out = []
     need = f"planned demand {D:.4g} req/s"
+    if ctx.burst is not None:
+        out.append(Check("burstiness", ctx.burst.sentence, ctx.burst.covered))
     out.append(Check("traffic", f"{plural(N, 'group')} × {C:.4g} req/s = {N * C:.4g} req/s ≥ {need}{at}",
                      N * C >= D * (1 - _EPS)))
     if fail.policy == "zone":

@@ -56,6 +56,9 @@ class DemandSpec:
     tokens_per_day: tuple[tuple[str, float], ...] = ()
     input_tokens_per_request: float | None = None  # without a study (or to override it)
     backtest_quantile: float = 0.9  # with uncertainty: backtest
+    #: production's arrival process, for the burst factor (docs/plan.md, "Production burstiness"):
+    #: one of trace (file), per_second (CSV of counts, ``column``), dispersion or cv; window_s, quantile
+    arrivals: Any = None
     #: the back-test u was measured by (``forecast.BackTest``); not a YAML key
     backtest: Any = field(default=None, compare=False, repr=False, metadata={"yaml": False})
 
@@ -111,6 +114,8 @@ class DemandSpec:
                  optional=True, example="250")
         S.number(self.input_tokens_per_request, f"{s}.input_tokens_per_request", above=0.0,
                  optional=True, example="1200")
+        if self.arrivals is not None and not isinstance(self.arrivals, tuple):
+            object.__setattr__(self, "arrivals", _arrivals(self.arrivals, f"{s}.arrivals"))
 
     def _measure_uncertainty(self) -> None:
         """``uncertainty: backtest``: u from a rolling-origin back-test of the forecast on the
@@ -147,6 +152,26 @@ class DemandSpec:
     @property
     def total_peak_rps(self) -> float:
         return float(sum(r for _, r in self.peak_rps))
+
+
+def _arrivals(value, field_: str) -> tuple[tuple[str, Any], ...]:
+    """``demand.arrivals`` checked and frozen as (key, value) pairs: exactly one source."""
+    from .burst import ARRIVAL_KEYS
+
+    m = dict(S.mapping(value, field_, known=ARRIVAL_KEYS, example="{trace: prod.csv, window_s: 1}"))
+    src = [k for k in ("trace", "per_second", "dispersion", "cv") if m.get(k) is not None]
+    if len(src) != 1:
+        S.fail(field_, "demand.arrivals needs exactly one of trace, per_second, dispersion or cv"
+               + (f" (got {', '.join(src)})" if src else ""),
+               "e.g. arrivals: {trace: production.csv} or arrivals: {cv: 2.0}")
+    for k in ("trace", "per_second", "column", "format"):
+        S.text(m.get(k), f"{field_}.{k}")
+    S.number(m.get("dispersion"), f"{field_}.dispersion", above=0.0, optional=True, example="4.0")
+    S.number(m.get("cv"), f"{field_}.cv", above=0.0, optional=True, example="2.0")
+    m["window_s"] = float(S.number(m.get("window_s", 1.0), f"{field_}.window_s", above=0.0, example="1"))
+    m["quantile"] = float(S.number(m.get("quantile", 0.99), f"{field_}.quantile", above=0.5, below=1.0,
+                                   example="0.99"))
+    return tuple((k, m[k]) for k in ARRIVAL_KEYS if m.get(k) is not None)
 
 
 def _token_volume(value, field_: str) -> tuple[tuple[str, float], ...]:
@@ -585,7 +610,7 @@ class PlanSpec:
                 if not f.metadata.get("yaml", True):
                     continue
                 v = getattr(sec, f.name)
-                if f.name in ("peak_rps", "ready_time_s", "tokens_per_day"):
+                if f.name in ("peak_rps", "ready_time_s", "tokens_per_day") or (f.name == "arrivals" and v):
                     v = {a: b for a, b in v}
                 elif isinstance(v, tuple):
                     v = list(v)
@@ -643,6 +668,12 @@ def _build(raw, base_dir) -> PlanSpec:
             h = values["history"]
             if isinstance(h, str) and not os.path.isabs(h):
                 values["history"] = str(Path(base_dir) / h)
+        if key == "demand" and isinstance(values.get("arrivals"), Mapping) and base_dir is not None:
+            a = dict(values["arrivals"])
+            for name in ("trace", "per_second"):
+                if isinstance(a.get(name), str) and not os.path.isabs(a[name]):
+                    a[name] = str(Path(base_dir) / a[name])
+            values["arrivals"] = a
         if key == "demand" and "peak_rps" in values:
             values["peak_rps"] = _classes(values["peak_rps"], "demand.peak_rps")
         for name in ("target", "twin"):

@@ -68,3 +68,71 @@ def test_refusal_wording_and_cover():
     assert ok.covered  # within 10 % of the most dispersed run: sampling error, not burstier
     none = B.compare(prod, [float("nan")], "no runs", peak_rps=100.0)
     assert none.sweep_max_dispersion == 1.0 and "Poisson assumed" in none.sweep_source
+
+
+# ----------------------------------------------------------------------------- in the plan
+
+from capplan.errors import SpecError  # noqa: E402
+from capplan.plan import load_plan_spec, make_plan  # noqa: E402
+
+
+def _spec(arrivals, peak=100.0, base_dir=None):
+    d = {"demand": {"peak_rps": peak, "uncertainty": 0.0, "arrivals": arrivals},
+         "replica_group": {"gpus_per_replica": 4, "gpus_per_node": 8},
+         "failure": {"policy": "none", "zones": 1},
+         "rollout": {"max_surge": 1, "max_unavailable": 0, "canary_groups": 0},
+         "prices": {"usd_per_gpu_hour": 2.0}}
+    return load_plan_spec(d, base_dir=base_dir)
+
+
+def test_plan_sizes_with_the_burst_factor_and_refuses_to_call_it_honest():
+    # D_prod 4 at 1 s, no study (Poisson assumed, D_sweep 1), λ_peak 100, u 0 → μ = 100,
+    # f = 1.18872969 (test_burst_factor_by_hand); D = 118.873; ⌈118.873 / 25⌉ = 5 groups (4 without)
+    plan = make_plan(_spec({"dispersion": 4.0}), capacity=25.0)
+    assert plan.value("burst_factor") == pytest.approx(1.18872969, rel=1e-7)
+    assert plan.value("demand_rps") == pytest.approx(118.872969, rel=1e-7)
+    assert plan.value("traffic_groups") == 5
+    assert make_plan(_spec({"dispersion": 1.0}), capacity=25.0).value("traffic_groups") == 4
+    assert plan.burstier_than_tested and not plan.ok
+    chk = next(c for c in plan.checks if c.key == "burstiness")
+    assert chk.sentence.startswith("not honest: production is burstier (D=4 at 1 s) than anything tested (max D=1,")
+    assert plan.summary.splitlines()[0].startswith("Production is burstier than the sweep — not honest")
+    assert plan.item("burst_factor").inputs["sweep from"].startswith("Poisson assumed")
+    assert plan.quarters[0].demand_rps == pytest.approx(118.872969, rel=1e-7)
+
+
+def test_plan_within_the_sweep_is_not_refused():
+    plan = make_plan(_spec({"dispersion": 1.05}), capacity=25.0)
+    assert not plan.burstier_than_tested
+    assert next(c for c in plan.checks if c.key == "burstiness").ok
+    assert "Production is burstier" not in plan.summary
+
+
+def test_plan_measures_a_per_second_series_relative_to_the_spec(tmp_path):
+    t = _gamma_times(cv=2.0, rate=20.0, duration_s=4_000.0)
+    per_s = B.counts_in_windows(t, 1.0)
+    (tmp_path / "rate.csv").write_text("count\n" + "\n".join(map(str, per_s.tolist())) + "\n")
+    plan = make_plan(_spec({"per_second": "rate.csv", "window_s": 10}, peak=20.0, base_dir=tmp_path),
+                     capacity=5.0)
+    want = B.measure_per_second(per_s, 10, "x").dispersion
+    assert plan.burst.production.dispersion == pytest.approx(want)
+    assert want > 2.5  # a CV-2 gamma process at 10-s windows (200 gaps): well above Poisson
+    assert plan.burstier_than_tested
+
+
+@pytest.mark.parametrize("arr, field", [({"dispersion": 4.0, "cv": 2.0}, "demand.arrivals"),
+                                        ({}, "demand.arrivals"),
+                                        ({"cv": -1}, "demand.arrivals.cv"),
+                                        ({"cv": 2, "quantile": 1.2}, "demand.arrivals.quantile"),
+                                        ({"cv": 2, "burst": 1}, "demand.arrivals")])
+def test_bad_arrivals_name_the_field(arr, field):
+    with pytest.raises(SpecError) as e:
+        _spec(arr)
+    assert (e.value.field or "").startswith(field)
+
+
+def test_missing_column_names_file_and_field(tmp_path):
+    (tmp_path / "r.csv").write_text("n\n1\n2\n")
+    with pytest.raises(SpecError) as e:
+        make_plan(_spec({"per_second": str(tmp_path / "r.csv")}), capacity=5.0)
+    assert e.value.field == "demand.arrivals.column" and "r.csv" in str(e.value.file)
