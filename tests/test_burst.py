@@ -136,3 +136,31 @@ def test_missing_column_names_file_and_field(tmp_path):
     with pytest.raises(SpecError) as e:
         make_plan(_spec({"per_second": str(tmp_path / "r.csv")}), capacity=5.0)
     assert e.value.field == "demand.arrivals.column" and "r.csv" in str(e.value.file)
+
+
+def _sweep_study(make_study, cvs):
+    """An open-loop study with one 120-s run at 10 req/s per gap CV (1 = Poisson)."""
+    from conftest import ev
+
+    rows, runs = [], []
+    for i, cv in enumerate(cvs):
+        proc = "poisson" if cv == 1.0 else "gamma"
+        t_ns = arrival_times_ns(proc, 10.0, 120.0, np.random.default_rng(100 + i), cv=cv)
+        rid = f"r{i}"
+        rows += [ev(rid, scheduled_ms=t / 1e6) for t in t_ns]
+        runs.append({"run_id": rid, "offered_rps": 10.0, "duration_s": 120.0})
+    return make_study(rows, runs)
+
+
+def test_sweep_dispersion_read_from_the_study(make_study):
+    study = _sweep_study(make_study, [1.0, 1.0])
+    ds, src = B.sweep_dispersions(study, 1.0)
+    # two Poisson runs, 120 one-second windows each: D within ±0.4 of 1 (SE ≈ sqrt(2/119) = 0.13)
+    assert len(ds) == 2 and all(abs(d - 1.0) < 0.4 for d in ds)
+    assert src == "2 open-loop tested runs at 1 s"
+    plan = make_plan(_spec({"cv": 2.0}), capacity=25.0, sweep_burst=(ds, src))
+    assert plan.burstier_than_tested and "2 open-loop tested runs at 1 s" in plan.burst.sentence
+    # a sweep that tested a CV-3 process (D(1 s) ≈ 5 at 10 req/s) covers a CV-2 production (D = 4)
+    ds3, src3 = B.sweep_dispersions(_sweep_study(make_study, [1.0, 3.0]), 1.0)
+    assert max(ds3) > 4.4
+    assert not make_plan(_spec({"cv": 2.0}), capacity=25.0, sweep_burst=(ds3, src3)).burstier_than_tested
