@@ -177,7 +177,7 @@ def answer_section(plan: dict, verdict: dict | None, env: dict | None = None,
              f"quarter, {usd(q['cost_usd_per_year'])} per year at this size) — "
              f"<b>{usd(q['cost_usd_per_1k_good_requests'], cents=True)} per 1 000 SLO-meeting requests</b>. "
              f"It serves a peak demand of {rate(q['peak_rps'])}, planned at {rate(q['demand_rps'])} with the "
-             f"demand uncertainty, at {e(about.get('SLO', 'the SLO'))}, and is sized to "
+             f"demand uncertainty{_burst_words(plan)}, at {e(about.get('SLO', 'the SLO'))}, and is sized to "
              f"{e(about.get('failure policy', ''))}.{_bound_words(plan, env)}</p>")
     warn = []
     failed = [c for c in plan["checks"] if not c["ok"]]
@@ -210,9 +210,20 @@ def answer_section(plan: dict, verdict: dict | None, env: dict | None = None,
     warn_html = "".join(f'<p class="warn">{w}</p>' for w in warn)
     first = mix_words(plan, mix)
     tail = f"{quarters_table(plan)}\n{next_steps_block(steps or [])}"
+    bursty = [c for c in plan["checks"] if c["key"] == "burstiness" and not c["ok"]]
+    if bursty:  # production burstier than anything tested: the headline says so first
+        first = (f'<p class="warn" id="burstiness"><b>Production is burstier than the sweep</b>: '
+                 f'{e(bursty[0]["sentence"])}.</p>\n' + first)
     if first and 'class="warn"' in first:  # production's mix gives less: said first
         return f'<section id="answer">\n{first}\n{words}\n{warn_html}\n{tail}\n</section>'
     return f'<section id="answer">\n{words}\n{warn_html}\n{first}\n{tail}\n</section>'
+
+
+def _burst_words(plan: dict) -> str:
+    """' and a burst factor of f' when the plan sized its peak with one (docs/plan.md,
+    "Production burstiness")."""
+    f = ((plan.get("items") or {}).get("burst_factor") or {}).get("value")
+    return f" and a burst factor of {f:.4g}" if isinstance(f, (int, float)) else ""
 
 
 def next_steps_block(steps: list[NextStep]) -> str:

@@ -164,3 +164,17 @@ def test_sweep_dispersion_read_from_the_study(make_study):
     ds3, src3 = B.sweep_dispersions(_sweep_study(make_study, [1.0, 3.0]), 1.0)
     assert max(ds3) > 4.4
     assert not make_plan(_spec({"cv": 2.0}), capacity=25.0, sweep_burst=(ds3, src3)).burstier_than_tested
+
+
+def test_report_index_says_it_in_the_headline():
+    from capplan.report_index import answer_section
+    from capplan.sensitivity import plan_record
+
+    rec = plan_record(make_plan(_spec({"dispersion": 4.0}), capacity=25.0))
+    html = answer_section(rec, None)
+    head = html.split("\n")[1]
+    assert head.startswith('<p class="warn" id="burstiness"><b>Production is burstier than the sweep</b>: '
+                           "not honest: production is burstier (D=4 at 1 s)")
+    assert "and a burst factor of 1.189" in html
+    calm = answer_section(plan_record(make_plan(_spec({"dispersion": 1.0}), capacity=25.0)), None)
+    assert 'id="burstiness"' not in calm and "burst factor of 1" in calm
