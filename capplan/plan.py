@@ -204,6 +204,13 @@ class Plan:
     burst: Any = None
 
     @property
+    def burst_inputs(self) -> tuple | None:
+        """What a re-plan at another capacity needs to keep this plan's burst factor
+        (``make_plan(burst_inputs=…)``) without reading the trace or the study again."""
+        b = self.burst
+        return None if b is None else (b.production, [b.sweep_max_dispersion], b.sweep_source)
+
+    @property
     def burstier_than_tested(self) -> bool:
         """Is production burstier than any tested run (the plan's peak then extrapolates)?"""
         return self.burst is not None and not self.burst.covered
@@ -726,16 +733,17 @@ def capacity_at_twin(spec: PlanSpec, study, slo: SLO, fit=None, twinmix=None) ->
 
 def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=None, facts=None,
               forecast=None, gpus_per_group: int | None = None, system: dict | None = None,
-              as_of=None, sweep_burst: tuple | None = None) -> Plan:
+              as_of=None, burst_inputs: tuple | None = None) -> Plan:
     """Build the plan. ``capacity``: req/s per replica group (number or CapacityInfo);
     otherwise from ``envelope`` or a fit on ``study``. ``facts`` (``cost.study_facts``) and
     ``forecast`` (``forecast.forecast_peaks``) may be passed precomputed so repeated calls
     (what-if sliders) stay fast; otherwise they are computed from ``study`` / the history.
     ``system``: the study's ``system`` mapping (model, gpu) when ``study`` is not passed.
     Quarters are dated from the spec's ``start``, else from the calendar quarter after
-    ``as_of`` (date or ISO time, e.g. the export time; default today, UTC). ``sweep_burst``:
-    (tested runs' dispersions, where from) for ``demand.arrivals``, precomputed by
-    :func:`prepare_plan`; otherwise measured on ``study``."""
+    ``as_of`` (date or ISO time, e.g. the export time; default today, UTC). ``burst_inputs``:
+    (production's ``BurstMeasure``, tested runs' dispersions, where from) for
+    ``demand.arrivals``, precomputed by :func:`prepare_plan` (or ``Plan.burst_inputs`` for a
+    re-plan); otherwise measured from the spec and ``study``."""
     spec = load_plan_spec(spec)
     slo = _plan_slo(spec, slo, envelope)
     cap = resolve_capacity(spec, capacity, study=study, envelope=envelope, slo=slo)
@@ -801,7 +809,7 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
 
     if system is None and study is not None:
         system = dict(study.manifest.system or {})
-    bursts = _bursts(spec, study, sweep_burst, q_peaks)
+    bursts = _bursts(spec, study, burst_inputs, q_peaks)
     if bursts[0] is not None:
         notes.append("arrivals: " + bursts[0].sentence)
     ctx = _Ctx(spec=spec, cap=cap, g=g, slo=slo, facts=facts, system=system, burst=bursts[0])
@@ -827,7 +835,18 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     return plan
 
 
-def _bursts(spec: PlanSpec, study, sweep_burst, q_peaks) -> list:
+def burst_inputs_for(spec: PlanSpec, study) -> tuple | None:
+    """(production's ``BurstMeasure``, tested runs' dispersions, where from) for
+    ``demand.arrivals``; None without it."""
+    if not spec.demand.arrivals:
+        return None
+    from . import burst as BU
+
+    prod = BU.production_from_spec(dict(spec.demand.arrivals))
+    return (prod, *BU.sweep_dispersions(study, prod.window_s))
+
+
+def _bursts(spec: PlanSpec, study, burst_inputs, q_peaks) -> list:
     """Production's burstiness against the sweep's at each quarter's peak × (1 + u)
     (``capplan.burst.compare``), or Nones without ``demand.arrivals``."""
     d = spec.demand
@@ -835,15 +854,9 @@ def _bursts(spec: PlanSpec, study, sweep_burst, q_peaks) -> list:
         return [None] * len(q_peaks)
     from . import burst as BU
 
-    arr = dict(d.arrivals)
-    prod = BU.production_from_spec(arr)
-    sweep_d, sweep_src = sweep_burst if sweep_burst is not None else BU.sweep_dispersions(study, prod.window_s)
-    return [BU.compare(prod, list(sweep_d), sweep_src, p * (1 + d.uncertainty), arr["quantile"]) for p in q_peaks]
-
-
-def _sweep_burst(plan: "Plan") -> tuple | None:
-    b = plan.burst
-    return None if b is None else ([b.sweep_max_dispersion], b.sweep_source)
+    prod, sweep_d, sweep_src = burst_inputs if burst_inputs is not None else burst_inputs_for(spec, study)
+    q = dict(d.arrivals)["quantile"]
+    return [BU.compare(prod, list(sweep_d), sweep_src, p * (1 + d.uncertainty), q) for p in q_peaks]
 
 
 def _tested_and_production(cap: CapacityInfo) -> tuple[float | None, list[float]]:
@@ -866,7 +879,7 @@ def compare_numbers(plan: Plan) -> tuple[dict, ...]:
     for a in cap.alternatives:
         alt = dataclasses.replace(cap, rps_per_group=float(a["rps_per_group"]), alternatives=(), basis=a["basis"])
         p = make_plan(plan.spec, alt, slo=plan.slo, facts=plan.facts, forecast=plan.forecast,
-                      gpus_per_group=plan.gpus_per_group, as_of=plan.as_of, sweep_burst=_sweep_burst(plan))
+                      gpus_per_group=plan.gpus_per_group, as_of=plan.as_of, burst_inputs=plan.burst_inputs)
         o = p.quarters[0]
         cost, base = float(o.cost_usd_per_month), float(q.cost_usd_per_month)
         d = cost - base
@@ -913,13 +926,8 @@ def prepare_plan(spec: PlanSpec, *, capacity=None, study=None, envelope=None, sl
                                       interval=d.interval)
     gpus = _gpus_per_group(spec, study)
     system = dict(study.manifest.system or {}) if study is not None else None
-    sweep_burst = None
-    if d.arrivals:
-        from .burst import sweep_dispersions
-
-        sweep_burst = sweep_dispersions(study, dict(d.arrivals)["window_s"])
     return {"capacity": cap, "facts": facts, "forecast": fc, "slo": slo, "gpus_per_group": gpus,
-            "system": system, "sweep_burst": sweep_burst}
+            "system": system, "burst_inputs": burst_inputs_for(spec, study)}
 
 
 def _plan_slo(spec: PlanSpec, slo, envelope) -> SLO | None:

@@ -320,7 +320,8 @@ def quarter_bands(plan: Plan, other_rps_per_group: float | None = None) -> tuple
 def _step(plan: Plan, c: float) -> Step:
     cap = dataclasses.replace(plan.capacity, rps_per_group=float(c))
     p = make_plan(plan.spec, cap, slo=plan.slo, facts=plan.facts, forecast=plan.forecast,
-                  gpus_per_group=plan.gpus_per_group or int(plan.value("gpus_per_group")), as_of=plan.as_of)
+                  gpus_per_group=plan.gpus_per_group or int(plan.value("gpus_per_group")), as_of=plan.as_of,
+                  burst_inputs=plan.burst_inputs)
     return Step(capacity_rps_per_group=float(c), groups=int(p.value("total_groups")),
                 gpus=int(p.value("total_gpus")), billed_gpus=int(p.value("billed_gpus")),
                 nodes=int(p.value("nodes")), cost_usd_per_month=float(p.value("cost_usd_per_month")))

@@ -158,12 +158,12 @@ def test_sweep_dispersion_read_from_the_study(make_study):
     # two Poisson runs, 120 one-second windows each: D within ±0.4 of 1 (SE ≈ sqrt(2/119) = 0.13)
     assert len(ds) == 2 and all(abs(d - 1.0) < 0.4 for d in ds)
     assert src == "2 open-loop tested runs at 1 s"
-    plan = make_plan(_spec({"cv": 2.0}), capacity=25.0, sweep_burst=(ds, src))
+    plan = make_plan(_spec({"cv": 2.0}), capacity=25.0, burst_inputs=(B.production_from_spec({'cv': 2.0}), ds, src))
     assert plan.burstier_than_tested and "2 open-loop tested runs at 1 s" in plan.burst.sentence
     # a sweep that tested a CV-3 process (D(1 s) ≈ 5 at 10 req/s) covers a CV-2 production (D = 4)
     ds3, src3 = B.sweep_dispersions(_sweep_study(make_study, [1.0, 3.0]), 1.0)
     assert max(ds3) > 4.4
-    assert not make_plan(_spec({"cv": 2.0}), capacity=25.0, sweep_burst=(ds3, src3)).burstier_than_tested
+    assert not make_plan(_spec({"cv": 2.0}), capacity=25.0, burst_inputs=(B.production_from_spec({'cv': 2.0}), ds3, src3)).burstier_than_tested
 
 
 def test_report_index_says_it_in_the_headline():
@@ -178,3 +178,19 @@ def test_report_index_says_it_in_the_headline():
     assert "and a burst factor of 1.189" in html
     calm = answer_section(plan_record(make_plan(_spec({"dispersion": 1.0}), capacity=25.0)), None)
     assert 'id="burstiness"' not in calm and "burst factor of 1" in calm
+
+
+def test_replans_keep_the_burst_factor(make_study):
+    # re-plans at other capacities (sensitivity, no study passed) keep the study's sweep D rather
+    # than falling back to Poisson assumed (D = 1)
+    from capplan.sensitivity import sensitivity
+
+    ds, src = B.sweep_dispersions(_sweep_study(make_study, [1.0, 1.0]), 1.0)
+    assert abs(max(ds) - 1.0) > 0.01  # measured, so it differs from the Poisson assumption
+    plan = make_plan(_spec({"cv": 2.0}), capacity=25.0, burst_inputs=(B.production_from_spec({"cv": 2.0}), ds, src))
+    assert plan.burst_inputs[1] == [max(ds)] and plan.burst_inputs[2] == src
+    assert plan.value("burst_factor") == pytest.approx(B.burst_factor(4.0, max(ds), 100.0, 0.99))
+    again = make_plan(plan.spec, 30.0, burst_inputs=plan.burst_inputs)
+    assert again.value("burst_factor") == plan.value("burst_factor")
+    assert make_plan(plan.spec, 30.0).value("burst_factor") != plan.value("burst_factor")  # Poisson assumed
+    assert sensitivity(plan).plan_step.groups == plan.value("total_groups")
