@@ -165,7 +165,10 @@ def production_from_spec(arrivals: dict) -> BurstMeasure:
     if arrivals.get("trace"):
         from .synth.arrivals import load_trace
 
-        tr = load_trace(arrivals["trace"], arrivals.get("format", "auto"))
+        try:
+            tr = load_trace(arrivals["trace"], arrivals.get("format", "auto"))
+        except SpecError as exc:  # name the plan spec's field, not the sweep's
+            raise SpecError(exc.message, file=exc.file, field=f"{f}.trace", fix=exc.fix) from None
         m = measure_times(tr.t_s, w, f"trace {tr.path} ({tr.n:,} requests over {tr.span_s:,.0f} s)")
     elif arrivals.get("per_second"):
         import pandas as pd
@@ -213,5 +216,6 @@ def sweep_dispersions(study, window_s: float) -> tuple[list[float], str]:
             ds.append(measure_times(s / 1e9, window_s, run.run_id).dispersion)
     ok = [d for d in ds if np.isfinite(d)]
     if not ok:
-        return [], f"Poisson assumed: no tested run holds 10 whole {window_s:g}-s windows"
+        return [], (f"Poisson assumed: no open-loop tested run holds 50 requests and 10 whole "
+                    f"{window_s:g}-s windows")
     return ok, f"{len(ok)} open-loop tested run{'s' if len(ok) != 1 else ''} at {window_s:g} s"

@@ -194,3 +194,30 @@ def test_replans_keep_the_burst_factor(make_study):
     assert again.value("burst_factor") == plan.value("burst_factor")
     assert make_plan(plan.spec, 30.0).value("burst_factor") > plan.value("burst_factor") + 0.1  # Poisson assumed
     assert sensitivity(plan).plan_step.groups == plan.value("total_groups")
+
+
+def test_cli_plan_with_a_production_trace(make_study, tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from capplan.cli import main
+
+    study = _sweep_study(make_study, [1.0])
+    t = _gamma_times(cv=2.0, rate=20.0, duration_s=300.0)
+    (tmp_path / "prod.jsonl").write_text("".join(json.dumps({"timestamp": int(round(x * 1000)), "input_length": 100,
+                                                             "output_length": 10}) + "\n" for x in t))
+    spec = {"slo": "ttft_ms=2000,attainment=0.9", "failure": {"policy": "none"}, "prices": {"usd_per_gpu_hour": 2.0},
+            "demand": {"peak_rps": 6.0, "arrivals": {"trace": "prod.jsonl", "window_s": 5}}}
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(spec))
+    args = ["plan", str(study), "--spec", str(tmp_path / "plan.yaml"), "--capacity-rps", "3", "--out",
+            str(tmp_path / "out"), "--time", "2026-01-01T00:00:00+00:00"]
+    rc = main(args)
+    out = capsys.readouterr().out
+    assert rc in (0, 1), out  # written; a failed check is the plan's verdict, not a usage error
+    assert "Production is burstier than the sweep — not honest" in out and "1 open-loop tested run at 5 s" in out
+    spec["demand"]["arrivals"]["trace"] = "missing.jsonl"
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(spec))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "demand.arrivals.trace" in err and "missing.jsonl" in err and "Traceback" not in err
