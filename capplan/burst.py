@@ -143,7 +143,9 @@ def compare(production: BurstMeasure, sweep_dispersions: list[float], sweep_sour
     the factor is relative to the most dispersed tested run; covered within ``COVER_TOLERANCE``."""
     d_sweep = [d for d in sweep_dispersions if np.isfinite(d)]
     if not d_sweep:
-        d_sweep, sweep_source = [1.0], "Poisson assumed: no tested run's dispersion was measured"
+        d_sweep = [1.0]
+        if not sweep_source.startswith("Poisson assumed"):
+            sweep_source = f"Poisson assumed: no tested run's dispersion was measured ({sweep_source})"
     dmax = float(max(d_sweep))
     mu = peak_rps * production.window_s
     f = burst_factor(production.dispersion, dmax, mu, quantile)

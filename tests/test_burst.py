@@ -97,7 +97,7 @@ def test_plan_sizes_with_the_burst_factor_and_refuses_to_call_it_honest():
     chk = next(c for c in plan.checks if c.key == "burstiness")
     assert chk.sentence.startswith("not honest: production is burstier (D=4 at 1 s) than anything tested (max D=1,")
     assert plan.summary.splitlines()[0].startswith("Production is burstier than the sweep — not honest")
-    assert plan.item("burst_factor").inputs["sweep from"].startswith("Poisson assumed")
+    assert plan.item("burst_factor").inputs["sweep from"] == "Poisson assumed: no study given"
     assert plan.quarters[0].demand_rps == pytest.approx(118.872969, rel=1e-7)
 
 
