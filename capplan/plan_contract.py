@@ -144,15 +144,19 @@ def capacity_contract(plan) -> CapacityContract:
         slo = Clause("tail SLO", plan.slo.describe(), f"{spec_file}: slo (or --slo)")
     else:
         slo = Clause("tail SLO", "not stated: the plan has no SLO (a given capacity)", f"{spec_file}: slo")
+    gf, good_month = _value(plan, "good_fraction", None), _value(plan, "good_requests_per_month", None)
+    at_size = (f"; at the planned size {gf:.2%} of offered requests meet the SLO "
+               f"({good_month:,.0f} SLO-meeting requests per month)" if gf is not None and good_month else "")
     if cap.lower_bound is not None or cap.estimate is not None:
         conf = f" at {cap.confidence:.0%} confidence" if cap.confidence else ""
-        good = Clause("goodput", f"{cap.rps_per_group:.4g} {cap.unit} per replica group meet the tail SLO "
-                      f"({cap.source}{conf}): the highest offered rate at which the SLO's attainment holds; "
-                      f"planned demand is served at or below it", f"study {cap.study_name}: C_SLO fit; "
-                      f"{spec_file}: capacity.use, capacity.confidence")
+        good = Clause("goodput", f"{cap.rps_per_group:.4g} {cap.unit} per replica group served within the tail SLO "
+                      f"({cap.source}{conf}): the highest offered rate at which the SLO's attainment holds"
+                      + at_size, f"study {cap.study_name}: C_SLO fit; {spec_file}: capacity.use, "
+                      "capacity.confidence; line items good_fraction, good_requests_per_month")
     else:
         good = Clause("goodput", f"{cap.rps_per_group:.4g} {cap.unit} per replica group ({cap.source}), "
-                      "not measured against the SLO", f"{spec_file}: capacity.rps_per_group")
+                      "not measured against the SLO" + at_size,
+                      f"{spec_file}: capacity.rps_per_group, capacity.good_fraction")
     traffic, total = _value(plan, "traffic_groups"), _value(plan, "total_groups")
     demand = _value(plan, "demand_rps")
     reserves = [(n, _value(plan, k)) for n, k in (("failure", "failure_reserve_groups"),
@@ -163,7 +167,9 @@ def capacity_contract(plan) -> CapacityContract:
                   f"{sp.demand.uncertainty:.0%} uncertainty) on {plural(traffic, 'traffic group')} "
                   f"({traffic * cap.rps_per_group:.4g} req/s at C_SLO); {plural(total, 'group')} in all with "
                   + ", ".join(f"{n} {v:g}" for n, v in reserves)
-                  + f"; utilisation at peak {_value(plan, 'utilisation_at_peak_pct'):.1f} %",
+                  + f"; fleet capacity {_value(plan, 'capacity_total_rps'):.4g} req/s, headroom at peak "
+                  f"{_value(plan, 'headroom_at_peak_rps'):.4g} req/s, utilisation at peak "
+                  f"{_value(plan, 'utilisation_at_peak_pct'):.1f} %",
                   f"{spec_file}: demand.peak_rps, demand.uncertainty, failure, rollout, autoscaling; "
                   "line items traffic_groups … total_groups")
     a = sp.autoscaling

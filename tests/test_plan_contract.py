@@ -95,7 +95,9 @@ def test_contract_in_text_export_and_index(tmp_path):
     d = {x.name: x for x in c.clauses}
     assert "production_warm" in d["workload"].text and "runs[].cache_condition" in d["workload"].source
     assert d["tail SLO"].text.startswith("0.99 of requests with TTFT ≤ 2000 ms")
-    assert "30 req/s per replica group" in d["goodput"].text
+    # 100 req/s all month (no mean_to_peak: 1) × 730 h × 3 600 s × 0.99 = 260 172 000
+    assert "30 req/s per replica group" in d["goodput"].text and "260,172,000 SLO-meeting" in d["goodput"].text
+    assert "headroom at peak 20 req/s" in d["headroom"].text  # 4 × 30 − 100
     assert "planned demand 100 req/s" in d["headroom"].text and "4 traffic groups (120 req/s" in d["headroom"].text
     assert "queue cap: not stated" in d["overload response"].text
     assert plan.to_text().startswith("Capacity contract:\n  workload:")
