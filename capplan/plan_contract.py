@@ -165,7 +165,7 @@ def capacity_contract(plan) -> CapacityContract:
                                                     ("warm-floor top-up", "warm_floor_topup_groups"))]
     head = Clause("headroom", f"planned demand {demand:.4g} req/s (peak {_value(plan, 'peak_rps'):.4g} + "
                   f"{sp.demand.uncertainty:.0%} uncertainty) on {plural(traffic, 'traffic group')} "
-                  f"({traffic * cap.rps_per_group:.4g} req/s at C_SLO); {plural(total, 'group')} in all with "
+                  f"({traffic * cap.rps_per_group:.4g} req/s at C); {plural(total, 'group')} in all with "
                   + ", ".join(f"{n} {v:g}" for n, v in reserves)
                   + f"; fleet capacity {_value(plan, 'capacity_total_rps'):.4g} req/s, headroom at peak "
                   f"{_value(plan, 'headroom_at_peak_rps'):.4g} req/s, utilisation at peak "

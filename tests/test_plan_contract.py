@@ -98,7 +98,7 @@ def test_contract_in_text_export_and_index(tmp_path):
     # 100 req/s all month (no mean_to_peak: 1) × 730 h × 3 600 s × 0.99 = 260 172 000
     assert "30 req/s per replica group" in d["goodput"].text and "260,172,000 SLO-meeting" in d["goodput"].text
     assert "headroom at peak 20 req/s" in d["headroom"].text  # 4 × 30 − 100
-    assert "planned demand 100 req/s" in d["headroom"].text and "4 traffic groups (120 req/s" in d["headroom"].text
+    assert "planned demand 100 req/s" in d["headroom"].text and "4 traffic groups (120 req/s at C)" in d["headroom"].text
     assert "queue cap: not stated" in d["overload response"].text
     assert plan.to_text().startswith("Capacity contract:\n  workload:")
     out = export_plan(plan, tmp_path / "x", time="2026-01-01T00:00:00+00:00")
