@@ -7,9 +7,12 @@ What a finance reader gets (docs/plan.md "Finance export"):
   text columns (a table never mixes the two in one column: key–value tables have a ``Value``
   column for numbers and a ``Text`` column for words);
 - the plan dated: cost by quarter (first and last day), by month and by plan year;
+- the capacity contract (Contract: workload, tail SLO, goodput, headroom, overload response,
+  each with its source) right after the Summary, and the chargeback (Chargeback: the monthly
+  cost per tenant / SLO class by token share, summing to the cent to the total);
 - a print setup on every sheet: A4 landscape, one page wide, the header row repeated on each
-  page, a print area, never below 8 pt (``capplan.io.write_xlsx``); the Summary, Cost by year
-  and Capacity with CI on one page each; the cost sheets right after the Summary;
+  page, a print area, never below 8 pt (``capplan.io.write_xlsx``); the Summary, Contract, Cost by year,
+  Chargeback and Capacity with CI on one page each; the cost sheets right after the Contract;
 - CSVs rounded to a stated precision (``CSV_PRECISION``: money to the cent, req/s to 0.0001,
   fractions to 6 decimals, percentages to 0.01, counts whole, other numbers to 6 significant
   digits) so they carry no float noise; the workbook keeps full precision.
@@ -37,12 +40,14 @@ from .version import __version__
 
 XLSX_NAME = "plan.xlsx"
 #: the sheets in print order: what it costs first, then how it was sized, then where it came from
-SHEETS = ("Summary", "Cost by quarter", "Cost by month", "Cost by year", "Plan line items", "Checks",
+SHEETS = ("Summary", "Contract", "Cost by quarter", "Cost by month", "Cost by year", "Chargeback",
+          "Plan line items", "Checks",
           "Capacity with CI", "Assumptions", "Provenance")
 CSV_NAMES = {"Summary": "summary.csv", "Plan line items": "line_items.csv", "Checks": "checks.csv",
              "Assumptions": "assumptions.csv", "Capacity with CI": "capacity.csv",
              "Cost by quarter": "cost_by_quarter.csv", "Cost by month": "cost_by_month.csv",
-             "Cost by year": "cost_by_year.csv", "Provenance": "provenance.csv"}
+             "Cost by year": "cost_by_year.csv", "Provenance": "provenance.csv", "Contract": "contract.csv",
+             "Chargeback": "chargeback.csv"}
 
 #: what each kind's CSV precision is, in words (stated in Provenance and docs/plan.md)
 CSV_PRECISION = ("CSV numbers are rounded: money (USD) to 0.01, rates (req/s) to 0.0001, fractions to "
@@ -119,8 +124,14 @@ def plan_tables(plan, *, time: str, study_hash: str | None = None, parameters: d
                      else json.dumps(v, sort_keys=True, default=str)))
     prov.append(("spec (JSON)", json.dumps(plan.spec.to_dict(), sort_keys=True, default=str, ensure_ascii=False)))
     provenance = pd.DataFrame([(k, None if v is None else str(v)) for k, v in prov], columns=["Key", "Value"])
-    out = {"Summary": summary, "Cost by quarter": quarters, "Cost by month": months, "Cost by year": years,
-           "Plan line items": items, "Checks": checks, "Capacity with CI": capacity,
+    cb = plan.chargeback()
+    charge = cb.to_frame()
+    total = ["total"] + [None] * (len(cb.by) - 1) + [charge[c].sum() for c in charge.columns[len(cb.by) or 1:]]
+    total[-1] = cb.total_usd_per_month  # the cents of the rows sum to it exactly (largest remainder)
+    charge.loc[len(charge)] = total
+    charge["Note"] = [None] * (len(charge) - 1) + [f"weight: {cb.weight}; at the planned size of the first quarter"]
+    out = {"Summary": summary, "Contract": plan.contract().to_frame(), "Cost by quarter": quarters, "Cost by month": months, "Cost by year": years,
+           "Chargeback": charge, "Plan line items": items, "Checks": checks, "Capacity with CI": capacity,
            "Assumptions": assumptions, "Provenance": provenance}
     for sheet, df in getattr(plan.capacity, "tables", ()):  # SLO classes, production mix (docs/mix.md)
         out[sheet] = df
@@ -136,11 +147,17 @@ def plan_layouts(plan) -> dict[str, SheetLayout]:
         # the Unit column is wide so the plan's words above the table wrap over Value + Unit
         "Summary": SheetLayout(unit_column=unit, about=tuple(plan.about()), one_page=True,
                                widths={"Quantity": 44, "Value": 16, "Unit": 60, "Key": 30}, hidden=("Key",)),
+        "Contract": SheetLayout(one_page=True, widths={"Clause": 18, "What the capacity holds for": 90,
+                                                       "Source": 50}),
         "Cost by quarter": SheetLayout(kinds=dict(_QUARTER_KINDS)),
         "Cost by month": SheetLayout(kinds={"First day": "date", "Last day": "date", "Billed GPUs": "int",
                                             "Cost (USD)": "usd"}),
         "Cost by year": SheetLayout(kinds={"First day": "date", "Last day": "date", "Quarters": "int",
                                            "Cost (USD)": "usd"}, one_page=True),
+        "Chargeback": SheetLayout(kinds={"Requests in study": "int", "Share of tokens": "fraction", "Input tokens": "tokens",
+                                         "Output tokens": "tokens",
+                                         "GPU-hours per month": "number", "Cost per month (USD)": "usd"},
+                                  one_page=True, widths={"Note": 60}),
         "Plan line items": SheetLayout(unit_column=unit, widths={"Line item": 32, "Value": 14, "Unit": 11,
                                                                  "Formula": 48, "Inputs": 42, "Key": 24},
                                        hidden=("Key",)),

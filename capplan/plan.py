@@ -47,7 +47,7 @@ from . import plan_bounds
 from .errors import CapplanError, SpecError
 from .periods import Period, next_quarter_start, quarter_from_label, reference_day
 from .periods import quarters as quarters_from
-from . import plan_text
+from . import plan_contract, plan_text
 from .plan_text import plural, policy_text  # noqa: F401  (policy_text re-exported)
 from .plan_text import assumptions as assumption_rows
 from .plan_spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
@@ -215,6 +215,18 @@ class Plan:
         """Is production burstier than any tested run (the plan's peak then extrapolates)?"""
         return self.burst is not None and not self.burst.covered
 
+    #: what the study offered (``plan_contract.StudyWorkload``): the contract's workload clause
+    #: and the chargeback's token shares; None for a plan from a given capacity number
+    workload: Any = field(default=None, repr=False, compare=False)
+
+    def contract(self):
+        """What the capacity holds for (``plan_contract.CapacityContract``)."""
+        return plan_contract.capacity_contract(self)
+
+    def chargeback(self, output_weight: float = 1.0):
+        """Monthly cost per tenant / SLO class (``plan_contract.Chargeback``)."""
+        return plan_contract.chargeback(self, output_weight)
+
     @property
     def production_mix_lower(self) -> bool:
         """Does production's mix (reweighted or through the twin) give less than the tested mix?"""
@@ -353,7 +365,7 @@ class Plan:
     def to_text(self) -> str:
         """Plain-text plan for the terminal: summary, line items, checks, notes."""
         w = max(len(it.name) for it in self.items)
-        out = [self.summary, "", "Line items:"]
+        out = [self.contract().to_text(), "", self.summary, "", "Line items:"]
         for it in self.items:
             out.append(f"  {it.name:<{w}}  {_fmt(it.value):>14} {it.unit:<16} = {it.formula}")
         out += ["", "Checks:"]
@@ -829,7 +841,8 @@ def make_plan(spec: PlanSpec, capacity=None, *, study=None, envelope=None, slo=N
     assumptions = assumption_rows(spec, cap, facts, mean_to_peak_default)
     plan = Plan(spec=spec, capacity=cap, items=tuple(items), checks=tuple(checks), quarters=tuple(quarters),
                 assumptions=tuple(assumptions), notes=tuple(dict.fromkeys(notes)), slo=slo, forecast=forecast,
-                facts=facts, gpus_per_group=g, as_of=reference_day(as_of), burst=bursts[0])
+                facts=facts, gpus_per_group=g, as_of=reference_day(as_of), burst=bursts[0],
+                workload=plan_contract.study_workload(study) if study is not None else None)
     if cap.alternatives and not isinstance(capacity, CapacityInfo):  # a given CapacityInfo: a re-plan
         plan = dataclasses.replace(plan, mix_comparison=compare_numbers(plan))
     return plan

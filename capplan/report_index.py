@@ -226,6 +226,17 @@ def _burst_words(plan: dict) -> str:
     return f" and a burst factor of {f:.4g}" if isinstance(f, (int, float)) else ""
 
 
+def contract_section(plan: dict) -> str:
+    """The capacity contract (``capplan.plan_contract``): what the planned capacity holds for,
+    one row per clause with its source; nothing for a record written before the contract."""
+    rows = "".join(f'<tr><th>{e(c["clause"])}</th><td>{e(c["text"])}<br><small>source: {e(c["source"])}</small>'
+                   "</td></tr>" for c in plan.get("contract") or [])
+    if not rows:
+        return ""
+    return ('<section id="contract"><h2>Capacity contract</h2><p>The capacity above holds for this workload, '
+            f"tail SLO and goodput, with this headroom and overload response.</p><table>{rows}</table></section>")
+
+
 def next_steps_block(steps: list[NextStep]) -> str:
     """The answer's last part: the dated next steps by kind (``capplan.next_steps``)."""
     if not steps:
@@ -500,7 +511,8 @@ def index_html(info: IndexInputs, plan: dict | None, env: dict | None, verdict: 
     body = [f"<h1>{e(title)}</h1>", f'<p class="sub">{sub}</p>']
     if plan:
         steps = next_steps(plan, env, dict(info.parameters), dynamics, mix, pages)
-        body += [answer_section(plan, verdict, env, mix, steps, dynamics, pages), how_sure_section(plan, env),
+        body += [answer_section(plan, verdict, env, mix, steps, dynamics, pages), contract_section(plan),
+                 how_sure_section(plan, env),
                  checks_section(plan, dynamics, pages), settings_section(plan)]
     else:
         body.append('<p class="warn">This report has no plan export.</p>')

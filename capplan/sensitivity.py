@@ -374,6 +374,7 @@ def plan_record(plan: Plan, sens: Sensitivity | None = None) -> dict:
     cap = plan.capacity
     return {
         "about": [list(x) for x in plan.about()],
+        "contract": plan.contract().to_dict(),
         "summary": plan.summary,
         "items": {it.key: {"name": it.name, "value": _json_num(it.value), "unit": it.unit}
                   for it in plan.items},
