@@ -491,6 +491,8 @@ def open_study(path: str | os.PathLike | Study, *,
     resource_files = find_parquet(root / C.RESOURCES_DIR)
     check_parquet_files(resource_files, problems, C.RESOURCE_COLUMNS)
     problems.raise_if_errors()
+    problems.items.extend(side_table_problems(timeline_files, resource_files))
+    problems.raise_if_errors()
     with reading(root, (*event_files, *timeline_files, *resource_files)):
         study = build_study(root, manifest, event_files, resource_files, present,
                             con or connect(), timeline_files)
@@ -585,6 +587,14 @@ def read_failure(exc: BaseException, files=None) -> StudyError | None:
         files = dict.fromkeys(f for s in studies for f in study_files(s))
     problems = unreadable_problems(files)
     return StudyError(problems=problems) if problems else None
+
+
+def side_table_problems(timeline_files, resource_files) -> list[Problem]:
+    """The unreadable pages of the timeline and resources files, read in full at open: these
+    tables are small (the demo's telemetry: 0.37 MB, 0.01 s), and a command that never reads
+    them would otherwise pass over a corrupt one. The events, the large table, are named at
+    their first failing read instead (``read_failure``)."""
+    return unreadable_problems((*timeline_files, *resource_files))
 
 
 def check_readable(study: "Study") -> None:

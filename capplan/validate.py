@@ -22,7 +22,7 @@ from .errors import Problem, ProblemList, StudyError
 from .metrics import measured_rate_rps
 from .study import (Study, build_study, check_parquet_files, connect, events_select,
                     find_event_files, find_parquet, open_study, parse_manifest, reading,
-                    study_files, unreadable_problems)
+                    side_table_problems, study_files, unreadable_problems)
 
 # --------------------------------------------------------------------------------------------
 # Whole-study validation
@@ -452,6 +452,8 @@ def validate_path(path) -> tuple[ProblemList, Study | None]:
     check_parquet_files(timeline_files, problems, C.TIMELINE_COLUMNS)
     resource_files = find_parquet(root / C.RESOURCES_DIR)
     check_parquet_files(resource_files, problems, C.RESOURCE_COLUMNS)
+    if len(problems.errors) == n_before:
+        problems.items.extend(side_table_problems(timeline_files, resource_files))
     schema_ok = len(problems.errors) == n_before
     if manifest is None or not schema_ok:
         why = "study.yaml cannot be read" if manifest is None else "the schema problems above"
