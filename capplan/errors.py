@@ -200,7 +200,8 @@ def write_error(exc: BaseException, dest=None) -> WriteError | None:
             if os.path.isdir(p):
                 free = shutil.disk_usage(p).free
                 break
-        where = f" ({free / 1e6:.0f} MB free there)" if free is not None else ""
+        where = ("" if free is None else f" ({free / 1e6:.0f} MB free there)" if free >= 1e6
+                 else f" ({free / 1e3:.0f} kB free there)")
         fix = f"free space on that disk{where} or choose another --out"
     elif exc.errno == errno.EROFS:
         fix = "the folder is read-only; choose another --out"

@@ -285,7 +285,11 @@ def execution_error(notebook: str, exc: Exception, watch=None) -> ReportError:
         err.notebook = notebook
         err.cell_index = exc.cell_index
         return err
-    if isinstance(exc, PapermillExecutionError):
+    if isinstance(exc, PapermillExecutionError) and exc.ename == "WriteError":
+        # a full disk met while a notebook writes into the report's temp folder: capplan's
+        # one line (``errors.write_error``), exit 1; the previous report stays
+        msg = str(exc.evalue)
+    elif isinstance(exc, PapermillExecutionError):
         where = f"cell {exc.cell_index}"
         if exc.exec_count is not None:
             where += f" (In [{exc.exec_count}])"
