@@ -193,3 +193,16 @@ def test_outputs_follow_the_umask(tmp_path):
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "out" / "report.json").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "out" / "a.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_full_disk_inside_a_notebook_is_the_one_line():
+    """A WriteError raised in a kernel becomes capplan's line, exit 1, no cell dump."""
+    from papermill.exceptions import PapermillExecutionError
+
+    from capplan.report import execution_error
+
+    line = "ERROR: cannot write /r/.rep.x/data/envelope.json: No space left on device — free space"
+    exc = PapermillExecutionError(cell_index=13, exec_count=9, source="x = 1", ename="WriteError",
+                                  evalue=line, traceback=[])
+    err = execution_error("02-envelope.ipynb", exc)
+    assert err.exit_code == 1 and err.format() == line
