@@ -11,7 +11,7 @@ import warnings
 import click
 
 from .version import __version__
-from .errors import CapplanError, SLOUnitWarning
+from .errors import CapplanError, SLOUnitWarning, write_error
 
 #: name -> (module under capplan.commands, which defines `cmd`; the line `capplan --help` shows).
 #: The lines live here so that the help lists every command without importing any of them
@@ -113,7 +113,27 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except Exception as exc:
+        said = _fault(exc)
+        if said is None:
+            raise
+        click.echo(said.format(), err=True)
+        return said.exit_code
     return 0
+
+
+def _fault(exc: Exception) -> CapplanError | None:
+    """The faults of the machine or the data that no command caught itself, as the one
+    message each has: a DuckDB / pyarrow read error of an unreadable file of an opened study
+    (``capplan.study.read_failure``: exit 2, the file named), an OS error of writing
+    (``capplan.errors.write_error``: exit 1 or 2, the path named). None: a bug, raised."""
+    if "capplan.study" in sys.modules:
+        from .study import read_failure
+
+        err = read_failure(exc)
+        if err is not None:
+            return err
+    return write_error(exc)
 
 
 def run() -> None:  # console entry point

@@ -5,7 +5,11 @@ The CLI prints these without a traceback and exits with code 2.
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 def where(file: str | None, line: int | None = None, col: int | None = None) -> str | None:
@@ -163,3 +167,44 @@ class ProblemList:
 class SLOUnitWarning(UserWarning):
     """An SLO limit whose size suggests the wrong unit (``capplan.slo.unit_warnings``): said,
     not refused; the CLI prints it as a ``WARNING:`` line on stderr."""
+
+
+#: OS errors of writing an output, and the exit code each gets: a full disk or quota is the
+#: machine's state (1, like a failing job); a folder the user may not write, or a read-only
+#: one, is a wrong ``--out`` (2, like any bad argument).
+WRITE_ERRNOS: dict[int, int] = {getattr(errno, name): code for name, code in (
+    ("ENOSPC", 1), ("EDQUOT", 1), ("EACCES", 2), ("EPERM", 2), ("EROFS", 2))
+    if hasattr(errno, name)}
+
+
+class WriteError(CapplanError):
+    """An output could not be written (disk full, no permission, read-only folder): one line
+    with the path, what the system said and what to do; exit 1 or 2 (``WRITE_ERRNOS``)."""
+
+    def __init__(self, path: str, reason: str, fix: str, exit_code: int):
+        self.path, self.reason, self.fix, self.exit_code = path, reason, fix, exit_code
+        super().__init__(f"ERROR: cannot write {path}: {reason} — {fix}")
+
+
+def write_error(exc: BaseException, dest=None) -> WriteError | None:
+    """The WriteError for an OSError of writing (``WRITE_ERRNOS``), else None. ``dest``: the
+    output being written, named when the error itself names no file (a write() of a full
+    disk)."""
+    if not isinstance(exc, OSError) or exc.errno not in WRITE_ERRNOS:
+        return None
+    path = str(exc.filename or dest or "(an output file)")
+    reason = exc.strerror or os.strerror(exc.errno)
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        free = None
+        for p in (path, *(str(a) for a in Path(path).parents)):
+            if os.path.isdir(p):
+                free = shutil.disk_usage(p).free
+                break
+        where = ("" if free is None else f" ({free / 1e6:.0f} MB free there)" if free >= 1e6
+                 else f" ({free / 1e3:.0f} kB free there)")
+        fix = f"free space on that disk{where} or choose another --out"
+    elif exc.errno == errno.EROFS:
+        fix = "the folder is read-only; choose another --out"
+    else:
+        fix = "you may not write there; choose another --out or fix the folder's permissions"
+    return WriteError(path, reason, fix, WRITE_ERRNOS[exc.errno])

@@ -33,23 +33,64 @@ import pyarrow.parquet as pq
 import yaml
 
 from . import contract as C
+from .errors import write_error
+
+
+def _read_umask() -> int:
+    """The process umask, without changing it where Linux tells it (/proc), else by setting
+    and restoring it once at import (before any thread of ours writes)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _read_umask()
+
+
+def follow_umask(path: str | os.PathLike) -> None:
+    """Give a temp file or folder the mode a plain ``open``/``mkdir`` would have (mkstemp and
+    mkdtemp create 0600/0700, which would survive the rename onto the output)."""
+    os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~UMASK)
+
+
+@contextlib.contextmanager
+def _writing(dest: Path):
+    """An OSError of writing (disk full, no permission, read-only) as one WriteError naming
+    the path; any other error unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        err = write_error(exc, dest)
+        if err is None:
+            raise
+        raise err from None
 
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike, suffix: str | None = None):
     """Yield a temp path beside ``dest``; on success rename it onto ``dest``."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=suffix or dest.suffix, dir=dest.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.replace(tmp_path, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
-        raise
+    with _writing(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=suffix or dest.suffix,
+                                   dir=dest.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            follow_umask(tmp_path)
+            yield tmp_path
+            os.replace(tmp_path, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp_path.unlink()
+            raise
 
 
 def write_text_atomic(dest: str | os.PathLike, text: str) -> Path:
@@ -62,22 +103,24 @@ def write_text_atomic(dest: str | os.PathLike, text: str) -> Path:
 def atomic_dir(dest: str | os.PathLike, *, overwrite: bool = True):
     """Yield a temp directory beside ``dest``; on success it replaces ``dest`` as a whole."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        yield tmp
-        if dest.exists():
-            if not overwrite:
-                raise FileExistsError(dest)
-            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with _writing(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            follow_umask(tmp)
+            yield tmp
+            if dest.exists():
+                if not overwrite:
+                    raise FileExistsError(dest)
+                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+                os.replace(dest, old)
+                os.replace(tmp, dest)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def manifest_dict(name: str, runs: list[dict], *, system: dict | None = None,

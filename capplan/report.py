@@ -285,7 +285,11 @@ def execution_error(notebook: str, exc: Exception, watch=None) -> ReportError:
         err.notebook = notebook
         err.cell_index = exc.cell_index
         return err
-    if isinstance(exc, PapermillExecutionError):
+    if isinstance(exc, PapermillExecutionError) and exc.ename == "WriteError":
+        # a full disk met while a notebook writes into the report's temp folder: capplan's
+        # one line (``errors.write_error``), exit 1; the previous report stays
+        msg = str(exc.evalue)
+    elif isinstance(exc, PapermillExecutionError):
         where = f"cell {exc.cell_index}"
         if exc.exec_count is not None:
             where += f" (In [{exc.exec_count}])"
@@ -476,11 +480,11 @@ def _open_baseline(baseline) -> Path:
     from dataclasses import replace
 
     from .errors import StudyError
-    from .study import open_study
+    from .study import check_readable, open_study
 
     path = Path(baseline).expanduser().resolve()
     try:
-        open_study(path)
+        check_readable(open_study(path))
     except StudyError as exc:
         raise StudyError(problems=[replace(p, message=f"--baseline: {p.message}")
                                    for p in exc.problems]) from None
@@ -573,11 +577,12 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     from .plan import gpus_per_group, load_plan_spec
     from .slo import SLO, override_note
     from .sparkstudy import local_path
-    from .study import open_study
+    from .study import check_readable, open_study
 
     engine_notes = _check_engine(engine, spark_master, study)
     study_path = local_path(str(study)).resolve() if study else demo_study_path()
     opened = open_study(study_path)
+    check_readable(opened)  # every page, before the kernels: a corrupt file fails in 0.3 s, not 18
     spec_path = Path(spec).expanduser().resolve() if spec else default_spec_path()
     if not spec_path.is_file():
         raise SpecError("plan spec not found", file=str(spec_path),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -487,9 +488,14 @@ def open_study(path: str | os.PathLike | Study, *,
     present = check_parquet_files(event_files, problems)
     timeline_files = find_parquet(root / C.TIMELINE_DIR)
     check_parquet_files(timeline_files, problems, C.TIMELINE_COLUMNS)
+    resource_files = find_parquet(root / C.RESOURCES_DIR)
+    check_parquet_files(resource_files, problems, C.RESOURCE_COLUMNS)
     problems.raise_if_errors()
-    study = build_study(root, manifest, event_files, find_parquet(root / C.RESOURCES_DIR), present,
-                        con or connect(), timeline_files)
+    problems.items.extend(side_table_problems(timeline_files, resource_files))
+    problems.raise_if_errors()
+    with reading(root, (*event_files, *timeline_files, *resource_files)):
+        study = build_study(root, manifest, event_files, resource_files, present,
+                            con or connect(), timeline_files)
     missing = runs_without_events(study) if check_runs else ()
     if missing:
         raise StudyError(problems=[missing_runs_problem(
@@ -515,6 +521,104 @@ def build_study(root: Path, manifest: C.Manifest, event_files: tuple[Path, ...],
         have = set(rel.columns)
         con.execute("CREATE OR REPLACE VIEW timeline AS SELECT "
                     f"{events_select(have, C.TIMELINE_COLUMNS)} FROM raw_timeline")
-    return Study(root=root, manifest=manifest, event_files=event_files,
-                 resource_files=resource_files, present_columns=frozenset(present), con=con,
-                 timeline_files=tuple(timeline_files))
+    study = Study(root=root, manifest=manifest, event_files=event_files,
+                  resource_files=resource_files, present_columns=frozenset(present), con=con,
+                  timeline_files=tuple(timeline_files))
+    _OPENED.append(weakref.ref(study))
+    del _OPENED[:-8]  # the studies a command has open (a comparison: two; the rest are gone)
+    return study
+
+
+# --------------------------------------------------------------------------------------------
+# Unreadable data: the one place that turns a DuckDB / pyarrow read error into a StudyError
+# naming the file. Opening reads footers only (cheap); a file whose footer reads but whose data
+# pages do not fails at the first real read, and is named here then.
+# --------------------------------------------------------------------------------------------
+
+#: weak references to the studies opened in this process, newest last (``read_failure``).
+_OPENED: list[weakref.ref] = []
+
+#: the exception types a corrupt parquet file raises when its pages are read.
+READ_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, pa.ArrowException)
+
+_BAD_PAGES_FIX = ("the file is corrupt (its footer reads, its data pages do not); re-export it "
+                  "(e.g. re-run the import or pandas.DataFrame.to_parquet) or remove it from "
+                  "its folder")
+
+
+def study_files(study: "Study") -> tuple[Path, ...]:
+    """Every parquet file of a study: events, timeline, resources."""
+    return (*study.event_files, *study.timeline_files, *study.resource_files)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [exc.__class__.__name__])[0]
+
+
+def unreadable_files(con: duckdb.DuckDBPyConnection | None, files) -> list[tuple[str, str]]:
+    """(file, error) for every file whose pages cannot be decoded. Reads each file fully
+    (the demo study: 0.25 s), so it runs when a read has failed, or before a long job."""
+    con = con if con is not None else duckdb.connect()
+    bad = []
+    for f in files:
+        try:
+            reader = con.sql("SELECT * FROM read_parquet(?)", params=[str(f)]).to_arrow_reader(1 << 16)
+            for _ in reader:
+                pass
+        except (*READ_ERRORS, OSError) as exc:
+            bad.append((str(f), _first_line(exc)))
+    return bad
+
+
+def unreadable_problems(files, con: duckdb.DuckDBPyConnection | None = None) -> list[Problem]:
+    """One ``bad_parquet`` problem per file of ``files`` whose data cannot be read."""
+    return [Problem(f"cannot read parquet data: {msg}", file=f, fix=_BAD_PAGES_FIX,
+                    code="bad_parquet") for f, msg in unreadable_files(con, files)]
+
+
+def read_failure(exc: BaseException, files=None) -> StudyError | None:
+    """The StudyError for a read error ``exc``: the unreadable files among ``files`` (default:
+    those of every study opened in this process). None when every file reads — then ``exc``
+    is not about the data and must be raised as it is."""
+    if not isinstance(exc, READ_ERRORS):
+        return None
+    if files is None:
+        studies = [s for s in (r() for r in _OPENED) if s is not None]
+        files = dict.fromkeys(f for s in studies for f in study_files(s))
+    problems = unreadable_problems(files)
+    return StudyError(problems=problems) if problems else None
+
+
+def side_table_problems(timeline_files, resource_files) -> list[Problem]:
+    """The unreadable pages of the timeline and resources files, read in full at open: these
+    tables are small (the demo's telemetry: 0.37 MB, 0.01 s), and a command that never reads
+    them would otherwise pass over a corrupt one. The events, the large table, are named at
+    their first failing read instead (``read_failure``)."""
+    return unreadable_problems((*timeline_files, *resource_files))
+
+
+def check_readable(study: "Study") -> None:
+    """Read every page of every file of ``study``; a StudyError naming each unreadable one.
+    For jobs that would fail late and expensively (``capplan report`` before its kernels)."""
+    problems = unreadable_problems(study_files(study), study.con)
+    if problems:
+        raise StudyError(problems=problems)
+
+
+class reading:
+    """``with reading(root, files):`` a DuckDB / pyarrow read error inside names the
+    unreadable file among ``files`` (StudyError); any other error passes unchanged."""
+
+    def __init__(self, root: Path, files):
+        self.root, self.files = root, tuple(files)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or not isinstance(exc, READ_ERRORS):
+            return False
+        err = read_failure(exc, self.files)
+        if err is None:
+            return False
+        raise err from None

@@ -18,10 +18,11 @@ import duckdb
 import pyarrow as pa
 
 from . import contract as C
-from .errors import Problem, ProblemList
+from .errors import Problem, ProblemList, StudyError
 from .metrics import measured_rate_rps
 from .study import (Study, build_study, check_parquet_files, connect, events_select,
-                    find_event_files, find_parquet, open_study, parse_manifest)
+                    find_event_files, find_parquet, open_study, parse_manifest, reading,
+                    side_table_problems, study_files, unreadable_problems)
 
 # --------------------------------------------------------------------------------------------
 # Whole-study validation
@@ -147,26 +148,9 @@ def _create_row_view(study: Study) -> None:
                       "FROM _validate_raw")
 
 
-def unreadable_files(con: duckdb.DuckDBPyConnection, files) -> list[tuple[str, str]]:
-    """(file, error) for every file whose pages cannot be decoded. Reads each file fully, so
-    it is only called after a query over all files failed (to name the culprit)."""
-    bad = []
-    for f in files:
-        try:
-            reader = con.sql("SELECT * FROM read_parquet(?)", params=[str(f)]).to_arrow_reader(1 << 16)
-            for _ in reader:
-                pass
-        except (duckdb.Error, pa.ArrowException, OSError) as exc:
-            bad.append((str(f), (str(exc).splitlines() or [exc.__class__.__name__])[0]))
-    return bad
-
-
 def _db_problem(problems: ProblemList, study: Study, exc: Exception, what: str) -> None:
-    fix = ("the file is corrupt (its footer reads but its data pages do not); re-export it, "
-           "or remove it from events/")
-    bad = unreadable_files(study.con, study.event_files)
-    for f, msg in bad:
-        problems.add(f"cannot read parquet data: {msg}", file=f, fix=fix, code="bad_parquet")
+    bad = unreadable_problems(study_files(study), study.con)
+    problems.items.extend(bad)
     if not bad:
         problems.add(f"cannot read the events while checking {what}: {str(exc).splitlines()[0]}",
                      file=str(study.root / C.EVENTS_DIR), code="bad_parquet",
@@ -466,20 +450,22 @@ def validate_path(path) -> tuple[ProblemList, Study | None]:
     present = check_parquet_files(event_files, problems)
     timeline_files = find_parquet(root / C.TIMELINE_DIR)
     check_parquet_files(timeline_files, problems, C.TIMELINE_COLUMNS)
+    resource_files = find_parquet(root / C.RESOURCES_DIR)
+    check_parquet_files(resource_files, problems, C.RESOURCE_COLUMNS)
+    if len(problems.errors) == n_before:
+        problems.items.extend(side_table_problems(timeline_files, resource_files))
     schema_ok = len(problems.errors) == n_before
     if manifest is None or not schema_ok:
         why = "study.yaml cannot be read" if manifest is None else "the schema problems above"
         problems.warn(f"row-level checks were skipped because of {why}; fix them and run "
                       "`capplan validate` again", code="checks_skipped")
         return problems, None
-    resource_files = find_parquet(root / C.RESOURCES_DIR)
     try:
-        study = build_study(root, manifest, event_files, resource_files, present, con,
-                            timeline_files)
-    except duckdb.Error as exc:
-        problems.add(f"cannot open the events: {str(exc).splitlines()[0]}",
-                     file=str(root / C.EVENTS_DIR), code="bad_parquet",
-                     fix="a parquet file is corrupt; re-export it")
+        with reading(root, (*event_files, *timeline_files, *resource_files)):
+            study = build_study(root, manifest, event_files, resource_files, present, con,
+                                timeline_files)
+    except StudyError as exc:
+        problems.items.extend(exc.problems)
         return problems, None
     validate_study(study, problems)
     return problems, study

@@ -62,13 +62,9 @@ def cmd(study: str, slo_text: str | None, slo_file: str | None, out: str | None,
         result = summarize(st, slo, warmup_s=warmup_s)
     except duckdb.Error as exc:
         from ..errors import Problem
-        from ..validate import unreadable_files
+        from ..study import read_failure
 
-        bad = unreadable_files(st.con, st.event_files)
-        problems = [Problem(f"cannot read parquet data: {msg}", file=f, code="bad_parquet",
-                            fix="the file is corrupt; re-export it or remove it from events/")
-                    for f, msg in bad]
-        raise StudyError(problems=problems or [Problem(
+        raise read_failure(exc) or StudyError(problems=[Problem(
             f"cannot read the events: {str(exc).splitlines()[0]}", file=str(st.root),
             fix="run `capplan validate` on the study")]) from None
     click.echo(f"Study {st.name}: {len(result.run_ids)} runs")
