@@ -41,9 +41,24 @@ def test_plan_page_shows_contract_chargeback_and_burstiness(tmp_path):
     assert re.search(r"burst factor of 1\.[0-9]+", text)
 
 
-def test_plan_page_says_when_no_production_arrivals_are_given(tmp_path):
+def test_plan_page_says_when_no_production_arrivals_or_fanout_are_given(tmp_path):
     nb = R.execute_notebook(R.notebooks_dir() / "03-plan.ipynb", {"reps": 50, "seed": 0}, cwd=tmp_path)
-    assert "gives no production arrivals" in _text(nb)
+    text = _text(nb)
+    assert "gives no production arrivals" in text
+    assert "No fan-out: the study has no `agent_root` column" in text
+
+
+def test_plan_page_shows_root_capacity_for_a_given_fanout(tmp_path):
+    from capplan.fanout import fanout_capacity, given_fanout
+    from capplan.resources import demo_study_path
+
+    nb = R.execute_notebook(R.notebooks_dir() / "03-plan.ipynb", {"reps": 50, "seed": 0, "fanout": "4"},
+                            cwd=tmp_path)
+    text = _text(nb)
+    want = fanout_capacity(demo_study_path(), "ttft_ms=2000,tpot_ms=100,attainment=0.99",
+                           fanout=given_fanout(4), reps=50, seed=0)
+    line = next(x for x in want.to_text().splitlines() if x.startswith("Root capacity:"))
+    assert json.dumps(line)[1:-1] in text  # the page prints the library's root capacity
 
 
 def test_explore_page_shows_engine_pressure(tmp_path):
