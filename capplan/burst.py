@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm
 
+from .contract import pct_label
 from .errors import SpecError
 
 #: production counts as covered by the sweep while its D is within 10 % of the most dispersed
@@ -131,7 +132,7 @@ class BurstComparison:
         if not self.covered:
             return (f"not honest: production is burstier (D={p.dispersion:.3g} at {w:g} s) than anything tested "
                     f"(max D={self.sweep_max_dispersion:.3g}, {self.sweep_source}); the peak is sized with a burst "
-                    f"factor of {self.factor:.4g} (p{self.quantile * 100:g} of the {w:g}-s count), an extrapolation "
+                    f"factor of {self.factor:.4g} ({pct_label(self.quantile)} of the {w:g}-s count), an extrapolation "
                     "— sweep at production's arrival process to confirm it")
         return (f"production's burstiness (D={p.dispersion:.3g} at {w:g} s) is within the sweep's "
                 f"(max D={self.sweep_max_dispersion:.3g}, {self.sweep_source}); burst factor {self.factor:.4g}")

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .contract import pct_label
 from .errors import SpecError
 
 MIN_POINTS = 10
@@ -302,14 +303,14 @@ class BackTest:
     @property
     def sentence(self) -> str:
         """Where ``u`` came from, in one line (the plan's summary and Assumptions quote it)."""
-        q = f"p{self.quantile * 100:g}"
+        q = pct_label(self.quantile)
         return (f"back-tested: {q} under-forecast of the planned peak {self.under_forecast:+.1%} over "
                 f"{len(self.origins)} origins ({self.quarters} quarters, {self.horizon_quarters} ahead each), "
                 f"so u = {self.u:.1%}; forecast MAPE {self.mape:.1%}")
 
     def to_text(self) -> str:
-        r = ", ".join(f"p{p * 100:g} {v:.3f}" for p, v in self.ratio_quantiles)
-        rp = ", ".join(f"p{p * 100:g} {v:.3f}" for p, v in self.planned_ratio_quantiles)
+        r = ", ".join(f"{pct_label(p)} {v:.3f}" for p, v in self.ratio_quantiles)
+        rp = ", ".join(f"{pct_label(p)} {v:.3f}" for p, v in self.planned_ratio_quantiles)
         return "\n".join([
             f"Back-test of the demand forecast ({self.model}) on its own history: fitted at "
             f"{len(self.origins)} quarter ends ({self.origins[0]} … {self.origins[-1]}), each forecasting the next "
@@ -317,7 +318,7 @@ class BackTest:
             f"Forecast mean of the quarter's peak: MAPE {self.mape:.1%}; actual / forecast {r} "
             f"(> 1: under-forecast).",
             f"Planned peak (upper end of the {self.interval:.0%} interval): actual / planned {rp}.",
-            f"u = max(0, p{self.quantile * 100:g} of actual / planned − 1) = {self.u:.1%}: planning for "
+            f"u = max(0, {pct_label(self.quantile)} of actual / planned − 1) = {self.u:.1%}: planning for "
             f"planned peak × (1 + u) would have covered the actual peak in {self.quantile:.0%} of these quarters.",
         ])
 
