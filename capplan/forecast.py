@@ -241,6 +241,17 @@ def forecast_peaks(history: pd.Series, *, horizon_quarters: int = 4, interval: f
                     mean_to_peak=mtp, reps=reps, seed=seed, history=y, bands=bands, notes=tuple(notes))
 
 
+def _history_key(path: str | os.PathLike) -> tuple[str, int, int]:
+    """(path, mtime, size) of a demand history file: the cache key of the file-level fits, so an
+    edited file is read again."""
+    p = Path(path)
+    if not p.is_file():
+        raise _bad("demand history file not found", file=str(p),
+                   fix="give demand.history a CSV or parquet file (relative to the spec file)")
+    st = p.stat()
+    return str(p), st.st_mtime_ns, st.st_size
+
+
 @functools.lru_cache(maxsize=16)
 def _cached(path: str, mtime_ns: int, size: int, time_column: str, rate_column: str, horizon_quarters: int,
             interval: float, reps: int, seed: int) -> Forecast:
@@ -256,12 +267,7 @@ def forecast_peaks_from_file(path: str | os.PathLike, *, time_column: str = "t",
                              seed: int = 0) -> Forecast:
     """``forecast_peaks`` of a history file, cached on (path, mtime, size, settings) so the
     what-if panel does not refit on every slider move."""
-    p = Path(path)
-    if not p.is_file():
-        raise _bad("demand history file not found", file=str(p),
-                   fix="give demand.history a CSV or parquet file (relative to the spec file)")
-    st = p.stat()
-    return _cached(str(p), st.st_mtime_ns, st.st_size, time_column, rate_column, int(horizon_quarters),
+    return _cached(*_history_key(path), time_column, rate_column, int(horizon_quarters),
                    float(interval), int(reps), int(seed))
 
 
@@ -439,10 +445,5 @@ def backtest_from_file(path: str | os.PathLike, *, time_column: str = "t", rate_
                        reps: int = 1000, seed: int = 0) -> BackTest:
     """``backtest`` of a history file, cached on (path, mtime, size, settings): a spec with
     ``demand.uncertainty: backtest`` is loaded by several pages and the what-if panel."""
-    p = Path(path)
-    if not p.is_file():
-        raise _bad("demand history file not found", file=str(p),
-                   fix="give demand.history a CSV or parquet file (relative to the spec file)")
-    st = p.stat()
-    return _cached_backtest(str(p), st.st_mtime_ns, st.st_size, time_column, rate_column, int(horizon_quarters),
+    return _cached_backtest(*_history_key(path), time_column, rate_column, int(horizon_quarters),
                             float(interval), float(quantile), int(reps), int(seed))
