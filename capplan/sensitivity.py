@@ -46,8 +46,24 @@ class Step:
     cost_usd_per_month: float
 
 
+class _Band:
+    """A per-group capacity band [low, high) and the study system's C_SLO at its ends."""
+
+    low_rps_per_group: float
+    high_rps_per_group: float
+    replicas: int
+
+    @property
+    def low_system(self) -> float:
+        return self.low_rps_per_group * self.replicas
+
+    @property
+    def high_system(self) -> float:
+        return self.high_rps_per_group * self.replicas
+
+
 @dataclass(frozen=True)
-class QuarterBand:
+class QuarterBand(_Band):
     """One quarter's band: the per-group capacities [low, high) over which that quarter keeps
     its groups, the groups just below it, and the groups on the other C_SLO number."""
 
@@ -62,13 +78,6 @@ class QuarterBand:
     other_groups: int | None = None  # on the other C_SLO number (None without one)
     knife_edge: bool = False
 
-    @property
-    def low_system(self) -> float:
-        return self.low_rps_per_group * self.replicas
-
-    @property
-    def high_system(self) -> float:
-        return self.high_rps_per_group * self.replicas
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -79,7 +88,7 @@ class QuarterBand:
 
 
 @dataclass(frozen=True)
-class Sensitivity:
+class Sensitivity(_Band):
     """The capacity band [low, high) over which the plan keeps its groups, and the plans just
     outside it. Per-group capacities in req/s; ``replicas`` converts to the study system's
     C_SLO. ``high`` is ∞ when no capacity gives fewer groups (e.g. a warm floor binds)."""
@@ -103,14 +112,6 @@ class Sensitivity:
     quarters: tuple[QuarterBand, ...] = ()
 
     # ------------------------------------------------------------------ views
-    @property
-    def low_system(self) -> float:
-        return self.low_rps_per_group * self.replicas
-
-    @property
-    def high_system(self) -> float:
-        return self.high_rps_per_group * self.replicas
-
     @property
     def used_system(self) -> float:
         return self.plan_step.capacity_rps_per_group * self.replicas
