@@ -755,78 +755,7 @@ def test_offered_rps_measured_when_the_tool_does_not_say(tmp_path):
     assert run["offered_rps"] == run["measured_rps"]
 
 
-LEN_KEYS = {"mean", "sd", "min", "p50", "p90", "p99", "max"}
-
-
-def _wl(tool, *paths):
-    res = import_paths(tool, [str(p) for p in paths])
-    wl = res.manifest["workload"]
-    assert wl["tool"] == res.tool
-    assert LEN_KEYS <= set(wl["input_tokens"]) and LEN_KEYS <= set(wl["output_tokens"])
-    return wl
-
-
-def test_workload_aiperf():
-    wl = _wl("aiperf", AIPERF)
-    assert wl["tool_version"] == "0.13.0" and wl["arrival"] == "poisson"
-    assert wl["endpoint"] == "chat" and wl["streaming"] is True
-    assert wl["asked"] == {"input_tokens": 32, "output_tokens": 8}  # --isl 32 --osl 8
-    assert wl["input_tokens"]["p50"] == 32 and wl["input_tokens"]["sd"] == 0
-    assert wl["output_tokens"]["from"] == "asked" and wl["output_tokens"]["max"] == 8
-    assert wl["tokenizer"] == "/tmp/imp7/tok" and wl["grace_s"] == 1.0 and wl["seed"] == 42
-    assert "output_fixed" not in wl
-    wl = _wl("aiperf", FIX / "aiperf" / "concurrency_sweep")
-    assert wl["arrival"] == "concurrency"
-
-
-def test_workload_guidellm():
-    wl = _wl("guidellm", GL_POISSON)
-    assert wl["tool_version"] == "0.8.1" and wl["arrival"] == "poisson"
-    assert wl["endpoint"] == "chat" and wl["streaming"] is True
-    assert wl["asked"] == {"input_tokens": 32, "output_tokens": 8}  # data prompt/output_tokens
-    assert wl["output_fixed"] is True  # ignore_eos in the request bodies
-    assert wl["output_tokens"]["from"] == "asked" and wl["output_tokens"]["p50"] == 8
-    assert wl["seed"] == 42 and wl["tokenizer"] == "/tmp/imp7/tok"
-    wl = _wl("guidellm", GL_2025)
-    assert wl["endpoint"] == "completions" and "tool_version" not in wl
-    assert wl["output_tokens"]["from"] == "received"
-
-
-def test_workload_vllm():
-    wl = _wl("vllm", VLLM)
-    assert wl["arrival"] == "poisson" and wl["endpoint"] == "completions"
-    assert wl["input_tokens"]["p50"] == 64 and wl["output_tokens"]["from"] == "received"
-    assert wl["tokenizer"] == "meta-llama/Llama-3.1-8B-Instruct"
-    assert _wl("vllm", VLLM_CLOSED)["arrival"] == "concurrency"
-
-
-def test_workload_inference_perf():
-    wl = _wl("inference-perf", IPERF)
-    assert wl["arrival"] == "poisson" and wl["endpoint"] == "completions"
-    assert wl["streaming"] is True and wl["output_fixed"] is True  # server.ignore_eos
-    assert wl["asked"] == {"input_tokens": 30, "output_tokens": 12}  # distribution means
-    assert wl["output_tokens"]["from"] == "asked"
-
-
-def test_workload_genai_perf():
-    wl = _wl("genai-perf", GENAI)
-    assert wl["endpoint"] == "chat" and wl["streaming"] is True and wl["tool_version"] == "0.0.8"
-    assert wl["output_tokens"] == {"mean": 8.0, "sd": 0.0, "min": 8, "p50": 8, "p90": 8,
-                                   "p99": 8, "max": 8, "from": "asked"}
-
-
-def test_workload_sglang():
-    wl = _wl("sglang", SGLANG)
-    # no timestamps, but bench_serving at a finite rate sends Poisson arrivals
-    assert wl["arrival"] == "poisson" and wl["endpoint"] == "unknown"
-    assert wl["input_tokens"]["p50"] == 64
-
-
-def test_workload_llmperf():
-    wl = _wl("llmperf", LLMPERF)
-    assert wl["arrival"] == "concurrency" and wl["tool_version"] == "2023-08-31"
-    assert wl["asked"] == {"input_tokens": 64, "output_tokens": 16}
-    assert wl["output_tokens"]["from"] == "received"
+# the workload block per tool: tests/test_import_workload.py
 
 
 def test_length_summary_rounds_sensibly():

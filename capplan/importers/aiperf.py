@@ -18,8 +18,8 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (EPOCH_S_MIN, RunData, add_row, add_unexported_rows, endpoint_kind, load_json,
-                     load_jsonl, new_columns, parse_rate, status_from_error, to_int)
+from .common import (EPOCH_S_MIN, RunData, add_row, add_unexported_rows, endpoint_kind, gamma_cv,
+                     load_json, load_jsonl, new_columns, parse_rate, status_from_error, to_int)
 
 TOOL = "aiperf"
 RECORDS = "profile_export.jsonl"
@@ -247,8 +247,10 @@ def _workload(summary: dict | None) -> tuple[dict, int | None]:
     extra = ep.get("extra") or {}
     if isinstance(extra, list):  # [[key, value], ...] in some versions
         extra = {str(x[0]): x[1] for x in extra if isinstance(x, (list, tuple)) and len(x) == 2}
-    if isinstance(extra, dict) and str(extra.get("ignore_eos")).lower() == "true":
-        f["output_fixed"] = True
+    if isinstance(extra, dict) and "extra" in ep:
+        # the extra inputs AIPerf sent are listed in full: no ignore_eos there, answers may stop
+        # at end of sequence before the asked length
+        f["output_fixed"] = str(extra.get("ignore_eos")).lower() == "true"
     fixed_osl = None
     ds = [d for d in (ic.get("datasets") or []) if isinstance(d, dict)]
     if ds:
@@ -272,4 +274,8 @@ def _workload(summary: dict | None) -> tuple[dict, int | None]:
               and (ph.get("kind") or ph.get("name")) == "profiling"]
     if phases and phases[0].get("grace_period") is not None:
         f["grace_s"] = float(phases[0]["grace_period"])
+    if phases and str(phases[0].get("type") or "") == "gamma":
+        shape = next((float(phases[0][k]) for k in ("smoothness", "arrival_smoothness")
+                      if phases[0].get(k) is not None), 1.0)  # AIPerf's default shape is 1
+        f["arrival_cv"] = gamma_cv(shape)
     return f, fixed_osl

@@ -299,10 +299,18 @@ def fmt_rate(v: float | None) -> str:
 # ------------------------------------------------------------------------------------------
 
 #: workload keys that come from the tools' configs (combined over runs by ``summarize_workload``)
-FACT_KEYS = ("tool", "tool_version", "arrival", "endpoint", "streaming", "asked", "output_fixed",
-             "tokenizer", "grace_s", "seed")
+FACT_KEYS = ("tool", "tool_version", "arrival", "arrival_cv", "endpoint", "streaming", "asked",
+             "output_fixed", "tokenizer", "grace_s", "seed", "asked_rps", "asked_concurrency")
+#: fact keys that differ from run to run by design (the sweep's levels): combined as the sorted
+#: list of distinct values, never ``mixed``
+LEVEL_KEYS = ("asked_rps", "asked_concurrency")
 #: the workload keys capplan derives (recomputed, never carried over)
-DERIVED_KEYS = ("input_tokens", "output_tokens", "mixed")
+DERIVED_KEYS = ("input_tokens", "output_tokens", "mixed", "unknown")
+#: what a workload must say to be reproduced (design's commands, the twin, compare); any the
+#: source does not state is listed under ``unknown`` instead of being left silently absent
+NEEDED_KEYS = ("tool_version", "arrival", "endpoint", "streaming", "input_tokens",
+               "output_tokens", "asked.input_tokens", "asked.output_tokens", "output_fixed",
+               "asked_rps|asked_concurrency")
 
 
 def _num(v: float) -> float | int:
@@ -335,12 +343,26 @@ def endpoint_kind(text) -> str:
     return "unknown"
 
 
+def gamma_cv(shape: float) -> float:
+    """The coefficient of variation of gamma inter-arrival gaps of shape ``shape`` (vLLM's
+    ``burstiness``, AIPerf's smoothness): 1/√shape (1 = Poisson); what ``workload.arrival_cv``
+    holds and ``capplan design`` turns back into a shape."""
+    return round(1.0 / math.sqrt(float(shape)), 6)
+
+
 def _combine_facts(facts: list[dict]) -> tuple[dict, list[str]]:
     """One value per fact key when every run that states it agrees; a disagreement makes a
     string ``mixed`` and drops a number (named in the returned list)."""
     out: dict = {}
     mixed: list[str] = []
     for key in FACT_KEYS:
+        if key in LEVEL_KEYS:
+            levels = {float(v) for f in facts
+                      for v in (f.get(key) if isinstance(f.get(key), (list, tuple))
+                                else [f.get(key)]) if v is not None}
+            if levels:
+                out[key] = [int(v) if v.is_integer() else v for v in sorted(levels)]
+            continue
         if key == "asked":
             asked: dict = {}
             for sub in ("input_tokens", "output_tokens"):
@@ -394,8 +416,12 @@ def summarize_workload(events: pa.Table, facts: list[dict], *, keep: dict | None
         out["mixed"] = mixed
     out.setdefault("arrival", "unknown")
     out.setdefault("endpoint", "unknown")
-    order = ["tool", "tool_version", "arrival", "endpoint", "streaming", "input_tokens",
-             "output_tokens", "output_fixed", "asked", "tokenizer", "grace_s", "seed", "mixed"]
+    unknown = _unknown(out)
+    if unknown:
+        out["unknown"] = unknown
+    order = ["tool", "tool_version", "arrival", "arrival_cv", "endpoint", "streaming",
+             "input_tokens", "output_tokens", "output_fixed", "asked", "asked_rps",
+             "asked_concurrency", "tokenizer", "grace_s", "seed", "mixed", "unknown"]
     block = {k: out[k] for k in order if k in out}
     for k, v in (keep or {}).items():
         if k not in FACT_KEYS and k not in DERIVED_KEYS and k not in block:
@@ -403,15 +429,42 @@ def summarize_workload(events: pa.Table, facts: list[dict], *, keep: dict | None
     return block
 
 
+def _unknown(block: dict) -> list[str]:
+    """The ``NEEDED_KEYS`` a workload block does not state (absent, or ``unknown``); a key the
+    runs disagree on (``mixed``) is known, just not one value."""
+    known = set(block.get("mixed") or ())  # stated by the runs, just not one value
+    if (block.get("output_tokens") or {}).get("from") == "asked":
+        known.add("asked.output_tokens")  # every request's asked length is in the events
+    out = []
+    for key in NEEDED_KEYS:
+        alts = key.split("|")
+        if any(k in known for k in alts):
+            continue
+        if all(_lookup(block, k) in (None, "unknown") for k in alts):
+            out.extend(alts)
+    return out
+
+
+def _lookup(block: dict, key: str):
+    head, _, sub = key.partition(".")
+    v = block.get(head)
+    return (v.get(sub) if isinstance(v, dict) else None) if sub else v
+
+
 def run_facts(tool: str, r: RunData, closed: bool) -> dict:
     """The workload facts of one run: the tool's stated config plus the arrival process (a
-    closed-loop run's is ``concurrency``; a run without timestamps takes the configured one)."""
+    closed-loop run's is ``concurrency``; a run without timestamps takes the configured one)
+    and the level the tool was asked for (``asked_rps`` or ``asked_concurrency``)."""
     f = {"tool": tool, **r.workload}
     if closed:
         f["arrival"] = "concurrency"
     elif r.arrival not in (None, "unknown"):
         f["arrival"] = r.arrival
     f.setdefault("arrival", "unknown")
+    if r.nominal_rps is not None:
+        f["asked_rps"] = float(r.nominal_rps)
+    if r.concurrency is not None:
+        f["asked_concurrency"] = int(r.concurrency)
     return f
 
 
@@ -564,7 +617,11 @@ def assemble(tool: str, runs: list[RunData], *, name: str, system: dict | None =
     run_workloads = {rid: summarize_workload(
         events.filter(pa.compute.equal(events["run_id"], rid)), [f]) for rid, f in facts.items()}
     block = summarize_workload(events, list(facts.values()))
-    block.update(workload or {})  # what the caller states wins
+    if workload:  # what the caller states wins, and is no longer unknown
+        block.update(workload)
+        block.pop("unknown", None)
+        if _unknown(block):
+            block["unknown"] = _unknown(block)
     manifest = manifest_dict(name, manifest_runs, system=system, workload=block,
                              load_model=load_model, **top)
     return ImportResult(tool=tool, manifest=manifest, events=events, warnings=tuple(warnings),

@@ -345,12 +345,14 @@ def _workload(obj: dict) -> dict:
 
 
 def _bench_facts(bench: dict, facts: dict) -> dict:
-    """Per benchmark: ignore_eos in the request bodies (answers forced to the asked length), the
+    """Per benchmark: ignore_eos in the request bodies (answers forced to the asked length: true
+    when every body has it, false when the bodies are kept without it), the
     endpoint from the 2025 request_type, the strategy's seed when the report has none."""
     import json as _json
 
     f: dict = {}
     reqs = bench.get("requests") or {}
+    bodies = []
     for bucket in ("successful", "errored", "incomplete"):
         for r in reqs.get(bucket) or []:
             body = r.get("request_args")
@@ -359,14 +361,12 @@ def _bench_facts(bench: dict, facts: dict) -> dict:
             except ValueError:
                 body = None
             body = (body or {}).get("body", body) if isinstance(body, dict) else None
-            if isinstance(body, dict) and body.get("ignore_eos") is True:
-                f["output_fixed"] = True
-            if "endpoint" not in facts and r.get("request_type"):
+            if isinstance(body, dict):
+                bodies.append(body.get("ignore_eos") is True)
+            if "endpoint" not in facts and "endpoint" not in f and r.get("request_type"):
                 f["endpoint"] = endpoint_kind(r["request_type"])
-            if f:
-                break
-        if f:
-            break
+    if bodies:  # the bodies sent are kept whole: without ignore_eos, answers may stop early
+        f["output_fixed"] = all(bodies)
     strat = ((bench.get("config") or {}).get("strategy")
              or (bench.get("args") or {}).get("strategy") or {})
     if "seed" not in facts and isinstance(strat, dict) and strat.get("random_seed") is not None:

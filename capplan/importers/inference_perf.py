@@ -203,8 +203,9 @@ def _workload(folder: Path) -> dict:
             asked[k2] = int(v) if v.is_integer() else v
     if asked:
         f["asked"] = asked
-    if (d.get("server") or {}).get("ignore_eos") is True:
-        f["output_fixed"] = True
+    ignore_eos = (d.get("server") or {}).get("ignore_eos")
+    if isinstance(ignore_eos, bool):
+        f["output_fixed"] = ignore_eos
     tok = (d.get("tokenizer") or {}).get("pretrained_model_name_or_path")
     if tok:
         f["tokenizer"] = str(tok)

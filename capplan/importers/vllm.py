@@ -15,8 +15,8 @@ from pathlib import Path
 
 from .. import contract as C
 from ..errors import StudyError
-from .common import (RunData, add_row, add_unexported_rows, endpoint_kind, load_json, new_columns,
-                     parse_rate, s_to_ns, status_from_error, to_int)
+from .common import (RunData, add_row, add_unexported_rows, endpoint_kind, gamma_cv, load_json,
+                     new_columns, parse_rate, s_to_ns, status_from_error, to_int)
 
 TOOL = "vllm"
 EXPECTED = "a vLLM bench serve result (--save-result --save-detailed: 'ttfts', 'itls', " \
@@ -145,7 +145,9 @@ def _workload(obj: dict, synthetic: bool, rate, closed: bool) -> dict:
     backend = str(obj.get("backend") or "")
     if obj.get("endpoint"):
         f["endpoint"] = endpoint_kind(obj["endpoint"])
-    elif backend and not backend.startswith("sglang"):
+    elif backend.startswith("sglang-oai"):  # SGLang's OpenAI-compatible backends
+        f["endpoint"] = "chat" if "chat" in backend else "completions"
+    elif backend and not backend.startswith("sglang"):  # sglang / sglang-native: /generate
         f["endpoint"] = endpoint_kind(backend)
     if obj.get("tokenizer_id"):
         f["tokenizer"] = str(obj["tokenizer_id"])
@@ -158,7 +160,9 @@ def _workload(obj: dict, synthetic: bool, rate, closed: bool) -> dict:
         f["asked"] = asked
     if obj.get("seed") is not None:
         f["seed"] = obj["seed"]
+    burst = obj.get("burstiness")
     if synthetic and not closed and rate is not None:
-        burst = obj.get("burstiness")
         f["arrival"] = "poisson" if burst in (None, 1, 1.0) else "gamma"
+    if not closed and rate is not None and burst not in (None, 1, 1.0):
+        f["arrival_cv"] = gamma_cv(float(burst))  # gamma gaps of shape = burstiness
     return f
