@@ -195,8 +195,9 @@ def test_genai_perf():
         "tool": "genai-perf", "tool_version": "0.0.8",
         "arrival": "unknown",  # the export names the request rate, not its distribution
         "endpoint": "chat", "streaming": True, "input_tokens": fixed(5),
-        "output_tokens": fixed(8, **{"from": "asked"}), "asked_rps": [4],
-        "unknown": ["arrival", "asked.input_tokens", "output_fixed"]}
+        "output_tokens": fixed(8, **{"from": "asked"}),
+        "output_fixed": False,  # the payload, kept whole, has no ignore_eos
+        "asked_rps": [4], "unknown": ["arrival", "asked.input_tokens"]}
 
 
 def test_append_unions_the_asked_levels(tmp_path, capsys):

@@ -171,6 +171,7 @@ def _workload(obj: dict, exp: dict) -> dict:
     if isinstance(body, dict):
         if isinstance(body.get("stream"), bool):
             f["streaming"] = body["stream"]
-        if body.get("ignore_eos") is True:
-            f["output_fixed"] = True
+        # the payload is the whole body sent (extra inputs included): no ignore_eos there,
+        # answers may stop at end of sequence
+        f["output_fixed"] = body.get("ignore_eos") is True
     return f
