@@ -212,6 +212,21 @@ def test_append_unions_the_asked_levels(tmp_path, capsys):
     assert wl["asked_rps"] == [2, 4, 6] and "unknown" not in wl
 
 
+def test_append_to_a_study_without_levels_takes_them_from_its_runs(tmp_path, capsys):
+    """A study written before the workload kept the levels: its runs' nominal_rps count."""
+    import yaml
+
+    into = FIX / "aiperf" / "into" / "sweep"
+    out = tmp_path / "S"
+    assert main(["import", "aiperf", str(into / "rate_4.0"), "--out", str(out)]) == 0
+    m = yaml.safe_load((out / "study.yaml").read_text())
+    del m["workload"]["asked_rps"]
+    (out / "study.yaml").write_text(yaml.safe_dump(m, sort_keys=False))
+    assert main(["import", "aiperf", str(into / "rate_6.0"), "--into", str(out)]) == 0
+    capsys.readouterr()
+    assert open_study(out).manifest.workload["asked_rps"] == [4, 6]
+
+
 def test_caller_stated_facts_leave_unknown():
     """What the caller states (import_paths(workload=...)) is no longer unknown."""
     res = import_paths("sglang", [str(FIX / "sglang" / "sglang_bench.jsonl")],

@@ -190,6 +190,7 @@ def merge_into(manifest: dict, events: pa.Table, result: ImportResult, *, study:
             new_runs = [_to_open(r, "new") for r in new_runs]
     # 5. the workload: recomputed from every event, the tools' facts combined
     facts_old = {k: swl[k] for k in FACT_KEYS if k in swl}
+    facts_old.update(asked_levels(old_runs))  # a study imported before the levels were kept
     facts_new = {k: result.manifest["workload"][k] for k in FACT_KEYS
                  if k in result.manifest["workload"]}
     cols = [c for c in WORKLOAD_COLUMNS if c in events.column_names]
@@ -209,6 +210,14 @@ def merge_into(manifest: dict, events: pa.Table, result: ImportResult, *, study:
                     "runs": [r["run_id"] for r in new_runs]})
     merged["runs_added"] = history
     return Appended(manifest=merged, events=new_events, warnings=tuple(warnings), renamed=renamed)
+
+
+def asked_levels(runs: list[dict]) -> dict:
+    """{asked_rps, asked_concurrency}: the levels the study's runs say the tool was asked for
+    (``nominal_rps``, ``concurrency``), as ``summarize_workload`` combines them."""
+    out = {"asked_rps": [r["nominal_rps"] for r in runs if r.get("nominal_rps") is not None],
+           "asked_concurrency": [r["concurrency"] for r in runs if r.get("concurrency") is not None]}
+    return {k: v for k, v in out.items() if v}
 
 
 # ------------------------------------------------------------------------------------------
