@@ -58,6 +58,10 @@ def test_guidellm_v2_poisson_and_concurrent():
     assert wl["arrival"] == "concurrency" and wl["asked_concurrency"] == [1, 2]
     assert "asked_rps" not in wl and "unknown" not in wl
     assert wl["input_tokens"]["mean"] == 16.54 and wl["input_tokens"]["sd"] == 6.7
+    # the sweep profile: synchronous, throughput (max_concurrency 512), constant 5.5 and 11
+    wl = workload("guidellm", FIX / "guidellm" / "sweep_v2.json.gz")
+    assert wl["asked_rps"] == [5.5, 11] and wl["asked_concurrency"] == [1, 512]
+    assert wl["arrival"] == "mixed" and wl["mixed"] == ["arrival"] and "unknown" not in wl
 
 
 def test_guidellm_2025_names_what_it_does_not_say():
