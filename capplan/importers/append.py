@@ -215,8 +215,8 @@ def merge_into(manifest: dict, events: pa.Table, result: ImportResult, *, study:
 def asked_levels(runs: list[dict]) -> dict:
     """{asked_rps, asked_concurrency}: the levels the study's runs say the tool was asked for
     (``nominal_rps``, ``concurrency``), as ``summarize_workload`` combines them."""
-    out = {"asked_rps": [r["nominal_rps"] for r in runs if r.get("nominal_rps") is not None],
-           "asked_concurrency": [r["concurrency"] for r in runs if r.get("concurrency") is not None]}
+    out = {key: [r[field] for r in runs if r.get(field) is not None]
+           for key, field in (("asked_rps", "nominal_rps"), ("asked_concurrency", "concurrency"))}
     return {k: v for k, v in out.items() if v}
 
 
