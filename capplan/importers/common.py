@@ -306,8 +306,9 @@ FACT_KEYS = ("tool", "tool_version", "arrival", "arrival_cv", "endpoint", "strea
 LEVEL_KEYS = ("asked_rps", "asked_concurrency")
 #: the workload keys capplan derives (recomputed, never carried over)
 DERIVED_KEYS = ("input_tokens", "output_tokens", "mixed", "unknown")
-#: what a workload must say to be reproduced (design's commands, the twin, compare); any the
-#: source does not state is listed under ``unknown`` instead of being left silently absent
+#: what a workload must say for the sweep to be reproduced (``capplan design``'s commands read
+#: it through ``loadtools.Workload``); any the source does not state is listed under
+#: ``unknown`` instead of being left silently absent
 NEEDED_KEYS = ("tool_version", "arrival", "endpoint", "streaming", "input_tokens",
                "output_tokens", "asked.input_tokens", "asked.output_tokens", "output_fixed",
                "asked_rps|asked_concurrency")
@@ -392,8 +393,10 @@ def summarize_workload(events: pa.Table, facts: list[dict], *, keep: dict | None
     """The manifest's ``workload`` block: the tools' stated facts combined over ``facts`` (one
     mapping per run, ``FACT_KEYS``) and the lengths summarised from ``events``: ``input_tokens``
     over every row with a counted prompt (> 0); ``output_tokens`` over ``max_output_tokens`` where stamped (``from: asked``),
-    else over the tokens received by ``ok`` rows (``from: received``). ``keep``: keys of an
-    existing workload that capplan does not derive (e.g. ``client``), carried over."""
+    else over the tokens received by ``ok`` rows (``from: received``); the asked levels
+    (``asked_rps`` / ``asked_concurrency``) as sorted distinct values; ``unknown``: the
+    ``NEEDED_KEYS`` nobody stated. ``keep``: keys of an existing workload that capplan does not
+    derive (e.g. ``client``), carried over."""
     out, mixed = _combine_facts(facts)
     cols = set(events.column_names)
     # a prompt has at least one token: 0 is a request that failed before it was counted (a
