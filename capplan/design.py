@@ -36,6 +36,7 @@ from scipy.special import expit, logit
 
 from .errors import SpecError
 from .honesty import nominal_duration
+from .present import fmt_num
 from .reduce import BlockStats, stats_from_series
 
 DESIGN_FORMAT = "capplan-design/1"
@@ -137,18 +138,18 @@ class Design:
                                           f"bootstrap replicates, seed {c['seed']})")
         lines = [f"Next runs for {self.study} ({self.slo}); budget {self.budget_minutes:g} min, "
                  f"proposed {self.minutes:.0f} min",
-                 f"now:      estimate {_f(c['estimate'])}, lower bound {_f(c['lower_bound'])} "
+                 f"now:      estimate {fmt_num(c['estimate'])}, lower bound {fmt_num(c['lower_bound'])} "
                  f"req/s ({c['honesty']}) — {what}"]
         if not self.runs:
             lines.append("expected: unchanged — no run proposed")
         else:
-            lines.append(f"expected: estimate {_f(e['estimate'])}, lower bound {_f(e['lower_bound'])} "
+            lines.append(f"expected: estimate {fmt_num(e['estimate'])}, lower bound {fmt_num(e['lower_bound'])} "
                          f"req/s ({e['honesty']}; from {self.source})")
         if self.approximate:
             t = self.trial_now
             lines.append(f"          approximate: trial fits with {self.trial_reps} bootstrap replicates (--reps), "
-                         f"which read the sweep as it is now at estimate {_f(t['estimate'])}, lower bound "
-                         f"{_f(t['lower_bound'])} req/s — compare the expected numbers with these")
+                         f"which read the sweep as it is now at estimate {fmt_num(t['estimate'])}, lower bound "
+                         f"{fmt_num(t['lower_bound'])} req/s — compare the expected numbers with these")
         lines.append("")
         if not self.runs:
             lines.append("no run proposed (why: the note below)")
@@ -159,10 +160,6 @@ class Design:
         if self.runs:
             lines += ["", self.commands().to_text()]
         return "\n".join(lines)
-
-
-def _f(v) -> str:
-    return "—" if v is None or v != v else f"{v:.4g}"
 
 
 def _summary(env) -> dict:

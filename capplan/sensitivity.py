@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from .fleet_steps import fleet_steps
 from .plan import Plan, make_plan, size
 from .plan_text import plural
+from .present import fmt_num, is_missing
 
 _REL = 1e-10
 
@@ -251,7 +252,7 @@ class Sensitivity(_Band):
 
 
 def _num(v: float) -> str:
-    return "∞" if math.isinf(v) else f"{v:.4g}"
+    return "∞" if not is_missing(v) and math.isinf(v) else fmt_num(v)
 
 
 def _pct(x: float) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ..errors import SpecError
+from ..present import MISSING
 from .engine import engine_options
 
 
@@ -107,7 +108,7 @@ def _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup,
     pr = fit.per_run()
     cols = [c for c in ("run_id", "slo_class", "x", "n", "attainment", "att_ci_low", "att_ci_high", "target",
                         "usable") if c in pr.columns]
-    click.echo(pr[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    click.echo(pr[cols].to_string(index=False, na_rep=MISSING, float_format=lambda v: f"{v:.4g}"))
     if out:
         fit.to_json(out)
         click.echo(f"\nwrote {out}")
