@@ -8,7 +8,9 @@ Measured side — a load sweep on disk (a study directory) and what it shows
     validate a study    validate_path(path) → (problems, Study or None);  validate_study(Study)
     summarize           summarize(study, slo) → per-run funnel, rates, latency, attainment
     fit_envelope        fit_envelope(study, slo, reps=1000) → Envelope: C_SLO, its interval, lower bound;
-                        reduce_study(study, slo): the one reduction it reads, to share between fits
+                        reduce_study(study, slo): the one reduction it reads, to share between fits;
+                        fit_envelope_with_twin(study, slo, "twin.yaml"): the run-to-run variation
+                        near the crossing at least the twin's (``capplan envelope --twin``)
     compare_studies     compare_studies(baseline, candidate, slo) → Comparison: gates, verdict
     mix                 fit_mix(study, slo, load_target(trace)) → C_SLO at production's mix
     timeline            analyse_timeline(study, slo) → Timeline: what each failure, rollout or
@@ -77,6 +79,7 @@ _LAZY = {
     "summarize": ("capplan.metrics", "summarize"),
     "reduce_study": ("capplan.reduce", "reduce_study"),
     "fit_envelope": ("capplan.envelope", "fit_envelope"),
+    "fit_envelope_with_twin": ("capplan.design", "fit_envelope_with_twin"),
     "compare_studies": ("capplan.compare", "compare"),
     "fit_mix": ("capplan.mix.reweight", "fit_mix"),
     "load_target": ("capplan.mix.target", "load_target"),

@@ -299,6 +299,29 @@ def twin_run_effect(env, model, *, runs: int = 20, seed: int = 0):
                  + ", ".join(f"{r:g}" for r in rates) + " req/s")
 
 
+def fit_envelope_with_twin(study, slo, model, *, seed: int = 0, stats=None, **fit_kw):
+    """``capplan envelope --twin`` as one call: the envelope of ``study`` with the run-to-run
+    variation near the crossing held at or above what ``model`` (a twin or a synth config, or
+    its file) shows running the study's protocol there (:func:`twin_run_effect`;
+    docs/envelope.md). ``fit_kw`` go to :func:`capplan.envelope.fit_envelope` (confidence,
+    reps, scheme, block_len, warmup, method); one reduction serves both fits. The envelope's
+    notes say what the twin gave, or why it was not used."""
+    from .envelope import fit_envelope
+    from .reduce import reduce_study
+    from .slo import SLO
+
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(model)
+    slo = SLO.parse(slo)
+    if stats is None:
+        stats = reduce_study(study, slo, warmup=fit_kw.get("warmup", "manifest"))
+    env = fit_envelope(study, slo, seed=seed, stats=stats, **fit_kw)
+    effect, note = twin_run_effect(env, model, seed=seed)
+    if effect is not None:
+        env = fit_envelope(study, slo, seed=seed, stats=stats, run_effect=effect, **fit_kw)
+    return replace(env, notes=env.notes + (note,))
+
+
 def model_config(model, *, rates, duration_s, warmup_s, repeats=1, seed=0):
     """A synth configuration for ``model``: a twin (anything with ``synth_config``) or a
     ``SynthConfig``."""

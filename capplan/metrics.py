@@ -38,6 +38,9 @@ from .present import MISSING, fmt
 from .slo import SLO, good_terms
 from .study import Study
 
+#: a percentile cell of a metric the study does not record (the notebooks hide such tables)
+NOT_RECORDED = f"{MISSING} (not recorded)"
+
 REQUEST_VIEW_PREFIX = "request_metrics_"
 
 
@@ -249,7 +252,7 @@ class RunSummary:
         """A percentile as printed: the value, or why it is not shown."""
         n = row[f"{metric}_n"]
         if pd.isna(n):
-            return f"{MISSING} (not recorded)"
+            return NOT_RECORDED
         if n < n_min(p, 1, self.confidence):
             return insufficient_text(n, p, self.confidence)
         v = row[C.pct_col(metric, p)]

@@ -72,19 +72,14 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
     else:
         st = engine.open(study)
         stats = reduce_study(st, slo, warmup=w, progress=engine.progress)
-        env = fit_envelope(st, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
-                           block_len=block_len, warmup=w, stats=stats, method=method)
+        fit_kw = dict(confidence=confidence, reps=reps, scheme=scheme, block_len=block_len, warmup=w,
+                      method=method)
         if twin_path and method == "run-effect":
-            from dataclasses import replace
+            from ..design import fit_envelope_with_twin
 
-            from ..design import load_model, twin_run_effect
-
-            effect, note = twin_run_effect(env, load_model(twin_path), seed=seed)
-            if effect is not None:
-                env = fit_envelope(st, slo, confidence=confidence, reps=reps, seed=seed,
-                                   scheme=scheme, block_len=block_len, warmup=w, method=method,
-                                   stats=stats, run_effect=effect)
-            env = replace(env, notes=env.notes + (note,))
+            env = fit_envelope_with_twin(st, slo, twin_path, seed=seed, stats=stats, **fit_kw)
+        else:
+            env = fit_envelope(st, slo, seed=seed, stats=stats, **fit_kw)
     click.echo(env.to_text())
     if out:
         env.to_json(out)
