@@ -32,6 +32,7 @@ from . import contract as C
 from . import sketch
 from .earlystop import n_min
 from .errors import SpecError, StudyError
+from .present import fmt
 from .reduce import Cells, TimeUnits, bucket_labels, reduce_study
 from .slo import SLO
 from .study import Study, open_study
@@ -101,7 +102,6 @@ class CacheEffect:
 
     def to_text(self) -> str:
         lines = [f"Prefix-cache effect (SLO {self.slo})"]
-        fmt = lambda v, f: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f)  # noqa: E731
         for r in self.runs.to_dict("records"):
             cond = CONDITION_LABELS.get(r["cache_condition"], "not labelled") if r["cache_condition"] else "not labelled"
             lines.append(

@@ -36,6 +36,7 @@ from scipy.special import expit, logit
 
 from .errors import SpecError
 from .honesty import nominal_duration
+from .present import fmt_num
 from .reduce import BlockStats, stats_from_series
 
 DESIGN_FORMAT = "capplan-design/1"
@@ -137,18 +138,18 @@ class Design:
                                           f"bootstrap replicates, seed {c['seed']})")
         lines = [f"Next runs for {self.study} ({self.slo}); budget {self.budget_minutes:g} min, "
                  f"proposed {self.minutes:.0f} min",
-                 f"now:      estimate {_f(c['estimate'])}, lower bound {_f(c['lower_bound'])} "
+                 f"now:      estimate {fmt_num(c['estimate'])}, lower bound {fmt_num(c['lower_bound'])} "
                  f"req/s ({c['honesty']}) — {what}"]
         if not self.runs:
             lines.append("expected: unchanged — no run proposed")
         else:
-            lines.append(f"expected: estimate {_f(e['estimate'])}, lower bound {_f(e['lower_bound'])} "
+            lines.append(f"expected: estimate {fmt_num(e['estimate'])}, lower bound {fmt_num(e['lower_bound'])} "
                          f"req/s ({e['honesty']}; from {self.source})")
         if self.approximate:
             t = self.trial_now
             lines.append(f"          approximate: trial fits with {self.trial_reps} bootstrap replicates (--reps), "
-                         f"which read the sweep as it is now at estimate {_f(t['estimate'])}, lower bound "
-                         f"{_f(t['lower_bound'])} req/s — compare the expected numbers with these")
+                         f"which read the sweep as it is now at estimate {fmt_num(t['estimate'])}, lower bound "
+                         f"{fmt_num(t['lower_bound'])} req/s — compare the expected numbers with these")
         lines.append("")
         if not self.runs:
             lines.append("no run proposed (why: the note below)")
@@ -159,10 +160,6 @@ class Design:
         if self.runs:
             lines += ["", self.commands().to_text()]
         return "\n".join(lines)
-
-
-def _f(v) -> str:
-    return "—" if v is None or v != v else f"{v:.4g}"
 
 
 def _summary(env) -> dict:
@@ -300,6 +297,29 @@ def twin_run_effect(env, model, *, runs: int = 20, seed: int = 0):
     eff = RunEffect.from_samples(att, nn, source="twin")
     return eff, (f"run-to-run variation from the twin: {runs} simulated runs at "
                  + ", ".join(f"{r:g}" for r in rates) + " req/s")
+
+
+def fit_envelope_with_twin(study, slo, model, *, seed: int = 0, stats=None, **fit_kw):
+    """``capplan envelope --twin`` as one call: the envelope of ``study`` with the run-to-run
+    variation near the crossing held at or above what ``model`` (a twin or a synth config, or
+    its file) shows running the study's protocol there (:func:`twin_run_effect`;
+    docs/envelope.md). ``fit_kw`` go to :func:`capplan.envelope.fit_envelope` (confidence,
+    reps, scheme, block_len, warmup, method); one reduction serves both fits. The envelope's
+    notes say what the twin gave, or why it was not used."""
+    from .envelope import fit_envelope
+    from .reduce import reduce_study
+    from .slo import SLO
+
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(model)
+    slo = SLO.parse(slo)
+    if stats is None:
+        stats = reduce_study(study, slo, warmup=fit_kw.get("warmup", "manifest"))
+    env = fit_envelope(study, slo, seed=seed, stats=stats, **fit_kw)
+    effect, note = twin_run_effect(env, model, seed=seed)
+    if effect is not None:
+        env = fit_envelope(study, slo, seed=seed, stats=stats, run_effect=effect, **fit_kw)
+    return replace(env, notes=env.notes + (note,))
 
 
 def model_config(model, *, rates, duration_s, warmup_s, repeats=1, seed=0):

@@ -34,8 +34,12 @@ from . import contract as C
 from .dialect import Dialect
 from .earlystop import n_min
 from .errors import StudyError
+from .present import MISSING, fmt
 from .slo import SLO, good_terms
 from .study import Study
+
+#: a percentile cell of a metric the study does not record (the notebooks hide such tables)
+NOT_RECORDED = f"{MISSING} (not recorded)"
 
 REQUEST_VIEW_PREFIX = "request_metrics_"
 
@@ -248,11 +252,11 @@ class RunSummary:
         """A percentile as printed: the value, or why it is not shown."""
         n = row[f"{metric}_n"]
         if pd.isna(n):
-            return "n/a (not recorded)"
+            return NOT_RECORDED
         if n < n_min(p, 1, self.confidence):
             return insufficient_text(n, p, self.confidence)
         v = row[C.pct_col(metric, p)]
-        return "n/a" if pd.isna(v) else f"{v:,.1f}"
+        return fmt(v, ",.1f")
 
     def _key(self) -> pd.DataFrame:
         t = self.table
@@ -275,7 +279,7 @@ class RunSummary:
             return s.map(lambda v: "" if pd.isna(v) else f"{int(v):,}")
 
         def nums(s, d=2):
-            return s.map(lambda v: "n/a" if pd.isna(v) else f"{v:,.{d}f}")
+            return s.map(lambda v: fmt(v, f",.{d}f"))
 
         if section in ("funnel", "all"):
             for c in (*FUNNEL_COLUMNS, *[f"n_{s}" for s in C.STATUSES], "n_excluded_warmup"):
@@ -300,7 +304,7 @@ class RunSummary:
             out["goodput_rps"] = nums(t["goodput_rps"], 3)
             out["error_rate"] = nums(t["error_rate"], 4)
             out["meets_slo"] = t["meets_slo"].map(
-                lambda v: "n/a" if pd.isna(v) else ("yes" if v else "NO"))
+                lambda v: MISSING if pd.isna(v) else ("yes" if v else "NO"))
         if section in ("engine", "all") and "engine_scrapes" in t:
             out = out.join(self._engine_cells(section == "engine"))
         return out
@@ -318,7 +322,7 @@ class RunSummary:
             out["requests"] = t["n_offered"].map(lambda v: f"{int(v):,}")
             if self.slo is not None:
                 out["attain_offered"] = t["attainment_offered"].map(
-                    lambda v: "n/a" if pd.isna(v) else f"{v:.4f}")
+                    lambda v: fmt(v, ".4f"))
         out["scrapes"] = t["engine_scrapes"].map(lambda v: f"{int(v)}")
         out["preemptions"] = cells("preemptions", lambda v: f"{v:,.0f}")
         out["preempt_per_1k"] = cells("preemptions_per_1k", lambda v: f"{v:,.1f}")

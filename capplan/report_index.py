@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .glossary import for_readers, link_terms
+from .present import MISSING
 from .honesty import RunToAdd
 from .next_steps import KINDS, SIMULATED_ANCHOR, TIMELINES_PAGE, NextStep, next_steps, simulated_breaks, \
     simulated_words
@@ -77,13 +78,13 @@ def read_records(data_dir: Path) -> tuple[dict | None, dict | None, dict | None]
 
 def usd(v, cents: bool = False) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "n/a"
+        return MISSING
     return f"${v:,.2f}" if cents else f"${v:,.0f}"
 
 
 def rate(v, unit: str = "req/s") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "n/a"
+        return MISSING
     return f"{v:.4g} {unit}"
 
 
@@ -280,7 +281,7 @@ QUARTER_VIEW = (
 
 def _cell(v, fmt: str) -> str:
     if v is None:
-        return "n/a"
+        return MISSING
     if fmt == "int":
         return f"{int(v):,}"
     if fmt == "usd":
@@ -293,7 +294,7 @@ def _cell(v, fmt: str) -> str:
 def _band_cell(b: dict | None) -> str:
     """A quarter's sensitivity band: the C_SLO range over which it keeps its groups."""
     if not b:
-        return '<td class="num" data-col="band">n/a</td>'
+        return f'<td class="num" data-col="band">{MISSING}</td>'
     hi = f"{b['high_system']:.4g}" if b.get("high_system") is not None else "∞"
     edge = ' <b class="edge">knife-edge</b>' if b.get("knife_edge") else ""
     return (f'<td class="num" data-col="band" data-low="{b["low_system"]!r}" data-high="{b.get("high_system")!r}">'

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from .fleet_steps import fleet_steps
 from .plan import Plan, make_plan, size
 from .plan_text import plural
+from .present import fmt_num, is_missing, json_text
 
 _REL = 1e-10
 
@@ -251,7 +252,7 @@ class Sensitivity(_Band):
 
 
 def _num(v: float) -> str:
-    return "∞" if math.isinf(v) else f"{v:.4g}"
+    return "∞" if not is_missing(v) and math.isinf(v) else fmt_num(v)
 
 
 def _pct(x: float) -> str:
@@ -404,11 +405,7 @@ def plan_record(plan: Plan, sens: Sensitivity | None = None) -> dict:
 
 
 def write_plan_record(plan: Plan, path, sens: Sensitivity | None = None) -> dict:
-    """Write :func:`plan_record` as JSON (atomically); returns it."""
-    import json
-
-    from .io import write_text_atomic
-
+    """Write :func:`plan_record` as JSON (atomically, ``present.json_text``); returns it."""
     rec = plan_record(plan, sens)
-    write_text_atomic(path, json.dumps(rec, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    json_text(rec, path)
     return rec

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from . import contract as C
 from .errors import CapplanError
+from .present import fmt
 
 FIELDS = ("power_w", "energy_mj", "gpu_util_pct", "mem_used_bytes", "sm_clock_mhz")
 METADATA_KEY = b"capplan.telemetry"
@@ -105,7 +106,7 @@ class Recording:
                  f"({self.stop_reason}); late ticks skipped: {self.late_ticks}"]
         for g in self.gpus:
             lines.append(f"  GPU {g.index}: {g.name}, power limit "
-                         f"{'n/a' if g.power_limit_w is None else f'{g.power_limit_w:g} W'}")
+                         f"{fmt(g.power_limit_w, 'g')}{'' if g.power_limit_w is None else ' W'}")
         p = np.asarray(t.column("power_w").to_numpy(zero_copy_only=False), dtype=float)
         p = p[np.isfinite(p)]
         if p.size:

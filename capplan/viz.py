@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 
 from .contract import pct_label
 from .glossary import for_readers
+from .present import MISSING
 
 #: Funnel stages: (summary column, label), in order.
 FUNNEL_STAGES: tuple[tuple[str, str], ...] = (
@@ -312,7 +313,7 @@ def format_number(v) -> str:
     """Readable number for report tables: whole numbers without decimals, thousands
     separators, 4 significant digits for small values; text passes through."""
     if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
-        return "n/a"
+        return MISSING
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
     if isinstance(v, (int, np.integer)):
@@ -401,7 +402,7 @@ def human(col) -> str:
 def format_usd(v) -> str:
     """Money on a page: $1,027,585 (whole dollars from $1 000), $6.79 (cents below)."""
     if v is None or (isinstance(v, float) and np.isnan(v)):
-        return "n/a"
+        return MISSING
     return f"${v:,.0f}" if abs(v) >= 1000 else f"${v:,.2f}"
 
 
@@ -453,7 +454,7 @@ def percentile_table(summary, metric: str) -> tuple[pd.DataFrame, str]:
 
 def _with_ci(v, lo, hi, fmt: str) -> str:
     if v is None or pd.isna(v):
-        return "n/a"
+        return MISSING
     s = format(v, fmt)
     if lo is not None and hi is not None and not (pd.isna(lo) or pd.isna(hi)):
         s += f" ({format(lo, fmt)}–{format(hi, fmt)})"

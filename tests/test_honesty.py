@@ -238,6 +238,21 @@ def test_twin_supplies_the_run_to_run_variation(small_sweeps):
     assert eff2 is None and "disagreed" in note2
 
 
+def test_envelope_with_twin_is_one_library_call(tmp_path):
+    """`capplan envelope --twin` is a thin shell: the library call gives the same JSON, byte for
+    byte, so a notebook reproduces the command (issue 29)."""
+    from capplan.cli import main
+    from capplan.design import fit_envelope_with_twin
+
+    cfg = FIX / "synth_small_sweep.yaml"
+    path, _ = generate_study(load_config(cfg), tmp_path / "s", workers=1)
+    assert main(["envelope", str(path), "--slo", SLO, "--twin", str(cfg), "--reps", "50",
+                 "--out", str(tmp_path / "cli.json")]) == 0
+    env = fit_envelope_with_twin(path, SLO, cfg, reps=50)
+    assert env.run_effect.source == "twin" and any("from the twin" in n for n in env.notes)
+    assert env.to_json() == (tmp_path / "cli.json").read_text(encoding="utf-8")
+
+
 def test_a_twin_counts_with_repeats_near_the_crossing():
     """The rule behind the twin case above, on the assessment alone: a twin's (or a given)
     run-to-run variation makes the bound honest once a rate bracketing C_SLO has repeats, even

@@ -31,7 +31,7 @@ DOC = ROOT / "docs" / "architecture.md"
 #: matching name wins. "capplan" is the package itself (its __init__, the public facade).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "contract", "version", "io")),
-    ("kit", ("spec", "slo", "sketch", "earlystop", "periods", "resources", "dialect")),
+    ("kit", ("spec", "slo", "sketch", "earlystop", "periods", "resources", "dialect", "present")),
     ("study", ("study", "sparkstudy", "telemetry", "engine_metrics", "importers", "loadtools")),
     ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce", "runeffect", "honesty")),

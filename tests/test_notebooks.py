@@ -208,7 +208,7 @@ def test_binned_quantile_and_format_number():
     assert b["n"].tolist() == [3, 2]
     assert [format_number(v) for v in (17.0, 51873.216, 3.00909, 0.0123456, float("nan"),
                                        True, "text", 12)] == \
-        ["17", "51,873", "3.009", "0.01235", "n/a", "yes", "text", "12"]
+        ["17", "51,873", "3.009", "0.01235", "—", "yes", "text", "12"]
 
 
 def test_text_colour_reads_on_dark_and_light_cells():

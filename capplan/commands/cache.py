@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import click
 
+from ..present import MISSING
+
 
 @click.command("cache")
 @click.argument("study", type=click.Path())
@@ -34,7 +36,7 @@ def cmd(study, slo_text, input_edges, warmup, window_s, out) -> int:
     tl = None
     if window_s is not None:
         tl = cache_timeline(study, slo, window_s=window_s)
-        click.echo("\nPer window:\n" + tl.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        click.echo("\nPer window:\n" + tl.to_string(index=False, na_rep=MISSING, float_format=lambda v: f"{v:.4g}"))
     if out is not None:
         with atomic_dir(out) as tmp:
             for name, frame in (("runs", eff.runs), ("buckets", eff.buckets), ("split", eff.split),

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ..errors import SpecError
+from ..present import MISSING
 from .engine import engine_options
 
 
@@ -71,19 +72,14 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
     else:
         st = engine.open(study)
         stats = reduce_study(st, slo, warmup=w, progress=engine.progress)
-        env = fit_envelope(st, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme,
-                           block_len=block_len, warmup=w, stats=stats, method=method)
+        fit_kw = dict(confidence=confidence, reps=reps, scheme=scheme, block_len=block_len, warmup=w,
+                      method=method)
         if twin_path and method == "run-effect":
-            from dataclasses import replace
+            from ..design import fit_envelope_with_twin
 
-            from ..design import load_model, twin_run_effect
-
-            effect, note = twin_run_effect(env, load_model(twin_path), seed=seed)
-            if effect is not None:
-                env = fit_envelope(st, slo, confidence=confidence, reps=reps, seed=seed,
-                                   scheme=scheme, block_len=block_len, warmup=w, method=method,
-                                   stats=stats, run_effect=effect)
-            env = replace(env, notes=env.notes + (note,))
+            env = fit_envelope_with_twin(st, slo, twin_path, seed=seed, stats=stats, **fit_kw)
+        else:
+            env = fit_envelope(st, slo, seed=seed, stats=stats, **fit_kw)
     click.echo(env.to_text())
     if out:
         env.to_json(out)
@@ -107,7 +103,7 @@ def _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup,
     pr = fit.per_run()
     cols = [c for c in ("run_id", "slo_class", "x", "n", "attainment", "att_ci_low", "att_ci_high", "target",
                         "usable") if c in pr.columns]
-    click.echo(pr[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    click.echo(pr[cols].to_string(index=False, na_rep=MISSING, float_format=lambda v: f"{v:.4g}"))
     if out:
         fit.to_json(out)
         click.echo(f"\nwrote {out}")

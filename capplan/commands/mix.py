@@ -45,8 +45,6 @@ from ..errors import SpecError
 def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, drop_untested, min_cell_requests,
         confidence, reps, seed, scheme, warmup, twin_path, twin_runs, twin_draws, out) -> int:
     """C_SLO at a production mix (reweighting the tested per-cell attainment)."""
-    import json
-
     from ..mix import Buckets, load_target, parse_edges
     from ..mix.reweight import MIN_CELL_REQUESTS, cells_for, fit_mix
     from ..reduce import reduce_study
@@ -111,10 +109,10 @@ def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, dro
             click.echo(tm.to_text())
             click.echo("")
     if out:
-        from ..io import write_text_atomic
+        from ..present import json_text
 
         doc = {p: {**m.to_dict(), **({"twin": twins[p].to_dict()} if p in twins else {})}
                for p, m in results.items()}
-        write_text_atomic(Path(out), json.dumps(doc, indent=2, ensure_ascii=False, default=str))
+        json_text(doc, Path(out))
         click.echo(f"wrote {out}")
     return 0

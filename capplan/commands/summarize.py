@@ -8,6 +8,7 @@ import click
 import duckdb
 
 from ..errors import SpecError, StudyError
+from ..present import MISSING
 from ..io import atomic_path
 from .engine import engine_options
 
@@ -88,4 +89,4 @@ def _class_table(st, slo_file: str, warmup_s: float | None) -> None:
     classes = load_slo_file(slo_file)
     df = class_counts(st, classes, warmup="manifest" if warmup_s is None else warmup_s)
     click.echo(f"\nattainment per SLO class ({classes.describe()}):")
-    click.echo(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    click.echo(df.to_string(index=False, na_rep=MISSING, float_format=lambda v: f"{v:.4g}"))

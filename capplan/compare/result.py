@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..present import MISSING
 from ..slo import SLO
 from .gates import Gates
 
@@ -117,7 +118,7 @@ class Comparison:
 
         def f(v, unit):
             if v is None or (isinstance(v, float) and not np.isfinite(v)):
-                return "n/a"
+                return MISSING
             if unit == "fraction":
                 return f"{v:.4f}"
             if unit == "requests":
@@ -129,7 +130,7 @@ class Comparison:
             "baseline": [f(v, u) for v, u in zip(t["baseline"], t["unit"])],
             "candidate": [f(v, u) for v, u in zip(t["candidate"], t["unit"])],
             "delta": [f(v, u) for v, u in zip(t["delta"], t["unit"])],
-            "delta_%": [("n/a" if not np.isfinite(v) else f"{v:+.1f}") for v in t["delta_pct"]],
+            "delta_%": [(MISSING if not np.isfinite(v) else f"{v:+.1f}") for v in t["delta_pct"]],
             "delta CI": [("" if not (np.isfinite(a) and np.isfinite(b)) else
                           f"[{f(a, u)}, {f(b, u)}]")
                          for a, b, u in zip(t["ci_low"], t["ci_high"], t["unit"])],
@@ -166,10 +167,10 @@ class Comparison:
             shown = flagged[cols].copy()
             for col in ("baseline", "candidate", "delta", "ci_low", "ci_high"):
                 shown[col] = shown[col].map(lambda v: f"{v:.4g}")
-            parts.append("Bucket regressions\n" + shown.to_string(index=False))
+            parts.append("Bucket regressions\n" + shown.to_string(index=False, na_rep=MISSING))
         if len(self.fairness):
             parts.append("Tenant fairness (service = weighted tokens; age = max(TTFT, queue))\n"
-                         + self.fairness.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+                         + self.fairness.to_string(index=False, na_rep=MISSING, float_format=lambda v: f"{v:.4g}"))
         if self.notes:
             parts.append("Notes\n" + "\n".join(f"  {n}" for n in self.notes))
         parts.append(self.verdict.to_text())

@@ -38,7 +38,8 @@ from ..errors import SpecError, StudyError
 from ..reduce import Cells, reduce_study
 from ..slo import DEFAULT_CLASS, SLO, SLOClasses, load_slo_file
 from ..study import Study, open_study
-from .core import JointCrossing, fmt, joint_crossing, json_text, records
+from ..present import fmt_num, json_text, records
+from .core import JointCrossing, joint_crossing
 
 _FLAG = {STATUS_BRACKETED: 0, STATUS_ABOVE: 1, STATUS_BELOW: -1}
 _CELL_SUMS = ("n", "n_good", "n_ok")
@@ -156,18 +157,18 @@ class ClassFit:
     def to_text(self) -> str:
         c = self.cslo
         out = [f"SLO classes: {self.classes.describe()}",
-               f"C_SLO (every class meets its target): {fmt(c.estimate)} req/s   status: {c.status}"
+               f"C_SLO (every class meets its target): {fmt_num(c.estimate)} req/s   status: {c.status}"
                + (f"   binding class: {self.binding_class}" if self.binding_class else ""),
-               f"{c.confidence:.0%} CI: [{fmt(c.ci_low)}, {fmt(c.ci_high)}] req/s   one-sided lower bound: "
-               f"{fmt(c.lower_bound)} req/s (one joint bootstrap over the classes)", ""]
+               f"{c.confidence:.0%} CI: [{fmt_num(c.ci_low)}, {fmt_num(c.ci_high)}] req/s   one-sided lower bound: "
+               f"{fmt_num(c.lower_bound)} req/s (one joint bootstrap over the classes)", ""]
         h = self.honesty
         if h is not None:
             out += [h.to_text(), ""]
         df = self.to_frame()
         w = max(len(n) for n in df["slo_class"])
         for _, r in df.iterrows():
-            out.append(f"  {r['slo_class']:<{w}}  C_SLO {fmt(r['cslo_estimate']):>7} [{fmt(r['ci_low'])}, "
-                       f"{fmt(r['ci_high'])}]  {r['status']:<13} binds in {r['binds_in_share_of_replicates']:.0%} "
+            out.append(f"  {r['slo_class']:<{w}}  C_SLO {fmt_num(r['cslo_estimate']):>7} [{fmt_num(r['ci_low'])}, "
+                       f"{fmt_num(r['ci_high'])}]  {r['status']:<13} binds in {r['binds_in_share_of_replicates']:.0%} "
                        f"of replicates  ({r['slo']}; {r['requests']:,} requests)")
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)

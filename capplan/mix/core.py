@@ -134,29 +134,3 @@ def joint_crossing(names, estimates, est_flags, replicates, rep_flags, *, x_max:
     return JointCrossing(estimate=e, ci_low=float(lo), ci_high=float(hi), lower_bound=float(lb), flag=flag,
                          binding=bind, binding_share=share, replicates=vals, flags=flags)
 
-
-# ----------------------------------------------------------------------------- result output
-
-
-def records(df) -> list[dict]:
-    """A frame as JSON-ready records (NaN → null, numpy scalars → Python), as the envelope's."""
-    from ..envelope import json_value
-
-    return [{k: json_value(v) for k, v in row.items()} for row in df.to_dict("records")]
-
-
-def json_text(d: dict, path=None) -> str:
-    """``d`` as indented JSON, also written atomically to ``path`` when given."""
-    import json
-
-    text = json.dumps(d, indent=2, ensure_ascii=False, default=str)
-    if path is not None:
-        from ..io import write_text_atomic
-
-        write_text_atomic(path, text)
-    return text
-
-
-def fmt(v) -> str:
-    """A rate for text output: 4 significant digits, "—" for none / NaN."""
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"

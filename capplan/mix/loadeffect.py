@@ -35,7 +35,7 @@ from ..twin import SteadyCSLO, Twin, TwinWarning, load_twin, steady_cslo
 from ..twin.data import load_study
 from ..twin.params import notes_text
 from ..twin.workload_fit import empirical_lengths, length_pool
-from .core import fmt, json_text, records
+from ..present import MISSING, fmt_num, is_missing, json_text, records
 from .reweight import MIN_CELL_REQUESTS, MixFit, fit_mix
 from .target import TargetMix
 
@@ -112,11 +112,11 @@ class TwinMix:
         r, t, m, tt = self.reweighted, self.at_target, self.measured, self.tested
         if not (_finite(t.estimate) and _finite(r.estimate)) or r.estimate <= 0 or t.estimate <= 0:
             why = "; ".join(t.notes[:1]) or "no crossing"
-            return (f"At the target mix reweighting gives {fmt(r.estimate)} req/s; the twin could not place "
+            return (f"At the target mix reweighting gives {fmt_num(r.estimate)} req/s; the twin could not place "
                     f"C_SLO there ({why}), so the two cannot be compared.")
         d = self.disagreement
-        out = [f"At the target mix, reweighting gives {fmt(r.estimate)} req/s {_ci(r)} and the twin "
-               f"{fmt(t.estimate)} req/s {_ci(t)}"]
+        out = [f"At the target mix, reweighting gives {fmt_num(r.estimate)} req/s {_ci(r)} and the twin "
+               f"{fmt_num(t.estimate)} req/s {_ci(t)}"]
         if self.agree:
             out[0] += (f": they agree (the twin is {d:+.0%} from reweighting and the intervals overlap) — the load "
                        "effect of the new mix is within what the two can tell apart.")
@@ -136,8 +136,8 @@ class TwinMix:
             ok = _finite(m.ci_low) and _finite(m.ci_high)
             inside = ok and m.ci_low <= tt.estimate <= m.ci_high
             near = ok and m.ci_low * (1 - CALIBRATION_MARGIN) <= tt.estimate <= m.ci_high * (1 + CALIBRATION_MARGIN)
-            s = (f"At the tested mix the twin gives {fmt(tt.estimate)} req/s against the measured "
-                 f"{fmt(m.estimate)} {_ci(m)} ({_pct(self.calibration)}): ")
+            s = (f"At the tested mix the twin gives {fmt_num(tt.estimate)} req/s against the measured "
+                 f"{fmt_num(m.estimate)} {_ci(m)} ({_pct(self.calibration)}): ")
             if inside:
                 s += "inside the measured interval, so the twin reproduces the study where it can be checked."
             elif near:
@@ -203,8 +203,8 @@ class TwinMix:
                      f"{self.runs} runs of {self.duration_s:g} s (first {self.warmup_s:g} s left out) pooled per rate")
         for _, r in self.to_frame().iterrows():
             what = f"{'measured study' if r['source'] == 'measured' else 'twin'}, {r['mix']} mix"
-            lines.append(f"  {what:<26} {fmt(r['cslo_estimate']):>8} req/s  CI [{fmt(r['ci_low'])}, "
-                         f"{fmt(r['ci_high'])}]  ({r['status']}; {r['method']})")
+            lines.append(f"  {what:<26} {fmt_num(r['cslo_estimate']):>8} req/s  CI [{fmt_num(r['ci_low'])}, "
+                         f"{fmt_num(r['ci_high'])}]  ({r['status']}; {r['method']})")
         lines.append("")
         lines.append(self.in_words())
         lines.append("")
@@ -246,6 +246,8 @@ def _twin_status(v) -> str:
 
 
 def _pct(x) -> str:
+    if is_missing(x):
+        return MISSING
     t = f"{x:+.0%}"
     return "±0%" if t in ("+0%", "-0%") else t
 
@@ -263,7 +265,7 @@ def _num(v):
 
 
 def _ci(c) -> str:
-    return f"[{fmt(c.ci_low)}, {fmt(c.ci_high)}]"
+    return f"[{fmt_num(c.ci_low)}, {fmt_num(c.ci_high)}]"
 
 
 # ----------------------------------------------------------------------------- the cells as tenants

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from ..errors import SpecError
+from ..present import MISSING
 from ..slo import SLO
 from ..viz import FigureArea
 
@@ -172,7 +173,7 @@ def _html(table: pd.DataFrame) -> str:
         if r.key == "binding":
             return e(r.unit)
         v = r.value
-        return "n/a" if not (isinstance(v, float) and math.isfinite(v)) else (
+        return MISSING if not (isinstance(v, float) and math.isfinite(v)) else (
             f"{v:,.0f}" if abs(v) >= 1000 or float(v).is_integer() else f"{v:,.4g}")
 
     rows = "".join(f'<tr data-key="{e(r.key)}"><th>{e(r.quantity)}</th><td class="value">{shown(r)}</td>'

@@ -34,7 +34,8 @@ from ..errors import SpecError
 from ..reduce import Cells, reduce_study
 from ..slo import SLO
 from ..study import Study, open_study
-from .core import fmt, json_text, records, reweight_run
+from ..present import fmt_num, json_text, records
+from .core import reweight_run
 from .target import Buckets, TargetMix
 
 MIN_CELL_REQUESTS = 50   # a target cell needs this many tested requests over the usable runs …
@@ -102,11 +103,11 @@ class MixFit:
                "target mix: " + (f"bucket table {self.target.source}" if self.target.period == "table" else
                                  f"{self.target.period} of {self.target.source}")
                + f" ({self.target.buckets.describe()})",
-               f"C_SLO at the tested mix:  {fmt(b.estimate)} req/s  {b.confidence:.0%} CI [{fmt(b.ci_low)}, "
-               f"{fmt(b.ci_high)}]  lower bound {fmt(b.lower_bound)}  ({b.status}; "
+               f"C_SLO at the tested mix:  {fmt_num(b.estimate)} req/s  {b.confidence:.0%} CI [{fmt_num(b.ci_low)}, "
+               f"{fmt_num(b.ci_high)}]  lower bound {fmt_num(b.lower_bound)}  ({b.status}; "
                + (self.base.settings_note() or "the measured C_SLO, as capplan envelope prints it") + ")",
-               f"C_SLO at the target mix:  {fmt(w.estimate)} req/s  {w.confidence:.0%} CI [{fmt(w.ci_low)}, "
-               f"{fmt(w.ci_high)}]  lower bound {fmt(w.lower_bound)}  ({w.status}; another quantity: each "
+               f"C_SLO at the target mix:  {fmt_num(w.estimate)} req/s  {w.confidence:.0%} CI [{fmt_num(w.ci_low)}, "
+               f"{fmt_num(w.ci_high)}]  lower bound {fmt_num(w.lower_bound)}  ({w.status}; another quantity: each "
                "cell's tested attainment reweighted to the target's shares)",
                f"effective sample size of the reweighting: {self.ess:,.0f} requests "
                f"({self.ess_share:.0%} of the {int(self.runs.loc[self.runs['usable'], 'n'].sum()):,} tested)", "",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..present import fmt_num, fmt_pct, is_missing
 from ..slo import SLO
 
 EVENT_COLOURS = {"fault_injected": "#d62728", "replica_failed": "#d62728",
@@ -108,12 +109,12 @@ class Timeline:
             s = summ[summ["run_id"] == rid].iloc[0]
             rs = self.replicas.get(rid)
             out += ["", f"Run {rid}: {s['windows']:,} windows, {s['offered']:,} requests offered, "
-                        f"{s['good']:,} good ({_pct(s['attainment'])})"
+                        f"{s['good']:,} good ({fmt_pct(s['attainment'], 2)})"
                         + (f"; {rs.how}" if rs is not None else "")]
             out.append(f"  SLO broken in {s['windows_in_breach']:,} windows "
                        f"({s['slo_minutes_broken']:.3g} SLO-minutes); longest queue "
                        f"{s['queue_peak']:,} waiting; replicas ready "
-                       f"{_num(s['replicas_min'])}–{_num(s['replicas_max'])}")
+                       f"{fmt_num(s['replicas_min'], 3)}–{fmt_num(s['replicas_max'], 3)}")
             if s["scale_decisions"]:
                 out.append(f"  autoscaler: {s['scale_decisions']} decision(s) changed the desired "
                            f"count, {s['reversals']} reversed the previous direction"
@@ -245,21 +246,21 @@ def decision_counts(desired: list[int], start: int | None) -> tuple[int, int]:
 def incident_lines(r: dict) -> list[str]:
     """A few sentences per incident (the text every surface prints)."""
     out = [f"  Incident {r['incident']} at {r['t_s']:.1f} s — {r['kind']}: {r['what']}"]
-    if not _nan(r["pre_goodput_rps"]):
+    if not is_missing(r["pre_goodput_rps"]):
         out.append(f"    before: {r['pre_offered_rps']:.4g} req/s offered, goodput "
-                   f"{r['pre_goodput_rps']:.4g} req/s, attainment {_pct(r['pre_attainment'])}, "
+                   f"{r['pre_goodput_rps']:.4g} req/s, attainment {fmt_pct(r['pre_attainment'], 2)}, "
                    f"{r['pre_waiting']:.3g} waiting on average")
-    if r.get("kind") == "load step" and not _nan(r.get("rate_to_rps")):
+    if r.get("kind") == "load step" and not is_missing(r.get("rate_to_rps")):
         s = f"    offered {r['rate_from_rps']:.4g} → {r['rate_to_rps']:.4g} req/s"
-        if _nan(r.get("fall_t_s")):
+        if is_missing(r.get("fall_t_s")):
             if r["rate_to_rps"] > r["rate_from_rps"]:
                 s += "; the rate did not fall back in the run"
         else:
             s += f"; it fell back at {r['fall_t_s']:.1f} s"
-            s += ("; the SLO not recovered by the end of the run" if _nan(r["recover_after_fall_s"])
+            s += ("; the SLO not recovered by the end of the run" if is_missing(r["recover_after_fall_s"])
                   else f"; SLO recovered {r['recover_after_fall_s']:.0f} s after the fall")
             s += ("; queue not back to its pre-step level by the end of the run"
-                  if _nan(r["drain_after_fall_s"])
+                  if is_missing(r["drain_after_fall_s"])
                   else f"; queue back to its pre-step level {r['drain_after_fall_s']:.1f} s after it")
         out.append(s)
     if r["breached"]:
@@ -269,25 +270,25 @@ def incident_lines(r: dict) -> list[str]:
                    f"{r['breach_s']:.0f} s; {rec}")
     else:
         out.append("    the SLO held in every window after it")
-    if not _nan(r["good_lost"]):
+    if not is_missing(r["good_lost"]):
         out.append(f"    good requests lost against the pre-event rate: {r['good_lost']:,.0f}")
-    if not _nan(r["queue_peak"]):
+    if not is_missing(r["queue_peak"]):
         drain = ("queue not back to its pre-event level by the end of the run"
-                 if _nan(r["drain_s"]) else f"drained {r['drain_s']:.0f} s after the peak")
+                 if is_missing(r["drain_s"]) else f"drained {r['drain_s']:.0f} s after the peak")
         out.append(f"    queue peaked at {r['queue_peak']:,.0f} waiting at {r['queue_peak_t_s']:.1f} s, "
                    f"{drain}; {r['queue_area_req_s']:,.0f} request-seconds waiting")
     if r.get("desired_to") is not None and not pd.isna(r.get("desired_to")):
         frm = "?" if pd.isna(r["desired_from"]) else f"{int(r['desired_from'])}"
         s = f"    desired {frm} → {int(r['desired_to'])}"
-        if not _nan(r["decision_delay_s"]):
+        if not is_missing(r["decision_delay_s"]):
             s += f"; decided {r['decision_delay_s']:.0f} s after the need changed"
-        if not _nan(r["ready_time_max_s"]):
+        if not is_missing(r["ready_time_max_s"]):
             s += (f"; new replicas ready after {r['ready_time_mean_s']:.0f} s on average "
                   f"(longest {r['ready_time_max_s']:.0f} s)")
-        if not _nan(r["overshoot_gpu_h"]):
+        if not is_missing(r["overshoot_gpu_h"]):
             s += f"; overshoot {r['overshoot_gpu_h']:.3g} GPU-hours until the next decision"
         out.append(s)
-    elif not _nan(r.get("ready_time_max_s")):
+    elif not is_missing(r.get("ready_time_max_s")):
         out.append(f"    replacement ready after {r['ready_time_max_s']:.0f} s")
     return out
 
@@ -311,16 +312,6 @@ def _hover(r: dict) -> str:
     return "<br>".join(bits)
 
 
-def _nan(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v)) or (not isinstance(v, str) and pd.isna(v))
-
-
-def _pct(v) -> str:
-    return "n/a" if _nan(v) else f"{100 * v:.2f} %"
-
-
-def _num(v) -> str:
-    return "n/a" if _nan(v) else f"{v:.3g}"
 
 
 def _dur(s: float) -> str:

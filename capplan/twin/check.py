@@ -28,6 +28,7 @@ import pandas as pd
 from scipy.stats import binom
 
 from ..errors import StudyError
+from ..present import MISSING, fmt, fmt_num, json_text
 from ..slo import CSLO_REPS, SLO
 from .capacity import steady_cslo
 from .data import StudyData, load_study
@@ -139,14 +140,7 @@ class TwinCheck:
                 "margins": {k: {"absolute": a, "relative": r} for k, (a, r) in MARGINS.items()}}
 
     def to_json(self, path=None) -> str:
-        import json
-
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-        if path is not None:
-            from ..io import write_text_atomic
-
-            write_text_atomic(path, text)
-        return text
+        return json_text(self.to_dict(), path)
 
     def cslo_frame(self) -> pd.DataFrame:
         """The C_SLOs of the check, one row each, labelled as the quantity they are (``CSLO_ROWS``):
@@ -181,20 +175,19 @@ class TwinCheck:
                f"{'band (with margin)':>25}  ok")
         lines.append(hdr)
         for r in lf.itertuples():
-            def fmt(v):
-                return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g}"
-            lines.append(f"{r.run_id:<10} {fmt(r.offered_rps):>6}  {r.label:<30} {fmt(r.measured):>11} "
-                         f"{'[' + fmt(r.pi_low) + ', ' + fmt(r.pi_high) + ']':>25} "
-                         f"{'[' + fmt(r.band_low) + ', ' + fmt(r.band_high) + ']':>25}  {'yes' if r.inside else 'NO'}")
+            lines.append(f"{r.run_id:<10} {fmt_num(r.offered_rps):>6}  {r.label:<30} {fmt_num(r.measured):>11} "
+                         f"{'[' + fmt_num(r.pi_low) + ', ' + fmt_num(r.pi_high) + ']':>25} "
+                         f"{'[' + fmt_num(r.band_low) + ', ' + fmt_num(r.band_high) + ']':>25}  "
+                         f"{'yes' if r.inside else 'NO'}")
         lines.append("")
         for r in self.cslo_frame().to_dict("records"):
             r = {k: json_number(v) for k, v in r.items()}  # the frame's NaN for "none" back to None
             if r["estimate"] is not None:
-                lb = f", lower bound {_num(r['lower_bound'])}" if r["lower_bound"] is not None else ""
+                lb = f", lower bound {fmt(r['lower_bound'], '.3f')}" if r["lower_bound"] is not None else ""
                 lines.append(f"{r['label']:<58} {r['estimate']:.3f} req/s  95 % interval "
-                             f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]{lb}")
+                             f"[{fmt(r['ci_low'], '.3f')}, {fmt(r['ci_high'], '.3f')}]{lb}")
             else:
-                lines.append(f"{r['label']:<58} n/a ({r['status'] or 'not bracketed'})")
+                lines.append(f"{r['label']:<58} {MISSING} ({r['status'] or 'not bracketed'})")
             lines.append(f"    {r['why']}")
         if self.holdout:
             h = self.holdout
@@ -231,10 +224,6 @@ class TwinCheck:
         fig.update_layout(title=f"Measured vs twin — verdict: {self.verdict}", template="plotly_white",
                           height=380)
         return fig
-
-
-def _num(x):
-    return "n/a" if x is None else f"{x:.3f}"
 
 
 def _replays_of_run(args) -> list[dict]:

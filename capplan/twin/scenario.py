@@ -353,13 +353,30 @@ def load_scenario(path: str | os.PathLike) -> Scenario:
                    marks=doc)
 
 
-def run_scenario(twin: "Twin", scenario: Scenario, out: str | os.PathLike, *, twin_path: str | None = None,
+def as_scenario(scenario) -> Scenario:
+    """A Scenario from a Scenario, its mapping (as in scenario.yaml) or a scenario file: what a
+    notebook has in hand becomes the object once, at the edge."""
+    if isinstance(scenario, Scenario):
+        return scenario
+    if isinstance(scenario, dict):
+        return parse_scenario(scenario)
+    return load_scenario(scenario)
+
+
+def run_scenario(twin: "Twin | str | os.PathLike", scenario: "Scenario | dict | str | os.PathLike",
+                 out: str | os.PathLike, *, twin_path: str | None = None,
                  workers: int | None = None, progress: bool = False):
-    """Simulate ``scenario`` on ``twin`` and write an ordinary study at ``out`` (atomically);
-    its study.yaml records the twin (with its last check) and the scenario. Returns
-    (path, per-run stats, context)."""
+    """Simulate ``scenario`` (a Scenario, its mapping or a scenario file) on ``twin`` (a Twin or
+    a twin file) and write an ordinary study at ``out`` (atomically); its study.yaml records the
+    twin (with its last check) and the scenario. Returns (path, per-run stats, context)."""
     from ..synth.sweep import generate_study
 
+    if isinstance(twin, (str, os.PathLike)):  # a twin file
+        from .twinfile import load_twin
+
+        twin_path = twin_path or str(twin)
+        twin = load_twin(twin)
+    scenario = as_scenario(scenario)
     try:
         ctx = scenario.apply(twin)
     except SpecError as exc:

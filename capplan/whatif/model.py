@@ -32,6 +32,7 @@ from plotly.subplots import make_subplots
 
 from ..version import __version__
 from ..errors import CapplanError, SpecError
+from ..present import MISSING, is_missing
 from ..slo import SLO
 
 #: Attainment targets offered by the slider.
@@ -349,8 +350,8 @@ def _reattach(env, study):
 
 
 def _fmt_value(v, unit: str) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "n/a"
+    if is_missing(v) or not math.isfinite(v):
+        return MISSING
     if unit.startswith("USD") or unit.startswith("$"):
         return f"${v:,.2f}" if abs(v) < 100 else f"${v:,.0f}"
     if float(v).is_integer():
