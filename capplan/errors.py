@@ -220,6 +220,6 @@ class OutputBusy(CapplanError):
     def __init__(self, path: str, holder: str, waited_s: float):
         self.path, self.holder, self.waited_s = path, holder, waited_s
         super().__init__(
-            f"ERROR: {holder} is still writing {path} after {waited_s:.0f} s — wait for it to "
+            f"ERROR: {holder} is still writing {path} after {waited_s:g} s — wait for it to "
             "finish (or end it) and run again, or choose another --out "
             "(CAPPLAN_LOCK_WAIT_S sets how long to wait)")

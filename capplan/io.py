@@ -166,12 +166,11 @@ def output_lock(dest: str | os.PathLike, *, wait_s: float | None = None, say=Non
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            waited = time.monotonic() - t0
-            if waited >= wait_s:
-                raise OutputBusy(str(dest), holder, waited) from None
+            if time.monotonic() - t0 >= wait_s:
+                raise OutputBusy(str(dest), holder, wait_s) from None
             if not told:
                 say(f"capplan: {holder} is writing {dest}; waiting for it to finish "
-                    f"(up to {wait_s:.0f} s, CAPPLAN_LOCK_WAIT_S) …")
+                    f"(up to {wait_s:g} s, CAPPLAN_LOCK_WAIT_S) …")
                 told = True
             time.sleep(_POLL_S)
             continue

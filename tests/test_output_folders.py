@@ -25,6 +25,8 @@ from capplan.study import open_study
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDELLM = str(ROOT / "tests" / "fixtures" / "guidellm")
+#: the longest wait for a subprocess (each wait ends as soon as it can: a busy box only slows it)
+WAIT_S = 180.0
 
 #: Runs ``capplan ARGV…`` with one fault hook (FAULT): ``hold`` stops right after the build
 #: folder is made (lock held) until the file GO exists; ``between`` stops between the two
@@ -40,7 +42,7 @@ fault, mark, go = os.environ["FAULT"], Path(os.environ["MARK"]), os.environ.get(
 def stop():
     mark.write_text(str(os.getpid()))
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 120 and not (go and os.path.exists(go)):
+    while time.monotonic() - t0 < 600 and not (go and os.path.exists(go)):
         time.sleep(0.05)
 
 if fault == "hold":
@@ -76,7 +78,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _start(tmp_path: Path, argv: list[str], fault: str = "none", *, go: Path | None = None,
-           env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+           env: dict | None = None, log: Path | None = None) -> tuple[subprocess.Popen, Path]:
+    """Start the driver; its stderr goes to ``log`` when given (read while it runs)."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER, encoding="utf-8")
     mark = tmp_path / f"mark-{fault}-{time.monotonic_ns()}"
@@ -84,11 +87,12 @@ def _start(tmp_path: Path, argv: list[str], fault: str = "none", *, go: Path | N
     if go is not None:
         e["GO"] = str(go)
     proc = subprocess.Popen([sys.executable, str(driver), *argv], env=e, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True,
+                            stderr=open(log, "w") if log else subprocess.PIPE)
     return proc, mark
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 25.0) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = WAIT_S) -> None:
     t0 = time.monotonic()
     while not path.exists():
         if proc.poll() is not None:
@@ -113,7 +117,11 @@ def _import_argv(out: Path) -> list[str]:
 
 def _run(tmp_path: Path, argv: list[str], **kw) -> subprocess.CompletedProcess:
     proc, _ = _start(tmp_path, argv, **kw)
-    so, se = proc.communicate(timeout=60)
+    try:
+        so, se = proc.communicate(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     return subprocess.CompletedProcess(argv, proc.returncode, so, se)
 
 
@@ -207,14 +215,14 @@ def test_second_writer_refuses_in_one_line_and_the_output_survives(tmp_path):
         second = _run(tmp_path, _import_argv(out), env={"CAPPLAN_LOCK_WAIT_S": "0.5"})
         assert second.returncode == 1
         lines = [ln for ln in second.stderr.splitlines() if ln.startswith(("ERROR", "Traceback"))]
-        assert lines == [f"ERROR: another capplan (pid {first.pid}) is still writing {out} after 1 s"
+        assert lines == [f"ERROR: another capplan (pid {first.pid}) is still writing {out} after 0.5 s"
                          " — wait for it to finish (or end it) and run again, or choose another "
                          "--out (CAPPLAN_LOCK_WAIT_S sets how long to wait)"], second.stderr
         assert f"another capplan (pid {first.pid}) is writing {out}; waiting" in second.stderr
         assert (out / "study.yaml").read_text() == before  # untouched while the first builds
     finally:
         go.write_text("")
-        first.communicate(timeout=60)
+        first.communicate(timeout=WAIT_S)
     assert first.returncode == 0
     assert len(open_study(out).runs_frame()) == 11 and _hidden(tmp_path, "imp") == []
 
@@ -225,18 +233,44 @@ def test_second_writer_waits_for_the_first_then_writes(tmp_path):
     first, mark = _start(tmp_path, _import_argv(out), "hold", go=go)
     try:
         _wait_for(mark, first)
-        second, _ = _start(tmp_path, _import_argv(out), env={"CAPPLAN_LOCK_WAIT_S": "60"})
-        time.sleep(1.0)  # the second is waiting on the lock
-        assert second.poll() is None
+        log = tmp_path / "second.log"
+        second, _ = _start(tmp_path, _import_argv(out), env={"CAPPLAN_LOCK_WAIT_S": "600"},
+                           log=log)
+        t0 = time.monotonic()  # until the second says it waits on the lock
+        while "waiting for it to finish" not in log.read_text():
+            assert second.poll() is None and time.monotonic() - t0 < WAIT_S, log.read_text()
+            time.sleep(0.1)
     finally:
         go.write_text("")
-    first.communicate(timeout=60)
-    so, se = second.communicate(timeout=60)
+    first.communicate(timeout=WAIT_S)
+    second.communicate(timeout=WAIT_S)
+    se = log.read_text()
     assert first.returncode == 0 and second.returncode == 0, se
     assert f"another capplan (pid {first.pid}) is writing {out}; waiting for it to finish" in se
     assert f"{out} is free; writing it now" in se
     assert "Traceback" not in se
     assert len(open_study(out).runs_frame()) == 11 and _hidden(tmp_path, "imp") == []
+
+
+@pytest.mark.parametrize("command", ["report", "plan", "import"])
+def test_each_writer_refuses_a_held_folder_in_one_line(tmp_path, command):
+    """report, plan and import all write through the locked swap: with the lock held (here by
+    the test itself), each refuses in one line, exit 1, and leaves the folder as it was —
+    report before any kernel starts."""
+    out = tmp_path / "out"
+    argv = {"report": ["report", str(R.demo_study_path()), "--out", str(out), "--reps", "10"],
+            "plan": ["plan", "--spec", str(ROOT / "templates" / "plan.yaml"), "--capacity-rps", "5",
+                     "--out", str(out)],
+            "import": _import_argv(out)}[command]
+    with cio.output_lock(out, say=lambda _t: None):
+        done = _run(tmp_path, argv, env={"CAPPLAN_LOCK_WAIT_S": "0"})
+    assert done.returncode == 1, done.stderr
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith(("ERROR", "Traceback"))]
+    assert errors == [f"ERROR: another capplan (pid {os.getpid()}) is still writing {out} after 0 s"
+                      " — wait for it to finish (or end it) and run again, or choose another "
+                      "--out (CAPPLAN_LOCK_WAIT_S sets how long to wait)"], done.stderr
+    assert "running" not in done.stderr  # no notebook started
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("out", ".out"))) == []
 
 
 def test_kill_between_the_two_renames_is_repaired_by_the_next_run(tmp_path):
@@ -302,7 +336,7 @@ def test_killed_report_leaves_kernel_files_only_in_its_build_folder(tmp_path):
         t0 = time.monotonic()
         while not kernels:
             assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() - t0 < 25, "the kernel never ran its cell"
+            assert time.monotonic() - t0 < WAIT_S, "the kernel never ran its cell"
             time.sleep(0.1)
             kernels = [int(p.name) for p in marks.iterdir()]
         (build,) = [tmp_path / n for n in _hidden(tmp_path, "rep")
@@ -312,7 +346,7 @@ def test_killed_report_leaves_kernel_files_only_in_its_build_folder(tmp_path):
         _kill(proc)
         assert list(tmpdir.iterdir()) == []  # nothing in the temp folder
         t0 = time.monotonic()  # the kernel sees its parent gone (ipykernel polls each second)
-        while any(_running(k) for k in kernels) and time.monotonic() - t0 < 10:
+        while any(_running(k) for k in kernels) and time.monotonic() - t0 < 60:
             time.sleep(0.2)
         assert not any(_running(k) for k in kernels)
     finally:
