@@ -208,3 +208,18 @@ def write_error(exc: BaseException, dest=None) -> WriteError | None:
     else:
         fix = "you may not write there; choose another --out or fix the folder's permissions"
     return WriteError(path, reason, fix, WRITE_ERRNOS[exc.errno])
+
+
+class OutputBusy(CapplanError):
+    """Another capplan process holds the output's lock (it is writing the same folder) and did
+    not finish within the wait: one line, exit 1 (the machine's state: the same command works
+    once the other run ends)."""
+
+    exit_code = 1
+
+    def __init__(self, path: str, holder: str, waited_s: float):
+        self.path, self.holder, self.waited_s = path, holder, waited_s
+        super().__init__(
+            f"ERROR: {holder} is still writing {path} after {waited_s:g} s — wait for it to "
+            "finish (or end it) and run again, or choose another --out "
+            "(CAPPLAN_LOCK_WAIT_S sets how long to wait)")

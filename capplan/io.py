@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import math
 import os
+import re
+import shlex
 import shutil
+import sys
 import tempfile
 import textwrap
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +38,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from . import contract as C
-from .errors import write_error
+from .errors import OutputBusy, write_error
 
 
 def _read_umask() -> int:
@@ -99,28 +104,266 @@ def write_text_atomic(dest: str | os.PathLike, text: str) -> Path:
     return Path(dest)
 
 
+# ----------------------------------------------------------------------------- output folders
+# One writer per output folder (a lock file beside it), leftovers of killed runs cleaned or
+# named, and a swap that never leaves the folder missing (docs/architecture.md, "Output
+# folders").
+
+#: how long a second writer waits for the first before refusing (CAPPLAN_LOCK_WAIT_S overrides)
+LOCK_WAIT_S = 600.0
+_POLL_S = 0.2
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def lock_path(dest: str | os.PathLike) -> Path:
+    """The lock file of an output folder: ``.NAME.lock`` beside it."""
+    dest = Path(dest)
+    return dest.with_name(f".{dest.name}.lock")
+
+
+def _lock_wait_s() -> float:
+    raw = os.environ.get("CAPPLAN_LOCK_WAIT_S", "")
+    try:
+        return max(0.0, float(raw)) if raw.strip() else LOCK_WAIT_S
+    except ValueError:
+        return LOCK_WAIT_S
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock, from the pid its holder wrote into the file."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return f"another capplan (pid {text})" if text.isdigit() else "another capplan process"
+
+
 @contextlib.contextmanager
-def atomic_dir(dest: str | os.PathLike, *, overwrite: bool = True):
-    """Yield a temp directory beside ``dest``; on success it replaces ``dest`` as a whole."""
+def output_lock(dest: str | os.PathLike, *, wait_s: float | None = None, say=None):
+    """Hold the lock of the output ``dest`` (``fcntl.flock`` on ``.NAME.lock`` beside it):
+    a second writer waits, saying so, up to ``wait_s`` (default CAPPLAN_LOCK_WAIT_S, else
+    ``LOCK_WAIT_S``) and then raises :class:`~capplan.errors.OutputBusy` (exit 1). The
+    kernel drops the lock when its holder dies, so a killed run never leaves a stale one. The
+    file is removed on release; a waiter that got the removed file's lock sees that the name
+    now points elsewhere and tries again. Without fcntl (Windows) there is no lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield None
+        return
+    say = say or _say
+    path = lock_path(dest)
+    wait_s = _lock_wait_s() if wait_s is None else wait_s
+    t0 = time.monotonic()
+    told = False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            if time.monotonic() - t0 >= wait_s:
+                raise OutputBusy(str(dest), holder, wait_s) from None
+            if not told:
+                say(f"capplan: {holder} is writing {dest}; waiting for it to finish "
+                    f"(up to {wait_s:g} s, CAPPLAN_LOCK_WAIT_S) …")
+                told = True
+            time.sleep(_POLL_S)
+            continue
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file as we got its lock: take the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+        if told:
+            say(f"capplan: {dest} is free; writing it now")
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)  # releases the lock
+
+
+def _build_re(name: str) -> re.Pattern:
+    """Names a run leaves beside ``name``: ``.NAME.build-PID-XXXXXXXX`` (the folder being
+    built), ``.NAME.old-PID`` (the previous output during a two-rename swap) and, from
+    capplan versions before the pid was in the name, ``.NAME.XXXXXXXX``."""
+    n = re.escape(name)
+    return re.compile(rf"^\.{n}\.(?:build-(?P<bpid>\d+)-[A-Za-z0-9_]+|old-(?P<opid>\d+)"
+                      rf"|(?P<legacy>[A-Za-z0-9_]{{8}}))$")
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a reused pid counts: kept, not deleted)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A hidden folder beside an output left by an earlier run: ``kind`` "build" or "old";
+    ``pid`` of the run that made it (None: an older capplan that did not record it);
+    ``stale``: that process has ended, so the folder is nobody's."""
+
+    path: Path
+    kind: str
+    pid: int | None
+    stale: bool
+
+
+def leftovers(dest: str | os.PathLike) -> list[Leftover]:
+    """The build folders and previous copies that earlier runs left beside ``dest``."""
+    dest = Path(dest)
+    pat = _build_re(dest.name)
+    found = []
+    try:
+        entries = list(os.scandir(dest.parent))
+    except FileNotFoundError:
+        return []
+    for e in entries:
+        m = pat.match(e.name)
+        if m is None or not e.is_dir(follow_symlinks=False):
+            continue
+        pid_s = m.group("bpid") or m.group("opid")
+        pid = int(pid_s) if pid_s else None
+        kind = "old" if m.group("opid") else "build"
+        found.append(Leftover(Path(e.path), kind, pid, pid is not None and not _alive(pid)))
+    return sorted(found, key=lambda x: x.path.name)
+
+
+def clean_leftovers(dest: str | os.PathLike, *, say=None) -> None:
+    """Under ``dest``'s lock: restore ``dest`` from the previous copy of a run killed between
+    the two renames of a swap (where the platform has no atomic exchange); remove the build
+    folders and copies of runs whose process has ended; name, with the command that removes
+    them, those whose process may still run (nothing that may be a live writer's is deleted).
+    Each is said on stderr."""
+    say = say or _say
+    dest = Path(dest)
+    found = leftovers(dest)
+    stale = [x for x in found if x.stale]
+    if not os.path.lexists(dest):
+        olds = sorted((x for x in stale if x.kind == "old"), key=lambda x: x.path.stat().st_ctime)
+        if olds:
+            os.rename(olds[-1].path, dest)
+            say(f"capplan: {dest} was missing (a run, pid {olds[-1].pid}, was killed while swapping "
+                f"it); restored the previous output from {olds[-1].path.name}")
+            stale = [x for x in stale if x is not olds[-1]]
+    if stale:
+        for x in stale:
+            shutil.rmtree(x.path, ignore_errors=True)
+        say(f"capplan: removed {len(stale)} leftover folder(s) of ended runs beside {dest}: "
+            + ", ".join(f"{x.path.name} (pid {x.pid})" for x in stale))
+    for x in found:
+        if x.stale:
+            continue
+        why = ("made by a capplan that did not record its pid" if x.pid is None
+               else f"pid {x.pid} is still running — if that is not capplan, the folder is stale")
+        say(f"capplan: {x.path} looks like a leftover of an earlier run ({why}); remove it with: "
+            f"rm -rf {shlex.quote(str(x.path))}")
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_renameat2_fn = None
+
+
+def _renameat2():
+    """libc's renameat2, or None (not Linux, or a libc older than glibc 2.28)."""
+    global _renameat2_fn
+    if _renameat2_fn is None:
+        fn = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL(None, use_errno=True).renameat2
+                fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                               ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = False
+        _renameat2_fn = fn
+    return _renameat2_fn or None
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``): at no moment is
+    either name missing. False where the platform or the filesystem cannot (the caller falls
+    back to two renames); any other failure raises OSError."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    import ctypes
+
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", -1)):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(tmp: Path, dest: Path) -> None:
+    """Put the finished folder ``tmp`` at ``dest``, replacing what is there: one atomic
+    exchange where the platform has it, else two renames (a kill between them leaves the
+    previous output as ``.NAME.old-PID``, which the next run restores)."""
+    if exchange(tmp, dest):
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the previous output
+        return
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    os.replace(dest, old)
+    try:
+        os.replace(tmp, dest)
+    except BaseException:
+        os.replace(old, dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(dest: str | os.PathLike, *, overwrite: bool = True, say=None):
+    """Yield a temp directory beside ``dest``; on success it replaces ``dest`` as a whole.
+    The whole build holds ``dest``'s lock (:func:`output_lock`: a second writer waits, then
+    refuses), leftovers of killed runs are cleaned or named first (:func:`clean_leftovers`),
+    and the swap never leaves ``dest`` missing (:func:`exchange`). ``say``: where those notes
+    go (default stderr)."""
     dest = Path(dest)
     with _writing(dest):
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-        try:
-            follow_umask(tmp)
-            yield tmp
-            if dest.exists():
-                if not overwrite:
-                    raise FileExistsError(dest)
-                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-                os.replace(dest, old)
-                os.replace(tmp, dest)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with output_lock(dest, say=say):
+            clean_leftovers(dest, say=say)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.build-{os.getpid()}-",
+                                        dir=dest.parent))
+            try:
+                follow_umask(tmp)
+                yield tmp
+                if os.path.lexists(dest):
+                    if not overwrite:
+                        raise FileExistsError(dest)
+                    _swap_in(tmp, dest)
+                else:
+                    os.replace(tmp, dest)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
 
 
 def manifest_dict(name: str, runs: list[dict], *, system: dict | None = None,

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from queue import Empty
 
@@ -101,6 +103,20 @@ class SteadyKernelManager(AsyncKernelManager):
 
     client_class = DottedObjectName("capplan.nbexec.SteadyKernelClient", config=True)
     client_factory = Type(SteadyKernelClient, klass=AsyncKernelClient, config=True)
+    #: where the kernel's connection file goes (None: jupyter_client's default, a temp file)
+    connection_dir: str | None = None
+
+    def write_connection_file(self, **kwargs) -> None:
+        if self.connection_dir and not self.connection_file:
+            self.connection_file = os.path.join(self.connection_dir, f"kernel-{uuid.uuid4()}.json")
+        super().write_connection_file(**kwargs)
+
+
+def kernel_manager_in(folder) -> type[SteadyKernelManager]:
+    """A :class:`SteadyKernelManager` whose kernels write their connection files (ports and
+    key) into ``folder``, not the temp folder: a run killed before it shut its kernels down
+    leaves them there, and they go when that folder goes (the report's build folder)."""
+    return type("SteadyKernelManagerIn", (SteadyKernelManager,), {"connection_dir": str(folder)})
 
 
 #: Voila's options for the same client (its kernel managers come from jupyter_server; the

@@ -29,6 +29,7 @@ import html
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from time import perf_counter
@@ -75,6 +76,8 @@ DEFAULT_REPS = CapacitySpec.reps
 DEFAULT_SEED = CapacitySpec.seed
 DEFAULT_CONFIDENCE = CapacitySpec.confidence
 CELL_TIMEOUT_S = 900
+#: the build folder's subfolder that holds the report kernels' connection files while they run
+KERNEL_FILES_DIR = ".kernels"
 
 Progress = Callable[[str], None]
 
@@ -311,15 +314,17 @@ def execution_error(notebook: str, exc: Exception, watch=None) -> ReportError:
 
 
 def execute_notebook(path: Path, parameters: dict, *, kernel: str | None = None,
-                     cwd: Path | None = None, cell_timeout_s: float = CELL_TIMEOUT_S, say=None):
+                     cwd: Path | None = None, cell_timeout_s: float = CELL_TIMEOUT_S, say=None,
+                     kernel_dir: Path | None = None):
     """Execute one notebook in memory with papermill; returns the executed NotebookNode.
     Raises ReportError naming the notebook and cell on failure. The kernel's replies are read
     by :mod:`capplan.nbexec`'s steady client (no lost wake-ups); a cell running over
     ``nbexec.LATE_S`` is reported through ``say`` (default: stderr), one that runs over
-    ``cell_timeout_s`` fails the run with its name."""
+    ``cell_timeout_s`` fails the run with its name. ``kernel_dir``: where the kernel writes
+    its connection file (default: the temp folder)."""
     import papermill as pm
 
-    from .nbexec import CellWatch, SteadyKernelManager
+    from .nbexec import CellWatch, SteadyKernelManager, kernel_manager_in
 
     kernel = kernel or ensure_kernel()
     watch = CellWatch(path.name, say=say)
@@ -333,7 +338,8 @@ def execute_notebook(path: Path, parameters: dict, *, kernel: str | None = None,
             resources={"metadata": {"path": str(cwd)}} if cwd else {},
             # the kernel's own log (TCP transport warning, shutdown noise) is not progress
             extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
-            kernel_manager_class=SteadyKernelManager, **watch.hooks())
+            kernel_manager_class=kernel_manager_in(kernel_dir) if kernel_dir else SteadyKernelManager,
+            **watch.hooks())
     except Exception as exc:  # noqa: BLE001 - a dead kernel or timeout is a notebook failure too
         raise execution_error(path.name, exc, watch) from None
 
@@ -638,7 +644,7 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
 
 
 def _execute_all(nb_dir: Path, runs: list[tuple[str, dict]], *, kernel: str, cwd: Path,
-                 jobs: int, say: Progress, seconds: dict) -> list:
+                 jobs: int, say: Progress, seconds: dict, kernel_dir: Path | None = None) -> list:
     """Execute the report notebooks ``runs`` = [(file name, parameters)] in page order,
     ``jobs`` at a time, printing progress as each starts and ends. Returns the executed
     notebooks in page order. On failure, notebooks not started yet are skipped, and the first
@@ -657,7 +663,8 @@ def _execute_all(nb_dir: Path, runs: list[tuple[str, dict]], *, kernel: str, cwd
         tell(f"[{i}/{n}] {name}: running …")
         t0 = perf_counter()
         try:
-            nb = execute_notebook(nb_dir / name, parameters, kernel=kernel, cwd=cwd, say=tell)
+            nb = execute_notebook(nb_dir / name, parameters, kernel=kernel, cwd=cwd, say=tell,
+                                  kernel_dir=kernel_dir)
         except ReportError:
             tell(f"[{i}/{n}] {name}: FAILED after {perf_counter() - t0:.1f} s")
             raise
@@ -775,8 +782,13 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
         (tmp / "data").mkdir()
         data = tmp / "data"
         runs = [(name, params.parameters_for(name, data)) for name, _title in report_nbs]
-        executed = _execute_all(nb_dir, runs, kernel=kernel, cwd=tmp,
-                                jobs=jobs or len(runs), say=say, seconds=seconds)
+        # the kernels' connection files live in the build folder: a killed report leaves
+        # them there, and the next run removes that folder (docs/report.md, "Killed runs")
+        kernel_dir = tmp / KERNEL_FILES_DIR
+        kernel_dir.mkdir()
+        executed = _execute_all(nb_dir, runs, kernel=kernel, cwd=tmp, jobs=jobs or len(runs),
+                                say=say, seconds=seconds, kernel_dir=kernel_dir)
+        shutil.rmtree(kernel_dir, ignore_errors=True)  # each kernel removed its own file
         for (name, title), nb in zip(report_nbs, executed):
             # the pages carry plotly.js; the saved notebooks keep each figure once, as JSON
             nbformat.write(slim_notebook(nb), str(tmp / "notebooks" / name))

@@ -24,6 +24,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 REPS = 20
 PRESSES = 3
+#: a browser wait returns as soon as its condition holds, so a long one costs nothing when
+#: all is well; 30 s waits took 15 s on a box at load ≈ 9 (issue 33), so every wait is 120 s
+WAIT_MS = 120_000
 
 pytestmark = pytest.mark.browser
 
@@ -104,10 +107,11 @@ def test_slider_moves_the_rendered_plan(whatif_app):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(whatif_app, wait_until="commit", timeout=60_000)
-            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=60_000)
+            page.set_default_timeout(WAIT_MS)
+            page.goto(whatif_app, wait_until="commit", timeout=WAIT_MS)
+            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=WAIT_MS)
             assert page.inner_text('tr[data-key="peak_rps"] td.value') == f"{start.peak_rps:g}"
-            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=WAIT_MS)
             # the peak-demand slider: the handle in the row labelled so
             row = page.locator(".widget-slider", has_text="peak demand")
             row.locator(".noUi-handle").focus()
@@ -116,13 +120,13 @@ def test_slider_moves_the_rendered_plan(whatif_app):
             page.wait_for_function(
                 f"([p, g]) => {cell.format('peak_rps')}?.innerText === p && "
                 f"{cell.format('total_gpus')}?.innerText === g",
-                arg=[want_peak, want_gpus], timeout=30_000)
+                arg=[want_peak, want_gpus], timeout=WAIT_MS)
             assert page.inner_text('tr[data-key="total_gpus"] td.value') == want_gpus
             # the chart redrew too: the waterfall's total bar label is the new group count
             total = shown["total_groups"]
             page.wait_for_function(
                 "t => [...document.querySelectorAll('.js-plotly-plot .waterfalllayer text')]"
-                ".some(e => e.textContent === t)", arg=total, timeout=30_000)
+                ".some(e => e.textContent === t)", arg=total, timeout=WAIT_MS)
         finally:
             browser.close()
 
@@ -136,20 +140,21 @@ def test_impossible_ttft_hides_the_plan_and_names_the_fix(whatif_app):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.goto(whatif_app, wait_until="commit", timeout=60_000)
-            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=60_000)
-            page.wait_for_selector(".capplan-plan-chart .js-plotly-plot", timeout=60_000)
+            page.set_default_timeout(WAIT_MS)
+            page.goto(whatif_app, wait_until="commit", timeout=WAIT_MS)
+            page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=WAIT_MS)
+            page.wait_for_selector(".capplan-plan-chart .js-plotly-plot", timeout=WAIT_MS)
             row = page.locator(".widget-slider", has_text="TTFT limit")
             row.locator(".noUi-handle").focus()
             for _ in range(12):  # to the slider's left end: 600 ms
                 page.keyboard.press("ArrowLeft")
-            page.wait_for_selector("#whatif-problem", timeout=60_000)
+            page.wait_for_selector("#whatif-problem", timeout=WAIT_MS)
             msg = page.inner_text("#whatif-problem")
             assert "No plan at these settings" in msg
             assert "loosen the TTFT limit to 1,000 ms or more" in msg
             for cli_words in ("--capacity-rps", "capacity.use", "field:", "Traceback"):
                 assert cli_words not in msg
-            page.wait_for_function("() => !document.querySelector('#plan-table')", timeout=30_000)
+            page.wait_for_function("() => !document.querySelector('#plan-table')", timeout=WAIT_MS)
             assert page.locator("#quarters-table").count() == 0
             # the plan's chart is off the page too (the fleet panel below keeps its own chart:
             # ready time and warm floor do not depend on the SLO)
@@ -173,10 +178,11 @@ def test_every_load_shows_every_widget_and_each_chart_once(whatif_app):
         try:
             for _ in range(LOADS):
                 page = browser.new_page(viewport={"width": 1280, "height": 1000})
-                page.goto(whatif_app, wait_until="commit", timeout=60_000)
-                page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=60_000)
-                page.wait_for_selector('tr[data-key="fleet-total_groups"]', timeout=60_000)
-                page.wait_for_selector(".capplan-plan-chart .js-plotly-plot", timeout=60_000)
+                page.set_default_timeout(WAIT_MS)
+                page.goto(whatif_app, wait_until="commit", timeout=WAIT_MS)
+                page.wait_for_selector('tr[data-key="total_gpus"] td.value', timeout=WAIT_MS)
+                page.wait_for_selector('tr[data-key="fleet-total_groups"]', timeout=WAIT_MS)
+                page.wait_for_selector(".capplan-plan-chart .js-plotly-plot", timeout=WAIT_MS)
                 text = page.inner_text("body")
                 assert "model not found" not in text and "Error displaying widget" not in text
                 assert page.locator(".js-plotly-plot").count() == 1  # no twin: no burst chart
@@ -203,13 +209,14 @@ def test_typing_1500_in_the_ttft_box_replans(whatif_app):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.goto(whatif_app, wait_until="commit", timeout=60_000)
-            page.wait_for_selector('tr[data-key="cslo_lower_bound"] td.value', timeout=60_000)
+            page.set_default_timeout(WAIT_MS)
+            page.goto(whatif_app, wait_until="commit", timeout=WAIT_MS)
+            page.wait_for_selector('tr[data-key="cslo_lower_bound"] td.value', timeout=WAIT_MS)
             assert page.inner_text('tr[data-key="cslo_lower_bound"] td.value') == before
             box = page.locator(".capplan-typed-ttft input")
             box.fill("1500")
             box.press("Enter")
-            page.wait_for_function(f"w => {cell}?.innerText === w", arg=want, timeout=60_000)
+            page.wait_for_function(f"w => {cell}?.innerText === w", arg=want, timeout=WAIT_MS)
             assert "1,500" in page.locator(".widget-slider", has_text="TTFT limit").inner_text()
         finally:
             browser.close()
@@ -229,7 +236,8 @@ def test_index_shows_next_quarter_and_the_band(demo_report):  # noqa: F811
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto((demo_report / "index.html").as_uri())
+            page.set_default_timeout(WAIT_MS)
+            page.goto((demo_report / "index.html").as_uri(), timeout=WAIT_MS)
             answer = page.inner_text("#answer-text")
             import datetime as dt
 
