@@ -59,6 +59,7 @@ class Batching:
         self.resolved(rid, now)
 
     def expire_waiting(self, R, rid, now):
+        """A queued request's client gave up (or the run ended)."""
         self.state[rid] = DONE
         self.status[rid] = self.end_status(rid)
         R.nwait -= 1
@@ -66,6 +67,7 @@ class Batching:
         self.resolved(rid, now)
 
     def purge(self, R, now):
+        """Drop the head of R's queue while it is resolved or past its deadline."""
         w = R.waiting
         while w:
             h = w[0]
@@ -78,6 +80,7 @@ class Batching:
                 break
 
     def preempt_one(self, R):
+        """Preempt the most recently admitted sequence by recompute: back to the queue's front."""
         gen = self.gen; plen = self.plen; pst = self.pst; state = self.state
         rid = next(reversed(R.running))
         if state[rid] == DECODE:
@@ -113,6 +116,7 @@ class Batching:
         return need1
 
     def go_idle(self, R):
+        """Nothing to run: R sleeps until an arrival wakes it."""
         if R.nwait:
             raise RuntimeError("synth: a queued request cannot be admitted into an empty replica "
                                "(max_model_len larger than the KV cache?)")
@@ -253,6 +257,8 @@ class Batching:
             self.go_idle(R)
 
     def record(self, R, t0, step, k, tok):
+        """Book k iterations of length ``step`` from ``t0`` (``tok`` tokens each) as a segment,
+        extending the last one when it continues it exactly."""
         if k <= 0:
             return
         si = R.seg_i0
