@@ -4,7 +4,8 @@ Target: ≥ 20,000 simulated requests/s on 2 cores with 200-token outputs, so th
 study (preset ``bench``: 12 offered rates × 1 M requests, 4 replicas, fixed 512/200 lengths,
 Poisson arrivals from light load to 2× overload, no itl_ns lists) builds in ≤ 10 minutes.
 
-Measures, each in a fresh child process (so peak RSS is that step's own ``ru_maxrss``):
+Measures, each in a fresh child process (so peak RSS is that step's own ``ru_maxrss``; the CPU
+seconds beside the wall time are that step's own too — compare those on a busy shared box):
 
   study     generate_study(bench preset) end to end: simulate + build tables + write parquet,
             runs spread over --workers processes (the figure the target is about)
@@ -36,6 +37,7 @@ def _child(kind: str, n: int, workers: int, out: str) -> dict:
     from capplan.synth.sweep import generate_study, simulate_level
 
     cfg = preset("bench").with_(requests_per_run=n)
+    cpu0 = _cpu_s()
     t = time.perf_counter()
     if kind == "study":
         _, stats = generate_study(cfg, out, workers=workers)
@@ -50,9 +52,18 @@ def _child(kind: str, n: int, workers: int, out: str) -> dict:
     else:
         raise ValueError(kind)
     wall = time.perf_counter() - t
+    cpu = _cpu_s() - cpu0
     kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     disk = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file()) if Path(out).exists() else 0
-    return {"kind": kind, "requests": reqs, "wall_s": wall, "rss_mb": kb / 1024, "disk_mb": disk / 2**20}
+    return {"kind": kind, "requests": reqs, "wall_s": wall, "cpu_s": cpu, "rss_mb": kb / 1024,
+            "disk_mb": disk / 2**20}
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its finished children (the workers):
+    on a shared box the wall time carries everyone's load, the CPU time much less of it."""
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
 def main() -> None:
@@ -80,12 +91,13 @@ def main() -> None:
     print(f"capplan synth benchmark — target {TARGET_RPS:,.0f} simulated requests/s (200-token outputs), "
           f"workers={a.workers}")
     print(f"{'step':<10} {'requests':>12} {'wall s':>8} {'req/s':>10} {'vs target':>9} {'peak RSS MB':>11} {'disk MB':>8}"
-          f" {'12 M-row ETA':>12}")
+          f" {'12 M-row ETA':>12} {'cpu s':>7} {'req/cpu-s':>10}")
     for r in rows:
         rps = r["requests"] / r["wall_s"]
         eta = 12e6 / rps
         print(f"{r['kind']:<10} {r['requests']:>12,} {r['wall_s']:>8.1f} {rps:>10,.0f} {rps / TARGET_RPS:>8.2f}x "
-              f"{r['rss_mb']:>11,.0f} {r['disk_mb']:>8.1f} {eta / 60:>10.1f} m")
+              f"{r['rss_mb']:>11,.0f} {r['disk_mb']:>8.1f} {eta / 60:>10.1f} m {r['cpu_s']:>7.1f} "
+              f"{r['requests'] / r['cpu_s']:>10,.0f}")
 
 
 if __name__ == "__main__":

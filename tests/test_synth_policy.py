@@ -137,3 +137,27 @@ def test_deferred_tenant_served_later_not_rejected():
     assert (batch["status"] == REJECTED).sum() == 0  # deferred, never rejected
     # deferred requests wait behind web's: most of batch's complete, later
     assert (batch["status"] == OK).mean() > 0.5
+
+
+def test_every_registered_discipline_keeps_the_queue_contract():
+    """The registry's classes share the base's tiers: a preempted request first, a deferred
+    one last, the rest in the discipline's order; len, truth, iteration and clear agree."""
+    from capplan.synth.policy import ADMISSIONS, DISCIPLINES, Discipline
+
+    assert set(DISCIPLINES) == {"fifo", "vtc", "priority"} and set(ADMISSIONS) == {"none", "deadline_slack"}
+    for name, cls in DISCIPLINES.items():
+        assert issubclass(cls, Discipline)
+        pol = _policy(PolicySpec(name), ("x", "y"), ten=[0, 1, 0, 1, 0], sched_s=[0, 1, 2, 3, 4])
+        q = pol.queue(0)
+        assert type(q) is cls and not q and len(q) == 0
+        for rid in (0, 1, 2):
+            q.append(rid)
+        pol.deferring = True  # what a DEFER decision leaves for the next append
+        q.append(3)
+        q.appendleft(4)
+        assert len(q) == 5 and sorted(q) == [0, 1, 2, 3, 4] and q[0] == 4
+        order = _drain(q)
+        assert order[0] == 4 and order[-1] == 3 and sorted(order[1:4]) == [0, 1, 2], name
+        q.append(0)
+        q.clear()
+        assert not q and list(q) == [] and pol.backlog == [0, 0]

@@ -26,6 +26,11 @@ discipline) × the recent interval between admissions on that replica (the mean 
 32). Slack = B_queue − expected wait: ≥ 0 → admit; < 0 → **defer** for tenants listed in
 ``defer`` (queued behind every other request: served only when nothing else waits, within its
 client's own timeout) or **reject** (status rejected at once; the client may retry elsewhere).
+
+Code: each discipline is one class over :class:`Discipline` and each admission policy one class
+over :class:`Admission`, behind the registries ``DISCIPLINES`` and ``ADMISSIONS`` (name →
+class); :class:`Policy` binds the chosen pair to a run. A new discipline is a subclass and one
+registry entry.
 """
 
 from __future__ import annotations
@@ -36,10 +41,275 @@ from dataclasses import dataclass
 
 from ..errors import SpecError
 
-DISCIPLINES = ("fifo", "vtc", "priority")
-ADMISSIONS = ("none", "deadline_slack")
 ADMIT, DEFER, REJECT = 0, 1, 2
 HISTORY = 32  # admissions remembered per replica for the expected wait
+
+
+# ---- queue disciplines: one class each over a base, and the registry ----------------------------
+
+class Discipline:
+    """A replica's waiting requests, with the deque operations the engine uses (``append``,
+    ``appendleft``, ``popleft``, ``[0]``, truth, ``len``, iteration, ``clear``). Tiers: front
+    (preempted, LIFO at the front) → normal (the discipline's order) → deferred (FIFO). A
+    subclass says how the normal tier is kept: ``_push``, ``_normal_head`` (the container and
+    its head, or None), ``_pop_normal``, ``_iter_normal``, ``_clear_normal``, ``_ahead_normal``.
+    ``charges``: the discipline needs the policy's token counters (``Policy.charge``)."""
+
+    __slots__ = ("pol", "front", "deferred", "_n")
+    charges = False
+
+    def __init__(self, pol: "Policy"):
+        self.pol = pol
+        self.front: deque = deque()
+        self.deferred: deque = deque()
+        self._n = 0
+
+    def append(self, rid: int) -> None:
+        p = self.pol
+        if p.deferring:
+            p.deferring = False
+            self.deferred.append(rid)
+        else:
+            self._push(rid)
+        self._n += 1
+
+    def appendleft(self, rid: int) -> None:
+        self.front.appendleft(rid)
+        self._n += 1
+
+    def __getitem__(self, i):
+        if i != 0:
+            raise IndexError("only the head is read")
+        if self.front:
+            return self.front[0]
+        h = self._normal_head()
+        if h is not None:
+            return h
+        if self.deferred:
+            return self.deferred[0]
+        raise IndexError("empty queue")
+
+    def popleft(self) -> int:
+        if self.front:
+            self._n -= 1
+            return self.front.popleft()
+        if self._normal_head() is not None:
+            self._n -= 1
+            return self._pop_normal()
+        if self.deferred:
+            self._n -= 1
+            return self.deferred.popleft()
+        raise IndexError("empty queue")
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __iter__(self):
+        yield from self.front
+        yield from self._iter_normal()
+        yield from self.deferred
+
+    def clear(self) -> None:
+        self._clear_normal()
+        self.front.clear()
+        self.deferred.clear()
+        self._n = 0
+
+    def ahead(self, rid: int) -> int:
+        """Requests that would be admitted before ``rid`` if it were queued now."""
+        return len(self.front) + self._ahead_normal(rid)
+
+    # -- the normal tier (subclasses) -------------------------------------------------------
+    def _push(self, rid: int) -> None:
+        raise NotImplementedError
+
+    def _normal_head(self):
+        raise NotImplementedError
+
+    def _pop_normal(self) -> int:
+        raise NotImplementedError
+
+    def _iter_normal(self):
+        raise NotImplementedError
+
+    def _clear_normal(self) -> None:
+        raise NotImplementedError
+
+    def _ahead_normal(self, rid: int) -> int:
+        raise NotImplementedError
+
+
+class FifoQueue(Discipline):
+    """Arrival order (the engine's default)."""
+
+    __slots__ = ("normal",)
+
+    def __init__(self, pol: "Policy"):
+        super().__init__(pol)
+        self.normal: deque = deque()
+
+    def _push(self, rid):
+        self.normal.append(rid)
+
+    def _normal_head(self):
+        return self.normal[0] if self.normal else None
+
+    def _pop_normal(self):
+        return self.normal.popleft()
+
+    def _iter_normal(self):
+        return iter(self.normal)
+
+    def _clear_normal(self):
+        self.normal.clear()
+
+    def _ahead_normal(self, rid):
+        return len(self.normal)
+
+
+class VtcQueue(Discipline):
+    """The Virtual Token Counter (module docstring): one FIFO per tenant; the next request
+    comes from the backlogged tenant with the smallest counter (ties: the lower index)."""
+
+    __slots__ = ("normal",)
+    charges = True
+
+    def __init__(self, pol: "Policy"):
+        super().__init__(pol)
+        self.normal: dict = {}  # tenant → its queued requests
+
+    def _push(self, rid):
+        p = self.pol
+        t = p.ten[rid]
+        q = self.normal.get(t)
+        if q is None:
+            q = self.normal[t] = deque()
+        p.backlog_add(t)
+        q.append(rid)
+
+    def _tenant(self):
+        counter = self.pol.counter
+        best, bc = None, None
+        for t, q in self.normal.items():
+            if q and (bc is None or counter[t] < bc or (counter[t] == bc and t < best)):
+                best, bc = t, counter[t]
+        return best
+
+    def _normal_head(self):
+        t = self._tenant()
+        return None if t is None else self.normal[t][0]
+
+    def _pop_normal(self):
+        t = self._tenant()
+        rid = self.normal[t].popleft()
+        self.pol.backlog_remove(t)
+        return rid
+
+    def _iter_normal(self):
+        for q in self.normal.values():
+            yield from q
+
+    def _clear_normal(self):
+        for t, q in self.normal.items():
+            for _ in range(len(q)):
+                self.pol.backlog_remove(t)
+            q.clear()
+
+    def _ahead_normal(self, rid):
+        p = self.pol
+        mine = p.ten[rid]
+        c = p.lifted(mine)
+        return sum(len(q) for t, q in self.normal.items() if p.counter[t] <= c or t == mine)
+
+
+class PriorityQueue(Discipline):
+    """Priority with aging (module docstring): the smallest level × aging_s + arrival first
+    (ties: the earlier queued)."""
+
+    __slots__ = ("heap", "_seq")
+
+    def __init__(self, pol: "Policy"):
+        super().__init__(pol)
+        self.heap: list = []
+        self._seq = 0
+
+    def _push(self, rid):
+        heapq.heappush(self.heap, (self.pol.prio_key(rid), self._seq, rid))
+        self._seq += 1
+
+    def _normal_head(self):
+        return self.heap[0][2] if self.heap else None
+
+    def _pop_normal(self):
+        return heapq.heappop(self.heap)[2]
+
+    def _iter_normal(self):
+        return (x[2] for x in sorted(self.heap))
+
+    def _clear_normal(self):
+        self.heap.clear()
+
+    def _ahead_normal(self, rid):
+        k = self.pol.prio_key(rid)
+        return sum(1 for x in self.heap if x[0] <= k)
+
+
+#: queue discipline name (``scheduling.policy``) → its class
+DISCIPLINES: dict[str, type[Discipline]] = {"fifo": FifoQueue, "vtc": VtcQueue, "priority": PriorityQueue}
+
+
+# ---- admission policies: one class each, and the registry ----------------------------------------
+
+class Admission:
+    """Decides at arrival, on the replica the router chose: ADMIT, DEFER or REJECT."""
+
+    __slots__ = ()
+
+    def decide(self, pol: "Policy", rid: int, now: int, r: int, queue: Discipline, batch: int,
+               computed: int, cls: int) -> int:
+        raise NotImplementedError
+
+
+class AdmitAll(Admission):
+    """No admission control: every request the router places is queued (and not counted)."""
+
+    __slots__ = ()
+
+    def decide(self, pol, rid, now, r, queue, batch, computed, cls):
+        return ADMIT
+
+
+class DeadlineSlack(Admission):
+    """Slack = B_queue − expected wait (module docstring): ≥ 0 admit; else defer a tenant
+    listed in ``defer``, or reject."""
+
+    __slots__ = ()
+
+    def decide(self, pol, rid, now, r, queue, batch, computed, cls):
+        d = pol.d_ns[cls] if cls < len(pol.d_ns) else pol.d_ns[0]
+        if d is None:
+            return ADMIT
+        budget = d - pol.fixed_ns - pol.prefill_ns(computed) - pol.step_ns(batch + 1)
+        h = pol.adm_t[r]
+        wait = 0.0
+        if len(h) >= 2:
+            wait = queue.ahead(rid) * (h[-1] - h[0]) / (len(h) - 1)
+        if budget - wait >= 0:
+            pol.counts["admitted"] += 1
+            return ADMIT
+        if pol.ten[rid] in pol.defer_t:
+            pol.counts["deferred"] += 1
+            pol.deferring = True
+            return DEFER
+        pol.counts["rejected"] += 1
+        return REJECT
+
+
+#: admission policy name (``admission.policy``) → its class
+ADMISSIONS: dict[str, type[Admission]] = {"none": AdmitAll, "deadline_slack": DeadlineSlack}
 
 
 @dataclass(frozen=True)
@@ -79,131 +349,16 @@ class PolicySpec:
         return self.discipline != "fifo" or self.admission != "none"
 
 
-class _Queue:
-    """A replica's waiting requests under the policy's discipline, with the deque operations
-    the engine uses (``append``, ``appendleft``, ``popleft``, ``[0]``, truth, iteration,
-    ``clear``). Tiers: front (preempted) → normal (the discipline) → deferred (FIFO)."""
-
-    __slots__ = ("pol", "front", "normal", "heap", "deferred", "_n", "_seq")
-
-    def __init__(self, pol: "Policy"):
-        self.pol = pol
-        self.front: deque = deque()
-        self.normal = {} if pol.disc == "vtc" else deque()
-        self.heap: list = []
-        self.deferred: deque = deque()
-        self._n = 0
-        self._seq = 0
-
-    # -- the deque interface ----------------------------------------------------------------
-    def append(self, rid: int) -> None:
-        p = self.pol
-        if p.deferring:
-            p.deferring = False
-            self.deferred.append(rid)
-        elif p.disc == "fifo":
-            self.normal.append(rid)
-        elif p.disc == "vtc":
-            t = p.ten[rid]
-            q = self.normal.get(t)
-            if q is None:
-                q = self.normal[t] = deque()
-            p.backlog_add(t)
-            q.append(rid)
-        else:
-            heapq.heappush(self.heap, (p.prio_key(rid), self._seq, rid))
-            self._seq += 1
-        self._n += 1
-
-    def appendleft(self, rid: int) -> None:
-        self.front.appendleft(rid)
-        self._n += 1
-
-    def _where(self):
-        if self.front:
-            return self.front, None
-        p = self.pol
-        if p.disc == "fifo":
-            if self.normal:
-                return self.normal, None
-        elif p.disc == "vtc":
-            best, bc = None, None
-            for t, q in self.normal.items():
-                if q and (bc is None or p.counter[t] < bc or (p.counter[t] == bc and t < best)):
-                    best, bc = t, p.counter[t]
-            if best is not None:
-                return self.normal[best], best
-        elif self.heap:
-            return self.heap, None
-        if self.deferred:
-            return self.deferred, None
-        raise IndexError("empty queue")
-
-    def __getitem__(self, i):
-        if i != 0:
-            raise IndexError("only the head is read")
-        q, _ = self._where()
-        return q[0][2] if q is self.heap else q[0]
-
-    def popleft(self) -> int:
-        q, t = self._where()
-        self._n -= 1
-        if q is self.heap:
-            return heapq.heappop(self.heap)[2]
-        rid = q.popleft()
-        if t is not None:
-            self.pol.backlog_remove(t)
-        return rid
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __bool__(self) -> bool:
-        return self._n > 0
-
-    def __iter__(self):
-        yield from self.front
-        if self.pol.disc == "vtc":
-            for q in self.normal.values():
-                yield from q
-        elif self.pol.disc == "fifo":
-            yield from self.normal
-        else:
-            yield from (x[2] for x in sorted(self.heap))
-        yield from self.deferred
-
-    def clear(self) -> None:
-        if self.pol.disc == "vtc":
-            for t, q in self.normal.items():
-                for _ in range(len(q)):
-                    self.pol.backlog_remove(t)
-                q.clear()
-        else:
-            self.normal.clear() if self.pol.disc == "fifo" else self.heap.clear()
-        self.front.clear()
-        self.deferred.clear()
-        self._n = 0
-
-    def ahead(self, rid: int) -> int:
-        """Requests that would be admitted before ``rid`` if it were queued now."""
-        p = self.pol
-        n = len(self.front)
-        if p.disc == "fifo":
-            return n + len(self.normal)
-        if p.disc == "vtc":
-            c = p.lifted(p.ten[rid])
-            return n + sum(len(q) for t, q in self.normal.items() if p.counter[t] <= c or t == p.ten[rid])
-        k = p.prio_key(rid)
-        return n + sum(1 for x in self.heap if x[0] <= k)
-
-
 class Policy:
-    """The engine's hook (``simulate(policy=...)``), bound to one run's requests."""
+    """The engine's hook (``simulate(policy=...)``), bound to one run's requests: the shared
+    state of the discipline (tenant counters and backlogs) and of admission (recent
+    admissions per replica), the registry's classes for both."""
 
     def __init__(self, spec: PolicySpec, *, tenants: tuple[str, ...], classes: tuple[str | None, ...],
                  ten: list, sched: list, inp: list, step_ns, prefill_ns, n_replicas: int):
         self.spec = spec
-        self.disc = spec.discipline
+        self.queue_cls = DISCIPLINES[spec.discipline]
+        self.admission = ADMISSIONS[spec.admission]()
         self.ten = ten
         self.sched = sched
         self.inp = inp
@@ -226,8 +381,8 @@ class Policy:
         self.deferring = False
         self.counts = {"admitted": 0, "deferred": 0, "rejected": 0}
 
-    def queue(self, r: int) -> _Queue:
-        return _Queue(self)
+    def queue(self, r: int) -> Discipline:
+        return self.queue_cls(self)
 
     # -- discipline state ---------------------------------------------------------------------
     def prio_key(self, rid: int) -> float:
@@ -253,35 +408,17 @@ class Policy:
     # -- engine hooks ---------------------------------------------------------------------------
     def admitted(self, r: int, rid: int, now: int, computed: int) -> None:
         self.adm_t[r].append(now)
-        if self.disc == "vtc":
+        if self.queue_cls.charges:
             self.charge(rid, computed, 0)
 
     def tokens(self, rid: int, cnt: int) -> None:
-        if self.disc == "vtc" and cnt > 0:
+        if self.queue_cls.charges and cnt > 0:
             self.charge(rid, 0, cnt)
 
-    def decide(self, rid: int, now: int, r: int, queue: _Queue, batch: int, computed: int, cls: int) -> int:
-        """ADMIT, DEFER or REJECT at arrival (module docstring); a deferral is applied to the
-        next ``append`` of the queue."""
-        if self.spec.admission == "none":
-            return ADMIT
-        d = self.d_ns[cls] if cls < len(self.d_ns) else self.d_ns[0]
-        if d is None:
-            return ADMIT
-        budget = d - self.fixed_ns - self.prefill_ns(computed) - self.step_ns(batch + 1)
-        h = self.adm_t[r]
-        wait = 0.0
-        if len(h) >= 2:
-            wait = queue.ahead(rid) * (h[-1] - h[0]) / (len(h) - 1)
-        if budget - wait >= 0:
-            self.counts["admitted"] += 1
-            return ADMIT
-        if self.ten[rid] in self.defer_t:
-            self.counts["deferred"] += 1
-            self.deferring = True
-            return DEFER
-        self.counts["rejected"] += 1
-        return REJECT
+    def decide(self, rid: int, now: int, r: int, queue: Discipline, batch: int, computed: int, cls: int) -> int:
+        """ADMIT, DEFER or REJECT at arrival (the admission class); a deferral is applied to
+        the next ``append`` of the queue."""
+        return self.admission.decide(self, rid, now, r, queue, batch, computed, cls)
 
 
 # ---- reading the YAML mappings (synth config and the twin's scenario parts) ----------------
