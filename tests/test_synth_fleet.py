@@ -153,8 +153,12 @@ def test_stabilisation_and_hysteresis_stop_the_thrash(tmp_path):
     calm, _ = _autoscaled(tmp_path, "calm", stabilisation_s=300.0, tolerance=0.25)
     n, c = naive.summary_frame().iloc[0], calm.summary_frame().iloc[0]
     # the demand swings every 120 s between 1 and 3.5 replicas' worth for 1,500 s: the naive
-    # policy follows it (46 decisions, 14 reversals when written); stabilised over 300 s
-    # with a 25 % scale-in band, the policy scales out in ≤ 3 decisions and never back
+    # policy follows it (44 decisions, 14 reversals when written); stabilised over 300 s
+    # with a 25 % scale-in band, the policy scales out on the first swing's backlog (2 → 6),
+    # gives back the backlog's share once, after the window (6 → 4), and settles at 5: 5
+    # decisions, 2 reversals. (Before new replicas were kept out of routing until ready,
+    # they drained the first backlog at once and the calm policy made 3 decisions.)
     assert n["scale_decisions"] >= 20 and n["reversals"] >= 8
-    assert c["scale_decisions"] <= 3 and c["reversals"] == 0
+    assert c["scale_decisions"] <= 6 and c["reversals"] <= 2
+    assert c["scale_decisions"] * 4 <= n["scale_decisions"] and c["reversals"] * 4 <= n["reversals"]
     assert c["slo_minutes_broken"] < n["slo_minutes_broken"]

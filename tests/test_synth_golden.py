@@ -90,7 +90,7 @@ CONFIGS = _configs()
 
 #: recorded from the engine before its split (commit "golden hashes of the simulator")
 GOLDEN = {
-    'autoscale': 'de4fd3bbb931262b41fd201e27e19bd11b3aff0002da67bf51eeb593c315c537',
+    'autoscale': '45a0c5e12f767d0cfa1ec0098528a0c7051f28c4016f4d09abbe5f0f4140392d',
     'closed_loop': 'ce3a61ea47c25dd7b54f39733b0f3164d86e67f73ead7e3b76e7378d6728d649',
     'demo_itl_power': '0fa7f18733877d7ef3a9e381e48251af883b45e8787266fb0d5b259e256e8fac',
     'disaggregated': '5868f767329672922b1f6d13af1458d826549ed0e6a007d44689ef5e15fb46d3',
@@ -103,7 +103,7 @@ GOLDEN = {
     'prefix_cache': 'defee334f8ccc5d90ede0442996034d483d32d47b8963c5a4bfc73cca1e01554',
     'priority_admission': '3846a1dac6c1a058c48b50164aacdf2876c360c5b2849a582dcdc9c02e5b19d8',
     'retries': '0c91e172dfdfc0216b0b8ae1218c7dbf145cfbe6954fb7c39e1b19cba1d7f003',
-    'rollout': 'dda86b64dbbf7f8980438c5a67336f3e208a2b272f528d60c2be42c125143755',
+    'rollout': '06c847bc85b1edd87dcce742eea827e784ee13206d71dcc1379f0006ebdb0b08',
     'separate_prefill': 'b94a591642532a9f335ec002040cb34ef656d9508aa4138a82e3a57e2874a12e',
     'vtc_admission': '3638199db40304ed0375f167eb2c6efe1f0fc47c3bf083d7ec2f05f396553156',
 }
@@ -138,3 +138,24 @@ def test_same_seed_same_events(name):
 if __name__ == "__main__":  # print the hashes (to record them after a deliberate change)
     for k in sorted(CONFIGS):
         print(f"    {k!r}: {run_hash(CONFIGS[k])!r},")
+
+
+@pytest.mark.parametrize("name", ["autoscale", "rollout"])
+def test_no_request_is_routed_to_a_replica_before_it_is_ready(name, monkeypatch):
+    """An added replica joins the router's list only when it is ready: the router's list was
+    once the fleet's own list object, so a replica the control added took requests at once."""
+    from capplan.synth.run import Run
+
+    chosen = []
+    route = Run.route
+
+    def spy(self, rid, t):
+        R = route(self, rid, t)
+        if R is not None:
+            chosen.append(R.routable)
+        return R
+
+    monkeypatch.setattr(Run, "route", spy)
+    cfg = CONFIGS[name]
+    run_tables(cfg, plan_runs(cfg)[0])
+    assert chosen and all(chosen), f"{chosen.count(False)} of {len(chosen)} requests went to a replica not yet ready"

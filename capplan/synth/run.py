@@ -47,7 +47,7 @@ class Run(Batching, Lanes, FleetOps):
                  tenant, closed, draw, progress, fault, prefill_scale, control, prefix, policy, deadline_ns):
         self._limits(params, timeout_s, end_s)
         self.reps = [Replica(i, self.bs) for i in range(n_replicas)]
-        self.routing = self.reps  # the replicas the router considers (all of them without a control)
+        self.routing = list(self.reps)  # the replicas the router considers: a copy, so an added replica is not routed to before it is ready
         if fault is not None and closed is not None:
             raise SpecError("fault codes work only for open-loop simulations", field="fault")
         self.closed, self.draw, self.progress = closed, draw, progress
