@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 
 from .fleet_steps import fleet_steps
-from .plan import Plan, make_plan, size
-from .plan_text import plural
+from .make import Plan, make_plan, size
+from .text import plural
 
 _REL = 1e-10
 
@@ -407,7 +407,7 @@ def write_plan_record(plan: Plan, path, sens: Sensitivity | None = None) -> dict
     """Write :func:`plan_record` as JSON (atomically); returns it."""
     import json
 
-    from .io import write_text_atomic
+    from ..io import write_text_atomic
 
     rec = plan_record(plan, sens)
     write_text_atomic(path, json.dumps(rec, indent=2, ensure_ascii=False, allow_nan=False) + "\n")

@@ -25,8 +25,8 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 
-from .plan import Plan, size
-from .plan_text import plural
+from .make import Plan, size
+from .text import plural
 
 _REL = 1e-10
 

@@ -2,7 +2,7 @@
 
 A plan is a pure function of a validated :class:`PlanSpec` (see ``templates/plan.yaml``), a
 capacity per replica group, and optionally per-level facts of the study it was measured on.
-The spec itself (its sections, YAML loading and validation) lives in :mod:`capplan.plan_spec`;
+The spec itself (its sections, YAML loading and validation) lives in :mod:`capplan.plan.spec`;
 its public names are re-exported here, so ``from capplan.plan import PlanSpec`` keeps working.
 Every number is a :class:`LineItem` carrying its formula and the inputs used, so a finance
 reader can redo it by hand and a test can check it. Given a capacity number (or precomputed
@@ -42,19 +42,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cost as K
-from . import plan_bounds
-from .errors import CapplanError, SpecError
+from .. import cost as K
+from . import bounds as plan_bounds
+from ..errors import CapplanError, SpecError
 from .periods import Period, next_quarter_start, quarter_from_label, reference_day
 from .periods import quarters as quarters_from
-from . import plan_contract, plan_text
-from .plan_text import plural, policy_text  # noqa: F401  (policy_text re-exported)
-from .plan_text import assumptions as assumption_rows
-from .plan_spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
+from . import contract as plan_contract, text as plan_text
+from .text import plural, policy_text  # noqa: F401  (policy_text re-exported)
+from .text import assumptions as assumption_rows
+from .spec import (  # noqa: F401  (the spec names are re-exported from capplan.plan)
     BILLING, CAPACITY_USES, POLICIES, READY_PARTS, AutoscalingSpec, CapacitySpec, DemandSpec,
     FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, load_plan_spec)
-from .slo import SLO
-from .spec import number
+from ..slo import SLO
+from ..spec import number
 
 _EPS = 1e-9  # relative tolerance when dividing rates (380/47.5 must be 8, not 8.000000001)
 _MAX_GROUPS = 10_000_000
@@ -192,7 +192,7 @@ class Plan:
     slo: SLO | None = None
     forecast: Any = None
     #: what a re-plan needs (study facts, GPUs per group, the day the dates count from), so
-    #: ``capplan.sensitivity`` can redo this plan at other capacities
+    #: ``capplan.plan.sensitivity`` can redo this plan at other capacities
     facts: Any = field(default=None, repr=False, compare=False)
     gpus_per_group: int | None = None
     as_of: Any = None  # datetime.date the default start was counted from
@@ -597,7 +597,7 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
     if slo is None:
         raise SpecError("a capacity from a study needs an SLO", field="slo",
                         fix="add slo: 'ttft_ms=2000,attainment=0.99' to the spec or pass --slo")
-    from .envelope import fit_envelope  # built by the envelope module
+    from ..envelope import fit_envelope  # built by the envelope module
 
     env = fit_envelope(study, slo, confidence=spec.capacity.confidence, reps=spec.capacity.reps,
                        seed=spec.capacity.seed)
@@ -607,8 +607,8 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
 
 def _mix_fit(spec: PlanSpec, study, slo: SLO):
     """The study reweighted to the spec's target mix (``capplan.mix.reweight.fit_mix``)."""
-    from .mix import Buckets, load_target
-    from .mix.reweight import fit_mix
+    from ..mix import Buckets, load_target
+    from ..mix.reweight import fit_mix
 
     m, c = spec.mix, spec.capacity
     b = Buckets(input_edges=m.input_edges, output_edges=m.output_edges, tenant="tenant" in m.by,
@@ -649,7 +649,7 @@ def capacity_for_classes(spec: PlanSpec, study, fit=None) -> CapacityInfo:
     classes"): the joint C_SLO of ``capplan.mix.classes.fit_classes``, binding class named,
     refused like any other number when its bound is not honest (``ClassFit.honesty``)."""
     if fit is None:
-        from .mix.classes import fit_classes
+        from ..mix.classes import fit_classes
 
         c = spec.capacity
         fit = fit_classes(study, spec.slo_classes, confidence=c.confidence, reps=c.reps, seed=c.seed)
@@ -707,19 +707,19 @@ def capacity_at_twin(spec: PlanSpec, study, slo: SLO, fit=None, twinmix=None) ->
     is **unsupported** as a lower bound (docs/mix.md: its interval covered 18 of 20 sweeps, CP
     0.68–0.99, and leaves out the cells' length sampling error), so the plan refuses it without
     ``capacity.accept_optimistic``, as any other unsupported number."""
-    from . import honesty as hon
+    from .. import honesty as hon
 
     if fit is None:
         fit = _mix_fit(spec, study, slo)
     if twinmix is None:
-        from .mix.loadeffect import twin_mix
+        from ..mix.loadeffect import twin_mix
 
         c = spec.capacity
         twinmix = twin_mix(spec.mix.twin, study, slo, fit.target, mixfit=fit, seed=c.seed,
                            drop_untested=spec.mix.drop_untested)
     w = twinmix.at_target
     lb = twin_bound(w, spec.capacity.confidence)
-    from .envelope import CSLO
+    from ..envelope import CSLO
 
     cslo = CSLO(estimate=w.estimate, ci_low=w.ci_low, ci_high=w.ci_high, lower_bound=lb, status="simulated",
                 confidence=spec.capacity.confidence)
@@ -853,7 +853,7 @@ def burst_inputs_for(spec: PlanSpec, study) -> tuple | None:
     ``demand.arrivals``; None without it."""
     if not spec.demand.arrivals:
         return None
-    from . import burst as BU
+    from .. import burst as BU
 
     prod = BU.production_from_spec(dict(spec.demand.arrivals))
     return (prod, *BU.sweep_dispersions(study, prod.window_s))
@@ -865,7 +865,7 @@ def _bursts(spec: PlanSpec, study, burst_inputs, q_peaks) -> list:
     d = spec.demand
     if not d.arrivals:
         return [None] * len(q_peaks)
-    from . import burst as BU
+    from .. import burst as BU
 
     prod, sweep_d, sweep_src = burst_inputs if burst_inputs is not None else burst_inputs_for(spec, study)
     q = dict(d.arrivals)["quantile"]
@@ -1203,7 +1203,7 @@ def _items_for(ctx: _Ctx, peak: float, peak_formula: str, peak_inputs: dict, not
 
     # checks
     checks = _checks(ctx, s, peak, D, C, c)
-    # work units, KV memory and power (capplan.plan_bounds; docs/mix.md)
+    # work units, KV memory and power (capplan.plan.bounds; docs/mix.md)
     extra = plan_bounds.bounds(spec, g=g, capacity_rps=C, groups=s.total, nodes=s.nodes, facts=ctx.facts,
                                facts_at_peak=c["facts_at"], study_replicas=cap.study_replicas,
                                peak_rps=peak, system=ctx.system)
