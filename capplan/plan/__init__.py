@@ -4,7 +4,13 @@
 each module of the package has one job:
 
 - ``spec``: the frozen, validated plan specification (``load_plan_spec``, ``PlanSpec.with_``);
-- ``make``: sizing, reserves, cost and energy of a plan as auditable line items and checks;
+- ``make``: the plan put together per quarter (``make_plan``), the slow parts prepared once
+  (``prepare_plan``), the plan on the capacity's other numbers (``compare_numbers``);
+- ``capacity``: the C_SLO per group a plan stands on (a number, an envelope, SLO classes, the
+  target mix reweighted or through the twin) and its honesty verdict;
+- ``sizing``: the sizing rule, whole replica groups with failure, rollout and cold-start reserves;
+- ``items``: the plan's line items (formula and inputs each) and checks;
+- ``result``: ``Plan`` and its parts, and how it prints, tabulates and draws itself;
 - ``text``: the plan's words and tables (assumptions, months, years, what the plan is);
 - ``bounds``: work units, KV memory and power bounds as line items and checks;
 - ``contract``: the capacity contract and the chargeback per tenant / SLO class;
@@ -22,10 +28,11 @@ Only the names below are imported with the package; ``dynamics``, ``sensitivity`
 
 from __future__ import annotations
 
-from .make import (CapacityInfo, Check, LineItem, Plan, QuarterPlan, Sizing, SUMMARY_KEYS, burst_inputs_for,
-                   capacity_at_mix, capacity_at_twin, capacity_for_classes, capacity_from_envelope,
-                   compare_numbers, failure_loss, gpus_per_group, make_plan, nodes_for, prepare_plan,
-                   resolve_capacity, size, twin_bound, zone_spread)
+from .capacity import (CapacityInfo, capacity_at_mix, capacity_at_twin, capacity_for_classes,
+                       capacity_from_envelope, resolve_capacity, twin_bound)
+from .make import burst_inputs_for, compare_numbers, gpus_per_group, make_plan, prepare_plan
+from .result import SUMMARY_KEYS, Check, LineItem, Plan, QuarterPlan
+from .sizing import Sizing, failure_loss, nodes_for, size, zone_spread
 from .spec import (BILLING, CAPACITY_USES, POLICIES, READY_PARTS, AutoscalingSpec, CapacitySpec, DemandSpec,
                    FailureSpec, GroupSpec, PlanSpec, PriceSpec, RolloutSpec, load_plan_spec)
 from .text import policy_text

@@ -25,9 +25,11 @@ from typing import Any
 from .. import cost as K
 from ..contract import QualityResult
 from ..errors import SpecError
-from .make import CapacityInfo, PlanSpec, load_plan_spec, make_plan
 from ..slo import SLO
 from ..spec import number
+from .capacity import CapacityInfo
+from .make import make_plan
+from .spec import PlanSpec, load_plan_spec
 
 
 @dataclass(frozen=True)

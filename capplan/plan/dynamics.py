@@ -38,7 +38,6 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import SpecError
-from .make import failure_loss
 from ..slo import SLO
 from ..synth.autoscale import AutoscalerSpec
 from ..synth.config import SynthConfig
@@ -47,6 +46,7 @@ from ..synth.demand import RateProfile, ramps, steps
 from ..synth.retry import RetryPolicy
 from ..synth.sweep import generate_study
 from ..timeline import Timeline, analyse_timeline
+from .sizing import failure_loss
 
 EVENT_AT_S = 300.0
 WINDOW_S = 10.0

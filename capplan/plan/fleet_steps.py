@@ -25,7 +25,8 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 
-from .make import Plan, size
+from .result import Plan
+from .sizing import size
 from .text import plural
 
 _REL = 1e-10

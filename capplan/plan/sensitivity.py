@@ -28,7 +28,9 @@ import math
 from dataclasses import dataclass
 
 from .fleet_steps import fleet_steps
-from .make import Plan, make_plan, size
+from .make import make_plan
+from .result import Plan
+from .sizing import size
 from .text import plural
 
 _REL = 1e-10
