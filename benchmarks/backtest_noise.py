@@ -21,7 +21,7 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from capplan.forecast import backtest, history_series
+from capplan.plan.forecast import backtest, history_series
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from capplan.cache import cache_effect, cache_timeline  # noqa: E402
-from capplan.candidates import compare_candidates, sweep_candidates
+from capplan.plan.candidates import compare_candidates, sweep_candidates
 from capplan.plan import load_plan_spec  # noqa: E402
 from capplan.synth.config import PRESETS, parse_config  # noqa: E402
 from capplan.synth.disagg import parse_pool  # noqa: E402

@@ -96,7 +96,7 @@ _LAZY = {
     "load_plan_spec": ("capplan.plan", "load_plan_spec"),
     "make_plan": ("capplan.plan", "make_plan"),
     "prepare_plan": ("capplan.plan", "prepare_plan"),
-    "simulate_plan": ("capplan.plan_dynamics", "simulate_plan"),
+    "simulate_plan": ("capplan.plan.dynamics", "simulate_plan"),
     "propose": ("capplan.design", "propose"),
     # presentation
     "render_report": ("capplan.report", "render_report"),

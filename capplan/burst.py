@@ -160,7 +160,7 @@ ARRIVAL_KEYS = ("trace", "format", "per_second", "column", "dispersion", "cv", "
 
 
 def production_from_spec(arrivals: dict) -> BurstMeasure:
-    """Production's burstiness from ``demand.arrivals`` (validated by ``plan_spec``): a trace
+    """Production's burstiness from ``demand.arrivals`` (validated by ``capplan.plan.spec``): a trace
     (Azure CSV / Mooncake JSONL), a per-second count series (CSV, ``column``), a measured
     dispersion, or the gap CV of a gamma renewal process (D = CV², its long-window limit)."""
     w = float(arrivals.get("window_s", 1.0))

@@ -205,7 +205,7 @@ class QualityResult:
     """What the served build scores on an eval, measured on the same build (weights, dtype or
     quantisation, engine, decoding settings) as the load sweep: ``score`` with its standard error
     ``se`` (same units). A cheaper build that serves worse answers is not a cheaper equal, so
-    plan candidates are compared on quality before cost (``capplan.candidates``)."""
+    plan candidates are compared on quality before cost (``capplan.plan.candidates``)."""
 
     eval: str
     score: float

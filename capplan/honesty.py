@@ -173,34 +173,7 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
     the (measured) rates of the levels the crossing is interpolated between, ``ci_width`` the
     interval's width — a bracket wider than ``MAX_BRACKET_REL`` of the estimate and than the
     interval leaves interpolation error the interval does not contain."""
-    use = runs[runs["usable"]] if len(runs) else runs
-    if near_levels is not None and "load_level" in runs.columns:
-        keys = [round(v, 9) for v in near_levels]
-        near = use[use["load_level"].astype(float).round(9).isin(keys)] if len(use) else use
-        near_all = runs[runs["load_level"].astype(float).round(9).isin(keys)] if len(runs) else runs
-    else:
-        near = use[use["x"].round(9).isin([round(v, 9) for v in near_rates])] if len(use) else use
-        near_all = near
-    level_runs = level_runs or {}
-    dur = _median(near, "duration_s") if len(near) else _median(use, "duration_s")
-    warm = _median(near, "warmup_s") if len(near) else _median(use, "warmup_s")
-    # still settling: at least half the runs at a bracketing level trend at their end (with
-    # repeats one run that congests at its end is an episode, not the level's behaviour)
-    settling = False
-    if len(near):
-        w = near["warnings"].astype(str)
-        # an overloaded run above the estimate trends at its end because it is overloaded,
-        # not because it is too short: that is the crossing, not a settling run
-        above = (near["x"].astype(float) > estimate) if estimate == estimate else False
-        short = w.str.contains("too short") & ~(w.str.contains("non-stationary") & above)
-        key = near["load_level"] if "load_level" in near.columns else near["x"]
-        settling = bool(short.groupby(key.to_numpy()).mean().ge(0.5).any())
-    over = []
-    if len(near_all) and "warnings" in near_all.columns:
-        ov = near_all[near_all["warnings"].astype(str).str.contains("non-stationary")]
-        over = sorted({float(v) for v in ov["load_level"]}) if "load_level" in ov.columns else []
-    est_text = estimand(dur, warm, target, settling, overloaded=tuple(over),
-                        estimate=estimate)
+    est_text, dur, settling = _near_crossing(runs, near_rates, near_levels, estimate, target)
     if method == "within-run" or iid:
         why = ("the input is a summary table: requests are assumed independent"
                if iid else "the within-run bootstrap alone was asked for (method within-run)")
@@ -213,82 +186,18 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
                        ("every tested rate fails the target",),
                        tuple(RunToAdd(askable(r), 1, dur, "below the tested range")
                              for r in rates))
-    reasons, add = [], []
     dur = nominal_duration(dur)  # the length a load tool is asked for (300, not 299.87 s)
     longer = max(2.0 * dur, 300.0) if dur == dur else 600.0
+    run_len = dur if not settling else longer
     levels = tuple(sorted(near_levels if near_levels is not None else near_rates))
     rates = levels or tuple(sorted(suggested_rates))
-
-    def have(level: float) -> int:
-        return int(level_runs.get(round(float(level), 9), 1))
-    measured = repeats_near >= 2 and (effect_source in ("twin", "given")
-                                      or (effect_source == "sweep" and n_near >= MIN_RUNS_NEAR))
-    if not measured:
-        if repeats_near < 2 and effect_source in ("twin", "given"):
-            reasons.append(
-                "one run at each rate bracketing C_SLO: the run-to-run variation comes from "
-                + ("a twin" if effect_source == "twin" else "a given value") + ", but the "
-                "crossing itself rests on single runs; on one simulated system (one replica, "
-                "binding KV limit) that bound was still too high in about a third of sweeps "
-                "even with the true system as the twin: docs/envelope.md, 'Coverage'")
-        elif repeats_near < 2:
-            reasons.append(
-                "one run at each rate bracketing C_SLO: the crossing rests on single runs, and "
-                + ("how much runs differ there — which decides how optimistic a single run "
-                   "is — is assumed (a prior), not measured"
-                   if effect_source != "sweep" or n_near < MIN_RUNS_NEAR else
-                   f"the run-to-run variation estimated from {n_near} runs near it cannot "
-                   "tell a lucky single run from the level's mean")
-                + "; on simulated systems one run per rate held for some (two replicas) and "
-                "not for others (one replica, a bursty trace): docs/envelope.md, 'Coverage'")
-        else:
-            reasons.append(
-                f"only {n_near} run(s) near the crossing have both outcomes: how much runs "
-                "differ there cannot be measured")
-        why = ("repeat a rate bracketing C_SLO so the crossing rests on more than one run"
-               if effect_source in ("twin", "given") else
-               "repeat a rate bracketing C_SLO to measure run-to-run variation")
-        if repeats_near < 2 or effect_source in ("twin", "given"):
-            add += [RunToAdd(askable(r), max(REPEATS - have(r), 1),
-                             dur if not settling else longer, why) for r in rates]
-        else:  # repeats exist, too few runs with both outcomes: runs at the estimate have both
-            add.append(RunToAdd(askable(estimate), max(MIN_RUNS_NEAR - n_near, 1),
-                                dur if not settling else longer,
-                                "runs at the estimate, where both outcomes occur, to measure "
-                                "run-to-run variation"))
+    reasons, add = _variation_reasons(repeats_near=repeats_near, effect_source=effect_source,
+                                      n_near=n_near, rates=rates, estimate=estimate,
+                                      level_runs=level_runs or {}, run_len=run_len)
     if bracket is not None and estimate == estimate and estimate > 0:
-        lo_x, hi_x = (float(v) for v in bracket)
-        width = hi_x - lo_x
-        if width > MAX_BRACKET_REL * estimate and not (ci_width == ci_width
-                                                       and width <= ci_width):
-            reasons.append(
-                f"the crossing is interpolated between runs at {lo_x:.3g} and {hi_x:.3g} req/s, "
-                f"{width / estimate:.0%} of the estimate apart: the interval does not contain "
-                "the interpolation error (near saturation attainment falls faster than the "
-                "interpolation assumes, so the estimate is too high); on 60-s runs from a real "
-                "client's shape this left the lower bound above the truth in 1 sweep of 5: "
-                "docs/envelope.md, 'Coverage'")
-            # at the estimate (and just above) when that makes a new level; else in the middle
-            # of the bracket: runs asked close to a bracketing level join it (levels merge
-            # rates a run cannot tell apart), so runs "at the estimate" next to a level never
-            # narrowed the bracket (a real AIPerf loop asked for them three rounds running)
-            planned = {round(a.rate_rps, 9) for a in add}
-            run_len = dur if not settling else longer
-            # a new level needs rates further apart than a run realises its rate
-            tol = max(0.01, rate_noise_rel(estimate, dur if dur == dur else 60.0))
-            gap = 1.5 * tol * estimate
-            if min(estimate - lo_x, hi_x - estimate) > gap:
-                at = askable(estimate)
-                up = askable(min(estimate + gap, 0.5 * (estimate + hi_x)))
-                new = [(at, REPEATS, "at the estimate, to narrow the bracket")]
-                if up - at > tol * estimate and hi_x - up > tol * estimate:
-                    new.append((up, 1, "just above the estimate, to narrow the bracket"))
-            else:
-                new = [(askable(0.5 * (lo_x + hi_x)), REPEATS,
-                        "in the middle of the bracket, to narrow it")]
-            for rate, k, why in new:
-                if round(rate, 9) not in planned:
-                    add.append(RunToAdd(rate, k, run_len, why))
+        why_wide, new = _bracket_reasons(bracket, estimate, ci_width, add, dur, run_len)
+        reasons += why_wide
+        add += new
     if settling:
         reasons.append("runs near the crossing were still settling (TTFT trending) at their "
                        "end: too short for a steady-state bound")
@@ -309,6 +218,121 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
                    f"near the crossing ({n_near} runs)" + (
                        "" if status == "bracketed" else "; C_SLO is above the tested range, "
                        "so the bound is conservative"), (), ())
+
+
+def _near_crossing(runs, near_rates, near_levels, estimate: float, target: float) -> tuple[str, float, bool]:
+    """What the bound estimates, in words (``estimand``), from the runs near the crossing: their
+    median duration (s, as measured) and whether they were still settling at their end."""
+    use = runs[runs["usable"]] if len(runs) else runs
+    if near_levels is not None and "load_level" in runs.columns:
+        keys = [round(v, 9) for v in near_levels]
+        near = use[use["load_level"].astype(float).round(9).isin(keys)] if len(use) else use
+        near_all = runs[runs["load_level"].astype(float).round(9).isin(keys)] if len(runs) else runs
+    else:
+        near = use[use["x"].round(9).isin([round(v, 9) for v in near_rates])] if len(use) else use
+        near_all = near
+    dur = _median(near, "duration_s") if len(near) else _median(use, "duration_s")
+    warm = _median(near, "warmup_s") if len(near) else _median(use, "warmup_s")
+    # still settling: at least half the runs at a bracketing level trend at their end (with
+    # repeats one run that congests at its end is an episode, not the level's behaviour)
+    settling = False
+    if len(near):
+        w = near["warnings"].astype(str)
+        # an overloaded run above the estimate trends at its end because it is overloaded,
+        # not because it is too short: that is the crossing, not a settling run
+        above = (near["x"].astype(float) > estimate) if estimate == estimate else False
+        short = w.str.contains("too short") & ~(w.str.contains("non-stationary") & above)
+        key = near["load_level"] if "load_level" in near.columns else near["x"]
+        settling = bool(short.groupby(key.to_numpy()).mean().ge(0.5).any())
+    over = []
+    if len(near_all) and "warnings" in near_all.columns:
+        ov = near_all[near_all["warnings"].astype(str).str.contains("non-stationary")]
+        over = sorted({float(v) for v in ov["load_level"]}) if "load_level" in ov.columns else []
+    est_text = estimand(dur, warm, target, settling, overloaded=tuple(over),
+                        estimate=estimate)
+    return est_text, dur, settling
+
+
+def _variation_reasons(*, repeats_near: int, effect_source: str, n_near: int, rates: tuple[float, ...],
+                       estimate: float, level_runs: dict, run_len: float) -> tuple[list[str], list[RunToAdd]]:
+    """Is the run-to-run variation near the crossing measured (repeats, and enough runs with both
+    outcomes)? If not: why, and the runs that would measure it."""
+    reasons: list[str] = []
+    add: list[RunToAdd] = []
+
+    def have(level: float) -> int:
+        return int(level_runs.get(round(float(level), 9), 1))
+    measured = repeats_near >= 2 and (effect_source in ("twin", "given")
+                                      or (effect_source == "sweep" and n_near >= MIN_RUNS_NEAR))
+    if measured:
+        return reasons, add
+    if repeats_near < 2 and effect_source in ("twin", "given"):
+        reasons.append(
+            "one run at each rate bracketing C_SLO: the run-to-run variation comes from "
+            + ("a twin" if effect_source == "twin" else "a given value") + ", but the "
+            "crossing itself rests on single runs; on one simulated system (one replica, "
+            "binding KV limit) that bound was still too high in about a third of sweeps "
+            "even with the true system as the twin: docs/envelope.md, 'Coverage'")
+    elif repeats_near < 2:
+        reasons.append(
+            "one run at each rate bracketing C_SLO: the crossing rests on single runs, and "
+            + ("how much runs differ there — which decides how optimistic a single run "
+               "is — is assumed (a prior), not measured"
+               if effect_source != "sweep" or n_near < MIN_RUNS_NEAR else
+               f"the run-to-run variation estimated from {n_near} runs near it cannot "
+               "tell a lucky single run from the level's mean")
+            + "; on simulated systems one run per rate held for some (two replicas) and "
+            "not for others (one replica, a bursty trace): docs/envelope.md, 'Coverage'")
+    else:
+        reasons.append(
+            f"only {n_near} run(s) near the crossing have both outcomes: how much runs "
+            "differ there cannot be measured")
+    why = ("repeat a rate bracketing C_SLO so the crossing rests on more than one run"
+           if effect_source in ("twin", "given") else
+           "repeat a rate bracketing C_SLO to measure run-to-run variation")
+    if repeats_near < 2 or effect_source in ("twin", "given"):
+        add += [RunToAdd(askable(r), max(REPEATS - have(r), 1), run_len, why) for r in rates]
+    else:  # repeats exist, too few runs with both outcomes: runs at the estimate have both
+        add.append(RunToAdd(askable(estimate), max(MIN_RUNS_NEAR - n_near, 1), run_len,
+                            "runs at the estimate, where both outcomes occur, to measure "
+                            "run-to-run variation"))
+    return reasons, add
+
+
+def _bracket_reasons(bracket: tuple[float, float], estimate: float, ci_width: float,
+                     add: list[RunToAdd], dur: float, run_len: float) -> tuple[list[str], list[RunToAdd]]:
+    """Is the crossing interpolated across a bracket wider than the interval and than
+    ``MAX_BRACKET_REL`` of the estimate? If so: why, and the runs (not already in ``add``)
+    that would narrow it."""
+    lo_x, hi_x = (float(v) for v in bracket)
+    width = hi_x - lo_x
+    if not (width > MAX_BRACKET_REL * estimate and not (ci_width == ci_width and width <= ci_width)):
+        return [], []
+    reasons = [
+        f"the crossing is interpolated between runs at {lo_x:.3g} and {hi_x:.3g} req/s, "
+        f"{width / estimate:.0%} of the estimate apart: the interval does not contain "
+        "the interpolation error (near saturation attainment falls faster than the "
+        "interpolation assumes, so the estimate is too high); on 60-s runs from a real "
+        "client's shape this left the lower bound above the truth in 1 sweep of 5: "
+        "docs/envelope.md, 'Coverage'"]
+    # at the estimate (and just above) when that makes a new level; else in the middle
+    # of the bracket: runs asked close to a bracketing level join it (levels merge
+    # rates a run cannot tell apart), so runs "at the estimate" next to a level never
+    # narrowed the bracket (a real AIPerf loop asked for them three rounds running)
+    planned = {round(a.rate_rps, 9) for a in add}
+    # a new level needs rates further apart than a run realises its rate
+    tol = max(0.01, rate_noise_rel(estimate, dur if dur == dur else 60.0))
+    gap = 1.5 * tol * estimate
+    if min(estimate - lo_x, hi_x - estimate) > gap:
+        at = askable(estimate)
+        up = askable(min(estimate + gap, 0.5 * (estimate + hi_x)))
+        new = [(at, REPEATS, "at the estimate, to narrow the bracket")]
+        if up - at > tol * estimate and hi_x - up > tol * estimate:
+            new.append((up, 1, "just above the estimate, to narrow the bracket"))
+    else:
+        new = [(askable(0.5 * (lo_x + hi_x)), REPEATS,
+                "in the middle of the bracket, to narrow it")]
+    return reasons, [RunToAdd(rate, k, run_len, why) for rate, k, why in new if round(rate, 9) not in planned]
 
 
 def _median(df, col: str) -> float:

@@ -1,6 +1,6 @@
 """What to do next, dated: the end of the report's answer (docs/report.md, "Next steps").
 
-A pure function of what the report exported — the plan record (``capplan.sensitivity.
+A pure function of what the report exported — the plan record (``capplan.plan.sensitivity.
 plan_record``: the fleet steps, the per-quarter sensitivity bands, the honesty verdict, the
 mix comparison), the envelope JSON, the simulated plan checks (``data/timeline/
 plan-simulated.csv``, written by the timelines page with a twin) and the mix page's production
@@ -9,7 +9,7 @@ when those results call for it:
 
 1. **capacity**: the fleet on the plan's first day, then each quarter that needs more (or
    fewer) groups, dated by the day its planned demand passes what the fleet before carries
-   (``capplan.fleet_steps``);
+   (``capplan.plan.fleet_steps``);
 2. **runs before signing** (by the plan's first day): the runs the honesty verdict names when
    the lower bound is not honest; otherwise whether narrowing it could change the plan — a
    quarter that would need fewer groups on the estimate (a saving), or whose band the C_SLO
@@ -28,7 +28,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from .plan_text import plural
+from .plan.text import plural
 
 #: the timelines page and its section with the plan's checks simulated on the twin
 TIMELINES_PAGE = "08-timelines.html"

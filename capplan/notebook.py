@@ -81,7 +81,7 @@ def resolve(study_path=None, spec_path=None, slo=None, *, seed=None, reps=None, 
     None, 0 or a negative value means "the spec's"). The same rule as ``capplan report`` and
     ``capplan plan``, so a notebook run by hand shows the report's numbers. ``engine``:
     "duckdb" (default, also for empty) or "spark", with ``spark_master``."""
-    from .plan_spec import load_plan_spec
+    from .plan.spec import load_plan_spec
     from .study import open_study
 
     study = open_study(study_path or demo_study_path())

@@ -39,7 +39,7 @@ from typing import Callable
 
 from .version import __version__
 from .errors import CapplanError, SpecError
-from .plan_spec import CapacitySpec
+from .plan.spec import CapacitySpec
 from .notebook import DEFAULT_SLO  # noqa: F401  (re-exported)
 from .resources import (baseline_study_path, bundled, default_spec_path,  # noqa: F401
                         demo_study_path, notebooks_dir, templates_dir)

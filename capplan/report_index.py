@@ -1,7 +1,7 @@
 """The report's front page: the answer first, then how sure it is, then the checks.
 
 ``index_html`` is a pure function of what the report's notebooks exported — ``data/plan.json``
-(``capplan.sensitivity.plan_record``: the plan's words, dated quarters, checks, sensitivity),
+(``capplan.plan.sensitivity.plan_record``: the plan's words, dated quarters, checks, sensitivity),
 ``data/envelope.json`` (C_SLO, its interval, notes, and the bound's honesty when the envelope
 gives one) and, with a baseline, ``data/compare/verdict.csv`` — so it shows exactly the
 exported numbers. Order, as a planner reads it:
@@ -38,7 +38,7 @@ from .present import MISSING
 from .honesty import RunToAdd
 from .next_steps import KINDS, SIMULATED_ANCHOR, TIMELINES_PAGE, NextStep, next_steps, simulated_breaks, \
     simulated_words
-from .plan_text import plural
+from .plan.text import plural
 
 e = html.escape
 
@@ -150,7 +150,7 @@ def mix_words(plan: dict, extra: list[dict] | None = None) -> str:
 
 def read_dynamics(data_dir: Path) -> list[dict]:
     """The plan's checks simulated on the twin by the timelines page
-    (``data/timeline/plan-simulated.csv``, ``capplan.plan_dynamics.PlanDynamics.to_frame``);
+    (``data/timeline/plan-simulated.csv``, ``capplan.plan.dynamics.PlanDynamics.to_frame``);
     [] without a twin."""
     p = data_dir / "timeline" / "plan-simulated.csv"
     if not p.is_file():
@@ -228,7 +228,7 @@ def _burst_words(plan: dict) -> str:
 
 
 def contract_section(plan: dict) -> str:
-    """The capacity contract (``capplan.plan_contract``): what the planned capacity holds for,
+    """The capacity contract (``capplan.plan.contract``): what the planned capacity holds for,
     one row per clause with its source; nothing for a record written before the contract."""
     rows = "".join(f'<tr><th>{e(c["clause"])}</th><td>{e(c["text"])}<br><small>source: {e(c["source"])}</small>'
                    "</td></tr>" for c in plan.get("contract") or [])

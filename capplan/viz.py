@@ -360,7 +360,7 @@ HEADERS = {
     "input_tokens_bucket": "prompt length (tokens)", "output_tokens_bucket": "output length (tokens)",
     "tenant": "tenant", "case": "case", "c_slo_rps": "C_SLO (req/s)",
     "capacity_rps_per_group": "capacity per replica group (req/s)",
-    # the sensitivity band of each quarter (capplan.sensitivity.Sensitivity.quarters_frame)
+    # the sensitivity band of each quarter (capplan.plan.sensitivity.Sensitivity.quarters_frame)
     "c_slo_low_rps": "band: C_SLO from (req/s)", "c_slo_high_rps": "band: C_SLO below (req/s)",
     "capacity_low_rps_per_group": "band per replica group from (req/s)",
     "capacity_high_rps_per_group": "band per replica group below (req/s)",

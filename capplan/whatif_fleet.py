@@ -5,7 +5,7 @@ A separate panel beside the main what-if (:mod:`capplan.whatif`), so either can 
 the other. :func:`fleet_state` is a pure function of a plan spec, a capacity per group and a
 :class:`FleetParams`: it re-plans (``make_plan``: the cold-start reserve ⌈b·T / C⌉ and the
 warm-floor top-up move with the controls) and, given a twin, simulates the burst at the
-planned size (``capplan.plan_dynamics.cold_start_scenario``: SLO-minutes caused and good
+planned size (``capplan.plan.dynamics.cold_start_scenario``: SLO-minutes caused and good
 requests lost against the same run on the full fleet). :class:`FleetWhatIfPanel` wires three
 ipywidgets sliders to it; each change redraws a table (the replica groups by reason: the main
 panel draws them as its chart) and, with a twin, the simulated burst in place.
@@ -52,7 +52,7 @@ class FleetState:
     table: pd.DataFrame
     figure: go.Figure | None  # the simulated burst; None without a twin
     plan: object = field(repr=False)
-    burst: object = field(default=None, repr=False)  # plan_dynamics.DynamicCheck or None
+    burst: object = field(default=None, repr=False)  # capplan.plan.dynamics.DynamicCheck or None
     seconds: float = 0.0
 
 
@@ -91,7 +91,7 @@ def fleet_state(spec, capacity, params: FleetParams, *, gpus_per_group: int | No
     """Re-plan for one position of the controls; with ``system`` (a twin or a synth config)
     also simulate the burst at the planned size."""
     from .plan import make_plan
-    from .plan_dynamics import SimSettings, cold_start_scenario
+    from .plan.dynamics import SimSettings, cold_start_scenario
 
     t0 = time.perf_counter()
     s = fleet_spec(spec, params)

@@ -168,7 +168,7 @@ def test_sweep_dispersion_read_from_the_study(make_study):
 
 def test_report_index_says_it_in_the_headline():
     from capplan.report_index import answer_section
-    from capplan.sensitivity import plan_record
+    from capplan.plan.sensitivity import plan_record
 
     rec = plan_record(make_plan(_spec({"dispersion": 4.0}), capacity=25.0))
     html = answer_section(rec, None)
@@ -183,7 +183,7 @@ def test_report_index_says_it_in_the_headline():
 def test_replans_keep_the_burst_factor(make_study):
     # re-plans at other capacities (sensitivity, no study passed) keep the study's sweep D (a
     # CV-3 run: D ≈ 9.8) rather than falling back to Poisson assumed (D = 1)
-    from capplan.sensitivity import sensitivity
+    from capplan.plan.sensitivity import sensitivity
 
     ds, src = B.sweep_dispersions(_sweep_study(make_study, [1.0, 3.0]), 1.0)
     arr = {"dispersion": 12.0}

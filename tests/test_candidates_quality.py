@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from capplan.candidates import Candidate, compare_candidates, quality_verdict
+from capplan.plan.candidates import Candidate, compare_candidates, quality_verdict
 from capplan.cli import main
 from capplan.contract import QualityResult
 from capplan.errors import SpecError, StudyError

@@ -9,7 +9,7 @@ import yaml
 
 from capplan.cli import main
 from capplan.errors import SpecError
-from capplan.forecast import forecast_peaks, forecast_peaks_from_file, history_series, read_history
+from capplan.plan.forecast import forecast_peaks, forecast_peaks_from_file, history_series, read_history
 from capplan.plan import load_plan_spec, make_plan
 
 SLOPE = 0.5  # req/s per day

@@ -13,7 +13,7 @@ import yaml
 
 from capplan.cli import main
 from capplan.errors import SpecError
-from capplan.forecast import MIN_ORIGINS, backtest, backtest_from_file, history_series
+from capplan.plan.forecast import MIN_ORIGINS, backtest, backtest_from_file, history_series
 from capplan.plan import load_plan_spec, make_plan
 
 # a monthly history with a known trend, yearly season and N(0, SIGMA²) noise: 42 months,

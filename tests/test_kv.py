@@ -178,7 +178,7 @@ def test_kv_bound_sizes_sequences_at_the_p99_context(make_study):
     of the tested mix's ok requests — not the mean — and names it; with no such request there
     is no KV number at all."""
     from capplan.cost import study_facts
-    from capplan.plan_bounds import kv_items
+    from capplan.plan.bounds import kv_items
     from capplan.study import open_study
 
     # ok requests of 100, 200, …, 10 000 tokens of context (input + 10 output); a failed request

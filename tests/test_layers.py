@@ -31,14 +31,13 @@ DOC = ROOT / "docs" / "architecture.md"
 #: matching name wins. "capplan" is the package itself (its __init__, the public facade).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "contract", "version", "io")),
-    ("kit", ("spec", "slo", "sketch", "earlystop", "periods", "resources", "dialect", "present")),
+    ("kit", ("spec", "slo", "sketch", "earlystop", "resources", "dialect", "present")),
     ("study", ("study", "sparkstudy", "telemetry", "engine_metrics", "importers", "loadtools")),
     ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce", "runeffect", "honesty")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin", "fanout", "burst")),
-    ("plan", ("plan_spec", "plan_text", "plan_contract", "plan", "plan_dynamics", "forecast", "plan_bounds", "sensitivity",
-              "candidates", "design", "fleet_steps")),
+    ("plan", ("plan", "design")),
     ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",
                       "nbexec", "next_steps", "report_index", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),

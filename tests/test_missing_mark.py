@@ -161,7 +161,7 @@ def _plan(demo, envelope):
 
 
 def _sensitivity(demo, envelope):
-    from capplan.sensitivity import sensitivity
+    from capplan.plan.sensitivity import sensitivity
 
     return sensitivity(_plan(demo, envelope)[0]), False
 

@@ -113,7 +113,7 @@ def test_plan_refuses_an_unsupported_number_on_every_path(make_study, tmp_path, 
     import json
 
     from capplan.report_index import IndexInputs, index_html
-    from capplan.sensitivity import plan_record
+    from capplan.plan.sensitivity import plan_record
 
     if path_kind == "classes":
         study = class_study(make_study)
@@ -163,7 +163,7 @@ def test_a_lower_production_mix_is_said_first_with_what_it_would_cost(make_study
     import dataclasses
 
     from capplan.report_index import IndexInputs, index_html
-    from capplan.sensitivity import plan_record
+    from capplan.plan.sensitivity import plan_record
 
     study = open_study(mix_study(make_study))
     table = _mix_table(tmp_path)
@@ -235,7 +235,7 @@ def test_the_twin_lower_than_the_tested_mix_is_said_first_on_the_index(make_stud
 
     from capplan.mix.page import MixPage
     from capplan.report_index import IndexInputs, index_html, read_mix_record
-    from capplan.sensitivity import plan_record
+    from capplan.plan.sensitivity import plan_record
 
     study = open_study(mix_study(make_study))
     spec = _spec(slo=SLO, mix={"target": str(_mix_table(tmp_path)), "plan_on": "tested"},

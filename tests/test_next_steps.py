@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capplan.fleet_steps import carried_rps, fleet_steps
-from capplan.forecast import Forecast
+from capplan.plan.fleet_steps import carried_rps, fleet_steps
+from capplan.plan.forecast import Forecast
 from capplan.next_steps import next_steps, runs_before_signing, what_to_test
 from capplan.plan import CapacityInfo, load_plan_spec, make_plan
 from capplan.report_index import IndexInputs, checks_section, index_html
-from capplan.sensitivity import plan_record, sensitivity
+from capplan.plan.sensitivity import plan_record, sensitivity
 from test_report import demo_report  # noqa: F401  (shared fixture)
 
 #: no reserves (policy none, no burst, no floor): N = ⌈D / C⌉ per quarter
@@ -111,7 +111,7 @@ def test_fleet_step_dated_inside_the_quarter_by_the_forecast(tmp_path):
 def test_forecast_peak_so_far_ends_at_the_quarters_planned_peak():
     """The band the fleet steps read agrees with the quarter's planned peak at its last step
     (the same quantile of the same simulated paths) and never falls inside a quarter."""
-    from capplan.forecast import forecast_peaks
+    from capplan.plan.forecast import forecast_peaks
 
     t = pd.date_range("2025-01-01", periods=400, freq="D", tz="UTC")
     hist = pd.Series(50 + 0.05 * np.arange(400) + 3 * np.sin(np.arange(400) * 2 * np.pi / 7), index=t)

@@ -221,7 +221,7 @@ def _run(capsys, *argv) -> str:
 
 def test_one_measured_cslo_everywhere(demo_report, tmp_path, capsys):  # noqa: F811
     from capplan.envelope import fit_envelope
-    from capplan.plan_spec import load_plan_spec
+    from capplan.plan.spec import load_plan_spec
     from capplan.study import open_study
     from capplan.twin import fit_twin, write_twin
     from capplan.whatif import WhatIfModel, whatif_state

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from capplan.candidates import Candidate, compare_candidates
+from capplan.plan.candidates import Candidate, compare_candidates
 from capplan.plan import load_plan_spec
 
 MONTH_S = 730 * 3600

@@ -14,9 +14,9 @@ import pytest
 
 from capplan.export import export_plan
 from capplan.plan import CapacityInfo, load_plan_spec, make_plan
-from capplan.plan_contract import StudyWorkload, split_cents, study_workload
+from capplan.plan.contract import StudyWorkload, split_cents, study_workload
 from capplan.report_index import IndexInputs, index_html
-from capplan.sensitivity import plan_record
+from capplan.plan.sensitivity import plan_record
 from capplan.study import open_study
 from conftest import ev
 

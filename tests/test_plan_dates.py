@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from capplan.errors import SpecError
-from capplan.periods import add_months, next_quarter_start, parse_start, quarters
+from capplan.plan.periods import add_months, next_quarter_start, parse_start, quarters
 from capplan.plan import load_plan_spec, make_plan
-from capplan.sensitivity import plan_record, sensitivity
+from capplan.plan.sensitivity import plan_record, sensitivity
 
 BASE = {"demand": {"peak_rps": 100.0, "horizon_quarters": 4, "growth_per_quarter": 0.1},
         "replica_group": {"gpus_per_replica": 4, "gpus_per_node": 8},
@@ -96,6 +96,6 @@ def test_import_capplan_is_cheap_and_lists_its_entry_points():
     assert out[:3] == ["[]", "True", "True"]
     import capplan
 
-    assert capplan.make_plan.__module__ == "capplan.plan" and capplan.demo_study_path().is_dir()
+    assert capplan.make_plan.__module__ == "capplan.plan.make" and capplan.demo_study_path().is_dir()
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         capplan.nope  # noqa: B018

@@ -1,4 +1,4 @@
-"""capplan.plan_dynamics: the plan's checks simulated at the planned size (a synth config
+"""capplan.plan.dynamics: the plan's checks simulated at the planned size (a synth config
 stands in for the twin), their sentences and figures, and the budget searches."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from capplan.plan import load_plan_spec, make_plan
-from capplan.plan_dynamics import SimSettings, simulate_plan, smallest_fleet, smallest_warm_floor
+from capplan.plan.dynamics import SimSettings, simulate_plan, smallest_fleet, smallest_warm_floor
 from capplan.synth.config import preset
 
 FAST = SimSettings(window_s=10.0, settle_s=150.0)
@@ -87,7 +87,7 @@ def test_a_day_under_the_autoscaler(plan):
     import tempfile
     from pathlib import Path
 
-    from capplan.plan_dynamics import day_scenario
+    from capplan.plan.dynamics import day_scenario
 
     with tempfile.TemporaryDirectory() as d:
         c = day_scenario(plan, preset("demo"), span_s=3 * 3600, settings=SimSettings(window_s=60.0),

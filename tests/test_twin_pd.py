@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capplan.candidates import compare_candidates, sweep_candidates
+from capplan.plan.candidates import compare_candidates, sweep_candidates
 from capplan.plan import load_plan_spec
 from capplan.synth.config import parse_config
 from capplan.synth.disagg import DisaggSpec, KVTransfer, parse_pool, simulate_disagg
@@ -104,7 +104,7 @@ def test_ranking_flips_with_the_ttft_limit():
 
 
 def test_simulated_candidates_priced_per_unit_and_not_settled_when_overlapping():
-    from capplan.candidates import simulated_candidate
+    from capplan.plan.candidates import simulated_candidate
 
     spec = load_plan_spec({"demand": {"peak_rps": 100.0, "mean_to_peak": 1.0}, "capacity": {"good_fraction": 0.99},
                            "replica_group": {"gpus_per_replica": 4, "gpus_per_node": 8}, "failure": {"policy": "none"},

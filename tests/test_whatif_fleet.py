@@ -8,7 +8,7 @@ import math
 import pytest
 
 from capplan.plan import load_plan_spec, make_plan
-from capplan.plan_dynamics import SimSettings
+from capplan.plan.dynamics import SimSettings
 from capplan.synth.config import preset
 from capplan.whatif_fleet import (FleetParams, FleetWhatIfPanel, fleet_defaults, fleet_state,
                                   scaled_parts)

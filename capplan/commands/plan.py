@@ -118,16 +118,16 @@ def _apply_overrides(spec, *, slo, use, reps, seed, confidence, accept_optimisti
 
 def _simulate(plan, twin: str, quarter: int, budget: float | None, out_dir: str, *, day: bool = False,
               trace: str | None = None) -> None:
-    """The plan's checks simulated on the twin (capplan.plan_dynamics), printed and written."""
+    """The plan's checks simulated on the twin (capplan.plan.dynamics), printed and written."""
     from pathlib import Path
 
     from ..io import write_csv
-    from ..plan_dynamics import load_system, simulate_plan, smallest_fleet, smallest_warm_floor
+    from ..plan.dynamics import load_system, simulate_plan, smallest_fleet, smallest_warm_floor
 
     import dataclasses
     import tempfile
 
-    from ..plan_dynamics import SimSettings, day_scenario
+    from ..plan.dynamics import SimSettings, day_scenario
 
     system = load_system(twin)
     dyn = simulate_plan(plan, system, quarter=quarter - 1, budget_slo_minutes=budget)

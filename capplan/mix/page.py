@@ -13,7 +13,7 @@ import pandas as pd
 from ..errors import CapplanError, SpecError
 from ..slo import SLO, load_slo_file
 
-#: plan line items and checks this page shows (capplan.plan_bounds)
+#: plan line items and checks this page shows (capplan.plan.bounds)
 BOUND_KEYS = ("prefill_tokens_per_s_per_group", "decode_tokens_per_s_per_group", "prefill_tokens_per_s_fleet",
               "decode_tokens_per_s_fleet", "energy_wh_per_1k_input_tokens", "energy_wh_per_1k_output_tokens",
               "energy_wh_per_1k_tokens", "kv_bytes_per_token", "weight_gib_per_replica", "memory_gib_per_replica",
@@ -173,7 +173,7 @@ class MixPage:
 
     @property
     def kv(self):
-        from ..plan_bounds import kv_items
+        from ..plan.bounds import kv_items
 
         if self.plan is None:
             return None

@@ -37,16 +37,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import SpecError
-from .plan import failure_loss
-from .slo import SLO
-from .synth.autoscale import AutoscalerSpec
-from .synth.config import SynthConfig
-from .synth.control import ControlSpec, FailureSpec, Placement, RolloutSpec
-from .synth.demand import RateProfile, ramps, steps
-from .synth.retry import RetryPolicy
-from .synth.sweep import generate_study
-from .timeline import Timeline, analyse_timeline
+from ..errors import SpecError
+from ..slo import SLO
+from ..synth.autoscale import AutoscalerSpec
+from ..synth.config import SynthConfig
+from ..synth.control import ControlSpec, FailureSpec, Placement, RolloutSpec
+from ..synth.demand import RateProfile, ramps, steps
+from ..synth.retry import RetryPolicy
+from ..synth.sweep import generate_study
+from ..timeline import Timeline, analyse_timeline
+from .sizing import failure_loss
 
 EVENT_AT_S = 300.0
 WINDOW_S = 10.0
@@ -138,12 +138,12 @@ class PlanDynamics:
 def load_system(path):
     """What plans are simulated on, from a file: a twin (twin.yaml of ``capplan twin fit``,
     docs/twin.md) or a synth config YAML (``capplan synth``)."""
-    from . import spec as S
-    from .synth.config import load_config
+    from .. import spec as S
+    from ..synth.config import load_config
 
     doc = S.load_yaml(path, what="twin or synth config", fix="pass twin.yaml (capplan twin fit)")
     if isinstance(doc.data, dict) and str(doc.data.get("format", "")).startswith("capplan-twin/"):
-        from .twin import load_twin
+        from ..twin import load_twin
 
         return load_twin(path)
     return load_config(path)
@@ -333,8 +333,8 @@ def day_scenario(plan, system, *, quarter: int = 0, trace: str | None = None,
     scaled so its busiest quarter-hour is the quarter's peak; a built-in working day without a
     trace), autoscaled as in the cold start; against the same day on the fixed planned fleet.
     The sentence adds the autoscaler's decisions, reversals and overshoot GPU-hours."""
-    from .synth.arrivals import load_trace
-    from .synth.demand import diurnal, from_trace
+    from ..synth.arrivals import load_trace
+    from ..synth.demand import diurnal, from_trace
 
     spec = plan.spec
     N = int(plan.value("total_groups"))

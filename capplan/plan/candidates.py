@@ -3,7 +3,7 @@ types, an fp8 or speculative-decoding build), the cheapest per SLO-meeting reque
 that meet every check *and answer as well as the baseline*, and whether that choice is settled
 given each candidate's C_SLO interval (docs/plan.md "Candidates")::
 
-    from capplan.candidates import Candidate, compare_candidates
+    from capplan.plan.candidates import Candidate, compare_candidates
     cmp = compare_candidates([Candidate("bf16", spec, study=s_bf16), Candidate("fp8", spec, study=s_fp8)],
                              baseline="bf16")
     cmp.verdict; cmp.to_frame(); cmp.figure()
@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from . import cost as K
-from .contract import QualityResult
-from .errors import SpecError
-from .plan import CapacityInfo, PlanSpec, load_plan_spec, make_plan
-from .slo import SLO
-from .spec import number
+from .. import cost as K
+from ..contract import QualityResult
+from ..errors import SpecError
+from ..slo import SLO
+from ..spec import number
+from .capacity import CapacityInfo
+from .make import make_plan
+from .spec import PlanSpec, load_plan_spec
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import cost as K
-from .plan_text import plural
+from .. import cost as K
+from .text import plural
 
 #: the event columns a chargeback groups by, in order, when the study has them
 CHARGE_BY = ("tenant", "slo_class")

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .contract import pct_label
-from .kv import Catalogue, KVBudget, kv_bound_check, kv_budget, load_catalogue
+from ..contract import pct_label
+from ..kv import Catalogue, KVBudget, kv_bound_check, kv_budget, load_catalogue
 
 SECONDS_PER_DAY = 86400.0
 J_PER_WH = 3600.0
@@ -50,7 +50,7 @@ def peak_from_tokens(demand, facts) -> tuple[float, str, dict, list[str]]:
     (input tokens/day ÷ input tokens per request) and (output tokens/day ÷ output tokens per
     request); λ_peak = requests/day ÷ 86 400 s ÷ mean_to_peak. Returns (λ_peak, formula,
     inputs, notes)."""
-    from .errors import SpecError
+    from ..errors import SpecError
 
     tpr = tokens_per_request(demand, facts)
     vol = dict(demand.tokens_per_day)

@@ -14,8 +14,8 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
-from .errors import SpecError
-from .spec import date
+from ..errors import SpecError
+from ..spec import date
 
 _QUARTER_TEXT = re.compile(r"^\s*(\d{4})\s*-?\s*Q([1-4])\s*$", re.IGNORECASE)
 

@@ -25,8 +25,9 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 
-from .plan import Plan, size
-from .plan_text import plural
+from .result import Plan
+from .sizing import size
+from .text import plural
 
 _REL = 1e-10
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .contract import pct_label
-from .errors import SpecError
+from ..contract import pct_label
+from ..errors import SpecError
 
 MIN_POINTS = 10
 #: per-period frequency → (seasonal period, periods of history the seasonal term needs)
@@ -43,7 +43,7 @@ class Forecast:
     forecast). ``trend_per_step`` and ``season`` are the fitted components at the end of the
     history (per ``freq`` step); ``bands`` holds the per-step point forecast and interval, and
     ``peak_so_far_upper``: the upper end of the peak from the quarter's start up to the step
-    (at a quarter's last step it is the quarter's planned peak; ``capplan.fleet_steps`` dates
+    (at a quarter's last step it is the quarter's planned peak; ``capplan.plan.fleet_steps`` dates
     a fleet step by the first step where it passes what the previous fleet carries)."""
 
     labels: tuple[str, ...]

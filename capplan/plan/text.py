@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import cost as K
+from .. import cost as K
 
 
 def plural(count, noun: str) -> str:

@@ -28,9 +28,11 @@ import math
 from dataclasses import dataclass
 
 from .fleet_steps import fleet_steps
-from .plan import Plan, make_plan, size
-from .plan_text import plural
-from .present import fmt_num, is_missing, json_text
+from ..present import fmt_num, is_missing, json_text
+from .make import make_plan
+from .result import Plan
+from .sizing import size
+from .text import plural
 
 _REL = 1e-10
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from . import spec as S
-from .errors import SpecError
+from .. import spec as S
+from ..errors import SpecError
 from .periods import parse_start
-from .slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, SLOClasses, load_slo_file
+from ..slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, SLOClasses, load_slo_file
 
 POLICIES = ("node", "zone", "n_plus_k", "none")
 READY_PARTS = ("provision", "image", "weights", "rank_init", "compile", "warmup", "register")
@@ -156,7 +156,7 @@ class DemandSpec:
 
 def _arrivals(value, field_: str) -> tuple[tuple[str, Any], ...]:
     """``demand.arrivals`` checked and frozen as (key, value) pairs: exactly one source."""
-    from .burst import ARRIVAL_KEYS
+    from ..burst import ARRIVAL_KEYS
 
     m = dict(S.mapping(value, field_, known=ARRIVAL_KEYS, example="{trace: prod.csv, window_s: 1}"))
     src = [k for k in ("trace", "per_second", "dispersion", "cv") if m.get(k) is not None]
