@@ -1408,6 +1408,7 @@ def envelope_from_points(points: RunPoints, runs: pd.DataFrame, slo, target: flo
             by_id = dict(zip([r.run_id for r in stats.runs], _rate_var(stats)))
             rv = np.array([by_id.get(r, 0.0) for r in points.run_id], dtype=np.float64)
         points, effect, used = _with_run_effect(points, target, seed, run_effect, rv)
+        points = replace(points, rate_var=rv)  # the levels' positions, as in fit_from_stats
         runs["tau_window"] = False
         runs.loc[runs["usable"].to_numpy(bool), "tau_window"] = used
     env = _finish(points, runs, slo, target, confidence, seed, closed, list(notes), method=method)
