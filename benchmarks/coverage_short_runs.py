@@ -186,7 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--truth-replications", type=int, default=200)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON with every sweep and the summary")
-    ap.add_argument("--from-json", default=None, help="re-summarise an earlier --out")
+    ap.add_argument("--from-json", default=None,
+                    help="re-summarise earlier --out files (comma-separated: pooled)")
     a = ap.parse_args(argv)
     rules = tuple(r.strip() for r in a.rules.split(",") if r.strip())
     if any(r not in RULES for r in rules):
@@ -195,7 +196,8 @@ def main(argv=None) -> int:
     tr = cs.truth(design(), a.truth_replications)
     cap, se = float(tr["capacity"]), float(tr["se"])
     if a.from_json:
-        results = json.loads(Path(a.from_json).read_text())["sweeps"]
+        results = [r for f in a.from_json.split(",") if f.strip()
+                   for r in json.loads(Path(f.strip()).read_text())["sweeps"]]
     else:
         jobs = [(i, a.seed, a.reps, a.fit_seed, rules) for i in range(a.k)]
         if a.jobs > 1:
