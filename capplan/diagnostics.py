@@ -5,8 +5,10 @@ Pure functions over small arrays (time-bin or block means that the reduction alr
 plus ``run_diagnostics`` which combines them into one verdict per run:
 
 - **warm-up**: MSER-5 truncation (White 1997; Franklin & White 2008) on time-bin TTFT means,
-  unless the manifest's ``warmup_s`` says; a run whose truncation falls in its second half
-  never reached a steady state and is unusable (unless it is overloaded, below).
+  unless the manifest's ``warmup_s`` says. A truncation in the run's second half is only a
+  suspicion on a short run (its point is noise there): the run is unusable for lack of a steady
+  state only when TTFT or attainment also drifts over it (``drift``, Mann–Kendall), and the
+  reason names that trend; otherwise the whole run is used.
 - **overload / non-stationarity**: one-sided OLS slope test on batch means of TTFT over the
   measurement window. An overloaded run stays in the fit (it fails the SLO, which is the
   truth at that rate) but is flagged: its attainment depends on the run length.
@@ -37,6 +39,7 @@ from scipy import stats as _st
 #: thresholds (documented in docs/envelope.md)
 TREND_P = 0.01          # one-sided p-value of the upward slope
 TREND_REL = 0.20        # fitted rise over the window, relative to the mean
+ATT_DRIFT = 0.02        # fitted change of attainment over a run (points) that is a drift
 LITTLE_TOL = 0.10       # |L / (λW) − 1|
 RATE_TOL = 0.10         # |measured / nominal − 1|
 RATE_Z = 4.0            # SDs of a Poisson count, beyond which a run did not carry its asked rate
@@ -121,6 +124,53 @@ def trend_test(y, *, p: float = TREND_P, rel: float = TREND_REL) -> TrendResult:
                        bool(res.pvalue < p and rel_inc > rel))
 
 
+@dataclass(frozen=True)
+class Drift:
+    """A trend of one metric over a run (Mann–Kendall on batch means, Sen's slope for its size):
+    ``change`` is the fitted change over the run — relative to the mean for a latency, in
+    attainment points for attainment; ``trending`` needs both p < ``TREND_P`` (two-sided) and a
+    change larger than the metric's threshold."""
+
+    metric: str                  # "TTFT" | "attainment"
+    direction: str               # "rises" | "falls" | "flat"
+    change: float
+    tau: float                   # Kendall's τ of the batch means against time
+    p_value: float
+    trending: bool
+
+    def sentence(self) -> str:
+        size = (f"{abs(self.change):.0%} of its mean" if self.metric != "attainment"
+                else f"{abs(self.change):.3f}")
+        return (f"{self.metric} {self.direction} {size} over the run (Mann–Kendall "
+                f"τ = {self.tau:+.2f}, p = {self.p_value:.1g})")
+
+
+def drift(y, metric: str = "TTFT", *, p: float = TREND_P, rel: float = TREND_REL,
+          points: float = ATT_DRIFT) -> Drift:
+    """Two-sided Mann–Kendall trend test (Kendall's τ of the batch means against their order;
+    Mann 1945, Kendall 1975) with Sen's slope (Sen 1968) for its size. Why rank-based: per-bin
+    TTFT on a short run is heavy-tailed (one congested bin is 10× the others), which a
+    least-squares slope reads as a trend; ranks do not. Batch means (``TREND_BATCHES``) keep
+    the serial correlation of adjacent bins small. A latency drifts when p < ``p`` and the
+    fitted change exceeds ``rel`` of its mean; attainment when it exceeds ``points``."""
+    y = np.asarray(y, dtype=np.float64)
+    y = y[~np.isnan(y)]
+    if y.size < 4 or np.allclose(y, y[0]):
+        return Drift(metric, "flat", 0.0, 0.0, 1.0, False)
+    t = np.arange(y.size, dtype=np.float64)
+    kt = _st.kendalltau(t, y)
+    tau, pv = float(kt.statistic), float(kt.pvalue)
+    change = float(_st.theilslopes(y, t).slope * (y.size - 1))
+    if metric != "attainment":
+        mean = float(np.mean(y))
+        change = change / mean if mean > 0 else math.inf
+        big = abs(change) > rel
+    else:
+        big = abs(change) > points
+    direction = "rises" if tau > 0 else "falls" if tau < 0 else "flat"
+    return Drift(metric, direction, change, tau, pv, bool(pv < p and big))
+
+
 def batch_means(values, weights, n_batches: int = TREND_BATCHES) -> np.ndarray:
     """Combine consecutive per-unit means (with their counts as weights) into n_batches."""
     v = np.asarray(values, dtype=np.float64)
@@ -168,10 +218,44 @@ class RunDiagnostics:
     warnings: str
 
 
-#: why a run is excluded for its warm-up (the trend that justified it follows the colon)
-NO_STEADY_STATE = "warm-up (MSER-5) did not end in the first half: no steady state"
-#: the warm-up source of a run whose MSER-5 cut fell in its second half with no trend either way
+#: why a run is excluded for lack of a steady state: MSER-5's warm-up ended in the second half
+#: *and* a trend confirms it (``drift``: the metric, direction, size and p follow the colon)
+NO_STEADY_STATE = "no steady state (MSER-5's warm-up ended in the second half, and a trend)"
+#: the warm-up source of a run whose MSER-5 cut fell in its second half with no trend in TTFT
+#: or attainment (the whole run is used)
 MSER_LATE_FLAT = "mser5 (second half, no trend: not cut)"
+
+
+#: the warm-up source of a run whose MSER-5 cut fell in its second half while its queue grew
+#: (TTFT rises or attainment falls) and it fails the target: kept, as an overloaded run
+MSER_LATE_OVERLOADED = "mser5 (second half, overloaded: kept)"
+
+
+def late_warmup_verdict(ttft_mean, ttft_n, n_good, n, target: float) -> tuple[str, bool]:
+    """(warm-up source, excluded) of a run whose MSER-5 cut fell in its second half, from the
+    trends over the whole run (per-unit TTFT means and SLO-good shares, ``TREND_BATCHES``
+    batch means, ``drift``). TTFT first, then attainment:
+
+    - no trend: ``MSER_LATE_FLAT``, used whole (MSER's point is noise on a short run);
+    - the warm-up still decaying (TTFT falls, attainment rises): excluded, the trend named;
+    - the queue still growing (TTFT rises, attainment falls): a run that fails ``target`` is
+      kept as an overloaded run (it fails the SLO, the truth at that rate, and a longer run
+      would fail more: ``MSER_LATE_OVERLOADED``); one that passes is excluded, the trend named —
+      it passed only because it ended before its queue settled."""
+    n = np.asarray(n, dtype=np.float64)
+    g = np.asarray(n_good, dtype=np.float64)
+    checks = (drift(batch_means(ttft_mean, ttft_n), "TTFT"),
+              drift(batch_means(g / np.maximum(n, 1.0), n), "attainment"))
+    hit = next((d for d in checks if d.trending), None)
+    if hit is None:
+        return MSER_LATE_FLAT, False
+    growing = (hit.metric == "attainment") == (hit.direction == "falls")
+    if not growing:
+        return f"mser5: {hit.sentence()}: the warm-up was still decaying", True
+    if n.sum() and g.sum() / n.sum() < target:
+        return f"{MSER_LATE_OVERLOADED}: {hit.sentence()}", False
+    return (f"mser5: {hit.sentence()}: it met the target only because it ended before its "
+            "queue settled"), True
 
 
 def rate_z(measured_rps: float, nominal_rps: float | None, span_s: float) -> float:
@@ -197,12 +281,15 @@ def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
         reasons.append(f"only {n} requests in the measurement window (need ≥ {MIN_REQUESTS})")
     if duplicates:
         reasons.append(f"{duplicates} duplicated request_id(s): events recorded twice")
-    if mser_second_half and not trend_all.trending:
-        reasons.append(f"{NO_STEADY_STATE}: {warmup_source.removeprefix('mser5: ')}, so the "
-                       "warm-up had not ended")
+    if mser_second_half:
+        reasons.append(f"{NO_STEADY_STATE}: {warmup_source.removeprefix('mser5: ')}")
     elif warmup_source == MSER_LATE_FLAT:
-        warns.append("MSER-5 put the end of the warm-up in the second half, but TTFT shows no "
-                     "trend over the run: the whole run is used")
+        warns.append("MSER-5 put the end of the warm-up in the second half, but neither TTFT "
+                     "nor attainment shows a trend over the run: the whole run is used")
+    elif warmup_source.startswith(MSER_LATE_OVERLOADED):
+        warns.append("MSER-5 found no steady state and "
+                     f"{warmup_source.removeprefix(MSER_LATE_OVERLOADED + ': ')}: overloaded, "
+                     "kept (it fails the target, the truth at that rate); the whole run is used")
     if not closed_loop and gen_lag_p99_ms == gen_lag_p99_ms and gen_lag_p99_ms > lag_limit_ms:
         reasons.append(f"generator lag p99 {gen_lag_p99_ms:.0f} ms > {lag_limit_ms:.0f} ms: "
                        "the client, not the server, was the bottleneck (coordinated omission)")

@@ -513,6 +513,9 @@ class _Points:
     #: replicates (reps × runs), None when the SLO has no error-rate limit
     n_err: np.ndarray | None = None
     err_rep: np.ndarray | None = None
+    #: per run, the variance (req/s)² of its realised rate about its asked one
+    #: (``_rate_var``); given, each replicate moves each level's x by that noise (``_sweep``)
+    rate_var: np.ndarray | None = None
 
 
 def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_loop: bool,
@@ -563,7 +566,10 @@ def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_
         levels[order], A[:, order], att[order], x[order], xr[order], nl[order], neff[order],
         err[order], nruns[order])
     eps = 0.5 / (nl + 1.0)
-    fitted, F, w, est, rep = _fit_curve(att, A, nl, neff, x, target, eps)
+    X = x
+    if points.rate_var is not None and not closed_loop:
+        X = x[None, :] + _x_noise(points, levels, rng, reps)
+    fitted, F, w, est, rep = _fit_curve(att, A, nl, neff, x, target, eps, X)
     out = dict(levels=levels, x=x, x_rate=xr, att=att, A=A, fitted=fitted, F=F, n=nl,
                n_eff=neff, n_runs=nruns, w=w, err=err, err_fitted=np.full(m, math.nan), E=E,
                binding_est="attainment", err_binds=np.zeros(reps, dtype=bool))
@@ -574,7 +580,7 @@ def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_
         E = E[:, order]
         out["E"] = E
         ofit, OF, _, oest, orep = _fit_curve(1.0 - err, 1.0 - E, nl, neff, x,
-                                             1.0 - max_error_rate, eps)
+                                             1.0 - max_error_rate, eps, X)
         out["err_fitted"] = 1.0 - ofit
         e_est = est[0] if est[1] >= 0 else -1.0
         o_est = oest[0] if oest[1] >= 0 else -1.0
@@ -590,9 +596,23 @@ def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_
     return out
 
 
-def _fit_curve(att, A, nl, neff, x, target, eps):
+def _x_noise(points: _Points, levels: np.ndarray, rng: np.random.Generator,
+             reps: int) -> np.ndarray:
+    """(reps × levels) draws of the error of each level's x — the mean *measured* rate of its
+    runs — as the position of the *asked* rate the truth is defined at: N(0, mean realised-rate
+    variance of its runs / their number). A 60-s Poisson run realises its rate ± 4 %; with the
+    level's x held fixed, the replicate crossings could not see that the bracketing levels'
+    positions are themselves draws (docs/envelope.md, "Short runs from real clients")."""
+    rv = np.asarray(points.rate_var, dtype=np.float64)
+    sd = np.array([math.sqrt(max(float(np.mean(rv[points.level == lv])), 0.0)
+                             / np.count_nonzero(points.level == lv)) for lv in levels])
+    return rng.standard_normal((reps, levels.size)) * sd[None, :]
+
+
+def _fit_curve(att, A, nl, neff, x, target, eps, X=None):
     """Weighted decreasing isotonic fit of a proportion curve (estimate and replicates) and the
-    first down-crossings of ``target``: (fitted, F, weights, (x, flag, i), (xs, flags, is))."""
+    first down-crossings of ``target``: (fitted, F, weights, (x, flag, i), (xs, flags, is)).
+    ``X``: the replicates' own level positions (reps × levels; default ``x``)."""
     reps = A.shape[0]
     var = np.nanvar(A, axis=0)
     pt = (att * nl + 0.5) / (nl + 1.0)
@@ -603,14 +623,16 @@ def _fit_curve(att, A, nl, neff, x, target, eps):
     for r in range(reps):
         F[r] = isotonic_regression(A[r], weights=w, increasing=False).x
     est_x, est_flag, est_i = _crossing(fitted[None, :], x, target, eps)
-    rep = _crossing(F, x, target, eps)
+    rep = _crossing(F, x if X is None else X, target, eps)
     return fitted, F, w, (float(est_x[0]), int(est_flag[0]), int(est_i[0])), rep
 
 
 def _crossing(F: np.ndarray, x: np.ndarray, target: float, eps: np.ndarray):
     """First down-crossing of ``target`` by each row of F, interpolated on the logit scale.
     Returns (x*, flag, i) with flag −1 (< min tested; x* = 0), 0 (bracketed), +1 (≥ max
-    tested; x* = max x); i is the index of the last passing level (−1 if none)."""
+    tested; x* = max x); i is the index of the last passing level (−1 if none). ``x``: the
+    levels' positions, shared (levels,) or per row (rows × levels)."""
+    X = np.broadcast_to(np.asarray(x, dtype=np.float64), F.shape)
     passing = F >= target
     fail_any = ~passing
     first_fail = np.where(fail_any.any(axis=1), fail_any.argmax(axis=1), F.shape[1])
@@ -621,7 +643,7 @@ def _crossing(F: np.ndarray, x: np.ndarray, target: float, eps: np.ndarray):
     mid = ~below & ~above
     out[below] = 0.0
     flag[below] = -1
-    out[above] = x[-1]
+    out[above] = X[above, -1]
     flag[above] = 1
     if mid.any():
         i = first_fail[mid]
@@ -633,7 +655,7 @@ def _crossing(F: np.ndarray, x: np.ndarray, target: float, eps: np.ndarray):
         with np.errstate(invalid="ignore", divide="ignore"):
             frac = np.where(l0 > l1, (l0 - lt) / (l0 - l1), 1.0)
         frac = np.clip(np.nan_to_num(frac, nan=1.0), 0.0, 1.0)
-        out[rows] = x[i - 1] + frac * (x[i] - x[i - 1])
+        out[rows] = X[rows, i - 1] + frac * (X[rows, i] - X[rows, i - 1])
     return out, flag, first_fail - 1
 
 
@@ -984,12 +1006,14 @@ def group_levels(asked, tol_rel: float = LEVEL_TOL_REL, span_s=None) -> np.ndarr
 def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSLO_CONFIDENCE,
                    reps: int = CSLO_REPS, seed: int = CSLO_SEED, scheme: str | boot.Scheme = "circular",
                    block_len: float | None = None, method: str = "run-effect",
-                   run_effect: rfx.RunEffect | None = None) -> Envelope:
+                   run_effect: rfx.RunEffect | None = None, rate_noise: bool = True) -> Envelope:
     """The envelope from reduced statistics (the fast path behind ``refit``). ``scheme``: a
     ``capplan.bootstrap`` scheme, or its name (with ``block_len``, requests) mapped once here;
     ``method``: "run-effect" (default) or "within-run" (``METHODS``); ``run_effect``: a known
     between-run SD (e.g. ``RunEffect.from_samples`` of a twin) instead of the sweep's own
-    estimate."""
+    estimate; ``rate_noise``: with the run-effect method, each replicate moves each level's x
+    by the realised-rate noise of its runs (``_x_noise``); False is the rule before issue 32,
+    kept for the coverage benchmark (benchmarks/coverage_short_runs.py)."""
     slo = SLO.parse(slo)
     scheme = boot.scheme_from_name(scheme, block_len)
     if method not in METHODS:
@@ -1041,6 +1065,8 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSL
     if method == "run-effect" and not closed and pts.n.size:
         rv = _rate_var(stats)[use]
         pts, effect, used = _with_run_effect(pts, slo.attainment, seed, run_effect, rv)
+        if rate_noise:
+            pts = replace(pts, rate_var=rv)
         runs["tau_window"] = False
         runs.loc[use, "tau_window"] = used
     env = _finish(pts, runs, slo, slo.attainment, confidence, seed, closed, notes,
@@ -1382,6 +1408,7 @@ def envelope_from_points(points: RunPoints, runs: pd.DataFrame, slo, target: flo
             by_id = dict(zip([r.run_id for r in stats.runs], _rate_var(stats)))
             rv = np.array([by_id.get(r, 0.0) for r in points.run_id], dtype=np.float64)
         points, effect, used = _with_run_effect(points, target, seed, run_effect, rv)
+        points = replace(points, rate_var=rv)  # the levels' positions, as in fit_from_stats
         runs["tau_window"] = False
         runs.loc[runs["usable"].to_numpy(bool), "tau_window"] = used
     env = _finish(points, runs, slo, target, confidence, seed, closed, list(notes), method=method)

@@ -288,7 +288,7 @@ def _slo_at(value, field: str, required: bool = False) -> SLO | None:
 #: seed — wherever a command or a page prints it under that name: ``capplan envelope``, ``plan``,
 #: ``mix`` (its tested mix), ``design`` (its "now"), ``twin check``, the report's pages and the
 #: what-if (the plan spec's ``capacity:`` defaults are these). The C_SLO's estimate moves with the
-#: replicates too (200 read the demo's 5.301 as 5.300, its lower bound 5.162 as 5.210), so a
+#: replicates too (200 read the demo's 5.301 as 5.300, its lower bound 5.118 as 5.188), so a
 #: number fitted with other settings is labelled as an approximation beside this one
 #: (docs/envelope.md, "One measured C_SLO").
 CSLO_CONFIDENCE = 0.95

@@ -82,7 +82,8 @@ def test_verdicts():
     assert not v.usable and "MSER" in v.reason
     # an overloaded run is kept (it fails the SLO, which is the truth at that rate), flagged
     over = dg.TrendResult(1.0, 1e-9, 2.0, True)
-    v = _verdict(mser_second_half=True, trend_all=over, trend_end=over)
+    v = _verdict(warmup_source=dg.MSER_LATE_OVERLOADED + ": TTFT rises 200% of its mean",
+                 trend_all=over, trend_end=over)
     assert v.usable and v.overloaded and v.too_short and "overloaded" in v.warnings
     v = _verdict(measured_rps=8.0)
     assert v.usable and "nominal" in v.warnings and v.rate_ratio == pytest.approx(0.8)
@@ -222,8 +223,9 @@ def test_mser_ignores_the_unstable_last_batches():
 def test_short_runs_without_a_trend_are_never_excluded_for_their_warm_up(tmp_path):
     """Issue 32: on 60-s runs (300 requests) MSER-5's truncation point is noise and fell in the
     second half of light-load runs with nothing queueing; those runs were excluded as "no
-    steady state". Now a run is excluded for its warm-up only when TTFT falls over it (the
-    warm-up still decaying), and the reason names that trend; a flat run is used whole."""
+    steady state". Now a run is excluded for lack of a steady state only when TTFT or
+    attainment also drifts over it (here TTFT falls: the warm-up still decaying), and the reason
+    names that trend; a run without a trend is used whole."""
     import os
     import sys
 
@@ -250,8 +252,70 @@ def test_short_runs_without_a_trend_are_never_excluded_for_their_warm_up(tmp_pat
     flat = d[d["warmup_source"] == dg.MSER_LATE_FLAT]
     assert len(flat) >= 1  # MSER-5 fell in the second half of flat runs (the old exclusion)
     assert flat["usable"].all()
-    assert flat["warnings"].str.contains("no trend over the run: the whole run is used").all()
+    assert flat["warnings"].str.contains("neither TTFT nor attainment shows a trend over the run").all()
     assert not d.loc["r0", "usable"]
     assert d.loc["r0", "reason"].startswith(dg.NO_STEADY_STATE)
-    assert "TTFT falls" in d.loc["r0", "reason"]
+    assert "TTFT falls" in d.loc["r0", "reason"] and "Mann–Kendall" in d.loc["r0", "reason"]
     assert d.drop(index="r0")["usable"].all()  # no other run without a trend is excluded
+
+
+def test_drift_mann_kendall_and_sens_slope_by_hand():
+    """Ten batch means 1, 2, …, 10: all 45 pairs concordant, Kendall's τ = 1; Sen's slope 1 per
+    batch, a change of 9 over the run, 9 / 5.5 = 164 % of the mean. Exact two-sided p of τ = 1
+    with n = 10 (no ties): 2 / 10! = 5.5e-7."""
+    d = dg.drift(np.arange(1.0, 11.0))
+    assert d.tau == pytest.approx(1.0) and d.direction == "rises"
+    assert d.change == pytest.approx(9.0 / 5.5)
+    assert d.p_value == pytest.approx(2.0 / math.factorial(10))
+    assert d.trending and "TTFT rises 164% of its mean" in d.sentence()
+    # the same series reversed, as attainment in points: falls by 9 (> ATT_DRIFT)
+    a = dg.drift(np.arange(10.0, 0.0, -1.0) / 10.0, "attainment")
+    assert a.direction == "falls" and a.change == pytest.approx(-0.9) and a.trending
+    # one outlier batch in a flat series is no trend for ranks (an OLS slope would see one
+    # when it sits at an end): τ = 9 / 45 = 0.2, p ≈ 0.5
+    y = np.ones(10)
+    y[-1] = 50.0
+    assert not dg.drift(y).trending
+    # significant but small (5 % of the mean < TREND_REL): not a drift
+    assert not dg.drift(100.0 + np.linspace(0.0, 5.0, 20)).trending
+
+
+def _short_run(rate_rps, seed, ttft_ms=None):
+    """One 60-s light-load run as per-request (TTFT ms, good) series: Poisson arrivals at
+    ``rate_rps``, TTFT lognormal around 120 ms (one or no request over a 2-s limit)."""
+    rng = np.random.default_rng(seed)
+    n = rng.poisson(rate_rps * 60.0)
+    t = np.sort(rng.uniform(0.0, 60.0, n))
+    y = 120.0 * np.exp(0.3 * rng.standard_normal(n)) if ttft_ms is None else ttft_ms(t, rng)
+    return t, y, (y <= 2000.0).astype(float)
+
+
+def test_late_warmup_verdict_keeps_trendless_short_runs_and_names_a_drift():
+    """Issue 32's shape: 60-s runs of 200–500 requests at light load. Whatever MSER-5 says, a
+    run without a trend is used whole; one whose TTFT drifts is excluded and the reason names
+    the metric, its direction, its size and p."""
+    for seed, rate in enumerate((3.4, 5.0, 6.7, 8.2)):
+        t, y, g = _short_run(rate, seed)
+        assert 150 < t.size < 550 and g.sum() >= t.size - 1
+        src, excluded = dg.late_warmup_verdict(y, np.ones_like(y), g, np.ones_like(g), 0.95)
+        assert (src, excluded) == (dg.MSER_LATE_FLAT, False)
+    # TTFT rising from 120 to ~600 ms over the run (a queue building), still meeting the
+    # 2-s limit: it passed only because it ended, so it is excluded with the trend named
+    rise = lambda t, rng: (120.0 + 8.0 * t) * np.exp(0.3 * rng.standard_normal(t.size))  # noqa: E731
+    t, y, g = _short_run(5.0, 11, rise)
+    src, excluded = dg.late_warmup_verdict(y, np.ones_like(y), g, np.ones_like(g), 0.95)
+    assert excluded and src.startswith("mser5: TTFT rises") and "Mann–Kendall" in src
+    v = _verdict(warmup_source=src, mser_second_half=excluded)
+    assert not v.usable and v.reason.startswith(dg.NO_STEADY_STATE)
+    assert "TTFT rises" in v.reason and "p = " in v.reason
+    # the same drift in a run that fails the target: an overloaded run, kept and flagged
+    g_bad = g.copy()
+    g_bad[t > 40.0] = 0.0
+    src, excluded = dg.late_warmup_verdict(y, np.ones_like(y), g_bad, np.ones_like(g), 0.95)
+    assert not excluded and src.startswith(dg.MSER_LATE_OVERLOADED)
+    assert "overloaded, kept" in _verdict(warmup_source=src).warnings
+    # attainment drifting with a flat TTFT (a decaying start-up failure): excluded, named
+    g_warm = np.where(t < 20.0, (np.arange(t.size) % 2).astype(float), 1.0)
+    src, excluded = dg.late_warmup_verdict(np.full(t.size, 120.0), np.ones(t.size), g_warm,
+                                           np.ones(t.size), 0.5)
+    assert excluded and src.startswith("mser5: attainment rises")

@@ -189,9 +189,13 @@ def assemble(manifest: C.Manifest, source: str, plan, units, per_run: list[RunSe
         lag_limit = lag_limit_ms if lag_limit_ms is not None else max(
             dg.LAG_P99_MS, 0.1 * (slo.ttft_ms or 0.0))
         warm = plan.window.seconds(r.run_id)
+        src, late = warm_src[r.run_id], warm_late[r.run_id]
+        if src == dg.MSER_LATE_FLAT and nu:
+            src, late = dg.late_warmup_verdict(
+                tm_units, tw, res["n_good"], res["n"], slo.attainment)
         diags.append(dg.run_diagnostics(
-            run_id=r.run_id, n=n, warmup_s=warm, warmup_source=warm_src[r.run_id],
-            mser_second_half=warm_late[r.run_id], measured_rps=measured,
+            run_id=r.run_id, n=n, warmup_s=warm, warmup_source=src,
+            mser_second_half=late, measured_rps=measured,
             nominal_rps=r.nominal_rps if r.nominal_rps is not None else r.offered_rps,
             gen_lag_p99_ms=lag_p99, littles=littles, trend_all=dg.trend_test(bm),
             trend_end=dg.trend_test(bm_end), duplicates=dups,

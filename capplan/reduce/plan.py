@@ -61,20 +61,10 @@ def resolve_window(study, warmup, ttft_col: str = "ttft_ms") -> tuple[Window, di
         src[r.run_id] = "mser5"
         if res.in_second_half:
             # on a short run (a few hundred requests) MSER's truncation point is noise: only a
-            # trend says the run never settled. Rising TTFT: overloaded (kept, flagged by the
-            # run's own trend test); falling: the warm-up was still decaying at the end
-            # (excluded, the trend named); neither: the whole run is used
-            bm = dg.batch_means(y, np.ones_like(y))
-            falling = dg.trend_test(bm[::-1])
+            # trend says the run never settled. The whole run is the window, and the run's
+            # TTFT and attainment trends decide once the SLO is known (``reduce.assemble``)
             out[r.run_id] = 0.0
-            if dg.trend_test(bm).trending:
-                pass
-            elif falling.trending:
-                late[r.run_id] = True
-                src[r.run_id] = (f"mser5: TTFT falls {falling.rel_increase:.0%} of its mean over "
-                                 f"the run (p = {falling.p_value:.1g})")
-            else:
-                src[r.run_id] = dg.MSER_LATE_FLAT
+            src[r.run_id] = dg.MSER_LATE_FLAT
         else:
             out[r.run_id] = float(t0[res.index]) if 0 < res.index < t0.size else 0.0
     return Window.of(study, out), src, late
