@@ -63,6 +63,7 @@ from . import sketch
 from .contract import PERCENTILES, ci_cols, pct_col
 from .earlystop import n_min
 from .errors import SpecError, StudyError
+from .present import MISSING, fmt_num, json_text, json_value, records
 from .reduce import BlockStats, reduce_study
 from .slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO
 
@@ -105,7 +106,7 @@ class CSLO:
     binding: str = "attainment"
 
     def to_dict(self) -> dict:
-        return {k: _clean(v) for k, v in self.__dict__.items()}
+        return {k: json_value(v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -256,24 +257,24 @@ class Envelope:
                  "counts them)",
                  f"sweep: {len(self.runs)} runs, {kind}"
                  + ("; iid assumption" if self.iid_assumption else ""),
-                 f"C_SLO estimate:   {_fmt(c.estimate)} {unit}   status: {c.status}",
-                 f"{c.confidence:.0%} CI:           [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}] {unit}",
-                 f"lower bound ({c.confidence:.0%}, one-sided): {_fmt(c.lower_bound)} {unit}"]
+                 f"C_SLO estimate:   {fmt_num(c.estimate)} {unit}   status: {c.status}",
+                 f"{c.confidence:.0%} CI:           [{fmt_num(c.ci_low)}, {fmt_num(c.ci_high)}] {unit}",
+                 f"lower bound ({c.confidence:.0%}, one-sided): {fmt_num(c.lower_bound)} {unit}"]
         if self.settings_note() and not self.iid_assumption:
             lines.append(f"({self.settings_note()})")
         if c.closed_loop:
-            lines.append(f"at concurrency:   {_fmt(c.load_at_capacity)}")
+            lines.append(f"at concurrency:   {fmt_num(c.load_at_capacity)}")
         if self.run_effect is not None:
             lines.append(self.run_effect.sentence())
         if c.suggested_rates:
             lines.append("suggested rates to add: " + ", ".join(f"{v:g}" for v in c.suggested_rates))
         if tables:
             cols = [k for k in self.TEXT_RUN_COLUMNS if k in self.runs.columns]
-            lines += ["", self.runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+            lines += ["", self.runs[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep=MISSING)]
             if len(self.diagnostics):
                 dcols = [k for k in self.TEXT_DIAGNOSTIC_COLUMNS if k in self.diagnostics.columns]
                 lines += ["", "diagnostics:", self.diagnostics[dcols].to_string(
-                    index=False, float_format=lambda v: f"{v:.4g}")]
+                    index=False, float_format=lambda v: f"{v:.4g}", na_rep=MISSING)]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -292,11 +293,11 @@ class Envelope:
         for k, v in self.cslo.to_dict().items():
             d[f"cslo.{k}"] = v
         d.update({
-            "runs": _records(self.runs),
-            "levels": _records(self.levels),
-            "diagnostics": _records(self.diagnostics),
-            "knee": {k: _clean(v) for k, v in self.knee.items()},
-            "max_goodput": {k: _clean(v) for k, v in self.max_goodput.items()},
+            "runs": records(self.runs),
+            "levels": records(self.levels),
+            "diagnostics": records(self.diagnostics),
+            "knee": {k: json_value(v) for k, v in self.knee.items()},
+            "max_goodput": {k: json_value(v) for k, v in self.max_goodput.items()},
             "notes": list(self.notes),
             "honesty": None if self.honesty is None else self.honesty.to_dict(),
             "run_effect": None if self.run_effect is None else self.run_effect.to_dict(),
@@ -310,12 +311,9 @@ class Envelope:
         return d
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=_clean)
-        if path is not None:
-            from .io import write_text_atomic
-
-            write_text_atomic(path, text)
-        return text
+        """The envelope as JSON (``present.json_text``: missing values null), written when
+        ``path`` is given."""
+        return json_text(self.to_dict(), path)
 
     @property
     def x_label(self) -> str:
@@ -455,28 +453,6 @@ class Envelope:
 
 
 # ============================================================================ helpers
-
-def _fmt(v, nd: int = 4) -> str:
-    """A number for people: 4 significant digits, "—" when missing."""
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}g}"
-
-
-def _clean(v):
-    if isinstance(v, (np.floating, float)):
-        v = float(v)
-        return None if math.isnan(v) else (str(v) if math.isinf(v) else v)
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.bool_,)):
-        return bool(v)
-    if isinstance(v, tuple):
-        return [_clean(x) for x in v]
-    return v
-
-
-def _records(df: pd.DataFrame) -> list[dict]:
-    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
-
 
 def _logit(p):
     return np.log(p) - np.log1p(-p)
@@ -1414,8 +1390,3 @@ def envelope_from_points(points: RunPoints, runs: pd.DataFrame, slo, target: flo
     env = _finish(points, runs, slo, target, confidence, seed, closed, list(notes), method=method)
     env = replace(env, method=method, run_effect=effect)
     return replace(env, honesty=_honesty(env))
-
-
-def json_value(v):
-    """A value made JSON-ready as the envelope's own output does (NaN → null, numpy → Python)."""
-    return _clean(v)

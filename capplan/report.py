@@ -26,7 +26,6 @@ notebook raises :class:`ReportError` (exit 1) naming the notebook and the cell.
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import shutil
@@ -738,7 +737,8 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
     reproduce.md. ``engine`` ("duckdb" or "spark") and ``spark_master``: where the envelope
     and plan pages reduce the events (the same numbers either way; docs/scale.md)."""
     from .glossary import glossary_html, link_terms
-    from .io import atomic_dir, write_text_atomic
+    from .io import atomic_dir
+    from .present import json_text
     from .provenance import write_bundle
     from .report_index import IndexInputs, index_html, read_dynamics, read_mix_record, read_records
 
@@ -819,7 +819,7 @@ def render_report(study=None, *, spec=None, out=None, slo: str | None = None,
             meta.update({"baseline": str(params.baseline), "baseline_name": base_info[0],
                          "baseline_sha256": base_info[1],
                          "gates": str(params.gates) if params.gates else None})
-        write_text_atomic(tmp / "report.json", json.dumps(meta, indent=2) + "\n")
+        json_text(meta, tmp / "report.json")
         inputs = [params.study, params.spec] + [x for x in (params.baseline, params.gates, params.twin)
                                                 if x is not None]
         write_bundle(tmp, inputs=inputs, command=command, study=params.study, study_hash=study_hash,

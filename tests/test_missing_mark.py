@@ -186,10 +186,7 @@ COVERED = {
 }
 
 #: covered classes whose text still prints a missing value its own way (files of other changes)
-KNOWN_GAPS = {
-    "Envelope": "envelope.py: the per-run and diagnostics tables print NaN (DataFrame.to_string "
-                "without na_rep=present.MISSING)",
-}
+KNOWN_GAPS: dict[str, str] = {}  # result class → why it still prints a missing value wrongly
 
 
 def test_every_result_class_is_covered_or_named():

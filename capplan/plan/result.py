@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..present import MISSING, is_missing
 from ..slo import SLO
 from . import contract as plan_contract, text as plan_text
 from .capacity import CapacityInfo
@@ -284,12 +285,16 @@ def _period(q: QuarterPlan) -> Period:
 
 
 def _fmt(v) -> str:
-    if isinstance(v, bool) or v is None or isinstance(v, str):
+    """A line item's value or input: integers whole, others to 6 significant digits, a missing
+    one as ``present.MISSING``."""
+    if is_missing(v):
+        return MISSING
+    if isinstance(v, bool) or isinstance(v, str):
         return str(v)
     if isinstance(v, int):
         return f"{v:d}"
     if isinstance(v, float):
-        if math.isinf(v) or math.isnan(v):
+        if math.isinf(v):
             return str(v)
         if v.is_integer() and abs(v) < 1e15:
             return f"{v:.0f}"
