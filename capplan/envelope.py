@@ -46,7 +46,6 @@ Dykstra 1988; Zhong et al. 2024 (DistServe goodput).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -65,7 +64,7 @@ from .earlystop import n_min
 from .errors import SpecError, StudyError
 from .present import MISSING, fmt_num, json_text, json_value, records
 from .reduce import BlockStats, reduce_study
-from .slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO
+from .slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, check_confidence, check_reps
 
 STATUS_BRACKETED = "bracketed"
 STATUS_ABOVE = "≥ max tested"
@@ -995,8 +994,7 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSL
     if method not in METHODS:
         raise SpecError(f"unknown interval method {method!r}", field="method",
                         fix="use " + " or ".join(METHODS))
-    if not (0.5 < confidence < 1):
-        raise SpecError(f"confidence must be in (0.5, 1), got {confidence}")
+    check_confidence(confidence, "confidence")
     notes = []
     exact = stats.can_serve(slo) and slo.same_limits(stats.slo)
     if not exact:
@@ -1209,8 +1207,7 @@ def fit_envelope(study, slo, *, confidence: float = CSLO_CONFIDENCE, reps: int =
     (``capplan.runeffect.RunEffect``, e.g. from a twin).
     """
     slo = SLO.parse(slo)
-    if reps < 10:
-        raise SpecError(f"reps must be ≥ 10, got {reps}", fix="e.g. --reps 1000")
+    check_reps(reps, "reps")
     scheme = boot.scheme_from_name(scheme, block_len)  # the name becomes an object here, once
     if stats is None or not stats.can_serve(slo):
         stats = reduce_study(study, slo, warmup=warmup)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .errors import CapplanError, SpecError
 from .resources import default_spec_path, demo_study_path
-from .slo import SLO
+from .slo import SLO, check_reps
 
 DEFAULT_SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"  # when neither --slo nor the spec has one
 
@@ -92,8 +92,7 @@ def resolve(study_path=None, spec_path=None, slo=None, *, seed=None, reps=None, 
     seed = cap.seed if seed is None or seed < 0 else int(seed)
     reps = cap.reps if not reps or reps <= 0 else int(reps)
     confidence = cap.confidence if not confidence or confidence <= 0 else float(confidence)
-    if reps < 10:
-        raise SpecError(f"reps must be ≥ 10, got {reps}", field="reps")
+    check_reps(reps, "reps")
     from .dialect import ENGINES
 
     engine = engine or "duckdb"

@@ -580,7 +580,7 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     (``ENGINE_NOTEBOOKS``); the study must be on this machine's disk (plain or ``file://``)
     either way. Raises StudyError / SpecError (exit 2)."""
     from .plan import gpus_per_group, load_plan_spec
-    from .slo import SLO, override_note
+    from .slo import SLO, check_confidence, check_reps, override_note
     from .sparkstudy import local_path
     from .study import check_readable, open_study
 
@@ -600,12 +600,10 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
     reps = cap.reps if reps is None else int(reps)
     seed = cap.seed if seed is None else int(seed)
     confidence = cap.confidence if confidence is None else float(confidence)
-    if reps < 10:
-        raise SpecError(f"--reps must be ≥ 10, got {reps}", field="reps")
+    check_reps(reps)
     if seed < 0:
         raise SpecError(f"--seed must be ≥ 0, got {seed}", field="seed")
-    if not 0.5 < confidence < 1.0:
-        raise SpecError(f"--confidence must be in (0.5, 1), got {confidence}", field="confidence")
+    check_confidence(confidence)
     if time:
         import datetime as dt
 

@@ -294,3 +294,23 @@ def _slo_at(value, field: str, required: bool = False) -> SLO | None:
 CSLO_CONFIDENCE = 0.95
 CSLO_REPS = 1000
 CSLO_SEED = 0
+
+#: the fewest bootstrap replicates any command or call accepts: below it the interval's ends
+#: are one or two replicates, not quantiles (the defaults are ``CSLO_REPS``)
+MIN_REPS = 10
+
+
+def check_reps(reps: int, option: str = "--reps") -> int:
+    """``reps`` when at least :data:`MIN_REPS`; else the one message every command gives."""
+    if reps < MIN_REPS:
+        raise SpecError(f"{option} must be ≥ {MIN_REPS}, got {reps}", field=option.lstrip("-"),
+                        fix=f"e.g. {option} {CSLO_REPS}")
+    return reps
+
+
+def check_confidence(confidence: float, option: str = "--confidence") -> float:
+    """``confidence`` when strictly between 0.5 and 1; else the one message every command gives."""
+    if not 0.5 < confidence < 1.0:
+        raise SpecError(f"{option} must be between 0.5 and 1, got {confidence}",
+                        field=option.lstrip("-"), fix=f"e.g. {option} {CSLO_CONFIDENCE}")
+    return confidence

@@ -46,9 +46,9 @@ def cmd(study, slo_text, budget_minutes, out, twin_path, confidence, reps, sims,
     from ..design import load_model, propose, write_design
     from ..envelope import fit_envelope
     from ..errors import SpecError
+    from ..slo import check_reps
 
-    if reps < 10:
-        raise SpecError(f"--reps must be at least 10, got {reps}", field="reps")
+    check_reps(reps)
     if sims < 1:
         raise SpecError(f"--sims must be at least 1, got {sims}", field="sims")
     model = load_model(twin_path) if twin_path else None

@@ -47,7 +47,7 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
     """Fit the SLO capacity envelope of a load sweep."""
     from ..envelope import fit_envelope, fit_summary_table
     from ..reduce import reduce_study
-    from ..slo import SLO
+    from ..slo import SLO, check_confidence, check_reps
 
     if (slo_text is None) == (slo_file is None):
         raise SpecError("give the SLO with --slo, or one SLO per class with --slo-file (not both)",
@@ -58,11 +58,8 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
                             fix="drop --engine spark, or fit one SLO at a time with --slo")
         return _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out, method)
     slo = SLO.parse(slo_text)
-    if not (0.5 < confidence < 1.0):
-        raise SpecError(f"--confidence must be between 0.5 and 1, got {confidence}",
-                        field="confidence", fix="e.g. --confidence 0.95")
-    if reps < 10:
-        raise SpecError(f"--reps must be at least 10, got {reps}", field="reps")
+    check_confidence(confidence)
+    check_reps(reps)
     try:
         w = float(warmup)
     except ValueError:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import SpecError
-from ..slo import CSLO_REPS
+from ..slo import CSLO_REPS, check_reps
 
 
 def _say(msg: str) -> None:
@@ -51,8 +51,7 @@ def fit_cmd(study, out, runs, below, reps, seed, name):
     """Estimate a twin from STUDY's events and write twin.yaml."""
     from ..twin import fit_twin, write_twin
 
-    if reps < 10:
-        raise SpecError(f"--reps must be ≥ 10, got {reps}", field="--reps")
+    check_reps(reps)
     out_p = Path(out)
     _refuse_non_twin(out_p)
     tw = fit_twin(study, runs=tuple(r.strip() for r in runs.split(",")) if runs else None, below_rps=below,

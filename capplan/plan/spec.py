@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Mapping
 from .. import spec as S
 from ..errors import SpecError
 from .periods import parse_start
-from ..slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, SLOClasses, load_slo_file
+from ..slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, MIN_REPS, SLO, SLOClasses, load_slo_file
 
 POLICIES = ("node", "zone", "n_plus_k", "none")
 READY_PARTS = ("provision", "image", "weights", "rank_init", "compile", "warmup", "register")
@@ -221,7 +221,7 @@ class CapacitySpec:
                    "add rps_per_group: 42 (req/s one replica group serves within the SLO)")
         S.choice(self.use, f"{s}.use", CAPACITY_USES)
         S.number(self.confidence, f"{s}.confidence", above=0.5, maximum=0.999, example="0.95")
-        S.number(self.reps, f"{s}.reps", integer=True, minimum=10, example="200")
+        S.number(self.reps, f"{s}.reps", integer=True, minimum=MIN_REPS, example="200")
         S.number(self.seed, f"{s}.seed", integer=True, minimum=0, example="0")
         S.number(self.good_fraction, f"{s}.good_fraction", above=0.0, maximum=1.0, optional=True,
                  example="0.99")
