@@ -210,17 +210,10 @@ def export_plan(plan, out_dir: str | os.PathLike, *, time: str | None = None, st
 
 def check_export_dir(out_dir, marker: str, what: str, field: str = "out") -> Path:
     """An export directory may be new, empty, or an earlier export of the same kind (it holds
-    ``marker``); anything else is a SpecError — nothing of the user's is replaced."""
-    out = Path(out_dir)
-    if out.exists():
-        if not out.is_dir():
-            raise SpecError("--out exists and is not a directory", field=field, file=str(out),
-                            fix=f"choose a new directory name for the {what} export")
-        if any(out.iterdir()) and not (out / marker).is_file():
-            raise SpecError("--out directory exists and holds other files; the export would "
-                            "replace it", field=field, file=str(out),
-                            fix="choose a new or empty directory")
-    return out
+    ``marker``): ``io.check_out``."""
+    from .io import check_out
+
+    return check_out(out_dir, marker, f"{what} export", field=field)
 
 
 # ----------------------------------------------------------------------------- comparison

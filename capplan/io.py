@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from . import contract as C
-from .errors import OutputBusy, write_error
+from .errors import OutputBusy, SpecError, write_error
 
 
 def _read_umask() -> int:
@@ -336,6 +336,22 @@ def _swap_in(tmp: Path, dest: Path) -> None:
         os.replace(old, dest)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def check_out(dest: str | os.PathLike, marker: str, what: str, field: str = "--out") -> Path:
+    """An output folder is replaced whole, so it may be new, empty, or an earlier output of the
+    same kind (it holds ``marker``): never a file, nor a folder of the user's other files (the
+    repository root after a typo in ``--out``). The one check every ``--out`` folder gets."""
+    out = Path(dest).expanduser()
+    if out.exists():
+        if not out.is_dir():
+            raise SpecError("--out exists and is a file, not a folder", file=str(out), field=field,
+                        fix=f"choose a new folder name for the {what}")
+        if any(out.iterdir()) and not (out / marker).is_file():
+            raise SpecError(f"--out is a folder that holds other files and is not a capplan {what}; "
+                        "refusing to replace it", file=str(out), field=field,
+                        fix=f"choose a new or empty folder (an earlier {what} there is replaced whole)")
+    return out
 
 
 @contextlib.contextmanager

@@ -692,16 +692,10 @@ def _execute_all(nb_dir: Path, runs: list[tuple[str, dict]], *, kernel: str, cwd
 
 def check_out_dir(out_dir: Path) -> None:
     """The report replaces ``out_dir`` as a whole, so it must be new, empty, or an earlier
-    report (has report.json): never a folder of the user's other files."""
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise SpecError("--out exists and is not a directory", file=str(out_dir),
-                        fix="choose a new directory name for the report")
-    if any(out_dir.iterdir()) and not (out_dir / "report.json").is_file():
-        raise SpecError("--out is a directory with other files; the report would replace it",
-                        file=str(out_dir),
-                        fix="choose a new or empty directory (an earlier report is replaced)")
+    report (has report.json): ``io.check_out``."""
+    from .io import check_out
+
+    check_out(out_dir, "report.json", "report")
 
 
 def default_out_dir(study_name: str) -> Path:

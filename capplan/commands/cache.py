@@ -22,11 +22,13 @@ from ..present import MISSING
 def cmd(study, slo_text, input_edges, warmup, window_s, out) -> int:
     """The measured prefix-cache effect of a study."""
     from ..cache import cache_effect, cache_timeline
-    from ..io import atomic_dir, write_csv
+    from ..io import atomic_dir, check_out, write_csv
     from ..mix import parse_edges
     from ..slo import SLO
 
     slo = SLO.parse(slo_text)
+    if out is not None:
+        check_out(out, "runs.csv", "cache export")  # before the work: a bad --out fails fast
     try:
         w = float(warmup)
     except ValueError:

@@ -262,9 +262,9 @@ class MixPage:
 
     def export(self, out_dir, *, time: str | None = None) -> Path:
         """JSON and CSV of the class fit and the mix fits, written atomically as one folder."""
-        from ..io import atomic_dir
+        from ..io import atomic_dir, check_out
 
-        out = Path(out_dir)
+        out = check_out(out_dir, "mix.json", "mix export")
         with atomic_dir(out) as tmp:
             meta = {"study": self.study.name, "slo": str(self.slo), "time": time,
                     "target": self.target_source, "periods": list(self.mixes), "twin": self.twin_source}

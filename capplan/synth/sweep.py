@@ -20,7 +20,7 @@ import yaml
 
 from .. import contract as C
 from ..errors import SpecError
-from ..io import atomic_dir, events_table, manifest_dict
+from ..io import atomic_dir, check_out, events_table, manifest_dict
 from . import arrivals as A
 from .config import SynthConfig
 from .control import Control
@@ -318,16 +318,9 @@ def readme_text(cfg: SynthConfig, plans: tuple[RunPlan, ...], stats: list[dict])
 
 
 def _check_destination(dest: Path) -> None:
-    """The study directory is replaced as a whole, so only an old study (or an empty folder)
-    may stand where it goes — never, say, the repository root after a typo in --out."""
-    if not dest.exists():
-        return
-    if not dest.is_dir():
-        raise SpecError("--out exists and is a file", file=str(dest), field="--out",
-                        fix="choose a new folder for the study")
-    if any(dest.iterdir()) and not (dest / C.MANIFEST_NAME).is_file():
-        raise SpecError("refusing to replace a non-empty folder that is not a capplan study", file=str(dest),
-                        field="--out", fix="choose a new or empty folder (an existing study is replaced)")
+    """The study directory is replaced as a whole: ``io.check_out`` (an old study, or an empty
+    folder, may stand where it goes)."""
+    check_out(dest, C.MANIFEST_NAME, "study")
 
 
 def generate_study(cfg: SynthConfig, out: str | os.PathLike, *, workers: int | None = None,

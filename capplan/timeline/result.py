@@ -188,10 +188,10 @@ class Timeline:
     def write(self, out: str | os.PathLike) -> list[str]:
         """windows.csv, incidents.csv, events.csv, summary.csv, timeline.txt and one offline
         figure per run (timeline-<run>.html), written atomically as one folder."""
-        from ..io import atomic_dir, write_csv
+        from ..io import atomic_dir, check_out, write_csv
 
         names = []
-        with atomic_dir(out) as tmp:
+        with atomic_dir(check_out(out, "timeline.txt", "timeline export")) as tmp:
             for name, df in (("windows.csv", self.windows), ("incidents.csv", self.incidents),
                              ("events.csv", self.events), ("summary.csv", self.summary_frame())):
                 write_csv(df, tmp / name)
