@@ -55,16 +55,16 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import isotonic_regression
 
-from . import bootstrap as boot
-from . import honesty as hon
-from . import runeffect as rfx
-from . import sketch
-from .contract import PERCENTILES, ci_cols, pct_col
-from .earlystop import n_min
-from .errors import SpecError, StudyError
-from .present import MISSING, fmt_num, json_text, json_value, records
-from .reduce import BlockStats, reduce_study
-from .slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, check_confidence, check_reps
+from .. import bootstrap as boot
+from .. import honesty as hon
+from .. import runeffect as rfx
+from .. import sketch
+from ..contract import PERCENTILES, ci_cols, pct_col
+from ..earlystop import n_min
+from ..errors import SpecError, StudyError
+from ..present import MISSING, fmt_num, json_text, json_value, records
+from ..reduce import BlockStats, reduce_study
+from ..slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, check_confidence, check_reps
 
 STATUS_BRACKETED = "bracketed"
 STATUS_ABOVE = "≥ max tested"
@@ -81,7 +81,7 @@ METHODS = ("run-effect", "within-run")
 #: 600-s run's realised rate) stay apart. docs/envelope.md, "Levels and repeats".
 LEVEL_TOL_REL = 0.01
 #: the diagnostics reason of a run whose warm-up search found no steady state
-from .diagnostics import NO_STEADY_STATE  # noqa: E402  (the exclusion's reason prefix)
+from ..diagnostics import NO_STEADY_STATE  # noqa: E402  (the exclusion's reason prefix)
 P_CI = 0.99  # the percentile that gets a bootstrap CI in the per-run table
 
 
