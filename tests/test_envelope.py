@@ -14,8 +14,9 @@ from scipy import signal, special
 
 from capplan.cli import main
 from capplan.earlystop import n_min
-from capplan.envelope import (STATUS_ABOVE, STATUS_BELOW, STATUS_BRACKETED, _crossing,
-                              fit_envelope, fit_from_stats, fit_summary_table)
+from capplan.envelope import (STATUS_ABOVE, STATUS_BELOW, STATUS_BRACKETED, fit_envelope,
+                              fit_from_stats, fit_summary_table)
+from capplan.envelope.core import _crossing
 from capplan.errors import SpecError
 from capplan.io import manifest_dict, write_study
 from capplan.reduce import reduce_study

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from scipy.special import logit
 
-from capplan import envelope as ev
+from capplan.envelope import core as ev
 
 ROOT = Path(__file__).parents[1]
 
 
 def _points(level, rate_var):
     n = np.full(len(level), 600.0)
-    return ev._Points(run_id=np.array([f"r{i}" for i in range(len(level))]),
+    return ev.Points(run_id=np.array([f"r{i}" for i in range(len(level))]),
                       level=np.asarray(level, float), x_rate=np.asarray(level, float), n=n,
                       n_good=n, good_rep=np.ones((4, len(level))) * 600.0,
                       n_rep=np.ones((4, len(level))) * 600.0, n_eff=n,

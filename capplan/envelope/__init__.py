@@ -21,7 +21,7 @@ A run with no failures (or no successes) has nothing to resample; its replicates
 from Beta(N_eff, 1) (or Beta(1, N_eff)), whose quantiles are the Clopper–Pearson bounds at
 N_eff (docs/statistics.md#degenerate-runs), so a short perfect run cannot make the interval
 collapse. Its N_eff uses the design effect of a non-degenerate usable run at a lower load
-(``_borrowed_deff``; with ``method="within-run"``, the nearest by load level).
+(``envelope.runs._borrowed_deff``; with ``method="within-run"``, the nearest by load level).
 
 The default interval (``method="run-effect"``, ``capplan.runeffect``) adds what a within-run
 bootstrap cannot see (docs/statistics.md#what-a-within-run-bootstrap-cannot-see): a random run
@@ -53,123 +53,29 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import isotonic_regression
 
 from .. import bootstrap as boot
 from .. import honesty as hon
 from .. import runeffect as rfx
 from .. import sketch
-from ..contract import PERCENTILES, ci_cols, pct_col
-from ..earlystop import n_min
 from ..errors import SpecError, StudyError
 from ..present import MISSING, fmt_num, json_text, json_value, records
 from ..reduce import BlockStats, reduce_study
 from ..slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, check_confidence, check_reps
 
-STATUS_BRACKETED = "bracketed"
-STATUS_ABOVE = "≥ max tested"
-STATUS_BELOW = "< min tested"
-_SEED_SWEEP = 1_000_003  # stream id of the sweep-level draws (independent of run streams)
+# the parts (core: per-sweep fit; runs: per-run table; surface: C_SLO over limits), re-exported
+# where callers import them from capplan.envelope
+from .core import (CSLO, SEED_SWEEP, STATUS_ABOVE, STATUS_BELOW, STATUS_BRACKETED, Points,
+                   cslo_from, knee_and_max, sweep)
+from .core import run_counts  # noqa: F401  (re-exported)
+from .runs import LEVEL_TOL_REL, MIN_DONOR_EVENTS, P_CI  # noqa: F401  (re-exported)
+from .runs import group_levels, percentile_table, run_table
+from .surface import Surface, slo_surface
+
 #: interval methods: "run-effect" (default) adds the between-run variation the within-run
 #: bootstrap cannot see and targets the mean run (``capplan.runeffect``); "within-run" is the
 #: block bootstrap alone, as before 2026-12 (kept for comparison: docs/envelope.md "Coverage")
 METHODS = ("run-effect", "within-run")
-#: runs asked at rates closer than this (relative) are one load level: a design that asks for
-#: 3 × 10.0871 and 3 × 10.1189 req/s asked for six repeats, and a client cannot tell such rates
-#: apart (a 60-s Poisson run realises its rate ± 4 %). 1 %: rates that round to the same three
-#: significant digits (``honesty.askable``) join; the demo's 5.4 and 5.5 (1.8 %, one SD of a
-#: 600-s run's realised rate) stay apart. docs/envelope.md, "Levels and repeats".
-LEVEL_TOL_REL = 0.01
-#: the diagnostics reason of a run whose warm-up search found no steady state
-from ..diagnostics import NO_STEADY_STATE  # noqa: E402  (the exclusion's reason prefix)
-P_CI = 0.99  # the percentile that gets a bootstrap CI in the per-run table
-
-
-@dataclass(frozen=True)
-class CSLO:
-    """C_SLO with its interval. ``estimate`` is NaN when status is "< min tested"; with
-    "≥ max tested" it is the largest tested rate (a lower bound on the truth)."""
-
-    estimate: float
-    ci_low: float
-    ci_high: float
-    lower_bound: float
-    status: str
-    confidence: float
-    unit: str = "req/s"
-    closed_loop: bool = False
-    suggested_rates: tuple[float, ...] = ()
-    load_at_capacity: float = math.nan  # closed loop: the concurrency that achieves it
-    #: the constraint whose crossing is C_SLO: "attainment", "error_rate" (SLO.max_error_rate)
-    #: or "" when nothing binds inside the tested range (status "≥ max tested")
-    binding: str = "attainment"
-
-    def to_dict(self) -> dict:
-        return {k: json_value(v) for k, v in self.__dict__.items()}
-
-
-@dataclass(frozen=True)
-class Surface:
-    """C_SLO over a grid of TTFT × TPOT (or ITL) limits, from the same block statistics."""
-
-    x_metric: str
-    y_metric: str
-    frame: pd.DataFrame  # x_ms, y_ms, estimate, lower_bound, status
-    target: float
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.frame.copy()
-
-    def figure(self, value: str = "lower_bound", current: tuple[float | None, float | None] | None = None):
-        """Heat map of C_SLO (``value``: lower_bound or estimate) over the limits grid, limits as
-        readable categories (ms), each cell labelled; limits where no tested rate meets the
-        target ("no capacity") are grey and say so instead of being coloured as 0; ``current``
-        (TTFT, TPOT/ITL limit) marks the SLO in use."""
-        import plotly.graph_objects as go
-
-        piv = self.frame.pivot(index="y_ms", columns="x_ms", values=value)
-        status = self.frame.pivot(index="y_ms", columns="x_ms", values="status")
-        z = piv.to_numpy(dtype=float)
-        none = (status.to_numpy() == STATUS_BELOW) | ~np.isfinite(z) | (z <= 0)
-        xs = [_limit_text(v) for v in piv.columns]
-        ys = [_limit_text(v) for v in piv.index]
-        label = "lower bound" if value == "lower_bound" else value.replace("_", " ")
-        fig = go.Figure(go.Heatmap(
-            z=np.where(none, np.nan, z), x=xs, y=ys, colorscale="Viridis", hoverongaps=False,
-            colorbar={"title": f"C_SLO {label}<br>(req/s)"}, name=f"C_SLO {label}",
-            hovertemplate=f"{self.x_metric.upper()} ≤ %{{x}} ms<br>{self.y_metric.upper()} ≤ %{{y}} ms<br>"
-                          f"C_SLO {label} %{{z:.3g}} req/s<extra></extra>"))
-        if none.any():
-            fig.add_trace(go.Heatmap(
-                z=np.where(none, 1.0, np.nan), x=xs, y=ys, colorscale=[[0, "#d0d0d0"], [1, "#d0d0d0"]],
-                showscale=False, hoverongaps=False, name="no capacity",
-                hovertemplate=f"{self.x_metric.upper()} ≤ %{{x}} ms<br>{self.y_metric.upper()} ≤ %{{y}} ms<br>"
-                              "no capacity: even the lowest tested rate misses the target<extra></extra>"))
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="grey: no capacity "
-                                     "(even the lowest tested rate misses the target)",
-                                     marker={"symbol": "square", "size": 12, "color": "#d0d0d0"}))
-        if current is not None and current[0] is not None and current[1] is not None:
-            cx = xs[int(np.argmin(np.abs(np.log(np.asarray(piv.columns, float) / current[0]))))]
-            cy = ys[int(np.argmin(np.abs(np.log(np.asarray(piv.index, float) / current[1]))))]
-            fig.add_trace(go.Scatter(x=[cx], y=[cy], mode="markers", name=(
-                f"current SLO ({self.x_metric.upper()} ≤ {current[0]:g} ms, {self.y_metric.upper()} ≤ "
-                f"{current[1]:g} ms)"), marker={"symbol": "star", "size": 16, "color": "crimson",
-                                                "line": {"color": "white", "width": 1}}))
-        fig.update_layout(title=f"C_SLO {label} for other latency limits, at attainment {self.target:g}",
-                          xaxis_title=f"{self.x_metric.upper()} limit (ms)",
-                          yaxis_title=f"{self.y_metric.upper()} limit (ms)", template="plotly_white",
-                          legend={"orientation": "h", "y": -0.22}, height=520)
-        fig.update_xaxes(type="category", tickangle=-45)
-        fig.update_yaxes(type="category")
-        return fig
-
-
-def _limit_text(v: float) -> str:
-    """A grid limit as a readable tick: 3 significant digits, thousands spaced (1 653, 82.6)."""
-    if not math.isfinite(v):
-        return "none"
-    r = float(f"{v:.3g}")
-    return f"{r:,.0f}".replace(",", " ") if r >= 100 else f"{r:g}"
 
 
 def _attainment_axis(values, floor: float = 0.01, ceil: float = 0.99999):
@@ -451,532 +357,6 @@ class Envelope:
     _summary_points: object = field(default=None, repr=False, compare=False)
 
 
-# ============================================================================ helpers
-
-def _logit(p):
-    return np.log(p) - np.log1p(-p)
-
-
-def _count_dtype(n_units: int, max_unit: float):
-    # float32 counts and sums are exact only below 2^24 (docs/statistics.md#block-bootstrap)
-    return np.float32 if n_units * max(max_unit, 1.0) * 2 < 2**24 else np.float64
-
-
-def run_counts(stats: BlockStats, run, *, reps: int, seed: int,
-               scheme: boot.Scheme) -> np.ndarray:
-    """The (reps × units) count matrix of the run's replicates (``BlockStats.resample``),
-    for matrix statistics."""
-    R = stats.resample(run, scheme, reps=reps, seed=seed)
-    return R.counts(_count_dtype(run.n_units, float(run.units["n"].max()) if run.n_units else 1.0))
-
-
-# ============================================================================ per-sweep core
-
-@dataclass(frozen=True)
-class _Points:
-    """Per-run inputs of the sweep fit (usable runs only)."""
-
-    run_id: np.ndarray
-    level: np.ndarray      # manifest load level (grouping key)
-    x_rate: np.ndarray     # req/s at the level (measured offered rate)
-    n: np.ndarray
-    n_good: np.ndarray
-    good_rep: np.ndarray   # (reps × runs)
-    n_rep: np.ndarray      # (reps × runs)
-    n_eff: np.ndarray
-    #: SLO.max_error_rate: per-run error counts (offered requests not ``ok``) and their
-    #: replicates (reps × runs), None when the SLO has no error-rate limit
-    n_err: np.ndarray | None = None
-    err_rep: np.ndarray | None = None
-    #: per run, the variance (req/s)² of its realised rate about its asked one
-    #: (``_rate_var``); given, each replicate moves each level's x by that noise (``_sweep``)
-    rate_var: np.ndarray | None = None
-
-
-def _sweep(points: _Points, target: float, confidence: float, seed: int, closed_loop: bool,
-           max_error_rate: float | None = None, two_stage: bool = True):
-    """Stratified (two-stage) bootstrap over levels, isotonic fits, crossings. With
-    ``max_error_rate`` (and ``points.err_rep``) the error rate gets the same treatment as an
-    increasing curve, and each replicate's C_SLO is the smaller of the two crossings.
-    ``two_stage=False``: the repeats at a level are pooled replicate by replicate (their
-    replicates already carry the between-run variation)."""
-    rng = np.random.default_rng([int(seed), _SEED_SWEEP])
-    levels = np.unique(points.level)
-    reps = points.good_rep.shape[0]
-    m = levels.size
-    use_err = max_error_rate is not None and points.err_rep is not None
-    A = np.empty((reps, m))
-    E = np.empty((reps, m)) if use_err else None
-    err = np.full(m, math.nan)
-    att = np.empty(m)
-    x = np.empty(m)
-    xr = np.empty(m)
-    nl = np.empty(m)
-    neff = np.empty(m)
-    nruns = np.empty(m, dtype=np.int64)
-    for j, lv in enumerate(levels):
-        idx = np.nonzero(points.level == lv)[0]
-        nruns[j] = idx.size
-        att[j] = points.n_good[idx].sum() / points.n[idx].sum()
-        x[j] = lv if closed_loop else np.nanmean(points.x_rate[idx])
-        xr[j] = np.nanmean(points.x_rate[idx])
-        nl[j] = points.n[idx].sum()
-        neff[j] = points.n_eff[idx].sum()
-        if use_err:
-            err[j] = points.n_err[idx].sum() / points.n[idx].sum()
-        if idx.size == 1 or not two_stage:
-            A[:, j] = (points.good_rep[:, idx].sum(axis=1) / points.n_rep[:, idx].sum(axis=1))
-            if use_err:
-                E[:, j] = points.err_rep[:, idx].sum(axis=1) / points.n_rep[:, idx].sum(axis=1)
-        else:  # two-stage: resample repeats, then each one's own block replicate
-            pick = idx[rng.integers(idx.size, size=(reps, idx.size))]
-            row = rng.integers(reps, size=(reps, idx.size))
-            A[:, j] = (points.good_rep[row, pick].sum(axis=1)
-                       / points.n_rep[row, pick].sum(axis=1))
-            if use_err:  # the same repeats and replicates as the attainment
-                E[:, j] = (points.err_rep[row, pick].sum(axis=1)
-                           / points.n_rep[row, pick].sum(axis=1))
-    order = np.argsort(x, kind="stable")
-    levels, A, att, x, xr, nl, neff, err, nruns = (
-        levels[order], A[:, order], att[order], x[order], xr[order], nl[order], neff[order],
-        err[order], nruns[order])
-    eps = 0.5 / (nl + 1.0)
-    X = x
-    if points.rate_var is not None and not closed_loop:
-        X = x[None, :] + _x_noise(points, levels, rng, reps)
-    fitted, F, w, est, rep = _fit_curve(att, A, nl, neff, x, target, eps, X)
-    out = dict(levels=levels, x=x, x_rate=xr, att=att, A=A, fitted=fitted, F=F, n=nl,
-               n_eff=neff, n_runs=nruns, w=w, err=err, err_fitted=np.full(m, math.nan), E=E,
-               binding_est="attainment", err_binds=np.zeros(reps, dtype=bool))
-    if use_err:
-        # an increasing error-rate curve ≡ a decreasing ok-share curve 1 − E with target
-        # 1 − max_error_rate: the first down-crossing of the latter is the first up-crossing
-        # of the former (logit(1 − p) = −logit p, so the interpolation is the same)
-        E = E[:, order]
-        out["E"] = E
-        ofit, OF, _, oest, orep = _fit_curve(1.0 - err, 1.0 - E, nl, neff, x,
-                                             1.0 - max_error_rate, eps, X)
-        out["err_fitted"] = 1.0 - ofit
-        e_est = est[0] if est[1] >= 0 else -1.0
-        o_est = oest[0] if oest[1] >= 0 else -1.0
-        if o_est < e_est or (oest[1] == -1 and est[1] != -1):
-            est, out["binding_est"] = oest, "error_rate"
-        binds = orep[0] < rep[0]
-        rep = tuple(np.where(binds, b, a) for a, b in zip(rep, orep))
-        out["err_binds"] = binds
-    if est[1] == 1:
-        out["binding_est"] = ""
-    out.update(est=(float(est[0]), int(est[1]), int(est[2])), rep_x=rep[0], rep_flag=rep[1],
-               rep_i=rep[2])
-    return out
-
-
-def _x_noise(points: _Points, levels: np.ndarray, rng: np.random.Generator,
-             reps: int) -> np.ndarray:
-    """(reps × levels) draws of the error of each level's x — the mean *measured* rate of its
-    runs — as the position of the *asked* rate the truth is defined at: N(0, mean realised-rate
-    variance of its runs / their number). A 60-s Poisson run realises its rate ± 4 %; with the
-    level's x held fixed, the replicate crossings could not see that the bracketing levels'
-    positions are themselves draws (docs/envelope.md, "Short runs from real clients")."""
-    rv = np.asarray(points.rate_var, dtype=np.float64)
-    sd = np.array([math.sqrt(max(float(np.mean(rv[points.level == lv])), 0.0)
-                             / np.count_nonzero(points.level == lv)) for lv in levels])
-    return rng.standard_normal((reps, levels.size)) * sd[None, :]
-
-
-def _fit_curve(att, A, nl, neff, x, target, eps, X=None):
-    """Weighted decreasing isotonic fit of a proportion curve (estimate and replicates) and the
-    first down-crossings of ``target``: (fitted, F, weights, (x, flag, i), (xs, flags, is)).
-    ``X``: the replicates' own level positions (reps × levels; default ``x``)."""
-    reps = A.shape[0]
-    var = np.nanvar(A, axis=0)
-    pt = (att * nl + 0.5) / (nl + 1.0)
-    floor = pt * (1 - pt) / np.maximum(neff, 1.0)
-    w = 1.0 / np.maximum(var, floor)
-    fitted = isotonic_regression(att, weights=w, increasing=False).x
-    F = np.empty_like(A)
-    for r in range(reps):
-        F[r] = isotonic_regression(A[r], weights=w, increasing=False).x
-    est_x, est_flag, est_i = _crossing(fitted[None, :], x, target, eps)
-    rep = _crossing(F, x if X is None else X, target, eps)
-    return fitted, F, w, (float(est_x[0]), int(est_flag[0]), int(est_i[0])), rep
-
-
-def _crossing(F: np.ndarray, x: np.ndarray, target: float, eps: np.ndarray):
-    """First down-crossing of ``target`` by each row of F, interpolated on the logit scale.
-    Returns (x*, flag, i) with flag −1 (< min tested; x* = 0), 0 (bracketed), +1 (≥ max
-    tested; x* = max x); i is the index of the last passing level (−1 if none). ``x``: the
-    levels' positions, shared (levels,) or per row (rows × levels)."""
-    X = np.broadcast_to(np.asarray(x, dtype=np.float64), F.shape)
-    passing = F >= target
-    fail_any = ~passing
-    first_fail = np.where(fail_any.any(axis=1), fail_any.argmax(axis=1), F.shape[1])
-    out = np.empty(F.shape[0])
-    flag = np.zeros(F.shape[0], dtype=np.int64)
-    below = first_fail == 0
-    above = first_fail == F.shape[1]
-    mid = ~below & ~above
-    out[below] = 0.0
-    flag[below] = -1
-    out[above] = X[above, -1]
-    flag[above] = 1
-    if mid.any():
-        i = first_fail[mid]
-        rows = np.nonzero(mid)[0]
-        f0 = np.clip(F[rows, i - 1], eps[i - 1], 1 - eps[i - 1])
-        f1 = np.clip(F[rows, i], eps[i], 1 - eps[i])
-        lt = _logit(min(max(target, 1e-12), 1 - 1e-12))
-        l0, l1 = _logit(f0), _logit(f1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            frac = np.where(l0 > l1, (l0 - lt) / (l0 - l1), 1.0)
-        frac = np.clip(np.nan_to_num(frac, nan=1.0), 0.0, 1.0)
-        out[rows] = X[rows, i - 1] + frac * (X[rows, i] - X[rows, i - 1])
-    return out, flag, first_fail - 1
-
-
-def _cslo_from(sw: dict, target: float, confidence: float, closed_loop: bool,
-               goodput_rep: np.ndarray | None, goodput: np.ndarray | None,
-               run_effect: bool = False):
-    est_x, est_flag, est_i = sw["est"]
-    x = sw["x"]
-    rep_x, rep_flag, rep_i = sw["rep_x"], sw["rep_flag"], sw["rep_i"]
-    notes = []
-    if closed_loop:
-        # capacity = achieved goodput at the highest passing concurrency
-        reps = rep_x.size
-        vals = np.where(rep_i >= 0, goodput_rep[np.arange(reps), np.maximum(rep_i, 0)], 0.0)
-        est = float(goodput[est_i]) if est_i >= 0 else math.nan
-        load = float(x[est_i]) if est_i >= 0 else math.nan
-    else:
-        vals = rep_x
-        est = est_x if est_flag >= 0 else math.nan
-        load = math.nan
-    lo, hi = boot.percentile_ci(vals, confidence)
-    lb = boot.lower_bound(vals, confidence)
-    if run_effect and est == est:
-        # the upper end is Efron's bias-corrected (BC) one: replicate crossings sit mostly
-        # below the estimate near a steep crossing (one replica with repeats), which leaves the
-        # percentile interval short above (9 of 100 intervals entirely below the truth), and
-        # mostly above it on a gentle one (the demo protocol), which leaves it long (0 of 300
-        # below the truth). The lower end and the lower bound, the planning side, stay the
-        # percentile's, whose coverage was measured (docs/envelope.md, "Coverage"); BC there
-        # lowered the one-replica bound's coverage from 0.96 to 0.83.
-        hi = boot.bias_corrected_ci(vals, est, confidence)[1]
-        if not (lo <= est <= hi and lb <= est):
-            # the estimate is a plausible value by construction: an interval of replicate
-            # crossings that excludes it (replicates skewed by a bound near 0 or 1) is widened
-            notes.append(f"the bootstrap interval [{lo:.3g}, {hi:.3g}] excluded the estimate "
-                         f"{est:.3g}; widened to contain it")
-            lo, hi, lb = min(lo, est), max(hi, est), min(lb, est)
-    if est_flag == 1:
-        status = STATUS_ABOVE
-        hi = est if not closed_loop else max(hi, est)
-        notes.append("every tested level meets the SLO: C_SLO is at least the largest tested "
-                     "level; test higher rates to bracket it")
-        suggested = tuple(float(f"{x[-1] * f:.3g}") for f in (1.25, 1.5, 2.0))
-    elif est_flag == -1:
-        status = STATUS_BELOW
-        lo, lb = 0.0, min(lb, 0.0) if lb == lb else 0.0
-        notes.append("no tested level meets the SLO: C_SLO is below the smallest tested level")
-        suggested = tuple(float(f"{x[0] * f:.3g}") for f in (0.25, 0.5, 0.75))
-    else:
-        status = STATUS_BRACKETED
-        suggested = ()
-        if not closed_loop:
-            i = est_i + 1
-            width = x[i] - x[i - 1]
-            if width > max(0.1 * est, hi - lo):
-                suggested = tuple(float(f"{v:.3g}") for v in np.linspace(x[i - 1], x[i], 5)[1:-1])
-                notes.append(f"the bracket [{x[i - 1]:.3g}, {x[i]:.3g}] is wide: interpolation "
-                             "error between tested rates is not in the CI; add rates "
-                             + ", ".join(f"{v:g}" for v in suggested))
-    if status == STATUS_BRACKETED and not closed_loop and "n_runs" in sw and not run_effect:
-        i = est_i + 1
-        single = [x[j] for j in (i - 1, i) if sw["n_runs"][j] < 2]
-        if single:
-            notes.append(
-                "the rates bracketing C_SLO (" + ", ".join(f"{v:.3g}" for v in single)
-                + ") have a single run each: near saturation runs differ far more than a "
-                "within-run bootstrap can see, and a single run is usually optimistic (rare "
-                "congestion episodes), so the interval and lower bound can be too high; "
-                "repeat those rates (≥ 3 runs each) — see docs/envelope.md, 'Coverage'")
-    frac_below = float(np.mean(rep_flag == -1))
-    if status != STATUS_BELOW and frac_below > (1 - confidence) / 2:
-        notes.append(f"{frac_below:.0%} of replicates fail already at the lowest tested level: "
-                     "the lower end of the interval is censored at 0")
-    binding = sw.get("binding_est", "attainment")
-    if sw.get("E") is not None:
-        share = float(np.mean(sw["err_binds"]))
-        which = {"attainment": "the attainment target binds",
-                 "error_rate": "the error-rate limit binds",
-                 "": "neither constraint binds inside the tested range"}[binding]
-        notes.append(f"{which} at the estimate; the error-rate limit binds in {share:.0%} of "
-                     "bootstrap replicates")
-    cs = CSLO(estimate=float(est), ci_low=float(lo), ci_high=float(hi), lower_bound=float(lb),
-              status=status, confidence=confidence, closed_loop=closed_loop,
-              suggested_rates=suggested, load_at_capacity=load, binding=binding)
-    return cs, notes, vals
-
-
-def _knee_and_max(x, goodput, throughput, x_rate) -> tuple[dict, dict]:
-    """Max-goodput point, and the saturation knee: the last level before goodput stops
-    following load (marginal goodput ΔG/Δλ below one half of the marginal offered rate)."""
-    mg = {"x": math.nan, "goodput_rps": math.nan}
-    if goodput.size:
-        j = int(np.nanargmax(goodput))
-        mg = {"x": float(x[j]), "goodput_rps": float(goodput[j]), "offered_rps": float(x_rate[j])}
-    knee = {"x": math.nan, "method": "first level where ΔG/Δλ < 0.5 (goodput vs offered rate)"}
-    if goodput.size >= 2:
-        dx = np.diff(x_rate)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            slope = np.diff(goodput) / dx
-        bad = np.nonzero(slope < 0.5)[0]
-        if bad.size:
-            knee.update({"x": float(x[bad[0]]), "goodput_rps": float(goodput[bad[0]]),
-                         "throughput_rps": float(throughput[bad[0]])})
-    return knee, mg
-
-
-# ============================================================================ from stats
-
-def _run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme: boot.Scheme,
-               confidence, method: str = "within-run"):
-    """Per-run attainment (+ CI, design effect, N_eff, early stopping) and percentiles.
-
-    With ``method="run-effect"``: a run with no failures borrows a design effect only from a
-    run at a *lower* load (``_borrowed_deff``), and a run excluded only because its warm-up
-    search found no steady state stays in the fit when it fails the target (it is evidence
-    against capacity above its rate; ``kept_as_evidence``)."""
-    diag = stats.diagnostics.set_index("run_id")
-    rows, good_rep, n_rep = [], [], []
-    per = []
-    with_err = slo.max_error_rate is not None
-    err_raw, err_rep = {}, []
-    kept = set()
-    for r, gu in zip(stats.runs, good_units):
-        usable = bool(diag.loc[r.run_id, "usable"]) if r.run_id in diag.index else False
-        n = r.n
-        k = float(np.sum(gu))
-        if (method == "run-effect" and not usable and n and k / n < slo.attainment
-                and all(x.startswith(NO_STEADY_STATE)
-                        for x in str(diag.loc[r.run_id, "reason"]).split("; "))):
-            usable = True  # a failing run without steady state still bounds capacity above
-            kept.add(r.run_id)
-        if r.n_units == 0 or n == 0:
-            per.append((r, usable and False, n, k, None, None, math.nan))
-            continue
-        a = k / n
-        if scheme.independent:  # requests independent: request-level resampling ≡ binomial
-            rng_i = np.random.default_rng([int(seed), int(r.run_idx)])
-            gr = rng_i.binomial(n, a, size=reps).astype(np.float64)
-            nr_ = np.full(reps, float(n))
-        else:
-            R = stats.resample(r, scheme, reps=reps, seed=seed)
-            gr = R.sums(gu)
-            key = ("n_rep", id(R))
-            nr_ = stats._cache.get(key)
-            if nr_ is None:  # SLO-independent: computed once per replicate set
-                nr_ = stats._cache[key] = R.sums(r.units["n"])
-        att_rep = gr / nr_
-        deff = boot.design_effect(float(np.var(att_rep)), a, n)
-        per.append((r, usable, n, k, gr, nr_, deff))
-        if with_err:
-            bad_u = r.units["n"] - r.units["n_ok"]
-            if scheme.independent:  # own stream: the attainment draws above are unchanged
-                rng_e = np.random.default_rng([int(seed), _SEED_SWEEP + 4, int(r.run_idx)])
-                err_raw[r.run_id] = rng_e.binomial(n, bad_u.sum() / n, size=reps) / n
-            else:  # replicate error *rates*, so they pair with whatever denominators follow
-                err_raw[r.run_id] = R.sums(bad_u) / nr_
-    donors = _deff_donors(per)
-    below_only = method == "run-effect"
-    rng = np.random.default_rng([int(seed), _SEED_SWEEP + 1])
-    rng_err = np.random.default_rng([int(seed), _SEED_SWEEP + 4])
-    for r, usable, n, k, gr, nr_, deff in per:
-        a = k / n if n else math.nan
-        degenerate = gr is not None and (k == 0 or k == n)
-        if deff == deff:
-            d_used, d_src = deff, "own"
-        else:
-            d_used, d_src = _borrowed_deff(r.load_level, donors, below_only=below_only)
-        neff = boot.n_effective(n, d_used) if n else 0.0
-        if gr is not None:
-            if degenerate:  # Clopper–Pearson floor at N_eff (docs/statistics.md#degenerate-runs)
-                keff = a * neff
-                lo, hi = boot.clopper_pearson(keff, neff, confidence)
-                draws = (rng.beta(max(neff, 1.0), 1.0, size=reps) if k == n
-                         else rng.beta(1.0, max(neff, 1.0), size=reps))
-                gr = draws * n
-                nr_ = np.full(reps, float(n))
-            else:
-                lo, hi = boot.percentile_ci(gr / nr_, confidence)
-        else:
-            lo = hi = math.nan
-        n_err = float(n - r.units["n_ok"].sum()) if r.n_units else 0.0
-        if with_err:
-            er = err_raw.get(r.run_id)
-            if er is not None and gr is not None and (n_err == 0 or n_err == n):
-                # no errors (or only errors): nothing to resample; Beta floor at N_eff,
-                # scaled to the run's own replicate denominators
-                ne = max(neff, 1.0)
-                d = rng_err.beta(1.0, ne, size=reps) if n_err == 0 else rng_err.beta(ne, 1.0,
-                                                                                      size=reps)
-                er = d
-            err_rep.append(er * nr_ if er is not None else np.full(reps, math.nan))
-        bad_eff = int(round((n - k) * neff / n)) if n else 0
-        need = n_min(slo.attainment, bad_eff, 0.99) if n else 0
-        row = {
-            "run_id": r.run_id, "load_level": r.load_level, "offered_rps": r.offered_rps,
-            "concurrency": r.concurrency, "repeat": r.repeat,
-            "measured_rps": r.measured_rps,
-            "n": n, "n_good": int(k), "n_ok": int(r.units["n_ok"].sum()) if r.n_units else 0,
-            "attainment": a, "att_ci_low": lo, "att_ci_high": hi,
-            "n_errors": int(n_err), "error_rate": n_err / n if n else math.nan,
-            "ci_floor": "clopper-pearson" if degenerate else "",
-            "design_effect": deff, "design_effect_used": max(d_used, 1.0) if n else math.nan,
-            "design_effect_source": d_src if n else "", "n_eff": neff,
-            "early_stop_ok": bool(neff >= need), "early_stop_n_min": need,
-            "block_len": 1.0 if scheme.independent else scheme.pw_length(r.block_len),
-            "block_len_good": (scheme.pw_length(r.block_len_good) if r.block_len_good
-                               is not None and not scheme.independent else math.nan),
-            "block_len_latency": (scheme.pw_length(r.block_len_latency) if
-                                  r.block_len_latency is not None and not scheme.independent
-                                  else math.nan),
-            "block_metric": r.block_metric,
-            "unit_size": r.unit_size, "warmup_s": r.warmup_s,
-            "duration_s": r.warmup_s + r.span_s if r.span_s == r.span_s else math.nan,
-            "usable": usable,
-            "reason": ("" if r.run_id in kept else str(diag.loc[r.run_id, "reason"]))
-            if r.run_id in diag.index else "no data",
-            "warnings": "; ".join(w for w in (
-                str(diag.loc[r.run_id, "warnings"]) if r.run_id in diag.index else "",
-                "no steady state (MSER-5) but it fails the target: kept as evidence against "
-                "capacity above its rate" if r.run_id in kept else "") if w),
-            "kept_as_evidence": r.run_id in kept,
-        }
-        for st in ("rejected", "timeout", "error", "cancelled"):
-            row[f"n_{st}"] = int(r.units[f"st_{st}"].sum()) if r.n_units else 0
-        rows.append(row)
-        if gr is not None:
-            good_rep.append(gr)
-            n_rep.append(nr_)
-        else:
-            good_rep.append(np.full(reps, math.nan))
-            n_rep.append(np.full(reps, math.nan))
-    E = (np.column_stack(err_rep) if err_rep else np.zeros((reps, 0))) if with_err else None
-    return pd.DataFrame(rows), np.column_stack(good_rep) if good_rep else np.zeros((reps, 0)), \
-        np.column_stack(n_rep) if n_rep else np.zeros((reps, 0)), E
-
-
-#: a run lends its design effect to a degenerate run only with at least this many of its
-#: rarer outcome: with one event the block-bootstrap design effect is exactly 1 whatever the
-#: clustering (the event's draw count is ~Poisson(1)), and with a few isolated events ≈ 1.
-MIN_DONOR_EVENTS = 5
-
-
-def _deff_donors(per) -> list[tuple[float, float, str]]:
-    """(load level, design effect, run_id) of the runs whose design effect can be lent to a
-    degenerate run, in order of preference: usable runs with ≥ MIN_DONOR_EVENTS of each
-    outcome; else usable non-degenerate runs; else any non-degenerate run."""
-    def pick(cond):
-        return [(float(r.load_level), float(d), r.run_id) for r, u, n, k, gr, nr_, d in per
-                if d == d and cond(u, n, k)]
-
-    for cond in (lambda u, n, k: u and min(k, n - k) >= MIN_DONOR_EVENTS,
-                 lambda u, n, k: u, lambda u, n, k: True):
-        ok = pick(cond)
-        if ok:
-            return ok
-    return []
-
-
-def _borrowed_deff(level: float, donors, below_only: bool = False) -> tuple[float, str]:
-    """Design effect for a run with no failures (or no successes), whose own bootstrap
-    variance is zero: that of the nearest non-degenerate run by load level, ties to the
-    lower level (the run most like it in load, not a sweep-wide median dominated by
-    near-saturation runs). With no donor at all, 1 (iid), said in the source.
-
-    ``below_only`` (the run-effect method): only a run at a lower or equal load may lend.
-    Stated prior: violations where none were seen cluster no more than at the nearest load
-    below with violations (congestion episodes grow with load); with no such run, requests
-    are taken as independent — the run's own data (n requests, none failed) then give the
-    Clopper–Pearson bound at n. Lending the design effect of an overloaded run above (≈ 45)
-    to a light-load run left it N_eff ≈ 6 and an attainment interval [0.54, 1] that its data
-    do not justify (docs/statistics.md#degenerate-runs)."""
-    lv = float(level)
-    if below_only:
-        donors = [d for d in donors if d[0] <= lv]
-        if not donors:
-            return 1.0, "none below: iid (no lower-load run with both outcomes)"
-    if not donors:
-        return 1.0, "none: iid (no run with both outcomes)"
-    best = min(donors, key=lambda t: (abs(t[0] - lv), t[0]))
-    return max(best[1], 1.0), f"nearest run {best[2]}"
-
-
-def _percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, confidence):
-    """SLO-independent per-run percentiles (+ p99 CI), cached on the stats."""
-    key = ("pct", reps, seed, scheme, confidence)
-    if key in stats._cache:
-        return stats._cache[key]
-    rows = []
-    for r in stats.runs:
-        row = {"run_id": r.run_id}
-        C = (run_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
-             if r.n_units and r.tail else None)
-        for m in ("ttft", "tpot", "itl", "e2e"):
-            for p in PERCENTILES:
-                row[pct_col(m, p)] = r.percentile(m, p, stats.alpha)
-            lo = hi = math.nan
-            tail = r.tail.get(m)
-            if tail is not None and r.n_units:
-                k0, h, below = tail
-                q = boot.quantile_replicates(C, h, k0, P_CI, stats.alpha,
-                                             below=below)
-                lo, hi = boot.percentile_ci(q, confidence)
-            ci_lo, ci_hi = ci_cols(pct_col(m, P_CI, unit=""))
-            row[ci_lo], row[ci_hi] = lo, hi
-        lag = r.hist.get("gen_lag_ms")
-        row["gen_lag_p99_ms"] = (float(sketch.quantile_from_counts(lag[1], lag[0], 0.99, stats.alpha))
-                                 if lag else math.nan)
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    stats._cache[key] = df
-    return df
-
-
-def group_levels(asked, tol_rel: float = LEVEL_TOL_REL, span_s=None) -> np.ndarray:
-    """The load level of each run: runs whose asked rates lie within a tolerance of their
-    neighbour (single linkage on the sorted distinct rates) share one level, placed at the
-    run-weighted mean of their asked rates. The tolerance is ``tol_rel``, or — given the runs'
-    measured lengths ``span_s`` — one standard deviation of the rate a Poisson run of that
-    length realises (1/√(λ·T) relative) when that is larger: a 60-s run at 10 req/s lands ± 4 %
-    from its asked rate, so runs asked 2–3 % apart cannot be told apart by the data and, as
-    separate one-run levels, gave intervals too narrow (the simulated short-run loop's lower
-    bound covered 0.77). Levels are *what was asked*; the fit's x is each level's mean
-    *measured* rate."""
-    a = np.asarray(asked, dtype=np.float64)
-    out = a.copy()
-    u = np.unique(a[np.isfinite(a)])
-    if u.size < 2:
-        return out
-    span = None
-    if span_s is not None:
-        sp = np.asarray(span_s, dtype=np.float64)
-        ok = np.isfinite(sp) & (sp > 0)
-        span = float(np.median(sp[ok])) if ok.any() else None
-    start = 0
-    for i in range(1, u.size + 1):
-        tol = tol_rel
-        if span is not None and i < u.size:
-            tol = max(tol_rel, hon.rate_noise_rel(u[i - 1], span))
-        if i == u.size or u[i] > u[i - 1] * (1.0 + tol):
-            grp = u[start:i]
-            if grp.size > 1:
-                sel = np.isin(a, grp)
-                out[sel] = float(np.mean(a[sel]))
-            start = i
-    return out
-
 
 def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSLO_CONFIDENCE,
                    reps: int = CSLO_REPS, seed: int = CSLO_SEED, scheme: str | boot.Scheme = "circular",
@@ -987,8 +367,8 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSL
     ``method``: "run-effect" (default) or "within-run" (``METHODS``); ``run_effect``: a known
     between-run SD (e.g. ``RunEffect.from_samples`` of a twin) instead of the sweep's own
     estimate; ``rate_noise``: with the run-effect method, each replicate moves each level's x
-    by the realised-rate noise of its runs (``_x_noise``); False is the rule before issue 32,
-    kept for the coverage benchmark (benchmarks/coverage_short_runs.py)."""
+    by the realised-rate noise of its runs (``core._x_noise``); False is the rule before issue
+    32, kept for the coverage benchmark (benchmarks/coverage_short_runs.py)."""
     slo = SLO.parse(slo)
     scheme = boot.scheme_from_name(scheme, block_len)
     if method not in METHODS:
@@ -1003,10 +383,10 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSL
             notes.append(f"limits snapped to the reduction grid: {eff}")
         slo = eff
     good_units = stats.good_units(slo)
-    runs, good_rep, n_rep, err_rep = _run_table(stats, slo, good_units, reps=reps, seed=seed,
+    runs, good_rep, n_rep, err_rep = run_table(stats, slo, good_units, reps=reps, seed=seed,
                                                 scheme=scheme, confidence=confidence,
                                                 method=method)
-    pct = _percentile_table(stats, reps=reps, seed=seed, scheme=scheme,
+    pct = percentile_table(stats, reps=reps, seed=seed, scheme=scheme,
                             confidence=confidence)
     runs = runs.merge(pct, on="run_id", how="left")
     closed = stats.closed_loop
@@ -1029,7 +409,7 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSL
     for rid, w in runs.loc[use, ["run_id", "warnings"]].itertuples(index=False):
         if w:
             notes.append(f"run {rid}: {w}")
-    pts = _Points(run_id=runs["run_id"].to_numpy()[use], level=runs["load_level"].to_numpy(float)[use],
+    pts = Points(run_id=runs["run_id"].to_numpy()[use], level=runs["load_level"].to_numpy(float)[use],
                   x_rate=runs["measured_rps"].to_numpy(float)[use], n=runs["n"].to_numpy(float)[use],
                   n_good=runs["n_good"].to_numpy(float)[use], good_rep=good_rep[:, use],
                   n_rep=n_rep[:, use], n_eff=runs["n_eff"].to_numpy(float)[use],
@@ -1119,10 +499,10 @@ def _rate_var(stats: BlockStats) -> np.ndarray:
                                  [r.span_s for r in stats.runs])
 
 
-def _with_run_effect(pts: _Points, target: float, seed: int, effect, rate_var=None):
+def _with_run_effect(pts: Points, target: float, seed: int, effect, rate_var=None):
     """The points with each run's marginal attainment (estimate and replicates) under the
     between-run model of ``capplan.runeffect``; repeats are then averaged, not resampled."""
-    rng = np.random.default_rng([int(seed), _SEED_SWEEP + 5])
+    rng = np.random.default_rng([int(seed), SEED_SWEEP + 5])
     fit = rfx.apply(pts.n, pts.n_good, pts.x_rate, pts.level, pts.good_rep / pts.n_rep,
                     pts.n / np.maximum(pts.n_eff, 1e-9), target, rng=rng, effect=effect,
                     rate_var=rate_var)
@@ -1130,19 +510,19 @@ def _with_run_effect(pts: _Points, target: float, seed: int, effect, rate_var=No
     return new, fit.effect, fit.used
 
 
-def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, closed, notes,
+def _finish(pts: Points, runs: pd.DataFrame, slo, target, confidence, seed, closed, notes,
             iid=False, method: str = "within-run") -> Envelope:
     if pts.n.size == 0:
         raise StudyError("no usable run to fit an envelope",
                          fix="see the diagnostics: " + "; ".join(notes) if notes else None)
     mer = None if slo is None else slo.max_error_rate
     new = method == "run-effect"
-    sw = _sweep(pts, target, confidence, seed, closed, max_error_rate=mer,
+    sw = sweep(pts, target, confidence, seed, closed, max_error_rate=mer,
                 two_stage=not new or closed)
     x_rate = sw["x_rate"]
     goodput = sw["att"] * x_rate
     goodput_rep = sw["A"] * x_rate[None, :]
-    cs, more, vals = _cslo_from(sw, target, confidence, closed, goodput_rep, goodput,
+    cs, more, vals = cslo_from(sw, target, confidence, closed, goodput_rep, goodput,
                                 run_effect=new)
     # throughput per level (ok share × rate), from the run table
     thr = []
@@ -1177,7 +557,7 @@ def _finish(pts: _Points, runs: pd.DataFrame, slo, target, confidence, seed, clo
     runs = runs.copy()
     runs["fitted"] = [fit_map.get(lv, math.nan) if u else math.nan
                       for lv, u in zip(runs["load_level"], runs["usable"])]
-    knee, mg = _knee_and_max(sw["x"], goodput, thr, x_rate)
+    knee, mg = knee_and_max(sw["x"], goodput, thr, x_rate)
     return Envelope(slo=slo, target=float(target), cslo=cs, runs=runs, levels=levels,
                     diagnostics=pd.DataFrame(), knee=knee, max_goodput=mg, stats=None,
                     notes=tuple(notes + more), confidence=confidence, iid_assumption=iid,
@@ -1213,60 +593,6 @@ def fit_envelope(study, slo, *, confidence: float = CSLO_CONFIDENCE, reps: int =
         stats = reduce_study(study, slo, warmup=warmup)
     return fit_from_stats(stats, slo, confidence=confidence, reps=reps, seed=seed,
                           scheme=scheme, method=method, run_effect=run_effect)
-
-
-# ============================================================================ SLO surface
-
-def slo_surface(stats: BlockStats, slo: SLO, x_grid=None, y_grid=None, *, confidence=0.95,
-                reps=200, seed=0, scheme: boot.Scheme = boot.Circular()) -> Surface:
-    """C_SLO (estimate and lower bound) over TTFT × TPOT/ITL limits from the grid counts."""
-    g = stats.grid_spec
-    xl, yl = g.limits("x"), g.limits("y")
-    xi = (np.arange(0, 2 * g.half + 1, 2) if x_grid is None
-          else np.array(sorted({g.index("x", float(v)) for v in x_grid})))
-    yi = (np.arange(0, 2 * g.half + 1, 2) if y_grid is None
-          else np.array(sorted({g.index("y", float(v)) for v in y_grid})))
-    diag = stats.diagnostics.set_index("run_id")
-    use = [r for r in stats.runs if r.n_units and bool(diag.loc[r.run_id, "usable"])]
-    P = xi.size * yi.size
-    if not use:
-        raise StudyError("no usable run for an SLO surface")
-    # replicate good sums for every grid point at once: C @ grid[:, xi, yi]
-    gsum = np.empty((reps, len(use), P))
-    nsum = np.empty((reps, len(use)))
-    kpt = np.empty((len(use), P))
-    for j, r in enumerate(use):
-        C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
-        S = r.grid[:, xi][:, :, yi].reshape(r.n_units, P).astype(np.float64)
-        gsum[:, j, :] = C @ S
-        nsum[:, j] = C @ r.units["n"]
-        kpt[j] = S.sum(axis=0)
-    n = np.array([r.n for r in use], dtype=float)
-    x_rate = np.array([r.measured_rps for r in use])
-    level = np.array([r.load_level for r in use])
-    closed = stats.closed_loop
-    rows = []
-    for p in range(P):
-        k = kpt[:, p]
-        gr = gsum[:, :, p].copy()
-        nr_ = nsum.copy()
-        for j in range(len(use)):  # degenerate runs: Beta floor as in the main fit
-            if k[j] == 0 or k[j] == n[j]:
-                rng = np.random.default_rng([int(seed), _SEED_SWEEP + 2, j, p])
-                ne = n[j]
-                d = rng.beta(ne, 1.0, reps) if k[j] == n[j] else rng.beta(1.0, ne, reps)
-                gr[:, j] = d * n[j]
-                nr_[:, j] = n[j]
-        pts = _Points(np.array([r.run_id for r in use]), level, x_rate, n, k, gr, nr_, n.copy())
-        sw = _sweep(pts, slo.attainment, confidence, seed, closed)
-        goodput = sw["att"] * sw["x_rate"]
-        cs, _, _ = _cslo_from(sw, slo.attainment, confidence, closed,
-                              sw["A"] * sw["x_rate"][None, :], goodput)
-        ix, iy = xi[p // yi.size], yi[p % yi.size]
-        rows.append({"x_ms": float(xl[ix]), "y_ms": float(yl[iy]), "estimate": cs.estimate,
-                     "ci_low": cs.ci_low, "ci_high": cs.ci_high,
-                     "lower_bound": cs.lower_bound, "status": cs.status})
-    return Surface("ttft", g.y_metric, pd.DataFrame(rows), slo.attainment)
 
 
 # ============================================================================ summary table
@@ -1319,7 +645,7 @@ def fit_summary_table(df_or_path, slo_target, *, confidence: float = 0.95, reps:
 
 
 def _fit_summary_points(s: _Summary, target, *, confidence, reps, seed) -> Envelope:
-    rng = np.random.default_rng([int(seed), _SEED_SWEEP + 3])
+    rng = np.random.default_rng([int(seed), SEED_SWEEP + 3])
     m = s.n.size
     gr = np.empty((reps, m))
     rows = []
@@ -1345,7 +671,7 @@ def _fit_summary_points(s: _Summary, target, *, confidence, reps, seed) -> Envel
     runs["x"] = runs["load_level"]
     runs["goodput_rps"] = runs["measured_rps"] * runs["attainment"]
     runs["throughput_rps"] = runs["measured_rps"]
-    pts = _Points(runs["run_id"].to_numpy(), s.level, s.level if not s.closed else np.full(m, np.nan),
+    pts = Points(runs["run_id"].to_numpy(), s.level, s.level if not s.closed else np.full(m, np.nan),
                   s.n, s.k, gr, np.tile(s.n, (reps, 1)), s.n.copy())
     notes = ["summary-table input: requests assumed independent (iid); with time-correlated "
              "requests the true interval is wider"]
@@ -1358,7 +684,7 @@ def _fit_summary_points(s: _Summary, target, *, confidence, reps, seed) -> Envel
 
 #: the per-run inputs of the sweep fit, for analyses that bring their own replicates
 #: (capplan.mix reweights per-cell attainment and fits the result here)
-RunPoints = _Points
+RunPoints = Points
 
 
 def envelope_from_points(points: RunPoints, runs: pd.DataFrame, slo, target: float, *, confidence: float,
