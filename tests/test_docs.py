@@ -22,11 +22,8 @@ STATISTICS_ANCHORS = ("block-bootstrap", "block-length", "log-bucket-histograms"
 
 OUTSIDE = re.compile(r"\.\./shared|/work/shared|shared/design|shared/data|STATISTICS\.md|"
                      r"ARCHITECTURE\.md|TOOLING\.md|STYLE\.md|PEERS\.md")
-#: Modules whose citations the rest of issue 14 rewrites (the reduction/bootstrap rework and
-#: the compare package); remove each entry when its file cites docs/ instead.
-NOT_YET = {"capplan/reduce.py", "capplan/bootstrap.py", "capplan/envelope.py",
-           "capplan/metrics.py", "capplan/diagnostics.py", "capplan/sketch.py",
-           "capplan/earlystop.py"}
+#: Modules still allowed to cite notes outside the repository (none left)
+NOT_YET: set[str] = set()
 
 
 def project_files():
