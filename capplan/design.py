@@ -24,7 +24,6 @@ which ``capplan synth --design design.yaml --twin MODEL`` runs against a model.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -245,26 +244,6 @@ def _model_outcomes(model, rate: float, duration_s: float, warmup_s: float, slo,
             for r in st.runs]
 
 
-def load_model(path: str | os.PathLike):
-    """A model to simulate runs on: a twin file (``capplan twin fit``, docs/twin.md) or a synth
-    configuration YAML (docs/synth.md)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise SpecError("model file not found", file=str(p), field="--twin",
-                        fix="a twin.yaml written by capplan twin, or a synth config YAML")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise SpecError(f"model file is not valid YAML: {exc}", file=str(p)) from None
-    from .synth.config import TOP_KEYS, load_config
-
-    if isinstance(raw, dict) and set(raw) <= set(TOP_KEYS):
-        return load_config(p)
-    from .twin import load_twin
-
-    return load_twin(p)
-
-
 def twin_run_effect(env, model, *, runs: int = 20, seed: int = 0):
     """The between-run SD of logit attainment near the crossing from a model (a twin, or a
     synth configuration): ``runs`` simulated runs of the study's protocol (its run length and
@@ -311,7 +290,9 @@ def fit_envelope_with_twin(study, slo, model, *, seed: int = 0, stats=None, **fi
     from .slo import SLO
 
     if isinstance(model, (str, os.PathLike)):
-        model = load_model(model)
+        from .twin import load_system
+
+        model = load_system(model)
     slo = SLO.parse(slo)
     if stats is None:
         stats = reduce_study(study, slo, warmup=fit_kw.get("warmup", "manifest"))

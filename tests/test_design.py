@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capplan.design import (design_plans, load_design, load_model, propose, write_design)
+from capplan.design import (design_plans, load_design, propose, write_design)
+from capplan.twin import load_system as load_model
 from capplan.envelope import fit_envelope
 from capplan.errors import SpecError
 from capplan.synth import generate_study, load_config

@@ -43,7 +43,8 @@ def cmd(study, slo_text, budget_minutes, out, twin_path, confidence, reps, sims,
     """Propose the next runs of a sweep (rates, repeats, durations)."""
     import yaml
 
-    from ..design import load_model, propose, write_design
+    from ..design import propose, write_design
+    from ..twin import load_system
     from ..envelope import fit_envelope
     from ..errors import SpecError
     from ..slo import check_reps
@@ -51,7 +52,7 @@ def cmd(study, slo_text, budget_minutes, out, twin_path, confidence, reps, sims,
     check_reps(reps)
     if sims < 1:
         raise SpecError(f"--sims must be at least 1, got {sims}", field="sims")
-    model = load_model(twin_path) if twin_path else None
+    model = load_system(twin_path) if twin_path else None
     # "now": the measured C_SLO with capplan envelope's replicates; the trial fits use --reps
     env = fit_envelope(study, slo_text, confidence=confidence, seed=seed)
     d = propose(env, budget_minutes=budget_minutes, sims=sims, reps=reps, seed=seed,

@@ -122,7 +122,8 @@ def _simulate(plan, twin: str, quarter: int, budget: float | None, out_dir: str,
     from pathlib import Path
 
     from ..io import write_csv
-    from ..plan.dynamics import load_system, simulate_plan, smallest_fleet, smallest_warm_floor
+    from ..plan.dynamics import simulate_plan, smallest_fleet, smallest_warm_floor
+    from ..twin import load_system
 
     import dataclasses
     import tempfile

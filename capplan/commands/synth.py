@@ -100,7 +100,8 @@ def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth
 
 def _run_design(design_path, twin_path, out, seed, workers, no_progress) -> int:
     """``--design D --twin T``: simulate the designed sweep (existing runs + next runs) on T."""
-    from ..design import design_plans, design_warmup, load_design, load_model, model_config
+    from ..design import design_plans, design_warmup, load_design, model_config
+    from ..twin import load_system
     from ..synth.sweep import generate_study
 
     if not (design_path and twin_path):
@@ -112,7 +113,7 @@ def _run_design(design_path, twin_path, out, seed, workers, no_progress) -> int:
     plans = design_plans(d)
     if not plans:
         raise SpecError("the design has no runs", file=str(design_path))
-    model = load_model(twin_path)
+    model = load_system(twin_path)
     cfg = model_config(model, rates=sorted({p.level for p in plans}),
                        duration_s=max(p.duration_s for p in plans),
                        warmup_s=design_warmup(d), seed=0 if seed is None else int(seed))

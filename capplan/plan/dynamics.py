@@ -135,20 +135,6 @@ class PlanDynamics:
         return fig
 
 
-def load_system(path):
-    """What plans are simulated on, from a file: a twin (twin.yaml of ``capplan twin fit``,
-    docs/twin.md) or a synth config YAML (``capplan synth``)."""
-    from .. import spec as S
-    from ..synth.config import load_config
-
-    doc = S.load_yaml(path, what="twin or synth config", fix="pass twin.yaml (capplan twin fit)")
-    if isinstance(doc.data, dict) and str(doc.data.get("format", "")).startswith("capplan-twin/"):
-        from ..twin import load_twin
-
-        return load_twin(path)
-    return load_config(path)
-
-
 def base_config(system, *, duration_s: float, seed: int) -> SynthConfig:
     """The twin as a synth configuration (a SynthConfig is taken as it is)."""
     if isinstance(system, SynthConfig):
@@ -511,6 +497,6 @@ def smallest_fleet(plan, system, budget_slo_minutes: float, *, quarter: int = 0,
     return BudgetSearch("groups", budget_slo_minutes, chosen, tuple(tried), s)
 
 
-__all__ = ["load_system", "simulate_plan", "PlanDynamics", "DynamicCheck", "SimSettings", "smallest_warm_floor",
+__all__ = ["simulate_plan", "PlanDynamics", "DynamicCheck", "SimSettings", "smallest_warm_floor",
            "smallest_fleet", "BudgetSearch", "failure_scenario", "rollout_scenario",
            "cold_start_scenario", "day_scenario", "burst_profile"]

@@ -19,13 +19,13 @@ from .params import DecodePoint, Param, Workload
 from .protocol import SimRun, simulate_protocol
 from . import fleet  # noqa: F401  (registers the failure, rollout, demand and autoscaler parts)
 from .scenario import PARTS, Part, Scenario, ScenarioContext, load_scenario, parse_scenario, register_part, run_scenario
-from .twinfile import load_twin, record_check, twin_from_dict, twin_to_dict, twin_to_yaml, write_twin
+from .twinfile import load_system, load_twin, record_check, twin_from_dict, twin_to_dict, twin_to_yaml, write_twin
 from . import parts  # noqa: F401,E402  (registers the serving-policy scenario parts)
 from .fairsim import PolicyComparison, compare_policies
 from .pd import PDSweep, pd_sweep
 
 __all__ = ["SteadyCSLO", "steady_cslo", "TwinCheck", "check_twin", "fit_twin", "check_holdout", "Twin",
            "TwinWarning", "DecodePoint", "Param", "Workload", "SimRun", "simulate_protocol", "PARTS", "Part", "Scenario",
-           "ScenarioContext", "load_scenario", "parse_scenario", "register_part", "run_scenario", "load_twin",
+           "ScenarioContext", "load_scenario", "parse_scenario", "register_part", "run_scenario", "load_twin", "load_system",
            "record_check", "twin_from_dict", "twin_to_dict", "twin_to_yaml", "write_twin", "config_cslo",
            "PolicyComparison", "compare_policies", "PDSweep", "pd_sweep"]

@@ -210,6 +210,19 @@ def load_twin(path: str | os.PathLike) -> Twin:
         return twin_from_dict(doc.data)
 
 
+def load_system(path: str | os.PathLike):
+    """What runs are simulated on, from a file — the one loader for design, synth --design, the
+    plan's dynamics and the timelines page: a twin (``format: capplan-twin/…``, written by
+    ``capplan twin fit``) or else a synth configuration YAML (docs/synth.md)."""
+    doc = S.load_yaml(path, what="twin or synth config",
+                      fix="a twin.yaml written by `capplan twin fit`, or a synth config YAML (docs/synth.md)")
+    if isinstance(doc.data, dict) and str(doc.data.get("format", "")).startswith("capplan-twin/"):
+        return load_twin(path)
+    from ..synth.config import load_config
+
+    return load_config(path)
+
+
 def record_check(path: str | os.PathLike, check: dict) -> Twin:
     """Store a check's verdict in the twin file (so every later use repeats a warning)."""
     tw = load_twin(path)
