@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin", "fanout", "burst")),
     ("plan", ("plan_spec", "plan_text", "plan_contract", "plan", "plan_dynamics", "forecast", "plan_bounds", "sensitivity",
-              "candidates", "design", "fleet_steps")),
+              "candidates", "design", "fleet_steps", "loadtest")),
     ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",
                       "nbexec", "next_steps", "report_index", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
