@@ -520,9 +520,8 @@ def run_loadtest(target, spec: Spec, out_dir: str | os.PathLike, *, resume: bool
     out = Path(out_dir)
     study = str(out / "study")
     say = on_event or (lambda kind, line: None)
+    say("probe", target.check())  # before any load (and again on --resume)
     st = _start(target, spec, out, resume)
-    if not any(r.state != "planned" for r in st.runs):
-        say("probe", target.check())  # before any load
     try:
         return _loop(target, spec, st, out, study, say, t0)
     except KeyboardInterrupt:
