@@ -498,14 +498,10 @@ class _State:
         from .io import write_text_atomic
 
         text = json.dumps(_record_dict(self.target, self.spec, self.rounds, self.runs, stop,
-                                       study), indent=1, default=_nan_safe)
+                                       study), indent=1)
         write_text_atomic(out / RECORD, text)
         if (Path(study) / "study.yaml").is_file():
             write_text_atomic(Path(study) / RECORD, text)
-
-
-def _nan_safe(v):
-    return None
 
 
 Say = Callable[[str, str], None]
@@ -594,7 +590,7 @@ def _import(target, st: _State, done: list, study: str, out: Path) -> None:
         signal.signal(signal.SIGINT, old)
 
 
-def _fit(study: str, spec: Spec, k: int):
+def _fit(study: str, spec: Spec):
     from .envelope import fit_envelope
 
     return fit_envelope(study, spec.slo, reps=spec.reps, seed=spec.seed)
@@ -633,7 +629,7 @@ def _loop(target, spec: Spec, st: _State, out: Path, study: str, say: Say,
         if done:
             _import(target, st, done, study, out)
         try:
-            env = _fit(study, spec, k)
+            env = _fit(study, spec)
         except StudyError as exc:
             st.save(out, study)
             return _finish(st, spec, study, out, "no-usable-run",
