@@ -715,7 +715,8 @@ def _stop(target, st: _State, spec: Spec, env, b: Bound, k: int, out: Path, stud
                 + ("; ".join(notes) if notes else "the design proposed no run"), missing)
     e = d.expected
     expected = Bound(_num(e.get("estimate")), _num(e.get("lower_bound")), _num(e.get("ci_low")),
-                     _num(e.get("ci_high")), str(e.get("honesty", "")))
+                     _num(e.get("ci_high")), str(e.get("honesty", "")),
+                     b.runs + sum(int(r["repeats"]) for r in runs))
     _plan_round(target, st, k + 1, runs, whys,
                 "design: the runs that most narrow the gap per minute" if b.honesty == "honest"
                 else "design: the runs that make the bound honest", budget, expected, notes,
