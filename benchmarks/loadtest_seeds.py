@@ -16,6 +16,7 @@ repeated k = 1, 2, … times (what a fixed sweep tool runs); its cost is the min
 k whose fit is honest, with the same seed.
 
     python benchmarks/loadtest_seeds.py --target synth --seeds 10 --out /tmp/lt_synth.json
+    python benchmarks/loadtest_seeds.py --target synth --seeds 10 --grid-seeds 0 --budget-minutes 90
     python benchmarks/loadtest_seeds.py --target aiperf --seeds 3 --grid-seeds 1 --out /tmp/lt_aiperf.json
 
 Measured results: docs/loadtest.md, "Measured".
@@ -132,6 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--grid-seeds", type=int, default=None,
                     help="seeds that also run the fixed grid (default: all for synth, 1 for aiperf)")
     ap.add_argument("--grid-kmax", type=int, default=4)
+    ap.add_argument("--budget-minutes", type=float, default=None,
+                    help="the load test's budget (default: 60 for synth, 20 for aiperf)")
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--truth-runs", type=int, default=300)
     ap.add_argument("--out", default=None)
@@ -144,7 +147,8 @@ def main(argv=None) -> int:
         for i in range(a.seeds):
             seed = a.first_seed + i
             spec = Spec(slo=SYNTH["slo"], coarse_rates=SYNTH["rates"],
-                        duration_s=SYNTH["duration_s"], budget_minutes=SYNTH["budget"],
+                        duration_s=SYNTH["duration_s"],
+                        budget_minutes=a.budget_minutes or SYNTH["budget"],
                         round_minutes=SYNTH["round"], seed=seed, reps=a.reps)
             r = one(SynthTarget(model, name="synth_small_sweep", seed=seed), spec)
             if i < grid_n:
@@ -181,7 +185,8 @@ def main(argv=None) -> int:
                                     tokenizer=str(venv / "tokenizer"),
                                     path_prefix=(str(venv / "bin"),))
                 spec = Spec(slo=AIPERF["slo"], coarse_rates=AIPERF["rates"],
-                            duration_s=AIPERF["duration_s"], budget_minutes=AIPERF["budget"],
+                            duration_s=AIPERF["duration_s"],
+                            budget_minutes=a.budget_minutes or AIPERF["budget"],
                             round_minutes=AIPERF["round"], max_rounds=4, seed=seed, reps=a.reps)
                 r = one(target, spec)
                 if i < grid_n:
