@@ -170,7 +170,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
-    """One uninterrupted load test against the synth model (≈ 20 s)."""
+    """One uninterrupted load test against the synth model (≈ 10 s of CPU; 40 s of wall time
+    on the shared box at load 18)."""
     out = tmp_path_factory.mktemp("lt") / "whole"
     events = []
     res = run_loadtest(SynthTarget(load_model(MODEL), seed=1), _spec(), out,
@@ -201,6 +202,7 @@ def test_the_loop_against_a_synth_model_ends_honest(whole):
     assert any("min spent" in line and "left" in line for _, line in events)
 
 
+@pytest.mark.slow  # ≈ one more loop each: 15–25 s alone, 50–75 s on the box at load 18
 @pytest.mark.parametrize("at", ["fit", "run"])
 def test_ctrl_c_then_resume_ends_in_the_uninterrupted_study(at, whole, tmp_path):
     """Interrupted after round 1's fit (between rounds) or after its first run (mid-round, the
