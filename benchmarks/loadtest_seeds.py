@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from capplan.design import load_model  # noqa: E402
 from capplan.envelope import fit_envelope  # noqa: E402
 from capplan.errors import CapplanError  # noqa: E402
-from capplan.loadtest import Spec, SynthTarget, run_loadtest  # noqa: E402
+from capplan.loadtest import InterruptedLoadtest, Spec, SynthTarget, run_loadtest  # noqa: E402
 
 SYNTH = {"model": ROOT / "tests/fixtures/synth_small_sweep.yaml",
          "slo": "ttft_ms=2000,tpot_ms=100,attainment=0.99", "truth": (2.589, 0.010),
@@ -98,6 +98,8 @@ def one(target, spec: Spec) -> dict:
         t0 = time.perf_counter()
         try:
             res = run_loadtest(target, spec, Path(tmp) / "lt")
+        except InterruptedLoadtest:
+            raise  # Ctrl-C ends the benchmark, not only this seed
         except CapplanError as exc:
             return {"error": exc.format()[:2000], "wall_s": time.perf_counter() - t0}
     f = res.final

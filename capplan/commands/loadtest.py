@@ -2,11 +2,17 @@
 A thin shell over ``capplan.loadtest.run_loadtest``: progress lines on stderr, the result on
 stdout. Exit 0: honest within the tolerance; 1: stopped otherwise (the budget, the rounds, no
 run left to propose; the result says what is missing); 2: bad input or a failed probe (no load
-sent); 130: Ctrl-C (finished runs kept, --resume continues)."""
+sent); 130: Ctrl-C or SIGTERM (finished runs kept, --resume continues)."""
 
 from __future__ import annotations
 
+import signal
+
 import click
+
+
+def _as_ctrl_c(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _rates(text: str | None) -> tuple[float, ...]:
@@ -123,7 +129,13 @@ def cmd(tool, url, model_name, tokenizer, workload_path, synth_path, slo_text, r
                 max_requests=max_requests, tolerance=tolerance, round_minutes=round_minutes,
                 max_rounds=max_rounds, max_rate_factor=max_rate_factor, max_rate_rps=max_rate,
                 seed=seed, reps=reps)
-    res = run_loadtest(target, spec, out, resume=resume,
-                       on_event=lambda kind, line: click.echo(f"[{kind}] {line}", err=True))
+    # SIGTERM stops the load test like Ctrl-C (the tool's process group stopped, finished runs
+    # kept): Python's default for SIGTERM exits without running any ``finally``
+    old = signal.signal(signal.SIGTERM, _as_ctrl_c)
+    try:
+        res = run_loadtest(target, spec, out, resume=resume,
+                           on_event=lambda kind, line: click.echo(f"[{kind}] {line}", err=True))
+    finally:
+        signal.signal(signal.SIGTERM, old)
     click.echo(res.to_text())
     return 0 if res.stop == "honest" else 1
