@@ -2,7 +2,7 @@
 venv of scripts/peer_tools.sh) against the project's queueing server (tests/realtools), whose
 capacity is known from an independent simulation (tests/realtools/queue_truth.py).
 
-Each loop (tests/realtools/loop.py): a coarse sweep, then rounds of `capplan design` whose printed
+Each loop (tests/realtools/loop.py → capplan.loadtest): a coarse sweep, then rounds of `capplan design` whose printed
 commands run verbatim and are imported with `--into`, until the bound is honest or the rounds
 run out. Reported over the loops: rounds and load-test minutes to "honest", the final lower
 bound against the truth (≤ truth in how many), and the two-sided interval's coverage, with
@@ -31,7 +31,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.realtools import queue_truth as qt  # noqa: E402
-from tests.realtools.loop import LoopError, loop  # noqa: E402
+from tests.realtools.loop import LoopError, as_dict, loop  # noqa: E402
 from tests.realtools.params import SMALL, REFERENCE  # noqa: E402
 from tests.realtools.queue_server import start_subprocess, stop_subprocess  # noqa: E402
 
@@ -121,8 +121,7 @@ def main(argv=None) -> int:
                              slo=_slo_text(slo), coarse_rates=coarse, duration_s=dur,
                              workdir=tmp, peers_bin=str(venv / "bin"), seed=seed,
                              grace_s=grace, budget_minutes=budget, max_rounds=a.max_rounds)
-                    d = r.to_dict()
-                    d.pop("executed")
+                    d = as_dict(r)
                 except (LoopError, OSError) as exc:
                     d = {"error": str(exc)[:2000]}
             d["seed"] = seed

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mix": ("mix", "C_SLO at a production mix, from the tested per-cell attainment."),
     "twin": ("twin", "Fit, check and run a calibrated twin of the measured system."),
     "design": ("design", "Propose the next runs of a sweep (rates, repeats, durations)."),
+    "loadtest": ("loadtest", "Run the load tool until the planning number is honest."),
     "cache": ("cache", "The measured prefix-cache effect of a study."),
     "fanout": ("fanout", "Root (agent / RAG) requests per second from per-call C_SLO."),
 }

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from capplan.design import (design_plans, load_design, propose, write_design)
-from capplan.twin import load_system as load_model
+from capplan.twin import load_system
 from capplan.envelope import fit_envelope
 from capplan.errors import SpecError
 from capplan.synth import generate_study, load_config
@@ -97,7 +97,7 @@ def test_bad_inputs(tmp_path):
         load_design(tmp_path / "x.yaml")
     (tmp_path / "y.yaml").write_text("not_a_model_key: 1\n")
     with pytest.raises(SpecError):
-        load_model(tmp_path / "y.yaml")
+        load_system(tmp_path / "y.yaml")
 
 
 def test_cli_design(small_study, tmp_path):

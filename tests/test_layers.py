@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("statistics", ("diagnostics", "bootstrap", "reduce", "runeffect", "honesty")),
     ("simulation", ("synth",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin", "fanout", "burst")),
-    ("plan", ("plan", "design")),
+    ("plan", ("plan", "design", "loadtest")),
     ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",
                       "nbexec", "next_steps", "report_index", "report", "mix.panel", "mix.page")),
     ("shell", ("commands", "cli", "__main__", "capplan")),
