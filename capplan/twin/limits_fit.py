@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunData, StudyData
-from .timeline import DECODE, Timeline, token_stream
+from .timeline import DECODE, IterationTrace, token_stream
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def nice_in(lo: float, hi: float) -> float:
 
 # ------------------------------------------------------------------------------ timeout, faults
 
-def timeout_bounds(data: StudyData, tl: Timeline | None) -> Bound:
+def timeout_bounds(data: StudyData, tl: IterationTrace | None) -> Bound:
     lo = 0.0
     for run in data.runs:
         m = ((run.status == OK) | (run.status == TIMEOUT)) & (run.last >= 0)
@@ -206,7 +206,7 @@ class Admission:
     kv_tokens: Bound
 
 
-def admission_limits(data: StudyData, tl: Timeline, timeout_s: float, *, block_size: int = 16) -> Admission:
+def admission_limits(data: StudyData, tl: IterationTrace, timeout_s: float, *, block_size: int = 16) -> Admission:
     """Max running sequences and KV capacity from the timeline (server path)."""
     max_run = int(tl.n_running.max()) if len(tl) else 0
     waited_full = 0

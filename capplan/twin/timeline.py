@@ -36,7 +36,7 @@ BLOCK_ITERATIONS = 400  # iterations per bootstrap block (consecutive on one rep
 
 
 @dataclass(frozen=True, eq=False)
-class Timeline:
+class IterationTrace:
     """One row per observed iteration of every (run, replica)."""
 
     run: np.ndarray
@@ -310,7 +310,7 @@ def _first_token_groups(cid, rid, is_first, stamp, inp):
 
 
 def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool = False,
-                   runs: tuple[int, ...] | None = None, timeout_s: float = 60.0) -> Timeline | None:
+                   runs: tuple[int, ...] | None = None, timeout_s: float = 60.0) -> IterationTrace | None:
     """Iterations of every (run, replica) whose stamps allow it; None when no replica does
     (no gap lists, or several replicas without ``replica_group``). ``timeout_s``: how long a
     prompt that never produced a token stayed in the batch (the client timeout). ``tol_ns``:
@@ -359,7 +359,7 @@ def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool
     if not parts:
         return None
     cat = lambda k: np.concatenate([p[3][k] for p in parts])  # noqa: E731
-    return Timeline(
+    return IterationTrace(
         run=np.concatenate([np.full(len(p[3]["end"]), p[0]) for p in parts]),
         replica=np.concatenate([np.full(len(p[3]["end"]), p[1]) for p in parts]),
         block=np.concatenate([p[2] for p in parts]),
