@@ -67,7 +67,7 @@ from ..slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, check_confidence, 
 # where callers import them from capplan.envelope
 from .core import (CSLO, SEED_SWEEP, STATUS_ABOVE, STATUS_BELOW, STATUS_BRACKETED, Points,
                    cslo_from, knee_and_max, sweep)
-from .core import run_counts  # noqa: F401  (re-exported)
+from .core import replicate_counts  # noqa: F401  (re-exported)
 from .runs import LEVEL_TOL_REL, MIN_DONOR_EVENTS, P_CI  # noqa: F401  (re-exported)
 from .runs import group_levels, percentile_table, run_table
 from .surface import Surface, slo_surface

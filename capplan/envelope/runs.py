@@ -18,7 +18,7 @@ from ..diagnostics import NO_STEADY_STATE  # the exclusion's reason prefix
 from ..earlystop import n_min
 from ..reduce import BlockStats
 from ..slo import SLO
-from .core import SEED_SWEEP, run_counts
+from .core import SEED_SWEEP, replicate_counts
 
 #: runs asked at rates closer than this (relative) are one load level: a design that asks for
 #: 3 × 10.0871 and 3 × 10.1189 req/s asked for six repeats, and a client cannot tell such rates
@@ -211,7 +211,7 @@ def percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, conf
     rows = []
     for r in stats.runs:
         row = {"run_id": r.run_id}
-        C = (run_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
+        C = (replicate_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
              if r.n_units and r.tail else None)
         for m in ("ttft", "tpot", "itl", "e2e"):
             for p in PERCENTILES:
