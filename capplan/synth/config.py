@@ -251,7 +251,7 @@ def _power(d: dict) -> PowerModel | None:
         return None
     pw = S.mapping(pw if pw is not True else {}, "power", known=POWER_KEYS)
     power = PowerModel(_num(pw, "idle_w", "power", 100.0, minimum=0.0),
-                      _num(pw, "busy_w", "power", 650.0, minimum=0.0))
+                       _num(pw, "busy_w", "power", 650.0, minimum=0.0))
     if power.busy_w < power.idle_w:
         S.fail("power.busy_w", "power.busy_w must be ≥ power.idle_w",
                "busy board power is the higher one (e.g. idle_w: 100, busy_w: 650)")
