@@ -201,12 +201,12 @@ def queue_limit(data: StudyData, timeout_s: float) -> Bound:
 
 
 @dataclass(frozen=True)
-class Admission:
+class AdmissionLimits:
     max_batch: Bound
     kv_tokens: Bound
 
 
-def admission_limits(data: StudyData, tl: IterationTrace, timeout_s: float, *, block_size: int = 16) -> Admission:
+def admission_limits(data: StudyData, tl: IterationTrace, timeout_s: float, *, block_size: int = 16) -> AdmissionLimits:
     """Max running sequences and KV capacity from the timeline (server path)."""
     max_run = int(tl.n_running.max()) if len(tl) else 0
     waited_full = 0
@@ -307,4 +307,4 @@ def admission_limits(data: StudyData, tl: IterationTrace, timeout_s: float, *, b
         kv = Bound(None, held_after_admit, None, False,
                    f"the KV cache never held back a request; at most {held_after_admit:,.0f} tokens were held at once "
                    "on a replica")
-    return Admission(mb, kv)
+    return AdmissionLimits(mb, kv)
