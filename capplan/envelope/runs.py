@@ -1,6 +1,6 @@
 """The per-run table of the envelope fit: each run's attainment with its interval, design
 effect (borrowed from a donor run when the run is degenerate), N_eff and early-stopping check
-(``run_table``); the SLO-independent percentiles with the p99 interval (``percentile_table``);
+(``run_table``); the SLO-independent percentiles with the p99 interval (``run_percentiles``);
 and the grouping of asked rates into load levels (``group_levels``)."""
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def _borrowed_deff(level: float, donors, below_only: bool = False) -> tuple[floa
     return max(best[1], 1.0), f"nearest run {best[2]}"
 
 
-def percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, confidence):
+def run_percentiles(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, confidence):
     """SLO-independent per-run percentiles (+ p99 CI), cached on the stats."""
     key = ("pct", reps, seed, scheme, confidence)
     if key in stats._cache:
