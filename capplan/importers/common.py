@@ -307,7 +307,7 @@ LEVEL_KEYS = ("asked_rps", "asked_concurrency")
 #: the workload keys capplan derives (recomputed, never carried over)
 DERIVED_KEYS = ("input_tokens", "output_tokens", "mixed", "unknown")
 #: what a workload must say for the sweep to be reproduced (``capplan design``'s commands read
-#: it through ``loadtools.Workload``); any the source does not state is listed under
+#: it through ``loadtools.ManifestWorkload``); any the source does not state is listed under
 #: ``unknown`` instead of being left silently absent
 NEEDED_KEYS = ("tool_version", "arrival", "endpoint", "streaming", "input_tokens",
                "output_tokens", "asked.input_tokens", "asked.output_tokens", "output_fixed",
