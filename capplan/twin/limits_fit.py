@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunData, StudyData
+from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunArrays, StudyData
 from .timeline import DECODE, IterationTrace, token_stream
 
 
@@ -84,7 +84,7 @@ def quick_ttft_ns(data: StudyData) -> int:
     return int(3 * np.percentile(v, 10)) if len(v) else 0
 
 
-def stalled(run: RunData, wait_s: float, quick_ns: int = 0, single_queue: bool = True) -> np.ndarray:
+def stalled(run: RunArrays, wait_s: float, quick_ns: int = 0, single_queue: bool = True) -> np.ndarray:
     """Requests left without a token by the server, not by a queue. Each replica serves its
     queue in order, so while a request waits no later request on its replica can be served —
     and one arriving then cannot be served at once. A request that got no token is *stalled*
@@ -164,7 +164,7 @@ def _intervals_max(starts: np.ndarray, ends: np.ndarray) -> int:
     return int(np.max(np.cumsum(d[o])))
 
 
-def _waiting_intervals(run: RunData, on: np.ndarray, timeout_s: float):
+def _waiting_intervals(run: RunArrays, on: np.ndarray, timeout_s: float):
     """[arrival, admission) of requests queued on a replica (never admitted: until their
     client gave up, or the end of the run)."""
     end = int(max(run.last.max(initial=0), run.sched.max(initial=0)))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import RunData, StudyData
+from .data import RunArrays, StudyData
 
 DECODE, PREFILL, CHUNK, OTHER = 0, 1, 2, 3
 BLOCK_ITERATIONS = 400  # iterations per bootstrap block (consecutive on one replica)
@@ -70,7 +70,7 @@ class IterationTrace:
         return int(len(self.kind))
 
 
-def token_stream(run: RunData, idx: np.ndarray):
+def token_stream(run: RunArrays, idx: np.ndarray):
     """(request, time, is_first) of every received token of requests ``idx``, sorted by
     request then time; None when a request with ≥ 2 tokens has no gap list."""
     idx = idx[run.first[idx] >= 0]
@@ -151,7 +151,7 @@ def _group_span_ns(t: np.ndarray, cid: np.ndarray, m: int) -> np.ndarray:
     return hi - lo
 
 
-def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout_ns: int):
+def _replica(run: RunArrays, idx: np.ndarray, tol_ns: int, separate: bool, timeout_ns: int):
     ts = token_stream(run, idx)
     if ts is None:
         return None
@@ -283,7 +283,7 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
                 n_sharing=n_sharing, coherence_dec=coherence_dec, tol_ns=tol_ns, burst_share=burst_share)
 
 
-def _active_count(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
+def _active_count(run: RunArrays, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Requests of ``idx`` with first token < t ≤ last token, at each time t."""
     f = run.first[idx]
     l_ = run.last[idx]
