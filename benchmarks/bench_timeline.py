@@ -41,13 +41,13 @@ def build_million(dest: Path) -> Path:
     replaced after 330 s (the timeline has events to measure)."""
     from capplan import contract as C
     from capplan.synth.config import preset
-    from capplan.synth.control import ControlSpec, FailureSpec
+    from capplan.synth.control import ControlSpec, FailureEvent
     from capplan.synth.sweep import generate_study
 
     if (dest / C.MANIFEST_NAME).is_file():
         return dest
     cfg = preset("bench")
-    fails = tuple(FailureSpec(at_s=h * 3600.0, count=1, ready_s=330.0, detect_s=10.0,
+    fails = tuple(FailureEvent(at_s=h * 3600.0, count=1, ready_s=330.0, detect_s=10.0,
                               route_removal_s=5.0) for h in (2, 6, 10))
     cfg = cfg.with_(rates=(20.0,), requests_per_run=1_000_000,
                     control=ControlSpec(initial=cfg.replicas, failures=fails))

@@ -138,8 +138,8 @@ class BurstComparison:
                 f"(max D={self.sweep_max_dispersion:.3g}, {self.sweep_source}); burst factor {self.factor:.4g}")
 
 
-def compare(production: BurstMeasure, sweep_dispersions: list[float], sweep_source: str, peak_rps: float,
-            quantile: float = 0.99) -> BurstComparison:
+def compare_burstiness(production: BurstMeasure, sweep_dispersions: list[float], sweep_source: str, peak_rps: float,
+                       quantile: float = 0.99) -> BurstComparison:
     """Production's burstiness against the tested runs' (their dispersion at the same window);
     the factor is relative to the most dispersed tested run; covered within ``COVER_TOLERANCE``."""
     d_sweep = [d for d in sweep_dispersions if np.isfinite(d)]

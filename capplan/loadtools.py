@@ -63,7 +63,7 @@ def seed_base_for(runs_in_study: int) -> int:
 # ------------------------------------------------------------------------------ results
 
 @dataclass(frozen=True)
-class Run:
+class PlannedRun:
     """One run to make (a repeat of a proposed run)."""
 
     index: int
@@ -122,7 +122,7 @@ class ToolPlan:
 class ToolCommands:
     """Commands per tool for a set of runs; ``[tool]`` gives a ``ToolPlan``."""
 
-    runs: tuple[Run, ...]
+    runs: tuple[PlannedRun, ...]
     plans: tuple[ToolPlan, ...]
     seed_base: int
     notes: tuple[str, ...] = ()
@@ -231,7 +231,7 @@ def lengths(stats: Mapping | None, asked: Any = None, what: str = "prompt") -> L
 
 
 @dataclass(frozen=True)
-class Workload:
+class ManifestWorkload:
     """The study's workload, read from the manifest mapping (every key optional)."""
 
     arrival: str
@@ -248,7 +248,7 @@ class Workload:
     notes: tuple[str, ...]
 
     @classmethod
-    def parse(cls, w: Mapping | None, tokenizer: str | None = None) -> "Workload":
+    def parse(cls, w: Mapping | None, tokenizer: str | None = None) -> "ManifestWorkload":
         w = dict(w or {})
         notes = []
         arrival = str(w.get("arrival") or "unknown").lower()
@@ -325,7 +325,7 @@ def _field(r, key, default=None):
 
 
 def expand_runs(runs: Iterable, seed_base: int, out_dir: str = ".",
-                closed: bool = False) -> tuple[Run, ...]:
+                closed: bool = False) -> tuple[PlannedRun, ...]:
     """The runs, repeats expanded, with seeds ``seed_base + i`` and folder names."""
     out = []
     for j, r in enumerate(runs):
@@ -346,15 +346,15 @@ def expand_runs(runs: Iterable, seed_base: int, out_dir: str = ".",
             i = len(out)
             seed = int(seed_base) + i
             name = f"{'conc' if closed else 'rate'}{_g(rate)}_s{seed}"
-            out.append(Run(i, rate, dur, warm, k, seed, name, _join(out_dir, name)))
+            out.append(PlannedRun(i, rate, dur, warm, k, seed, name, _join(out_dir, name)))
     return tuple(out)
 
 
-def _import_cmd(runs: tuple[Run, ...], study: str) -> str:
+def _import_cmd(runs: tuple[PlannedRun, ...], study: str) -> str:
     return "capplan import auto " + " ".join(_q(r.folder) for r in runs) + f" --into {_q(study)}"
 
 
-def _arrival_reason(tool: str, w: Workload) -> str:
+def _arrival_reason(tool: str, w: ManifestWorkload) -> str:
     """Why ``tool`` cannot reproduce the study's arrivals ('' when it can)."""
     can = {"aiperf": ("poisson", "constant", "gamma", "concurrency"),
            "guidellm": ("poisson", "constant", "concurrency"),
@@ -370,7 +370,7 @@ def _arrival_reason(tool: str, w: Workload) -> str:
     return ""
 
 
-def _length_reason(tool: str, w: Workload) -> str:
+def _length_reason(tool: str, w: ManifestWorkload) -> str:
     for L in (w.inp, w.out):
         if L.kind == "missing":
             return L.why + ("; the tool would fall back to its default lengths" if
@@ -410,7 +410,7 @@ def _ratio(L: Lengths) -> float:
 
 # ------------------------------------------------------------------------------ tools
 
-def _aiperf(runs, w: Workload, url, model, tok) -> ToolPlan:
+def _aiperf(runs, w: ManifestWorkload, url, model, tok) -> ToolPlan:
     notes = ["the grace period is the study's (workload.grace_s); AIPerf cancels requests "
              "still in flight at the cut-off and leaves them out of every export (only "
              "logs/aiperf.log counts them; capplan import reports the count)"]
@@ -446,7 +446,7 @@ def _aiperf(runs, w: Workload, url, model, tok) -> ToolPlan:
     return ToolPlan("aiperf", VERSIONS["aiperf"], tuple(cmds), notes=tuple(notes))
 
 
-def _aiperf_lengths(w: Workload) -> list[str]:
+def _aiperf_lengths(w: ManifestWorkload) -> list[str]:
     out = []
     if "uniform" in (w.inp.kind, w.out.kind):
         out += ["--isl", str(_center(w.inp)), "--osl", str(_center(w.out)),
@@ -477,7 +477,7 @@ def _synthetic(L: Lengths, key: str) -> dict:
     return d
 
 
-def _guidellm(runs, w: Workload, url, model, tok) -> ToolPlan:
+def _guidellm(runs, w: ManifestWorkload, url, model, tok) -> ToolPlan:
     drain = w.grace_s > 0 and w.arrival != "concurrency"
     notes = [("the study let requests in flight at its end finish (grace "
               f"{w.grace_s:g} s): GuideLLM has no grace period, so each run is bounded by its "
@@ -518,7 +518,7 @@ def _guidellm(runs, w: Workload, url, model, tok) -> ToolPlan:
     return ToolPlan("guidellm", VERSIONS["guidellm"], tuple(cmds), notes=tuple(notes))
 
 
-def _vllm(runs, w: Workload, url, model, tok) -> ToolPlan:
+def _vllm(runs, w: ManifestWorkload, url, model, tok) -> ToolPlan:
     if not w.streaming:
         return ToolPlan("vllm", VERSIONS["vllm"], reason="vLLM bench serve always streams; the "
                         "study's requests did not")
@@ -563,7 +563,7 @@ def _ip_dist(L: Lengths, n: int) -> dict:
             "total_count": n}
 
 
-def _inference_perf(runs, w: Workload, url, model, tok) -> ToolPlan:
+def _inference_perf(runs, w: ManifestWorkload, url, model, tok) -> ToolPlan:
     notes = ["inference-perf ends a stage after its duration and gives requests in flight "
              "load.stage_teardown_grace_seconds (the study's grace) before cancelling them",
              "write each config, then run the command; the config is not run in capplan's "
@@ -617,7 +617,7 @@ def commands(runs: Iterable, workload: Mapping | None, *, url: str, model: str,
     if isinstance(seed_base, bool) or not isinstance(seed_base, int) or seed_base < 0:
         raise SpecError(f"seed_base must be a whole number ≥ 0, got {seed_base!r}",
                         field="seed_base", fix="seed_base_for(runs already in the study)")
-    w = Workload.parse(workload, tokenizer)
+    w = ManifestWorkload.parse(workload, tokenizer)
     expanded = expand_runs(runs, seed_base, out_dir, closed=w.arrival == "concurrency")
     notes = list(w.notes)
     tok = w.tokenizer or TOKENIZER_PLACEHOLDER
@@ -650,5 +650,5 @@ def commands(runs: Iterable, workload: Mapping | None, *, url: str, model: str,
                         dict(workload or {}))
 
 
-__all__ = ["commands", "seed_base_for", "expand_runs", "lengths", "Lengths", "Workload", "Run",
+__all__ = ["commands", "seed_base_for", "expand_runs", "lengths", "Lengths", "ManifestWorkload", "PlannedRun",
            "ToolPlan", "ToolCommands", "VERSIONS", "TOKENIZER_PLACEHOLDER"]

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from . import contract as C
 from .dialect import SPARK
 from .errors import ProblemList, SpecError, StudyError
-from .study import (StudyFacts, check_parquet_files, events_select, find_event_files,
+from .study import (StudyBase, check_parquet_files, events_select, find_event_files,
                     missing_runs, missing_runs_problem, parse_manifest, schema_problems)
 
 INSTALL_FIX = ("install the Spark engine: pip install 'capplan[spark]' (pyspark) and a Java "
@@ -111,7 +111,7 @@ class SparkResult:
 
 
 @dataclass(frozen=True)
-class SparkStudy(StudyFacts):
+class SparkStudy(StudyBase):
     """A study opened on Spark: the same ``manifest``, ``present_columns`` and ``sql`` as a
     DuckDB ``Study``, the events in the temporary view ``events_view``."""
 

@@ -23,7 +23,7 @@ from .dialect import DUCKDB, Dialect
 from .errors import Problem, ProblemList, SpecError, StudyError
 
 
-class StudyFacts:
+class StudyBase:
     """What every opened study (DuckDB's ``Study``, Spark's ``SparkStudy``) answers from its
     ``manifest`` and ``present_columns``."""
 
@@ -43,7 +43,7 @@ class StudyFacts:
 
 
 @dataclass(frozen=True)
-class Study(StudyFacts):
+class Study(StudyBase):
     """An opened study. ``con`` holds the views ``raw_events`` and ``events`` (and
     ``resources`` when telemetry exists, ``timeline`` when system events exist); ``events``
     and ``timeline`` always have every contract column."""

@@ -148,7 +148,7 @@ def fleet_figure(plan, burst=None) -> go.Figure | None:
     return fig
 
 
-def table_html(table: pd.DataFrame) -> str:
+def fleet_table_html(table: pd.DataFrame) -> str:
     """The panel's table; rows carry ``data-key="fleet-<key>"`` (distinct from the main
     panel's keys on the same page)."""
     e = html.escape
@@ -229,7 +229,7 @@ class FleetWhatIfPanel:
     def _show(self, state) -> None:
         if state is None:
             return
-        self.table.value = table_html(state.table)
+        self.table.value = fleet_table_html(state.table)
         sim = " · burst simulated on the twin" if state.burst is not None else ""
         self.status.value = f"<small>redrawn in {state.seconds * 1000:.0f} ms{sim}</small>"
 

@@ -54,19 +54,19 @@ def test_burst_factor_from_a_known_gamma_process():
     # measured on a gamma process with CV 2 (D → 4) at a peak of 20 req/s in 50-s windows (μ = 1000):
     # f → (1 + z·sqrt(4/1000)) / (1 + z·sqrt(1/1000)) = 1.14713 / 1.07357 = 1.06852
     m = B.measure_times(_gamma_times(cv=2.0), 50.0, "gamma CV 2")
-    cmp = B.compare(m, [1.0], "a Poisson sweep", peak_rps=20.0, quantile=0.99)
+    cmp = B.compare_burstiness(m, [1.0], "a Poisson sweep", peak_rps=20.0, quantile=0.99)
     assert cmp.factor == pytest.approx(1.06852, rel=0.02)
     assert not cmp.covered
 
 
 def test_refusal_wording_and_cover():
     prod = B.BurstMeasure(4.0, 1.0, 2.0, "trace x")
-    c = B.compare(prod, [0.98, 1.03], "2 open-loop runs", peak_rps=100.0)
+    c = B.compare_burstiness(prod, [0.98, 1.03], "2 open-loop runs", peak_rps=100.0)
     assert c.sentence.startswith("not honest: production is burstier (D=4 at 1 s) than anything tested "
                                  "(max D=1.03, 2 open-loop runs)")
-    ok = B.compare(B.BurstMeasure(1.1, 1.0, None, "series"), [1.03], "2 runs", peak_rps=100.0)
+    ok = B.compare_burstiness(B.BurstMeasure(1.1, 1.0, None, "series"), [1.03], "2 runs", peak_rps=100.0)
     assert ok.covered  # within 10 % of the most dispersed run: sampling error, not burstier
-    none = B.compare(prod, [float("nan")], "no runs", peak_rps=100.0)
+    none = B.compare_burstiness(prod, [float("nan")], "no runs", peak_rps=100.0)
     assert none.sweep_max_dispersion == 1.0 and "Poisson assumed" in none.sweep_source
 
 

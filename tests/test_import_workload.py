@@ -30,7 +30,7 @@ import pytest
 from capplan import open_study
 from capplan.cli import main
 from capplan.importers import import_paths
-from capplan.loadtools import Workload
+from capplan.loadtools import ManifestWorkload
 
 FIX = Path(__file__).parent / "fixtures"
 TOK = "/tmp/imp7/tok"
@@ -97,7 +97,7 @@ def _issue_shaped_guidellm(tmp_path) -> Path:
 def test_guidellm_workload_reaches_study_yaml_and_design(tmp_path, capsys):
     """The reported case: after `capplan import auto` of a GuideLLM 0.8.1 sweep, study.yaml's
     workload holds the lengths, the arrival process, the tool and the asked rate, and what
-    `capplan design` reads from it (loadtools.Workload) reproduces 200/48 Poisson."""
+    `capplan design` reads from it (loadtools.ManifestWorkload) reproduces 200/48 Poisson."""
     src = _issue_shaped_guidellm(tmp_path)
     out = tmp_path / "study"
     assert main(["import", "auto", str(src), "--out", str(out)]) == 0
@@ -109,7 +109,7 @@ def test_guidellm_workload_reaches_study_yaml_and_design(tmp_path, capsys):
     assert wl["output_tokens"] == fixed(48, **{"from": "asked"})
     assert wl["asked"] == {"input_tokens": 200, "output_tokens": 48}
     assert "unknown" not in wl
-    w = Workload.parse(wl)
+    w = ManifestWorkload.parse(wl)
     assert (w.arrival, w.endpoint, w.streaming, w.output_fixed) == ("poisson", "chat", True, True)
     assert (w.inp.kind, w.inp.value, w.out.kind, w.out.value) == ("fixed", 200, "fixed", 48)
     assert w.notes == ()
@@ -138,7 +138,7 @@ def test_aiperf_gamma_arrivals_keep_their_burstiness(tmp_path):
     (d / "profile_export_aiperf.json").write_text(json.dumps(summ))
     wl = workload("aiperf", d)
     assert wl["arrival"] == "gamma" and wl["arrival_cv"] == 2.0
-    assert Workload.parse(wl).gamma_shape == pytest.approx(0.25)
+    assert ManifestWorkload.parse(wl).gamma_shape == pytest.approx(0.25)
 
 
 def test_inference_perf():

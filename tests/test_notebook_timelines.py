@@ -11,7 +11,7 @@ import pytest
 
 from capplan import report as R
 from capplan.synth.config import parse_config
-from capplan.synth.control import ControlSpec, FailureSpec
+from capplan.synth.control import ControlSpec, FailureEvent
 from capplan.synth.sweep import generate_study
 from capplan.timeline import analyse_timeline
 from capplan.twin import fit_twin, write_twin
@@ -30,7 +30,7 @@ def _raw():
 def executed(tmp_path_factory):
     d = tmp_path_factory.mktemp("nb07")
     cfg = parse_config(_raw()).with_(control=ControlSpec(
-        initial=3, failures=(FailureSpec(at_s=200, count=1, ready_s=60, detect_s=5),)))
+        initial=3, failures=(FailureEvent(at_s=200, count=1, ready_s=60, detect_s=5),)))
     study, _ = generate_study(cfg, d / "study", workers=1)
     # the twin the plan's checks are simulated on: fitted to a small sweep of the same system
     raw = _raw()

@@ -13,7 +13,7 @@ import pytest
 
 from capplan.synth.autoscale import AutoscalerSpec
 from capplan.synth.config import parse_config
-from capplan.synth.control import ControlSpec, FailureSpec, RolloutSpec
+from capplan.synth.control import ControlSpec, FailureEvent, RolloutEvent
 from capplan.synth.demand import oscillation
 from capplan.synth.engine import ERROR, OK
 from capplan.synth.events import token_times
@@ -51,7 +51,7 @@ def test_a_control_without_changes_is_the_same_run():
 @pytest.mark.parametrize("in_flight", ["lost", "retried"])
 def test_failure_loses_or_resends_what_the_replica_held(in_flight):
     cfg = _cfg().with_(rates=(15.0,), duration_s=200.0, control=ControlSpec(
-        initial=3, failures=(FailureSpec(at_s=100, count=1, in_flight=in_flight, retry_delay_s=0.5,
+        initial=3, failures=(FailureEvent(at_s=100, count=1, in_flight=in_flight, retry_delay_s=0.5,
                                          replace=False),)))
     res = simulate_level(cfg, 15.0)
     n_recv, first, last, _, _ = token_times(res, False)
@@ -73,7 +73,7 @@ def test_failure_loses_or_resends_what_the_replica_held(in_flight):
 
 def test_a_failed_replica_takes_requests_until_its_routes_go():
     cfg = _cfg().with_(rates=(15.0,), duration_s=200.0, control=ControlSpec(
-        initial=3, failures=(FailureSpec(at_s=100, count=1, detect_s=2.0, route_removal_s=3.0,
+        initial=3, failures=(FailureEvent(at_s=100, count=1, detect_s=2.0, route_removal_s=3.0,
                                          replace=False),)))
     res = simulate_level(cfg, 15.0)
     dead = [e[2] for e in res.timeline if e[1] == "replica_failed"][0]
@@ -94,7 +94,7 @@ def test_fluid_check_of_a_lost_replica(capacity, tmp_path):
     C, T = capacity, 60.0
     lam = 2.5 * C
     cfg = _cfg().with_(rates=(lam,), duration_s=900.0, control=ControlSpec(
-        initial=3, failures=(FailureSpec(at_s=300, count=1, ready_s=T),)))
+        initial=3, failures=(FailureEvent(at_s=300, count=1, ready_s=T),)))
     path, _ = generate_study(cfg, tmp_path / "fluid", workers=1)
     tl = analyse_timeline(path, "ttft_ms=5000,attainment=0.99", window_s=1.0, capacity_rps=C)
     inc = tl.incidents.iloc[0]
@@ -108,7 +108,7 @@ def test_fluid_check_of_a_lost_replica(capacity, tmp_path):
 
 def test_drain_finishes_the_work_and_rollout_keeps_its_bounds(tmp_path):
     cfg = _cfg(arrival="poisson").with_(rates=(12.0,), duration_s=900.0, control=ControlSpec(
-        initial=3, rollout=RolloutSpec(at_s=200, max_surge=1, max_unavailable=0, ready_s=60)))
+        initial=3, rollout=RolloutEvent(at_s=200, max_surge=1, max_unavailable=0, ready_s=60)))
     path, st = generate_study(cfg, tmp_path / "roll", workers=1)
     assert st[0]["error"] == 0 and st[0]["ok"] == st[0]["requests"]
     tl = analyse_timeline(path, "ttft_ms=5000", window_s=1.0)

@@ -17,7 +17,7 @@ import pytest
 
 from capplan.synth.autoscale import AutoscalerSpec
 from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.control import ControlSpec, FailureSpec, RolloutSpec
+from capplan.synth.control import ControlSpec, FailureEvent, RolloutEvent
 from capplan.synth.demand import oscillation
 from capplan.synth.retry import RetryPolicy
 from capplan.synth.sweep import plan_runs, run_tables
@@ -68,15 +68,15 @@ def _configs():
     c["disaggregated"] = parse_config(pd)
     fx = parse_config(fixed_service_raw(3, arrival="poisson", timeout_s=60.0))
     c["failure_lost"] = fx.with_(rates=(15.0,), duration_s=60.0, control=ControlSpec(
-        initial=3, failures=(FailureSpec(at_s=20, count=1, in_flight="lost", replace=True),)))
+        initial=3, failures=(FailureEvent(at_s=20, count=1, in_flight="lost", replace=True),)))
     c["failure_resent"] = fx.with_(rates=(15.0,), duration_s=60.0, control=ControlSpec(
-        initial=3, failures=(FailureSpec(at_s=20, count=1, in_flight="retried", retry_delay_s=0.5,
+        initial=3, failures=(FailureEvent(at_s=20, count=1, in_flight="retried", retry_delay_s=0.5,
                                          replace=False),)))
     c["retries"] = fx.with_(rates=(15.0,), duration_s=60.0, control=ControlSpec(
         initial=3, retry=RetryPolicy(max_retries=3, backoff_s=0.5, budget=None, seed=3),
-        failures=(FailureSpec(at_s=20, count=1, in_flight="retried", detect_s=2.0, replace=False),)))
+        failures=(FailureEvent(at_s=20, count=1, in_flight="retried", detect_s=2.0, replace=False),)))
     c["rollout"] = fx.with_(rates=(12.0,), duration_s=120.0, control=ControlSpec(
-        initial=3, rollout=RolloutSpec(at_s=20, max_surge=1, max_unavailable=0, ready_s=10)))
+        initial=3, rollout=RolloutEvent(at_s=20, max_surge=1, max_unavailable=0, ready_s=10)))
     C = 6.9
     dem = oscillation(1.0 * C, 3.5 * C, 60.0, 240.0, start_s=30)
     a = AutoscalerSpec(capacity_rps=C, ready_s=20, safety=1.1, drain_target_s=20, eval_period_s=5,

@@ -9,7 +9,7 @@ import pytest
 
 from capplan.errors import SpecError
 from capplan.synth.config import parse_config
-from capplan.synth.control import Control, ControlSpec, FailureSpec
+from capplan.synth.control import Control, ControlSpec, FailureEvent
 from capplan.synth.engine import ERROR, OK, REJECTED, ReplicaParams, simulate
 from capplan.synth.retry import Retrier, RetryPolicy, parse_retry
 from capplan.synth.service import ServiceModel
@@ -79,7 +79,7 @@ def test_retry_amplification_of_a_rejection_storm_by_hand():
 def _failing(in_flight, retry=None):
     raw = fixed_service_raw(3, arrival="constant", timeout_s=300.0)
     cfg = parse_config(raw).with_(rates=(15.0,), duration_s=200.0, control=ControlSpec(
-        initial=3, retry=retry, failures=(FailureSpec(at_s=100, count=1, in_flight=in_flight,
+        initial=3, retry=retry, failures=(FailureEvent(at_s=100, count=1, in_flight=in_flight,
                                                       detect_s=2.0, replace=False),)))
     return simulate_level(cfg, 15.0)
 
@@ -114,7 +114,7 @@ def test_the_study_readme_states_the_retries(tmp_path):
     raw = fixed_service_raw(3, arrival="constant", timeout_s=300.0)
     cfg = parse_config(raw).with_(rates=(15.0,), duration_s=200.0, control=ControlSpec(
         initial=3, retry=RetryPolicy(backoff_s=3.0, jitter="none", budget=None),
-        failures=(FailureSpec(at_s=100, count=1, in_flight="retried", detect_s=2.0,
+        failures=(FailureEvent(at_s=100, count=1, in_flight="retried", detect_s=2.0,
                               replace=False),)))
     path, st = generate_study(cfg, tmp_path / "s", workers=1)
     n, amp = st[0]["retries_sent"], st[0]["retry_amplification"]
@@ -136,6 +136,6 @@ def test_bad_policies_name_the_field():
         parse_retry({"retries": 3}, "failure.retry")  # unknown key
     assert "max_retries" in str(e.value)
     with pytest.raises(SpecError, match="in_flight"):
-        ControlSpec(initial=2, failures=(FailureSpec(at_s=1.0),), retry=RetryPolicy())
+        ControlSpec(initial=2, failures=(FailureEvent(at_s=1.0),), retry=RetryPolicy())
     p = parse_retry({"max_retries": 2, "backoff_s": "200ms", "budget": None}, "failure.retry")
     assert p.max_retries == 2 and p.backoff_s == 0.2 and p.budget is None

@@ -173,14 +173,14 @@ def test_same_study_and_seed_give_the_same_twin_file(small_study, small_twin):
 def test_stall_is_an_overtaken_request_not_a_queue():
     """Request 1 never got a token while request 2, sent after it, was served at once: a stall.
     Request 4 waited behind a busy server and timed out: not a stall."""
-    from capplan.twin.data import CANCELLED, OK, TIMEOUT, RunData
+    from capplan.twin.data import CANCELLED, OK, TIMEOUT, RunArrays
 
     ms = 1_000_000
     sched = np.array([0, 100, 200, 300, 400]) * ms
     first = np.array([40, -1, 240, 5000, -1]) * ms
     first[first < 0] = -1
     status = np.array([OK, TIMEOUT, OK, OK, CANCELLED], np.int8)
-    run = RunData("r", 1.0, None, 1.0, 0, sched, sched, first, first + 10 * ms, np.full(5, 10), np.full(5, 3),
+    run = RunArrays("r", 1.0, None, 1.0, 0, sched, sched, first, first + 10 * ms, np.full(5, 10), np.full(5, 3),
                   status, np.full(5, -1), np.full(5, -1), np.full(5, -1), None, None, None)
     st = stalled(run, wait_s=1.0, quick_ns=60 * ms)
     assert st.tolist() == [False, True, False, False, False]

@@ -10,7 +10,7 @@ import click
 from ..contract import CACHE_CONDITIONS
 from ..errors import SpecError
 from ..importers import TOOLS, append_import, import_paths, write_import
-from ..importers.common import check_out
+from ..importers.common import check_study_out
 
 
 @click.command("import", help="Import load-test output (GuideLLM, vLLM bench serve, AIPerf, "
@@ -41,7 +41,7 @@ def cmd(tool: str, paths: tuple[str, ...], out: str | None, into: str | None, na
     if allow_workload_change and into is None:
         raise SpecError("--allow-workload-change only applies to --into", field="--allow-workload-change")
     if out is not None:
-        check_out(out, list(paths))  # before parsing: a bad --out fails fast
+        check_study_out(out, list(paths))  # before parsing: a bad --out fails fast
     if name is None and out is not None and len(paths) > 1:
         # several runs' folders: the study is what --out names, not the first run
         from pathlib import Path

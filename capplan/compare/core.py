@@ -19,7 +19,7 @@ from .fairness import fairness_rows, fairness_table
 from .gates import confidence_arg, load_gates
 from .result import Comparison
 from .sampling import draws, repeated
-from .sides import arrays, cell_union, cells_for, length_summary, open_side, reduce_sides
+from .sides import arrays, cell_union, cells_for, largest_and_median, open_side, reduce_sides
 from .workload import check_slo, check_workload, detect_pairing, match_runs
 
 
@@ -61,14 +61,14 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
                      "recorded in both studies): a request that failed early lands in a short "
                      "bucket")
     in_edges = edges_for(g.buckets.input_edges,
-                         max(length_summary(s, "input_tokens")[0] for s in (b, c)))
+                         max(largest_and_median(s, "input_tokens")[0] for s in (b, c)))
     out_edges = edges_for(g.buckets.output_edges,
-                          max(length_summary(s, out_col)[0] for s in (b, c)))
+                          max(largest_and_median(s, out_col)[0] for s in (b, c)))
     split_in, split_out = g.buckets.quadrant_split
     if split_in is None:
         split_in = median([b.offered.input_tokens])
     if split_out is None:
-        split_out = length_summary(b, out_col)[1]
+        split_out = largest_and_median(b, out_col)[1]
     reduce_sides(b, c, slo, cells_for(in_edges, out_edges, out_col, (split_in, split_out),
                                       b.has_itl and c.has_itl))
 

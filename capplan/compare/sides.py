@@ -71,7 +71,7 @@ def reduce_sides(b: Side, c: Side, slo: SLO, cells: Cells) -> None:
         side.stats = reduce_study(side.study, slo, warmup=side.window, units=units, cells=cells)
 
 
-def length_summary(side: Side, column: str) -> tuple[int, float]:
+def largest_and_median(side: Side, column: str) -> tuple[int, float]:
     """(largest, median) of a token column over the side's windows (requests with a value):
     the bucket edges and the quadrant split."""
     view = request_view(side.study, side.window)

@@ -67,9 +67,9 @@ from ..slo import CSLO_CONFIDENCE, CSLO_REPS, CSLO_SEED, SLO, check_confidence, 
 # where callers import them from capplan.envelope
 from .core import (CSLO, SEED_SWEEP, STATUS_ABOVE, STATUS_BELOW, STATUS_BRACKETED, Points,
                    cslo_from, knee_and_max, sweep)
-from .core import run_counts  # noqa: F401  (re-exported)
+from .core import replicate_counts  # noqa: F401  (re-exported)
 from .runs import LEVEL_TOL_REL, MIN_DONOR_EVENTS, P_CI  # noqa: F401  (re-exported)
-from .runs import group_levels, percentile_table, run_table
+from .runs import group_levels, run_percentiles, run_table
 from .surface import Surface, slo_surface
 
 #: interval methods: "run-effect" (default) adds the between-run variation the within-run
@@ -386,8 +386,8 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSL
     runs, good_rep, n_rep, err_rep = run_table(stats, slo, good_units, reps=reps, seed=seed,
                                                 scheme=scheme, confidence=confidence,
                                                 method=method)
-    pct = percentile_table(stats, reps=reps, seed=seed, scheme=scheme,
-                            confidence=confidence)
+    pct = run_percentiles(stats, reps=reps, seed=seed, scheme=scheme,
+                           confidence=confidence)
     runs = runs.merge(pct, on="run_id", how="left")
     closed = stats.closed_loop
     runs["x"] = runs["concurrency"] if closed else runs["measured_rps"].fillna(runs["offered_rps"])

@@ -56,8 +56,8 @@ def _count_dtype(n_units: int, max_unit: float):
     return np.float32 if n_units * max(max_unit, 1.0) * 2 < 2**24 else np.float64
 
 
-def run_counts(stats: BlockStats, run, *, reps: int, seed: int,
-               scheme: boot.Scheme) -> np.ndarray:
+def replicate_counts(stats: BlockStats, run, *, reps: int, seed: int,
+                     scheme: boot.Scheme) -> np.ndarray:
     """The (reps × units) count matrix of the run's replicates (``BlockStats.resample``),
     for matrix statistics."""
     R = stats.resample(run, scheme, reps=reps, seed=seed)

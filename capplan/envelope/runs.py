@@ -1,6 +1,6 @@
 """The per-run table of the envelope fit: each run's attainment with its interval, design
 effect (borrowed from a donor run when the run is degenerate), N_eff and early-stopping check
-(``run_table``); the SLO-independent percentiles with the p99 interval (``percentile_table``);
+(``run_table``); the SLO-independent percentiles with the p99 interval (``run_percentiles``);
 and the grouping of asked rates into load levels (``group_levels``)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..diagnostics import NO_STEADY_STATE  # the exclusion's reason prefix
 from ..earlystop import n_min
 from ..reduce import BlockStats
 from ..slo import SLO
-from .core import SEED_SWEEP, run_counts
+from .core import SEED_SWEEP, replicate_counts
 
 #: runs asked at rates closer than this (relative) are one load level: a design that asks for
 #: 3 × 10.0871 and 3 × 10.1189 req/s asked for six repeats, and a client cannot tell such rates
@@ -203,7 +203,7 @@ def _borrowed_deff(level: float, donors, below_only: bool = False) -> tuple[floa
     return max(best[1], 1.0), f"nearest run {best[2]}"
 
 
-def percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, confidence):
+def run_percentiles(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, confidence):
     """SLO-independent per-run percentiles (+ p99 CI), cached on the stats."""
     key = ("pct", reps, seed, scheme, confidence)
     if key in stats._cache:
@@ -211,7 +211,7 @@ def percentile_table(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, conf
     rows = []
     for r in stats.runs:
         row = {"run_id": r.run_id}
-        C = (run_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
+        C = (replicate_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
              if r.n_units and r.tail else None)
         for m in ("ttft", "tpot", "itl", "e2e"):
             for p in PERCENTILES:

@@ -13,7 +13,7 @@ from .. import bootstrap as boot
 from ..errors import StudyError
 from ..reduce import BlockStats
 from ..slo import SLO
-from .core import SEED_SWEEP, STATUS_BELOW, Points, cslo_from, run_counts, sweep
+from .core import SEED_SWEEP, STATUS_BELOW, Points, cslo_from, replicate_counts, sweep
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def slo_surface(stats: BlockStats, slo: SLO, x_grid=None, y_grid=None, *, confid
     nsum = np.empty((reps, len(use)))
     kpt = np.empty((len(use), P))
     for j, r in enumerate(use):
-        C = run_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
+        C = replicate_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
         S = r.grid[:, xi][:, :, yi].reshape(r.n_units, P).astype(np.float64)
         gsum[:, j, :] = C @ S
         nsum[:, j] = C @ r.units["n"]

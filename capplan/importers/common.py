@@ -307,7 +307,7 @@ LEVEL_KEYS = ("asked_rps", "asked_concurrency")
 #: the workload keys capplan derives (recomputed, never carried over)
 DERIVED_KEYS = ("input_tokens", "output_tokens", "mixed", "unknown")
 #: what a workload must say for the sweep to be reproduced (``capplan design``'s commands read
-#: it through ``loadtools.Workload``); any the source does not state is listed under
+#: it through ``loadtools.ManifestWorkload``); any the source does not state is listed under
 #: ``unknown`` instead of being left silently absent
 NEEDED_KEYS = ("tool_version", "arrival", "endpoint", "streaming", "input_tokens",
                "output_tokens", "asked.input_tokens", "asked.output_tokens", "output_fixed",
@@ -685,7 +685,7 @@ def _table(cols: dict, run: RunData) -> pa.Table:
     return events_table(pa.table(arrays))
 
 
-def check_out(out: str | os.PathLike, inputs: list[str] = ()) -> Path:
+def check_study_out(out: str | os.PathLike, inputs: list[str] = ()) -> Path:
     """Refuse an output path whose replacement would destroy data: an existing file, a
     non-empty directory that is not a study, or a folder holding the inputs."""
     dest = io_check_out(out, C.MANIFEST_NAME, "study")
@@ -701,7 +701,7 @@ def check_out(out: str | os.PathLike, inputs: list[str] = ()) -> Path:
 def write_import(result: ImportResult, out: str | os.PathLike) -> Path:
     """Write the study atomically (temp dir, then rename): nothing half-written on failure.
     An existing study at ``out`` is replaced whole; anything else there is refused."""
-    dest = check_out(out, [r["source"] for r in result.manifest["runs"] if "source" in r])
+    dest = check_study_out(out, [r["source"] for r in result.manifest["runs"] if "source" in r])
     return write_study(dest, result.manifest, result.events)
 
 

@@ -110,7 +110,7 @@ def quality_verdict(cand: QualityResult | None, base: QualityResult | None, *, m
 
 
 @dataclass(frozen=True)
-class Comparison:
+class CandidateComparison:
     """Candidates side by side. ``best``: the cheapest per 1 000 SLO-meeting requests among
     those whose plan meets every check and whose quality is comparable with the baseline's
     (``rank`` 1, 2, … in ``rows``; None for the others, ``quality_reason`` says why);
@@ -191,7 +191,7 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 
 def compare_candidates(candidates, *, slo=None, baseline: str | None = None, quality_margin: float = 0.01,
-                       quality_confidence: float = 0.95) -> Comparison:
+                       quality_confidence: float = 0.95) -> CandidateComparison:
     """Plan every candidate; judge its quality against the ``baseline`` (a candidate's name;
     default the first) with :func:`quality_verdict`; rank by cost per SLO-meeting request those
     that meet the SLO, every plan check and the quality rule, and say when the choice is not
@@ -272,7 +272,7 @@ def compare_candidates(candidates, *, slo=None, baseline: str | None = None, qua
         verdict = "no candidate meets the SLO, every plan check and the quality rule"
         if refused:
             verdict += "; " + refused_text
-        return Comparison(rows=tuple(rows), best=None, settled=False, plans=plans, verdict=verdict,
+        return CandidateComparison(rows=tuple(rows), best=None, settled=False, plans=plans, verdict=verdict,
                           baseline=baseline)
     best = ranked[0]
     b_int = (best["cost_low_usd_per_1k"], best["cost_high_usd_per_1k"])
@@ -307,5 +307,5 @@ def compare_candidates(candidates, *, slo=None, baseline: str | None = None, qua
     if refused:
         verdict += ". " + refused_text
     best["best"] = True
-    return Comparison(rows=tuple(rows), best=best["candidate"], settled=settled, verdict=verdict, plans=plans,
+    return CandidateComparison(rows=tuple(rows), best=best["candidate"], settled=settled, verdict=verdict, plans=plans,
                       baseline=baseline)

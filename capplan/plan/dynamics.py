@@ -41,7 +41,7 @@ from ..errors import SpecError
 from ..slo import SLO
 from ..synth.autoscale import AutoscalerSpec
 from ..synth.config import SynthConfig
-from ..synth.control import ControlSpec, FailureSpec, Placement, RolloutSpec
+from ..synth.control import ControlSpec, FailureEvent, Placement, RolloutEvent
 from ..synth.demand import RateProfile, ramps, steps
 from ..synth.retry import RetryPolicy
 from ..synth.sweep import generate_study
@@ -215,7 +215,7 @@ def failure_scenario(plan, system, *, groups: int | None = None, quarter: int = 
     lose = {"zone": ("zone", 1), "node": ("node", 1), "n_plus_k": ("replicas", spec.failure.k),
             "none": ("replicas", 1)}[pol]
     in_flight = "retried" if settings.retry is not None else settings.in_flight
-    fail = FailureSpec(at_s=EVENT_AT_S, lose=lose[0], count=lose[1], detect_s=settings.detect_s,
+    fail = FailureEvent(at_s=EVENT_AT_S, lose=lose[0], count=lose[1], detect_s=settings.detect_s,
                        route_removal_s=settings.route_removal_s, in_flight=in_flight,
                        ready_s=T)
     L = failure_loss(N, spec.failure, g, spec.group.gpus_per_node) if pol != "none" else 1
@@ -249,7 +249,7 @@ def rollout_scenario(plan, system, *, quarter: int = 0, settings: SimSettings = 
     dur = EVENT_AT_S + steps_n * (T + 5.0) + settings.settle_s
     cfg = base_config(system, duration_s=dur, seed=settings.seed)
     cfg = replace(cfg, replicas=N, rates=(peak,), demand=steps(peak, []))
-    roll = RolloutSpec(at_s=EVENT_AT_S, max_surge=r.max_surge, max_unavailable=r.max_unavailable,
+    roll = RolloutEvent(at_s=EVENT_AT_S, max_surge=r.max_surge, max_unavailable=r.max_unavailable,
                        ready_s=T)
     g = int(plan.value("gpus_per_group"))
     place = _placement(spec, g)

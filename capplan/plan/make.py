@@ -160,7 +160,7 @@ def burst_inputs_for(spec: PlanSpec, study) -> tuple | None:
 
 def _bursts(spec: PlanSpec, study, burst_inputs, q_peaks) -> list:
     """Production's burstiness against the sweep's at each quarter's peak × (1 + u)
-    (``capplan.burst.compare``), or Nones without ``demand.arrivals``."""
+    (``capplan.burst.compare_burstiness``), or Nones without ``demand.arrivals``."""
     d = spec.demand
     if not d.arrivals:
         return [None] * len(q_peaks)
@@ -168,7 +168,7 @@ def _bursts(spec: PlanSpec, study, burst_inputs, q_peaks) -> list:
 
     prod, sweep_d, sweep_src = burst_inputs if burst_inputs is not None else burst_inputs_for(spec, study)
     q = dict(d.arrivals)["quantile"]
-    return [BU.compare(prod, list(sweep_d), sweep_src, p * (1 + d.uncertainty), q) for p in q_peaks]
+    return [BU.compare_burstiness(prod, list(sweep_d), sweep_src, p * (1 + d.uncertainty), q) for p in q_peaks]
 
 
 def _tested_and_production(cap: CapacityInfo) -> tuple[float | None, list[float]]:

@@ -156,9 +156,9 @@ def off_schedule_requests(run) -> int:
         return 0
 
 
-def assemble(manifest: C.Manifest, source: str, plan, units, per_run: list[RunSeries],
-             by_unit: list[RunCounts], gspec: GridSpec, cell_codes, warm_src, warm_late,
-             tail_from, lag_limit_ms) -> BlockStats:
+def assemble_stats(manifest: C.Manifest, source: str, plan, units, per_run: list[RunSeries],
+                   by_unit: list[RunCounts], gspec: GridSpec, cell_codes, warm_src, warm_late,
+                   tail_from, lag_limit_ms) -> BlockStats:
     """BlockStats from the per-run pieces (manifest order), with the diagnostics."""
     runs = manifest.runs
     slo, alpha = plan.slo, plan.alpha

@@ -16,9 +16,9 @@ from ..dialect import ENGINES
 from ..errors import SpecError, StudyError
 from ..slo import SLO
 from ..study import Study, open_study
-from .assemble import RunCounts, RunSeries, assemble, grid_spec
+from .assemble import RunCounts, RunSeries, assemble_stats, grid_spec
 from .count import grid_counts, run_counts, run_series, unit_counts
-from .plan import make_plan, resolve_window
+from .plan import reduction_plan, resolve_window
 from .sql import KEY_COL, KEY_MISSING, TTFT_COL, order_sql, request_columns
 from .stats import TAIL_FROM, BlockStats
 from .units import MAX_UNITS, CountUnits, TimeUnits
@@ -90,8 +90,8 @@ def reduce_study(study, slo, *, warmup="manifest", units: CountUnits | TimeUnits
         raise SpecError(f"units must be CountUnits or TimeUnits, got {type(units).__name__}",
                         field="units")
     window, warm_src, warm_late = resolve_window(study, warmup, TTFT_COL[slo.ttft_from])
-    plan = make_plan(study, slo, window, cells=cells, alpha=alpha, grid_step=grid_step,
-                     grid_half=grid_half)
+    plan = reduction_plan(study, slo, window, cells=cells, alpha=alpha, grid_step=grid_step,
+                          grid_half=grid_half)
     if study.dialect.spark:
         from .spark import spark_counts
 
@@ -100,8 +100,8 @@ def reduce_study(study, slo, *, warmup="manifest", units: CountUnits | TimeUnits
         per_run, by_unit, gspec, cell_codes = _duckdb_counts(
             study, plan, units, tail_from, FETCH_MB if fetch_mb is None else fetch_mb,
             progress)
-    return assemble(study.manifest, str(study.root), plan, units, per_run, by_unit, gspec,
-                    cell_codes, warm_src, warm_late, tail_from, lag_limit_ms)
+    return assemble_stats(study.manifest, str(study.root), plan, units, per_run, by_unit, gspec,
+                          cell_codes, warm_src, warm_late, tail_from, lag_limit_ms)
 
 
 # ============================================================================ DuckDB

@@ -72,7 +72,7 @@ def resolve_window(study, warmup, ttft_col: str = "ttft_ms") -> tuple[Window, di
 
 @dataclass(frozen=True)
 class ReducePlan:
-    """What one reduction computes (built once by ``make_plan``, read by every query)."""
+    """What one reduction computes (built once by ``reduction_plan``, read by every query)."""
 
     slo: SLO
     window: Window
@@ -98,8 +98,8 @@ class ReducePlan:
     cell_values: dict       # dimension -> list of values (tenant, slo_class)
 
 
-def make_plan(study, slo: SLO, window: Window, *, cells: Cells | None, alpha: float,
-              grid_step: float, grid_half: int) -> ReducePlan:
+def reduction_plan(study, slo: SLO, window: Window, *, cells: Cells | None, alpha: float,
+                   grid_step: float, grid_half: int) -> ReducePlan:
     """The reduction's plan: which latency is the grid's second axis, which keys and grid
     codes the per-request columns hold, the block-length series and the cell code."""
     ttft_col = TTFT_COL[slo.ttft_from]

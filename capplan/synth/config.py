@@ -45,7 +45,7 @@ class Tenant:
 
 
 @dataclass(frozen=True)
-class PowerSpec:
+class PowerModel:
     idle_w: float = 100.0
     busy_w: float = 650.0
 
@@ -78,7 +78,7 @@ class SynthConfig:
     arrival: ArrivalSpec = ArrivalSpec()
     lengths: LengthDist = LengthDist()
     tenants: tuple[Tenant, ...] = ()
-    power: PowerSpec | None = None
+    power: PowerModel | None = None
     itl: bool = True
     load_model: str = "open"
     rates: tuple[float, ...] = ()
@@ -245,13 +245,13 @@ def _tenants(wl: dict) -> tuple[Tenant, ...]:
     return tuple(tenants)
 
 
-def _power(d: dict) -> PowerSpec | None:
+def _power(d: dict) -> PowerModel | None:
     pw = d.get("power")
     if pw in (None, False):
         return None
     pw = S.mapping(pw if pw is not True else {}, "power", known=POWER_KEYS)
-    power = PowerSpec(_num(pw, "idle_w", "power", 100.0, minimum=0.0),
-                      _num(pw, "busy_w", "power", 650.0, minimum=0.0))
+    power = PowerModel(_num(pw, "idle_w", "power", 100.0, minimum=0.0),
+                       _num(pw, "busy_w", "power", 650.0, minimum=0.0))
     if power.busy_w < power.idle_w:
         S.fail("power.busy_w", "power.busy_w must be ≥ power.idle_w",
                "busy board power is the higher one (e.g. idle_w: 100, busy_w: 650)")

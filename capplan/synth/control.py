@@ -68,7 +68,7 @@ class Placement:
 
 
 @dataclass(frozen=True)
-class FailureSpec:
+class FailureEvent:
     """At ``at_s`` lose ``lose`` — ``replicas`` (that many, the busiest first), ``zone`` (the
     largest zone) or ``node`` (the largest node). The failure is detected after ``detect_s``;
     the router stops sending to the lost replicas ``route_removal_s`` later (until then,
@@ -98,7 +98,7 @@ class FailureSpec:
 
 
 @dataclass(frozen=True)
-class RolloutSpec:
+class RolloutEvent:
     """From ``at_s`` replace every replica of the fleet by a new one, ``max_surge`` above the
     fleet size at most and never more than ``max_unavailable`` below it (a Kubernetes rolling
     update): new replicas are ready ``ready_s`` after they are added; old ones drain (finishing
@@ -122,8 +122,8 @@ class ControlSpec:
 
     initial: int
     placement: Placement = Placement()
-    failures: tuple[FailureSpec, ...] = ()
-    rollout: RolloutSpec | None = None
+    failures: tuple[FailureEvent, ...] = ()
+    rollout: RolloutEvent | None = None
     autoscaler: AutoscalerSpec | None = None
     ttft_limit_ms: float = 2000.0  # what the goodput signal counts as a good first token
     #: the clients' retry policy (capplan.synth.retry): failed and rejected attempts are
@@ -211,7 +211,7 @@ class Control:
         fleet.drain_deadline(idx, now)
 
     # -- failures ------------------------------------------------------------------------
-    def _fail(self, now: int, fleet: Fleet, f: FailureSpec) -> None:
+    def _fail(self, now: int, fleet: Fleet, f: FailureEvent) -> None:
         live = [i for i in fleet.live()]
         if f.lose == "replicas":
             lost = sorted(live, key=lambda i: (-fleet.outstanding(i), i))[: f.count]
@@ -258,7 +258,7 @@ class Control:
             self.policy.desired = max(self.policy.desired, len(self._serving(fleet)))
 
     # -- rollout ---------------------------------------------------------------------------
-    def _rollout_start(self, now: int, fleet: Fleet, r: RolloutSpec) -> None:
+    def _rollout_start(self, now: int, fleet: Fleet, r: RolloutEvent) -> None:
         self.rolling = True
         self.old = set(fleet.live())
         self.target = len(self.old)
@@ -338,4 +338,4 @@ class Control:
                 fleet.drain(i, now, now + int(round(a.drain_timeout_s * NS)))
 
 
-__all__ = ["Control", "ControlSpec", "FailureSpec", "RolloutSpec", "Placement", "Fleet"]
+__all__ = ["Control", "ControlSpec", "FailureEvent", "RolloutEvent", "Placement", "Fleet"]

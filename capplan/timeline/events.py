@@ -148,7 +148,7 @@ class StepRule:
         return max(1, int(round(self.span_s / width_s)))
 
 
-def dispersion(counts: np.ndarray) -> float:
+def difference_dispersion(counts: np.ndarray) -> float:
     """The index of dispersion (variance / mean) of per-window counts, the variance from
     successive differences — Σ (n_{k+1} − n_k)² / (2 (N − 1)) — so a step in the mean adds one
     difference, not a level shift to every window; at least 1."""
@@ -170,7 +170,7 @@ def load_steps(counts: np.ndarray, width_s: float, rule: StepRule = StepRule()) 
     if busy.size == 0 or busy[-1] + 1 - busy[0] < 2 * m:
         return pd.DataFrame(columns=cols)
     lo, hi = int(busy[0]), int(busy[-1]) + 1  # the run's arrivals: windows lo … hi − 1
-    d = dispersion(n[lo:hi])
+    d = difference_dispersion(n[lo:hi])
     c = np.r_[0.0, np.cumsum(n)]
     k = np.arange(lo + m, hi - m + 1)  # boundaries with m whole windows of arrivals each side
     a, b = c[k] - c[k - m], c[k + m] - c[k]

@@ -61,8 +61,8 @@ class SteadyCSLO:
                 "runs": len(self.per_run), "simulated_runs": self.evaluations, "notes": list(self.notes)}
 
 
-def run_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
-               seed: int, run: int) -> tuple[int, int]:
+def simulated_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
+                     seed: int, run: int) -> tuple[int, int]:
     """(in-window requests, SLO-good ones) of one long Poisson run of ``twin`` at ``rate``.
     Run ``run`` draws from SeedSequence([seed, TRUTH_SEED_OFFSET + run]), the streams
     ``capplan.synth.truth.true_attainment`` gives its replication ``run`` of a config with that
@@ -96,7 +96,7 @@ def _job(args):
         cfg, slo, rate, dur, warm, run = args
         return config_counts(cfg, rate, slo, duration_s=dur, warmup_s=warm, run=run)
     twin, slo, rate, dur, warm, seed, run = args
-    return run_counts(twin, rate, slo, duration_s=dur, warmup_s=warm, seed=seed, run=run)
+    return simulated_counts(twin, rate, slo, duration_s=dur, warmup_s=warm, seed=seed, run=run)
 
 
 class _Sim:

@@ -1,4 +1,4 @@
-"""A study's events as numpy arrays, one :class:`RunData` per manifest run (the twin's input).
+"""A study's events as numpy arrays, one :class:`RunArrays` per manifest run (the twin's input).
 
 The twin's estimators and its replays work on whole runs in memory (a few arrays of int64 per
 request, plus the flat ITL gaps), read once through DuckDB with bound parameters. Statuses use
@@ -23,7 +23,7 @@ OPTIONAL = ("sent_ns", "server_received_ns", "admitted_ns", "prefill_start_ns", 
 
 
 @dataclass(frozen=True, eq=False)
-class RunData:
+class RunArrays:
     """One run's requests in scheduled order. Times are ns on the run clock, −1 when absent."""
 
     run_id: str
@@ -72,7 +72,7 @@ class StudyData:
     load_model: str
     system: dict
     replicas: int
-    runs: tuple[RunData, ...]
+    runs: tuple[RunArrays, ...]
     tenants: tuple[str, ...]
     slo_class_of: dict = field(default_factory=dict)  # tenant → slo_class
     replica_names: tuple[str, ...] = ()
@@ -83,7 +83,7 @@ class StudyData:
     def has(self, column: str) -> bool:
         return column in self.present
 
-    def run(self, run_id: str) -> RunData:
+    def run(self, run_id: str) -> RunArrays:
         for r in self.runs:
             if r.run_id == run_id:
                 return r
@@ -172,7 +172,7 @@ def load_study(study, *, runs: tuple[str, ...] | None = None) -> StudyData:
     for spec in wanted:
         a, b = bounds.get(spec.run_id, (0, 0))
         sl = slice(a, b)
-        out.append(RunData(
+        out.append(RunArrays(
             run_id=spec.run_id, offered_rps=spec.offered_rps, concurrency=spec.concurrency,
             duration_s=spec.duration_s, warmup_ns=int(round((spec.warmup_s or 0.0) * C.NS_PER_S)),
             sched=sched_all[sl], arrive=arrive_all[sl], first=first_all[sl], last=last_all[sl],

@@ -29,7 +29,7 @@ from .. import spec as S
 from ..errors import SpecError
 from ..synth.arrivals import load_trace
 from ..synth.autoscale import SIGNALS, AutoscalerSpec
-from ..synth.control import ControlSpec, FailureSpec, Placement, RolloutSpec
+from ..synth.control import ControlSpec, FailureEvent, Placement, RolloutEvent
 from ..synth.demand import RateProfile, from_trace, oscillation, ramps, steps
 from ..synth.retry import RetryPolicy, parse_retry
 from .scenario import Part, ScenarioContext, register_part
@@ -100,7 +100,7 @@ class FailurePart(Part):
                               "in_flight: lost | retried (retry_delay_s, or a client retry "
                               "policy: retry), replace, ready_s or ready_time_s, zones, per_node; "
                               "or a list of such mappings")
-    failures: tuple[FailureSpec, ...] = ()
+    failures: tuple[FailureEvent, ...] = ()
     placement: Placement | None = None
     retry: RetryPolicy | None = None
 
@@ -131,7 +131,7 @@ class FailurePart(Part):
                     S.fail(f"{f}.retry", "the failures give different client retry policies",
                            "give the same retry mapping to each (the clients are the same)")
                 retry = r_
-            specs.append(FailureSpec(
+            specs.append(FailureEvent(
                 at_s=S.duration_s(d["at_s"], f"{f}.at_s", example="600"),
                 lose=S.choice(d.get("lose", "replicas"), f"{f}.lose", ("replicas", "zone", "node")),
                 count=int(S.number(d.get("count", 1), f"{f}.count", integer=True, minimum=1)),
@@ -171,7 +171,7 @@ class RolloutPart(Part):
     key: ClassVar[str] = "rollout"
     summary: ClassVar[str] = ("at_s, max_surge, max_unavailable, ready_s or ready_time_s, drain_timeout_s, "
                               "retry (the clients' retry policy)")
-    rollout: RolloutSpec | None = None
+    rollout: RolloutEvent | None = None
     retry: RetryPolicy | None = None
 
     @classmethod
@@ -186,7 +186,7 @@ class RolloutPart(Part):
         if surge + unavail < 1:
             S.fail(f"{fld}.max_surge", "max_surge and max_unavailable are both 0: the rollout "
                    "could never progress", "max_surge: 1")
-        return cls(RolloutSpec(at_s=S.duration_s(d["at_s"], f"{fld}.at_s"), max_surge=surge,
+        return cls(RolloutEvent(at_s=S.duration_s(d["at_s"], f"{fld}.at_s"), max_surge=surge,
                                max_unavailable=unavail, ready_s=ready_seconds(d, fld),
                                drain_timeout_s=S.duration_s(d.get("drain_timeout_s", 600.0),
                                                             f"{fld}.drain_timeout_s")),

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunData, StudyData
-from .timeline import DECODE, Timeline, token_stream
+from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunArrays, StudyData
+from .timeline import DECODE, IterationTrace, token_stream
 
 
 @dataclass(frozen=True)
-class Bound:
+class LimitBound:
     value: float | None
     lo: float | None = None
     hi: float | None = None
@@ -48,7 +48,7 @@ def nice_in(lo: float, hi: float) -> float:
 
 # ------------------------------------------------------------------------------ timeout, faults
 
-def timeout_bounds(data: StudyData, tl: Timeline | None) -> Bound:
+def timeout_bounds(data: StudyData, tl: IterationTrace | None) -> LimitBound:
     lo = 0.0
     for run in data.runs:
         m = ((run.status == OK) | (run.status == TIMEOUT)) & (run.last >= 0)
@@ -73,7 +73,7 @@ def timeout_bounds(data: StudyData, tl: Timeline | None) -> Bound:
                     hi = min(hi, float(np.min(grid[k[has]] - run.sched[i][has])) / 1e9)
                     n_to += int(has.sum())
     n_timeouts = sum(int((r.status == TIMEOUT).sum()) for r in data.runs)
-    return Bound(None if not math.isfinite(hi) else nice_in(lo, hi), lo, hi if math.isfinite(hi) else None,
+    return LimitBound(None if not math.isfinite(hi) else nice_in(lo, hi), lo, hi if math.isfinite(hi) else None,
                  n_to > 0, n=n_timeouts)
 
 
@@ -84,7 +84,7 @@ def quick_ttft_ns(data: StudyData) -> int:
     return int(3 * np.percentile(v, 10)) if len(v) else 0
 
 
-def stalled(run: RunData, wait_s: float, quick_ns: int = 0, single_queue: bool = True) -> np.ndarray:
+def stalled(run: RunArrays, wait_s: float, quick_ns: int = 0, single_queue: bool = True) -> np.ndarray:
     """Requests left without a token by the server, not by a queue. Each replica serves its
     queue in order, so while a request waits no later request on its replica can be served —
     and one arriving then cannot be served at once. A request that got no token is *stalled*
@@ -164,7 +164,7 @@ def _intervals_max(starts: np.ndarray, ends: np.ndarray) -> int:
     return int(np.max(np.cumsum(d[o])))
 
 
-def _waiting_intervals(run: RunData, on: np.ndarray, timeout_s: float):
+def _waiting_intervals(run: RunArrays, on: np.ndarray, timeout_s: float):
     """[arrival, admission) of requests queued on a replica (never admitted: until their
     client gave up, or the end of the run)."""
     end = int(max(run.last.max(initial=0), run.sched.max(initial=0)))
@@ -175,7 +175,7 @@ def _waiting_intervals(run: RunData, on: np.ndarray, timeout_s: float):
     return s, e
 
 
-def queue_limit(data: StudyData, timeout_s: float) -> Bound:
+def queue_limit(data: StudyData, timeout_s: float) -> LimitBound:
     n_rej = sum(int((r.status == REJECTED).sum()) for r in data.runs)
     if not data.replica_names and data.replicas > 1:
         longest = None
@@ -190,23 +190,23 @@ def queue_limit(data: StudyData, timeout_s: float) -> Bound:
                 s, e = _waiting_intervals(run, on, timeout_s)
                 longest = max(longest, _intervals_max(s, e))
     if n_rej and longest:
-        return Bound(float(longest), float(longest), None, True,
+        return LimitBound(float(longest), float(longest), None, True,
                      f"{n_rej:,} requests were rejected; the longest queue seen on a replica was {longest} requests", n_rej)
     if n_rej:
-        return Bound(None, None, None, False, f"{n_rej:,} requests were rejected but queue lengths cannot be rebuilt "
+        return LimitBound(None, None, None, False, f"{n_rej:,} requests were rejected but queue lengths cannot be rebuilt "
                      "without admission stamps and replica names (admitted_ns, replica_group)", n_rej)
-    return Bound(None, float(longest) if longest is not None else None, None, False,
+    return LimitBound(None, float(longest) if longest is not None else None, None, False,
                  "no request was rejected" + (f"; the longest queue seen on a replica was {longest} requests"
                                               if longest is not None else ""), 0)
 
 
 @dataclass(frozen=True)
-class Admission:
-    max_batch: Bound
-    kv_tokens: Bound
+class AdmissionLimits:
+    max_batch: LimitBound
+    kv_tokens: LimitBound
 
 
-def admission_limits(data: StudyData, tl: Timeline, timeout_s: float, *, block_size: int = 16) -> Admission:
+def admission_limits(data: StudyData, tl: IterationTrace, timeout_s: float, *, block_size: int = 16) -> AdmissionLimits:
     """Max running sequences and KV capacity from the timeline (server path)."""
     max_run = int(tl.n_running.max()) if len(tl) else 0
     waited_full = 0
@@ -286,7 +286,7 @@ def admission_limits(data: StudyData, tl: Timeline, timeout_s: float, *, block_s
     # stops admission at varying batch sizes
     full_share = waited_full / waited_any if waited_any else 0.0
     binds = waited_any > 0 and full_share >= MAX_BATCH_SHARE
-    mb = Bound(float(max_run), float(max_run), None, binds,
+    mb = LimitBound(float(max_run), float(max_run), None, binds,
                (f"requests waited in {waited_any:,} decode-only iterations, {full_share:.0%} of them with {max_run} "
                 "sequences running: the batch was full" if binds else
                 f"at most {max_run} sequences ran at once" + (
@@ -299,12 +299,12 @@ def admission_limits(data: StudyData, tl: Timeline, timeout_s: float, *, block_s
         hi = float(np.quantile(blocked, BLOCKED_QUANTILE))
         lo = held_after_admit
         val = lo if lo > hi else 0.5 * (lo + hi)
-        kv = Bound(val, lo, max(lo, hi), True, f"{len(blocked):,} iteration starts where the head of the queue waited "
+        kv = LimitBound(val, lo, max(lo, hi), True, f"{len(blocked):,} iteration starts where the head of the queue waited "
                    f"with room in the batch and no prompt running: the cache was full; the most held after an "
                    f"admission was {lo:,.0f} tokens, the {BLOCKED_QUANTILE:.0%} quantile of held + the waiting prompt "
                    f"{hi:,.0f}", len(blocked))
     else:
-        kv = Bound(None, held_after_admit, None, False,
+        kv = LimitBound(None, held_after_admit, None, False,
                    f"the KV cache never held back a request; at most {held_after_admit:,.0f} tokens were held at once "
                    "on a replica")
-    return Admission(mb, kv)
+    return AdmissionLimits(mb, kv)

@@ -24,7 +24,7 @@ from ..slo import SLO, good_array
 from ..synth.engine import simulate
 from ..synth.events import token_times
 from ..synth.sweep import lognormal_factors
-from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunData
+from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunArrays
 
 METRICS = ("attainment", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "achieved_rps",
            "share_rejected", "share_timed_out")
@@ -48,7 +48,7 @@ class Outcome:
     itl_max_ms: np.ndarray | None = None
 
 
-def measured_outcome(run: RunData, need_itl: bool = False) -> Outcome:
+def measured_outcome(run: RunArrays, need_itl: bool = False) -> Outcome:
     p99 = mx = None
     if need_itl and run.itl_has is not None:
         p99, mx = itl_stats(run.itl_off, run.itl_val, run.itl_has)
@@ -119,12 +119,12 @@ def run_metrics(o: Outcome, slo: SLO, warmup_ns: int) -> dict:
     return out
 
 
-def carried(run: RunData, stall: np.ndarray) -> np.ndarray:
+def carried(run: RunArrays, stall: np.ndarray) -> np.ndarray:
     """Requests whose measured outcome a replay keeps: errors and stalls."""
     return (run.status == ERROR) | stall
 
 
-def run_end_ns(run: RunData, timeout_s: float, stall: np.ndarray | None = None) -> int:
+def run_end_ns(run: RunArrays, timeout_s: float, stall: np.ndarray | None = None) -> int:
     """When a replay stops: where the run was cut (it has unfinished requests that are not
     stalls), else the arrival window + the client timeout."""
     cut = (run.status == CANCELLED)
@@ -137,7 +137,7 @@ def run_end_ns(run: RunData, timeout_s: float, stall: np.ndarray | None = None) 
     return window + int(round(timeout_s * 1e9))
 
 
-def draw_targets(run: RunData, twin: "Twin", rng: np.random.Generator, tenant_names: tuple[str, ...] = ()) -> np.ndarray:
+def draw_targets(run: RunArrays, twin: "Twin", rng: np.random.Generator, tenant_names: tuple[str, ...] = ()) -> np.ndarray:
     """Answer lengths for the replay: completed requests keep theirs; the others draw from the
     twin's output distribution (their tenant's, else the pooled one) above what they got."""
     target = run.out.copy()
@@ -174,7 +174,7 @@ def _conditional_output(dist, got: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.maximum(np.rint(np.interp(uu, lv, q)), got + 1).astype(np.int64)
 
 
-def replay_run(run: RunData, twin: "Twin", slo: SLO, *, keep: np.ndarray, rng: np.random.Generator,
+def replay_run(run: RunArrays, twin: "Twin", slo: SLO, *, keep: np.ndarray, rng: np.random.Generator,
                end_ns: int, tenant_names: tuple[str, ...] = ()) -> Outcome:
     """One replay of ``run`` through ``twin`` (already drawn)."""
     need_itl = slo.itl_ms is not None

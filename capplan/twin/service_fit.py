@@ -27,7 +27,7 @@ from scipy.optimize import nnls
 
 from .. import bootstrap as boot
 from .data import StudyData
-from .timeline import CHUNK, DECODE, PREFILL, Timeline
+from .timeline import CHUNK, DECODE, PREFILL, IterationTrace
 
 MIN_PER_BATCH = 3  # iterations (or requests) needed for a batch size to set a knot
 MIXED_STALL_SHARE = 0.25  # client path: prompts share the batch when each stalls decodes by ≥ this share of its prefill
@@ -248,7 +248,7 @@ def fit_prefill_rows(P: np.ndarray, y_ms: np.ndarray, block: np.ndarray, *, reps
                       float(np.var(y_ms - (a + b * P))), float(np.mean(y_ms)))
 
 
-def server_decode(tl: Timeline, *, reps: int, rng) -> DecodeFit:
+def server_decode(tl: IterationTrace, *, reps: int, rng) -> DecodeFit:
     m = tl.kind == DECODE
     return fit_decode(tl.n_dec[m], tl.dur_ns[m] / 1e6, tl.block[m], reps=reps, rng=rng,
                       how=(f"mean duration of {int(m.sum()):,} decode-only iterations per batch size, rebuilt from "
@@ -257,7 +257,7 @@ def server_decode(tl: Timeline, *, reps: int, rng) -> DecodeFit:
                            "consecutive iterations"))
 
 
-def server_prefill_mixed(tl: Timeline, dec: DecodeFit, *, reps: int, rng,
+def server_prefill_mixed(tl: IterationTrace, dec: DecodeFit, *, reps: int, rng,
                          budget: float | None = None) -> PrefillFit:
     m = tl.kind == PREFILL
     nseq = tl.n_dec[m] + tl.n_first[m]
@@ -274,7 +274,7 @@ def server_prefill_mixed(tl: Timeline, dec: DecodeFit, *, reps: int, rng,
                                  "bootstrap over blocks of iterations"))
 
 
-def server_budget(tl: Timeline, dec: DecodeFit, pf: PrefillFit, *, reps: int, rng):
+def server_budget(tl: IterationTrace, dec: DecodeFit, pf: PrefillFit, *, reps: int, rng):
     """Token budget from iterations that computed one full chunk of a long prompt:
     budget = (iteration − decode step − overhead) / ms per token + decodes. Returns
     (value, ci, n) or None when no such iteration exists (or prefill is free)."""
@@ -479,7 +479,7 @@ class DecodeNoise:
     how: str
 
 
-def decode_noise(tl: Timeline | None, dec: DecodeFit) -> DecodeNoise:
+def decode_noise(tl: IterationTrace | None, dec: DecodeFit) -> DecodeNoise:
     """The noise term: every decode-only iteration (none dropped) against the curve."""
     if tl is None:
         cv = dec.residual_cv if np.isfinite(dec.residual_cv) else 0.0

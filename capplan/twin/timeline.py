@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import RunData, StudyData
+from .data import RunArrays, StudyData
 
 DECODE, PREFILL, CHUNK, OTHER = 0, 1, 2, 3
 BLOCK_ITERATIONS = 400  # iterations per bootstrap block (consecutive on one replica)
 
 
 @dataclass(frozen=True, eq=False)
-class Timeline:
+class IterationTrace:
     """One row per observed iteration of every (run, replica)."""
 
     run: np.ndarray
@@ -70,7 +70,7 @@ class Timeline:
         return int(len(self.kind))
 
 
-def token_stream(run: RunData, idx: np.ndarray):
+def token_stream(run: RunArrays, idx: np.ndarray):
     """(request, time, is_first) of every received token of requests ``idx``, sorted by
     request then time; None when a request with ≥ 2 tokens has no gap list."""
     idx = idx[run.first[idx] >= 0]
@@ -151,7 +151,7 @@ def _group_span_ns(t: np.ndarray, cid: np.ndarray, m: int) -> np.ndarray:
     return hi - lo
 
 
-def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout_ns: int):
+def _replica(run: RunArrays, idx: np.ndarray, tol_ns: int, separate: bool, timeout_ns: int):
     ts = token_stream(run, idx)
     if ts is None:
         return None
@@ -283,7 +283,7 @@ def _replica(run: RunData, idx: np.ndarray, tol_ns: int, separate: bool, timeout
                 n_sharing=n_sharing, coherence_dec=coherence_dec, tol_ns=tol_ns, burst_share=burst_share)
 
 
-def _active_count(run: RunData, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
+def _active_count(run: RunArrays, idx: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Requests of ``idx`` with first token < t ≤ last token, at each time t."""
     f = run.first[idx]
     l_ = run.last[idx]
@@ -310,7 +310,7 @@ def _first_token_groups(cid, rid, is_first, stamp, inp):
 
 
 def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool = False,
-                   runs: tuple[int, ...] | None = None, timeout_s: float = 60.0) -> Timeline | None:
+                   runs: tuple[int, ...] | None = None, timeout_s: float = 60.0) -> IterationTrace | None:
     """Iterations of every (run, replica) whose stamps allow it; None when no replica does
     (no gap lists, or several replicas without ``replica_group``). ``timeout_s``: how long a
     prompt that never produced a token stayed in the batch (the client timeout). ``tol_ns``:
@@ -359,7 +359,7 @@ def build_timeline(data: StudyData, *, tol_ns: int | None = None, separate: bool
     if not parts:
         return None
     cat = lambda k: np.concatenate([p[3][k] for p in parts])  # noqa: E731
-    return Timeline(
+    return IterationTrace(
         run=np.concatenate([np.full(len(p[3]["end"]), p[0]) for p in parts]),
         replica=np.concatenate([np.full(len(p[3]["end"]), p[1]) for p in parts]),
         block=np.concatenate([p[2] for p in parts]),

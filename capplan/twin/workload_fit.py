@@ -17,7 +17,7 @@ from scipy.stats import rankdata
 
 from ..synth.config import ArrivalSpec, Tenant
 from ..synth.lengths import LengthDist
-from .data import OK, REJECTED, TIMEOUT, CANCELLED, RunData, StudyData
+from .data import OK, REJECTED, TIMEOUT, CANCELLED, RunArrays, StudyData
 from .limits_fit import stall_masks
 from .params import Workload
 
@@ -56,7 +56,7 @@ def arrival_stats(sched: np.ndarray) -> dict:
     return {"cv": cv, "dispersion": disp}
 
 
-def length_pool(data: StudyData, wait_s: float) -> tuple[list[RunData], str]:
+def length_pool(data: StudyData, wait_s: float) -> tuple[list[RunArrays], str]:
     """The runs whose completed requests give the length tables, and a note when the pool had
     to include runs with load-related failures. Runs where at most 1 % of the requests timed
     out, were rejected or cancelled (stalls, which the server causes whatever the load, do not
