@@ -164,11 +164,11 @@ def test_out_dir_with_other_files_is_refused(tmp_path, make_study, capsys):
     out.mkdir()
     (out / "thesis.tex").write_text("precious", encoding="utf-8")
     assert main(["report", str(study), "--out", str(out)]) == 2
-    assert "would replace it" in capsys.readouterr().err
+    assert "refusing to replace it" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["thesis.tex"]
     (tmp_path / "afile").write_text("x", encoding="utf-8")
     assert main(["report", str(study), "--out", str(tmp_path / "afile")]) == 2
-    assert "not a directory" in capsys.readouterr().err
+    assert "is a file, not a folder" in capsys.readouterr().err
 
 
 def test_bad_slo_and_reps_exit_2(tmp_path, make_study, capsys):
