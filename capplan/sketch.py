@@ -12,7 +12,8 @@ bucket**: a rank that lands a fraction f into bucket k reads ``γ^(k−1+f)``. W
 quantiles snap to bucket values and the replicate spread inflates
 (docs/statistics.md#log-bucket-histograms).
 
-The SQL form of the key (``key_sql``) lives here too so that the reduction and numpy agree.
+The SQL form of the key is ``reduce.sql.key_sql``, with the same clamp (``MIN_VALUE``) and
+epsilon (``KEY_EPS``), so that the reduction and numpy agree.
 """
 
 from __future__ import annotations
@@ -40,11 +41,6 @@ def keys(x, alpha: float = DEFAULT_ALPHA) -> np.ndarray:
     """Bucket key ceil(ln x / ln γ) of each value (values below MIN_VALUE are clamped)."""
     x = np.maximum(np.asarray(x, dtype=np.float64), MIN_VALUE)
     return np.ceil(np.log(x) / math.log(gamma_of(alpha)) - KEY_EPS).astype(np.int64)
-
-
-def key_sql(column: str) -> str:
-    """SQL for the bucket key of ``column``; ``?`` is bound to ln γ. Same clamp as ``keys``."""
-    return f"CAST(ceil(ln(greatest({column}, {MIN_VALUE!r})) / ? - {KEY_EPS!r}) AS BIGINT)"
 
 
 def bucket_value(k, alpha: float = DEFAULT_ALPHA) -> np.ndarray:

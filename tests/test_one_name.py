@@ -23,14 +23,7 @@ BY_PACKAGE = {
 }
 
 #: name → (the exact modules that define it, why it is allowed)
-SAME_MEANING = {
-    "bucket_labels": ({"capplan.mix.target", "capplan.reduce.units"},
-                      "the same labels of length buckets written twice: to merge, not rename"),
-    "cells_for": ({"capplan.compare.sides", "capplan.mix.reweight"},
-                  "the reduction's Cells, for a comparison's sides and for a target's buckets"),
-    "key_sql": ({"capplan.reduce.sql", "capplan.sketch"},
-                "the SQL of sketch.keys, in the reduction's and the sketch's form: to merge"),
-}
+SAME_MEANING: dict[str, tuple[set[str], str]] = {}
 
 
 def public_definitions(root: Path = ROOT) -> dict[str, set[str]]:

@@ -75,8 +75,11 @@ def test_sql_key_matches_numpy():
     x = np.concatenate([rng.lognormal(3, 2, 2000), [0.0, 1e-6, 1.0, 2000.0]])
     con = duckdb.connect()
     con.register("t", {"v": x})
+    from capplan.reduce.sql import key_sql  # the reduction's SQL form of sketch.keys
+
     ln_g = math.log(sketch.gamma_of(0.005))
-    k_sql = con.execute(f"SELECT {sketch.key_sql('v')} FROM t", [ln_g]).fetchnumpy()
+    k_min = int(sketch.keys(np.array([sketch.MIN_VALUE]), 0.005)[0])
+    k_sql = con.execute(f"SELECT {key_sql('v', 'BIGINT')} FROM t", [k_min, ln_g]).fetchnumpy()
     col = next(iter(k_sql.values()))
     assert np.array_equal(np.asarray(col, dtype=np.int64), sketch.keys(x, 0.005))
 

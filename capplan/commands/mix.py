@@ -46,7 +46,7 @@ def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, dro
         confidence, reps, seed, scheme, warmup, twin_path, twin_runs, twin_draws, out) -> int:
     """C_SLO at a production mix (reweighting the tested per-cell attainment)."""
     from ..mix import Buckets, load_target, parse_edges
-    from ..mix.reweight import MIN_CELL_REQUESTS, cells_for, fit_mix
+    from ..mix.reweight import MIN_CELL_REQUESTS, target_cells, fit_mix
     from ..reduce import reduce_study
     from ..slo import SLO
     from ..study import open_study
@@ -83,7 +83,7 @@ def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, dro
         w = warmup
     st = open_study(study)
     first = next(iter(targets.values()))
-    stats = reduce_study(st, slo, warmup=w, cells=cells_for(first.buckets))
+    stats = reduce_study(st, slo, warmup=w, cells=target_cells(first.buckets))
     results, twins = {}, {}
     for p, tg in targets.items():
         m = fit_mix(st, slo, tg, confidence=confidence, reps=reps, seed=seed, scheme=scheme, stats=stats,

@@ -19,7 +19,7 @@ from .fairness import fairness_rows, fairness_table
 from .gates import confidence_arg, load_gates
 from .result import Comparison
 from .sampling import draws, repeated
-from .sides import arrays, cell_union, cells_for, largest_and_median, open_side, reduce_sides
+from .sides import arrays, cell_union, comparison_cells, largest_and_median, open_side, reduce_sides
 from .workload import check_slo, check_workload, detect_pairing, match_runs
 
 
@@ -69,7 +69,7 @@ def compare(baseline, candidate, slo, *, gates=None, confidence: float | None = 
         split_in = median([b.offered.input_tokens])
     if split_out is None:
         split_out = largest_and_median(b, out_col)[1]
-    reduce_sides(b, c, slo, cells_for(in_edges, out_edges, out_col, (split_in, split_out),
+    reduce_sides(b, c, slo, comparison_cells(in_edges, out_edges, out_col, (split_in, split_out),
                                       b.has_itl and c.has_itl))
 
     envs = []

@@ -180,7 +180,7 @@ def energy_per_good(side: Side, slo: SLO, levels: set[float]) -> tuple[float, st
     return e / g, "; ".join(facts.notes)
 
 
-def cells_for(in_edges, out_edges, out_col: str, split: tuple[float, float],
+def comparison_cells(in_edges, out_edges, out_col: str, split: tuple[float, float],
               has_itl: bool) -> Cells:
     """The comparison's cells: both length buckets, the quadrant, tenant and SLO class, with
     per-(unit, cell) histograms of TTFT, TPOT and (when recorded) the per-request ITL."""

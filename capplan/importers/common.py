@@ -21,7 +21,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from .. import contract as C
 from ..errors import StudyError
-from ..io import check_out as io_check_out, events_table, manifest_dict, write_study
+from ..io import check_out, events_table, manifest_dict, write_study
 
 #: event columns whose values are times on the run's clock (re-based together)
 TIME_COLUMNS = ("scheduled_ns", "sent_ns", "first_token_ns", "last_token_ns", "admitted_ns",
@@ -688,7 +688,7 @@ def _table(cols: dict, run: RunData) -> pa.Table:
 def check_study_out(out: str | os.PathLike, inputs: list[str] = ()) -> Path:
     """Refuse an output path whose replacement would destroy data: an existing file, a
     non-empty directory that is not a study, or a folder holding the inputs."""
-    dest = io_check_out(out, C.MANIFEST_NAME, "study")
+    dest = check_out(out, C.MANIFEST_NAME, "study")
     d = dest.resolve()
     for p in inputs:
         q = Path(p).resolve()

@@ -71,7 +71,7 @@ class MixModel:
         from ..plan import load_plan_spec
         from ..reduce import reduce_study
         from .classes import fit_classes
-        from .reweight import cells_for, fit_mix
+        from .reweight import target_cells, fit_mix
 
         study = open_study(study) if not hasattr(study, "manifest") else study
         spec = load_plan_spec(spec)
@@ -83,7 +83,7 @@ class MixModel:
                   confidence=c.confidence if confidence is None else confidence)
         stats = mixfit = classfit = None
         if target is not None:
-            stats = reduce_study(study, slo, cells=cells_for(target.buckets))
+            stats = reduce_study(study, slo, cells=target_cells(target.buckets))
             mixfit = fit_mix(study, slo, target, stats=stats, **kw)
         classes = classes if classes is not None else spec.slo_classes
         if classes is not None:

@@ -43,7 +43,7 @@ MIN_RUN_REQUESTS = 5     # … and this many in every usable run
 _SEED_MIX = 1_000_016    # stream id of the Beta-floor draws (apart from the envelope's streams)
 
 
-def cells_for(buckets: Buckets) -> Cells:
+def target_cells(buckets: Buckets) -> Cells:
     """The reduction's cell dimensions for a target's buckets."""
     return Cells(input_edges=buckets.input_edges, output_edges=buckets.output_edges,
                  tenant=buckets.tenant, slo_class=buckets.slo_class, hist=())
@@ -219,11 +219,11 @@ def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: in
         st = study if isinstance(study, Study) else open_study(study)
         if st.manifest.load_model == "closed":
             raise SpecError("reweighting needs an open-loop sweep (offered rates); this study is closed-loop")
-        stats = reduce_study(st, slo, warmup=warmup, cells=cells_for(target.buckets))
+        stats = reduce_study(st, slo, warmup=warmup, cells=target_cells(target.buckets))
     if stats.cell_index is None or list(c for c in stats.cell_index.columns if c in target.buckets.dims) \
             != list(target.buckets.dims):
         raise SpecError("the reduced statistics do not have the target's cells",
-                        fix="reduce with cells=capplan.mix.reweight.cells_for(target.buckets)")
+                        fix="reduce with cells=capplan.mix.reweight.target_cells(target.buckets)")
     # the tested mix is the headline envelope (``method``: run-effect by default, so both fits
     # carry the between-run variation and an honesty verdict; docs/mix.md, "Coverage")
     base = fit_from_stats(stats, slo, confidence=confidence, reps=reps, seed=seed, scheme=scheme_obj,

@@ -26,7 +26,7 @@ import pandas as pd
 
 from .. import spec as S
 from ..errors import SpecError
-from ..reduce import NONE_LABEL
+from ..reduce import NONE_LABEL, bucket_labels
 
 #: cell dimensions in the order the reduction writes them
 DIMS = ("input_bucket", "output_bucket", "tenant", "slo_class")
@@ -41,14 +41,6 @@ _ALIASES = {
     "tenant": ("tenant",),
     "slo_class": ("slo_class",),
 }
-
-
-def bucket_labels(edges) -> list[str]:
-    """Readable bucket names for ``edges``: <a, a–b, …, ≥z (index = edges ≤ value)."""
-    if not edges:
-        return ["all"]
-    return ([f"<{edges[0]:g}"] + [f"{a:g}–{b:g}" for a, b in zip(edges, edges[1:])]
-            + [f"≥{edges[-1]:g}"])
 
 
 @dataclass(frozen=True)
