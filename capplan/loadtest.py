@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import CapplanError, SpecError, StudyError
+from .present import fmt_num, fmt_pct
 
 FORMAT = "capplan-loadtest/1"
 RECORD = "loadtest.json"
@@ -159,8 +160,8 @@ class Bound:
         return (e - lb) / e if e == e and lb == lb and e > 0 else math.nan
 
     def to_text(self) -> str:
-        return (f"estimate {_f(self.estimate)} req/s, lower bound {_f(self.lower_bound)} "
-                f"({self.honesty}, gap {_pct(self.gap_rel)})")
+        return (f"estimate {fmt_num(self.estimate)} req/s, lower bound {fmt_num(self.lower_bound)} "
+                f"({self.honesty}, gap {fmt_pct(self.gap_rel)})")
 
 
 @dataclass(frozen=True)
@@ -231,14 +232,6 @@ class LoadtestResult:
             lines += [f"  note: {t}" for t in r.notes]
         lines.append(f"study: {self.study}")
         return "\n".join(lines)
-
-
-def _f(v) -> str:
-    return "—" if v is None or v != v else f"{v:.4g}"
-
-
-def _pct(v) -> str:
-    return "—" if v != v else f"{100 * v:.1f} %"
 
 
 def _record_dict(target, spec, rounds, runs, stop=None, study="") -> dict:
@@ -658,8 +651,8 @@ def _stop(target, st: _State, spec: Spec, env, b: Bound, k: int, out: Path, stud
     minutes, requests = _spent(st)
     gap_ok = b.gap_rel == b.gap_rel and b.gap_rel <= spec.tolerance
     if b.honesty == "honest" and gap_ok:
-        return ("honest", f"the lower bound is honest and {_pct(b.gap_rel)} below the estimate "
-                          f"(tolerance {_pct(spec.tolerance)})", "")
+        return ("honest", f"the lower bound is honest and {fmt_pct(b.gap_rel)} below the estimate "
+                          f"(tolerance {fmt_pct(spec.tolerance)})", "")
     missing = _missing(env, b, spec)
     if k >= spec.max_rounds:
         return ("rounds", f"{spec.max_rounds} design rounds done", missing)
@@ -735,8 +728,8 @@ def _missing(env, b: Bound, spec: Spec) -> str:
         add = "; ".join(r.describe() for r in h.runs_to_add)
         return (f"the bound is {h.status}" + (f": {'; '.join(h.reasons)}" if h.reasons else "")
                 + (f" — runs to add: {add}" if add else ""))
-    return (f"the bound is honest but {_pct(b.gap_rel)} below the estimate, more than the "
-            f"tolerance {_pct(spec.tolerance)}: more runs near the estimate narrow it "
+    return (f"the bound is honest but {fmt_pct(b.gap_rel)} below the estimate, more than the "
+            f"tolerance {fmt_pct(spec.tolerance)}: more runs near the estimate narrow it "
             "(capplan design STUDY says which)")
 
 

@@ -104,6 +104,8 @@ NOT_COVERED = {
     "PolicyComparison": "needs twin simulations (tests/test_twin_policies.py)",
     "Twin": "needs a twin fit (tests/test_twin_fit.py)",
     "PDSweep": "needs twin simulations (tests/test_twin_pd.py)",
+    "LoadtestResult": "needs a load-test loop (tests/test_loadtest.py); its rounds print through Bound",
+    "ProbeResult": "the probe's counts and times: no value that can be missing",
 }
 
 
@@ -172,8 +174,16 @@ def _kv(demo, envelope):
     return kv_budget("llama-3.1-70b", "h100-80gb", 4, context_tokens=8192), False
 
 
+def _bound(demo, envelope):
+    from capplan.loadtest import Bound
+
+    nan = float("nan")
+    return Bound(nan, nan, nan, nan, "unsupported"), True  # a round whose fit gave no crossing
+
+
 #: class name → builder(demo, envelope) → (instance, whether it holds a missing value)
 COVERED = {
+    "Bound": _bound,
     "RunSummary": _run_summary,
     "Timeline": _timeline,
     "Envelope": _envelope,
