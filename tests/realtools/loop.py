@@ -12,13 +12,40 @@ benchmarks/loop_realtools.py make: ``loop(tool, ...)`` builds the workload, the 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from capplan.errors import CapplanError
-from capplan.loadtest import LoadtestResult, Spec, ToolTarget, run_loadtest
+from capplan.loadtest import LoadtestResult, Spec, ToolTarget, run_in_group, run_loadtest
 
 
 class LoopError(RuntimeError):
     pass
+
+
+def run_line(line: str, *, peers_bin: str, cwd: str, timeout_s: float = 600.0) -> int:
+    """Run one printed command exactly as printed (``bash -c``, in its own process group as
+    ``capplan loadtest`` runs it); the only change to the environment is the peer-tools venv's
+    bin directory (and the interpreter running capplan, for printed ``capplan`` lines) first
+    on PATH. Used by the real-engine test and benchmarks/twin_realtools.py."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([peers_bin, str(Path(sys.executable).parent), env.get("PATH", "")])
+    rc, tail = run_in_group(["bash", "-c", line], cwd=cwd, env=env, timeout_s=timeout_s)
+    if rc != 0:
+        raise LoopError(f"exit {rc}: {line}\n--- output\n{tail}")
+    return rc
+
+
+def _capplan(*args: str, cwd: str) -> subprocess.CompletedProcess:
+    """`capplan ARGS` as a user types it (the console script beside this interpreter)."""
+    exe = Path(sys.executable).parent / "capplan"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "capplan"]
+    p = subprocess.run(cmd + list(args), cwd=cwd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise LoopError(f"capplan {' '.join(args)} exited {p.returncode}\n{p.stdout[-3000:]}\n"
+                        f"{p.stderr[-3000:]}")
+    return p
 
 
 def workload(*, prompt_tokens: int, output_tokens: int, tokenizer: str, grace_s: float,
