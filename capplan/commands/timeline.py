@@ -49,6 +49,10 @@ def cmd(study, run, window, slo_text, recover_windows, pre_s, capacity_rps, sile
     from ..timeline import StepRule, analyse_timeline
     from ..validate import open_checked
 
+    if out:
+        from ..io import check_out
+
+        check_out(out, "timeline.txt", "timeline export")  # before the work: a bad --out fails fast
     try:
         window = float(window)  # bare seconds
     except ValueError:
