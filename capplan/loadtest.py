@@ -274,14 +274,19 @@ def probe(url: str, *, model: str, workload: dict, requests: int = 3,
     """A few single requests, one after the other, before any load: the endpoint answers
     (HTTP 200) with the asked output length (``usage.completion_tokens``). Raises ProbeError
     with the reason otherwise."""
-    asked = (workload.get("asked") or {})
-    out_tokens = int(asked.get("output_tokens") or _p50(workload.get("output_tokens")) or 16)
-    in_tokens = int(asked.get("input_tokens") or _p50(workload.get("input_tokens")) or 16)
-    chat = str(workload.get("endpoint", "chat")) == "chat"
+    from .loadtools import ManifestWorkload
+
+    wl = ManifestWorkload.parse(workload)  # the reading design's commands use: endpoint, ignore_eos
+    if wl.asked_out is None:
+        raise SpecError("the workload names no asked output length, so the probe cannot check it",
+                        field="asked.output_tokens", fix="asked: {input_tokens: 64, output_tokens: 32}")
+    out_tokens = wl.asked_out
+    in_tokens = int(wl.inp.value or round(wl.inp.mean) or 16)  # the probe prompt's length only
+    chat = wl.endpoint == "chat"
     path = "/v1/chat/completions" if chat else "/v1/completions"
     prompt = " ".join(["hello"] * max(in_tokens, 1))
     body = {"model": model, "max_tokens": out_tokens, "stream": False}
-    if workload.get("output_fixed", True):
+    if wl.output_fixed:
         body["ignore_eos"] = True
     body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     data = json.dumps(body).encode()
@@ -310,10 +315,6 @@ def probe(url: str, *, model: str, workload: dict, requests: int = 3,
             raise ProbeError(f"{full} answered with {got} output tokens, {out_tokens} were asked "
                              "(max_tokens, ignore_eos): runs would not measure the workload")
     return ProbeResult(requests, out_tokens, tuple(took))
-
-
-def _p50(s) -> float | None:
-    return s.get("p50") if isinstance(s, dict) else None
 
 
 # ------------------------------------------------------------------------------ targets
