@@ -233,6 +233,13 @@ class LoadtestResult:
         lines.append(f"study: {self.study}")
         return "\n".join(lines)
 
+    def figure(self):
+        """The estimate, its interval and the lower bound after each round, against the
+        load-test minutes spent (what ``LiveChart`` draws while the test runs)."""
+        import plotly.graph_objects as go
+
+        return go.Figure(rounds_figure_dict(self.rounds, self.runs, self.spec.tolerance))
+
 
 def _record_dict(target, spec, rounds, runs, stop=None, study="") -> dict:
     return {"format": FORMAT, "target": target, "study": study, "spec": spec.to_dict(),
@@ -254,6 +261,32 @@ def load_record(path: str | os.PathLike) -> dict:
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise SpecError(f"not a capplan load-test record (format {FORMAT})", file=str(p))
     return d
+
+
+def read_workload(path: str | os.PathLike) -> dict:
+    """The workload a tool target sends (a YAML mapping, or a study.yaml's ``workload``); it
+    must name the asked output length, which the probe checks the server answers with."""
+    import yaml
+
+    path = str(path)
+    try:
+        raw = yaml.safe_load(open(path, encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"cannot read the workload file: {exc.strerror}", file=path,
+                        field="--workload") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"the workload file is not valid YAML: {exc}", file=path) from None
+    if isinstance(raw, dict) and isinstance(raw.get("workload"), dict):
+        raw = raw["workload"]  # a study.yaml: its workload mapping
+    if not isinstance(raw, dict):
+        raise SpecError("the workload file must be a mapping (a study manifest's workload)",
+                        file=path, fix="docs/loadtest.md shows one")
+    asked = raw.get("asked") if isinstance(raw.get("asked"), dict) else {}
+    if not isinstance(asked.get("output_tokens"), int) or asked["output_tokens"] < 1:
+        raise SpecError("the workload names no asked output length", file=path,
+                        field="asked.output_tokens",
+                        fix="asked: {input_tokens: 64, output_tokens: 32}")
+    return raw
 
 
 # ------------------------------------------------------------------------------ the probe
@@ -743,6 +776,70 @@ def _finish(st: _State, spec: Spec, study: str, out: Path, stop: str, reason: st
     return res
 
 
+# ------------------------------------------------------------------------------ the chart
+
+def rounds_figure_dict(rounds, runs, tolerance: float) -> dict:
+    """A plotly figure (as a dict) of each fitted round: x = load-test minutes spent when it was
+    fitted, the estimate with its interval, the lower bound (filled when honest), and the stop
+    rule's line (the estimate less the tolerance) the bound must reach."""
+    xs, est, lo, hi, lb, label, honest = [], [], [], [], [], [], []
+    for r in rounds:
+        if r.obtained is None:
+            continue
+        b = r.obtained
+        xs.append(round(sum(x.minutes for x in runs
+                            if x.round <= r.index and x.state != "planned"), 3))
+        est.append(b.estimate)
+        lo.append(b.estimate - b.ci_low if b.ci_low == b.ci_low else None)
+        hi.append(b.ci_high - b.estimate if b.ci_high == b.ci_high else None)
+        lb.append(b.lower_bound)
+        honest.append(b.honesty == "honest")
+        label.append(f"round {r.index}: {b.to_text()}")
+    goal = [e * (1.0 - tolerance) for e in est]
+    return {"data": [
+        {"type": "scatter", "x": xs, "y": est, "name": "estimate (interval)",
+         "mode": "lines+markers", "text": label, "hoverinfo": "text",
+         "error_y": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo}},
+        {"type": "scatter", "x": xs, "y": lb, "name": "lower bound (filled: honest)",
+         "mode": "lines+markers", "text": label, "hoverinfo": "text",
+         "marker": {"symbol": ["circle" if h else "circle-open" for h in honest], "size": 10}},
+        {"type": "scatter", "x": xs, "y": goal, "name": f"stop line: estimate − {tolerance:.0%}",
+         "mode": "lines", "line": {"dash": "dot"}, "hoverinfo": "skip"}],
+        "layout": {"title": {"text": "capplan loadtest: C_SLO after each round"},
+                   "xaxis": {"title": {"text": "load-test minutes spent"}},
+                   "yaxis": {"title": {"text": "C_SLO (req/s)"}}, "height": 380}}
+
+
+class LiveChart:
+    """What a planner watches in a notebook while ``run_loadtest`` works: pass it as
+    ``on_event``. It prints each progress line and, after each fit, redraws ``widget`` (a plotly
+    ``FigureWidget``) from the record the loop has just written to ``out_dir``."""
+
+    def __init__(self, out_dir: str | os.PathLike, *, tolerance: float = 0.15,
+                 echo: bool = True):
+        import plotly.graph_objects as go
+
+        self.out = Path(out_dir)
+        self.echo = echo
+        self.tolerance = tolerance
+        self.fits = 0
+        self.widget = go.FigureWidget(rounds_figure_dict((), (), tolerance))
+
+    def __call__(self, kind: str, line: str) -> None:
+        if self.echo:
+            print(f"[{kind}] {line}", flush=True)
+        if kind not in ("fit", "stop") or not (self.out / RECORD).is_file():
+            return
+        d = load_record(self.out / RECORD)
+        fig = rounds_figure_dict([_round(r) for r in d["rounds"]],
+                                 [RunRecord(**r) for r in d["runs"]], self.tolerance)
+        with self.widget.batch_update():
+            for trace, new in zip(self.widget.data, fig["data"]):
+                trace.update({k: v for k, v in new.items() if k != "type"})
+        self.fits = len(self.widget.data[0].x)
+
+
 __all__ = ["Spec", "RunRecord", "Bound", "Round", "LoadtestResult", "ToolTarget", "SynthTarget",
            "probe", "ProbeResult", "ProbeError", "InterruptedLoadtest", "run_loadtest",
-           "run_in_group", "stop_group", "load_record"]
+           "run_in_group", "stop_group", "load_record", "LiveChart", "rounds_figure_dict",
+           "read_workload"]

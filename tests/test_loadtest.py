@@ -20,8 +20,9 @@ import pytest
 from capplan.cli import main
 from capplan.twin import load_system
 from capplan.errors import SpecError
-from capplan.loadtest import (Bound, InterruptedLoadtest, Spec, SynthTarget, load_record,
-                              run_in_group, run_loadtest)
+from capplan.loadtest import (Bound, InterruptedLoadtest, LiveChart, Round, RunRecord, Spec,
+                              SynthTarget, load_record, rounds_figure_dict, run_in_group,
+                              run_loadtest)
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "synth_small_sweep.yaml"
@@ -268,3 +269,50 @@ def test_a_real_sigint_to_the_command_keeps_the_finished_runs(tmp_path):
     assert "interrupted" in rest and "--resume" in rest
     rec = load_record(out / "loadtest.json")
     assert sum(r["state"] == "imported" for r in rec["runs"]) >= 4
+
+
+# ------------------------------------------------------------------------------ the chart
+
+
+def test_rounds_figure_by_hand():
+    """Minutes at each fit are the runs sent up to that round; the interval is drawn as error
+    bars around the estimate; a hollow marker is a bound that is not honest; the stop line is
+    the estimate less the tolerance."""
+    runs = [RunRecord(0, i, r, 300.0, 0.0, i, f"r{i}", "coarse", state="imported")
+            for i, r in enumerate((1.0, 2.0, 3.0))]
+    runs += [RunRecord(1, 3, 2.5, 600.0, 0.0, 3, "r3", "design", state="imported"),
+             RunRecord(2, 4, 2.6, 300.0, 0.0, 4, "r4", "design")]  # planned: not counted
+    rounds = [Round(0, "coarse sweep", 15.0, None, Bound(2.8, 2.2, 2.4, 3.1, "unsupported", 3)),
+              Round(1, "design", 10.0, None, Bound(2.6, 2.3, 2.35, 2.9, "honest", 4)),
+              Round(2, "design", 5.0, None, None)]
+    fig = rounds_figure_dict(rounds, runs, 0.15)
+    est, lb, goal = fig["data"]
+    assert est["x"] == [15.0, 25.0] and lb["x"] == [15.0, 25.0]
+    assert est["y"] == [2.8, 2.6] and lb["y"] == [2.2, 2.3]
+    assert est["error_y"]["array"] == pytest.approx([0.3, 0.3])
+    assert est["error_y"]["arrayminus"] == pytest.approx([0.4, 0.25])
+    assert lb["marker"]["symbol"] == ["circle-open", "circle"]
+    assert goal["y"] == pytest.approx([2.8 * 0.85, 2.6 * 0.85])
+
+
+def test_live_chart_is_redrawn_after_each_fit(tmp_path):
+    """``LiveChart`` as ``on_event``: after each fit its widget holds one more point, read from
+    the record the loop has just written; at the end it is the result's own figure."""
+    out = tmp_path / "lt"
+    chart = LiveChart(out, echo=False)
+    seen = []
+
+    def hook(kind, line):
+        chart(kind, line)
+        if kind == "fit":
+            seen.append(list(chart.widget.data[0].y))
+
+    res = run_loadtest(SynthTarget(load_system(MODEL), seed=1),
+                       _spec(reps=60, design_reps=30, budget_minutes=40.0), out, on_event=hook)
+    fitted = [r.obtained.estimate for r in res.rounds if r.obtained is not None]
+    assert len(seen) == len(fitted) >= 2
+    assert [len(s) for s in seen] == list(range(1, len(fitted) + 1))
+    assert seen[-1] == fitted and chart.fits == len(fitted)
+    final = res.figure()
+    assert list(final.data[1].y) == list(chart.widget.data[1].y)
+    assert list(final.data[0].x) == list(chart.widget.data[0].x)

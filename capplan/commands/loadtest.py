@@ -27,31 +27,6 @@ def _rates(text: str | None) -> tuple[float, ...]:
                         field="--rates", fix="e.g. --rates 4,8,12,16") from None
 
 
-def _workload(path: str) -> dict:
-    import yaml
-
-    from ..errors import SpecError
-
-    try:
-        raw = yaml.safe_load(open(path, encoding="utf-8"))
-    except OSError as exc:
-        raise SpecError(f"cannot read the workload file: {exc.strerror}", file=path,
-                        field="--workload") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"the workload file is not valid YAML: {exc}", file=path) from None
-    if isinstance(raw, dict) and isinstance(raw.get("workload"), dict):
-        raw = raw["workload"]  # a study.yaml: its workload mapping
-    if not isinstance(raw, dict):
-        raise SpecError("the workload file must be a mapping (a study manifest's workload)",
-                        file=path, fix="docs/loadtest.md shows one")
-    asked = raw.get("asked") if isinstance(raw.get("asked"), dict) else {}
-    if not isinstance(asked.get("output_tokens"), int) or asked["output_tokens"] < 1:
-        raise SpecError("the workload names no asked output length", file=path,
-                        field="asked.output_tokens",
-                        fix="asked: {input_tokens: 64, output_tokens: 32}")
-    return raw
-
-
 @click.command("loadtest")
 @click.option("--tool", type=click.Choice(["aiperf", "guidellm", "vllm"]), default=None,
               help="the load tool to drive (on PATH)")
@@ -98,7 +73,7 @@ def cmd(tool, url, model_name, tokenizer, workload_path, synth_path, slo_text, r
       capplan loadtest --synth model.yaml --slo ttft_ms=2000,tpot_ms=100,attainment=0.99 --out lt
     """
     from ..errors import SpecError
-    from ..loadtest import Spec, SynthTarget, ToolTarget, run_loadtest
+    from ..loadtest import Spec, SynthTarget, ToolTarget, read_workload, run_loadtest
 
     if bool(synth_path) == bool(tool):
         raise SpecError("give exactly one of --tool (a server) and --synth (a model)",
@@ -119,7 +94,7 @@ def cmd(tool, url, model_name, tokenizer, workload_path, synth_path, slo_text, r
             raise SpecError(f"--tool needs {', '.join(missing)}", field=missing[0],
                             fix="capplan loadtest --tool aiperf --url URL --model NAME "
                                 "--workload workload.yaml --rates 4,8,12 ...")
-        target = ToolTarget(tool, url=url, model=model_name, workload=_workload(workload_path),
+        target = ToolTarget(tool, url=url, model=model_name, workload=read_workload(workload_path),
                             tokenizer=tokenizer)
         rates = _rates(rates_text)
         dur = duration_s or 60.0
