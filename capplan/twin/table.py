@@ -127,16 +127,16 @@ class ScenarioTable:
             return self.rows
         if what == "detail" and self.detail is not None:
             return self.detail
-        raise ValueError(f"{self.kind} table has no {what!r} frame (rows" + (", detail" if self.detail is not None
-                                                                           else "") + ")")
+        have = "rows, detail" if self.detail is not None else "rows"
+        raise ValueError(f"the {self.kind} table has no {what!r} frame (it has {have})")
 
     def display_frame(self, what: str = "rows") -> pd.DataFrame:
         """The table for people: the layout's headers, numbers left as numbers (the report's
         styler formats them), derived text through the kit."""
+        df = self._frame(what)
         headers = self.layout.headers if what == "rows" else self.layout.detail_headers
-        recs = self._frame(what).to_dict("records")
-        return pd.DataFrame({h: (self._frame(what)[src] if "{" not in src else [_cell(src, r) for r in recs])
-                             for h, src in headers})
+        recs = df.to_dict("records")
+        return pd.DataFrame({h: df[src] if "{" not in src else [_cell(src, r) for r in recs] for h, src in headers})
 
     def to_text(self) -> str:
         lay = self.layout
