@@ -289,7 +289,8 @@ def bench_policies(workers: int) -> dict:
     print(f"\nC_SLO of the replica: {cap.estimate:.3g} req/s [{cap.ci_low:.3g}, {cap.ci_high:.3g}]")
     pc = compare_policies(cfg, slo, rate=2 * cap.estimate, duration_s=1200, policies={
         "FIFO": {}, "VTC fair queuing": {"scheduling": {"policy": "vtc"}},
-        "priority, aging 30 s": {"scheduling": {"policy": "priority", "priorities": {"light": 0, "heavy": 1}, "aging_s": 30}},
+        "priority, aging 30 s": {"scheduling": {"policy": "priority", "priorities": {"light": 0, "heavy": 1},
+                                                "aging_s": 30}},
         "priority, aging 300 s": {"scheduling": {"policy": "priority", "priorities": {"light": 0, "heavy": 1},
                                                  "aging_s": 300}}})
     rows = []

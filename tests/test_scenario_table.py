@@ -77,9 +77,9 @@ def test_cache_and_policy_lines_match_the_old_fstrings():
     t = ScenarioTable("policies", S, pd.DataFrame([p]), POLICIES_LAYOUT, detail=pd.DataFrame(ten), rate_rps=8.0)
     lines = t.to_text().splitlines()
     assert lines[0] == f"Policies at 8 req/s (SLO {S})"
-    assert lines[1] == ("                    FIFO: goodput 7.32 req/s, attainment 0.963, rejected 0.0%, timed out 0.1%; "
+    assert lines[1] == (" " * 20 + "FIFO: goodput 7.32 req/s, attainment 0.963, rejected 0.0%, timed out 0.1%; "
                         "Jain 1.000, largest deviation +0.000")
-    assert lines[2] == "                          acme: attainment 0.963 of 1,437 offered; service share 0.590 (fair 0.590)"
+    assert lines[2] == " " * 26 + "acme: attainment 0.963 of 1,437 offered; service share 0.590 (fair 0.590)"
     assert t.display_frame("detail")["TTFT p99 (ms)"].isna().all()  # raw: the styler prints the mark
     with pytest.raises(ValueError, match="no 'detail' frame"):
         _pd().display_frame("detail")

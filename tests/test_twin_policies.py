@@ -12,7 +12,6 @@ import pytest
 from capplan.cache import cache_timeline
 from capplan.errors import SpecError
 from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.policy import PolicySpec
 from capplan.synth.prefix import PrefixCacheSpec
 from capplan.synth.sweep import generate_study
 from capplan.twin import compare_policies, config_cslo, fit_twin, parse_scenario, run_scenario

@@ -123,7 +123,8 @@ class DisaggregationPart(Part):
 
     def describe(self):
         if self.spec is not None:
-            return f"disaggregation: {self.spec.prefill.replicas} prefill and {self.spec.decode.replicas} decode replicas"
+            return (f"disaggregation: {self.spec.prefill.replicas} prefill and {self.spec.decode.replicas} "
+                    "decode replicas")
         return (f"disaggregation: {self.raw['prefill'].get('replicas', 1)} prefill and "
                 f"{self.raw['decode'].get('replicas', 1)} decode replicas")
 

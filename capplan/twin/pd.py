@@ -90,7 +90,8 @@ PD_LAYOUT = Layout(
     headers=(("Configuration", "configuration"), ("Prefill replicas", "prefill_replicas"),
              ("Decode replicas", "decode_replicas"), ("GPUs", "gpus"), ("C_SLO (req/s)", "cslo_rps"),
              ("95 % interval", "{cslo_ci_low_rps:.3g}–{cslo_ci_high_rps:.3g}"),
-             ("C_SLO per GPU (req/s)", "cslo_per_gpu_rps"), ("Cost per 1 000 good requests (USD)", "cost_usd_per_1k_good"),
+             ("C_SLO per GPU (req/s)", "cslo_per_gpu_rps"),
+             ("Cost per 1 000 good requests (USD)", "cost_usd_per_1k_good"),
              ("Binding pool", "binding_pool")),
     figure=pd_figure)
 

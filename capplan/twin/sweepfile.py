@@ -43,6 +43,9 @@ TOP = ("format", "name", "protocol", "cache", "pd", "policies")
 
 @dataclass(frozen=True)
 class Sweeps:
+    """A checked sweeps file: the protocol of each C_SLO and, per sweep, its scenarios already
+    read by the parts registry (so a bad part fails when the file is read, before any run)."""
+
     name: str = "sweeps"
     runs: int = 2
     duration_s: float = 900.0
