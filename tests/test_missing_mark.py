@@ -6,9 +6,8 @@ importing capplan's modules) checking that a missing value never prints as "n/a"
 Covered from the demo study (data/sample), with missing values put in where the demo has none:
 RunSummary (rates, attainment, goodput and meets-SLO blanked), Timeline (no system events: the
 replicas are unknown), Honesty, MixFit (a target cell the sweep never tested, dropped), Plan,
-Sensitivity, KVBudget, TargetMix, ScenarioTable (the serving-policy sweeps' one result, from
-rows written by hand); Envelope is expected to fail until its per-run table prints the mark
-(envelope.py, owned by another change). NOT_COVERED names every other result class
+Sensitivity, KVBudget, TargetMix, Envelope (its interval blanked), Bound, ScenarioTable (the
+serving-policy sweeps' one result, from rows written by hand). NOT_COVERED names every other result class
 and why (each needs a twin fit, a second study or a simulation); a new result class fails
 ``test_every_result_class_is_covered_or_named`` until it is put in one list or the other.
 """
