@@ -114,7 +114,7 @@ def bench_cache(workers: int) -> dict:
     for mode, arrival in (("mixed", "poisson"), ("mixed", "constant"), ("separate", "poisson"), ("separate", "constant")):
         for slo in ("ttft_ms=30000,attainment=0.99", "ttft_ms=5000,attainment=0.99"):
             sw = cache_sweep(parse_config(flat(arrival, mode)), slo,
-                             {"no cache": (None, None), "cache": (None, PrefixCacheSpec(blocks=10_000))},
+                             {"no cache": {}, "cache": {"prefix_cache": {"blocks": 10_000}}},
                              runs=4, duration_s=900, workers=workers, rel_tol=0.005)
             r = sw.rows.set_index("setting")
             rows.append({"prefill": "colocated" if mode == "mixed" else "one separate lane", "arrivals": arrival,
@@ -131,9 +131,9 @@ def bench_cache(workers: int) -> dict:
     # 3. cache size sweep (8 system prompts of 2,000 tokens, Zipf 1): hit rate and C_SLO
     raw = flat()
     raw["workload"]["prefixes"] = {"kind": "system", "groups": 8, "tokens": 2000, "share": 0.9, "zipf": 1.0}
-    settings = {"no cache": (None, None)}
+    settings = {"no cache": {}}
     for blocks in (125, 250, 500, 1000):
-        settings[f"{blocks} blocks ({blocks * 16 // 2000} prompts)"] = (None, PrefixCacheSpec(blocks=blocks))
+        settings[f"{blocks} blocks ({blocks * 16 // 2000} prompts)"] = {"prefix_cache": {"blocks": blocks}}
     sw = cache_sweep(parse_config(raw), "ttft_ms=30000,attainment=0.99", settings, runs=2, duration_s=900,
                      workers=workers)
     out["cache_size"] = sw.rows.to_dict("records")
@@ -288,12 +288,14 @@ def bench_policies(workers: int) -> dict:
     out["capacity"] = {"estimate": cap.estimate, "ci": [cap.ci_low, cap.ci_high]}
     print(f"\nC_SLO of the replica: {cap.estimate:.3g} req/s [{cap.ci_low:.3g}, {cap.ci_high:.3g}]")
     pc = compare_policies(cfg, slo, rate=2 * cap.estimate, duration_s=1200, policies={
-        "FIFO": None, "VTC fair queuing": PolicySpec("vtc"),
-        "priority, aging 30 s": PolicySpec("priority", priorities=(("light", 0), ("heavy", 1)), aging_s=30),
-        "priority, aging 300 s": PolicySpec("priority", priorities=(("light", 0), ("heavy", 1)), aging_s=300)})
+        "FIFO": {}, "VTC fair queuing": {"scheduling": {"policy": "vtc"}},
+        "priority, aging 30 s": {"scheduling": {"policy": "priority", "priorities": {"light": 0, "heavy": 1},
+                                                "aging_s": 30}},
+        "priority, aging 300 s": {"scheduling": {"policy": "priority", "priorities": {"light": 0, "heavy": 1},
+                                                 "aging_s": 300}}})
     rows = []
-    for r in pc.policies.to_dict("records"):
-        t = pc.tenants[pc.tenants["policy"] == r["policy"]].set_index("tenant")
+    for r in pc.rows.to_dict("records"):
+        t = pc.detail[pc.detail["policy"] == r["policy"]].set_index("tenant")
         rows.append({**r, "light attainment": float(t.loc["light", "attainment"]),
                      "heavy attainment": float(t.loc["heavy", "attainment"]),
                      "light share / fair": f"{t.loc['light', 'service_share']:.3f} / {t.loc['light', 'fair_share']:.3f}"})
@@ -301,11 +303,11 @@ def bench_policies(workers: int) -> dict:
     print(f"\n### One tenant flooding at {2 * cap.estimate:.3g} req/s (2× C_SLO; light tenant 15 %)\n")
     print(table(rows, ["policy", "goodput_rps", "light attainment", "heavy attainment", "light share / fair",
                        "jain_index", "fair_share_deviation", "timeout_share"]))
-    pols = {"no admission": None}
+    pols = {"no admission": {}}
     for m in (0, 300, 500, 800):
-        pols[f"deadline slack, margin {m} ms"] = PolicySpec(admission="deadline_slack", ttft_ms=2000, margin_ms=m)
+        pols[f"deadline slack, margin {m} ms"] = {"admission": {"policy": "deadline_slack", "ttft_ms": 2000, "margin_ms": m}}
     pc = compare_policies(replace(cfg, tenants=()), slo, rate=1.5 * cap.estimate, duration_s=1200, policies=pols)
-    out["admission"] = pc.policies.to_dict("records")
+    out["admission"] = pc.rows.to_dict("records")
     print(f"\n### Deadline-slack admission at {1.5 * cap.estimate:.3g} req/s (1.5× C_SLO)\n")
     print(table(out["admission"], ["policy", "goodput_rps", "attainment", "rejected_share", "timeout_share"]))
     return out

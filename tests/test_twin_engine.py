@@ -227,7 +227,7 @@ def test_a_binding_prefill_lane_gives_the_cache_gain_the_saved_prefill_predicts(
                      "prefixes": {"kind": "system", "groups": 1, "tokens": 3000, "share": 0.9}},
         "sweep": {"rates": [1.0], "duration_s": 300}})
     sw = cache_sweep(cfg, "ttft_ms=30000,attainment=0.99",
-                     {"no cache": (None, None), "cache": (None, PrefixCacheSpec(blocks=10_000))},
+                     {"no cache": {}, "cache": {"prefix_cache": {"blocks": 10_000}}},
                      runs=2, duration_s=600, workers=1, rel_tol=0.01)
     r = sw.rows.set_index("setting")
     assert r.loc["cache", "predicted_gain"] == pytest.approx(3200 / 507.2, rel=0.02)

@@ -12,7 +12,6 @@ import pytest
 from capplan.cache import cache_timeline
 from capplan.errors import SpecError
 from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.policy import PolicySpec
 from capplan.synth.prefix import PrefixCacheSpec
 from capplan.synth.sweep import generate_study
 from capplan.twin import compare_policies, config_cslo, fit_twin, parse_scenario, run_scenario
@@ -39,7 +38,7 @@ def _long_system_prompts(arrival="poisson"):
 @pytest.mark.slow
 def test_ninety_percent_hits_raise_cslo_as_the_saved_prefill_predicts():
     sw = cache_sweep(_long_system_prompts(), "ttft_ms=30000,attainment=0.99",
-                     {"no cache": (None, None), "cache": (None, PrefixCacheSpec(blocks=10_000))},
+                     {"no cache": {}, "cache": {"prefix_cache": {"blocks": 10_000}}},
                      runs=2, duration_s=600, workers=1, rel_tol=0.01)
     r = sw.rows.set_index("setting")
     assert r.loc["cache", "request_hit_rate"] == pytest.approx(0.9, abs=0.02)
@@ -99,11 +98,11 @@ def test_fair_queuing_keeps_the_light_tenant_at_its_target():
     cfg = parse_config(raw)
     # the heavy tenant floods: 11 req/s offered, twice this replica's C_SLO (≈ 5.5 req/s);
     # the light tenant's 1.65 req/s is well within its fair share
-    pc = compare_policies(cfg, SLO, rate=11.0, duration_s=400, policies={"FIFO": None, "VTC": PolicySpec("vtc")})
-    t = pc.tenants.set_index(["policy", "tenant"])
+    pc = compare_policies(cfg, SLO, rate=11.0, duration_s=400, policies={"FIFO": {}, "VTC": {"scheduling": {"policy": "vtc"}}})
+    t = pc.detail.set_index(["policy", "tenant"])
     assert t.loc[("VTC", "light"), "attainment"] >= 0.99
     assert t.loc[("FIFO", "light"), "attainment"] < 0.5
-    p = pc.policies.set_index("policy")
+    p = pc.rows.set_index("policy")
     assert p.loc["VTC", "goodput_rps"] > p.loc["FIFO", "goodput_rps"]
     # compare's fairness numbers: under VTC each tenant gets its max-min fair share of the service
     assert p.loc["VTC", "jain_index"] > p.loc["FIFO", "jain_index"]
@@ -118,8 +117,8 @@ def test_deadline_slack_admission_raises_goodput_over_capacity():
     cfg = parse_config(raw)
     cap = config_cslo(cfg, SLO, start=5.0, runs=2, duration_s=300, workers=1, rel_tol=0.02).estimate
     pc = compare_policies(cfg, SLO, rate=1.5 * cap, duration_s=400, policies={
-        "none": None, "deadline slack": PolicySpec(admission="deadline_slack", ttft_ms=2000, margin_ms=500)})
-    p = pc.policies.set_index("policy")
+        "none": {}, "deadline slack": {"admission": {"policy": "deadline_slack", "ttft_ms": 2000, "margin_ms": 500}}})
+    p = pc.rows.set_index("policy")
     assert p.loc["none", "goodput_rps"] < 0.2 * cap  # the queue grows: almost nobody meets TTFT
     assert p.loc["deadline slack", "goodput_rps"] > 0.8 * cap  # refusing early keeps the rest good
     assert p.loc["deadline slack", "rejected_share"] > 0.15

@@ -21,11 +21,13 @@ from . import fleet  # noqa: F401  (registers the failure, rollout, demand and a
 from .scenario import PARTS, Part, Scenario, ScenarioContext, load_scenario, parse_scenario, register_part, run_scenario
 from .twinfile import load_system, load_twin, record_check, twin_from_dict, twin_to_dict, twin_to_yaml, write_twin
 from . import parts  # noqa: F401,E402  (registers the serving-policy scenario parts)
-from .fairsim import PolicyComparison, compare_policies
-from .pd import PDSweep, pd_sweep
+from .cachesim import cache_sweep
+from .fairsim import compare_policies
+from .pd import pd_sweep
+from .table import ScenarioTable
 
 __all__ = ["SteadyCSLO", "steady_cslo", "TwinCheck", "check_twin", "fit_twin", "check_holdout", "Twin",
            "TwinWarning", "DecodePoint", "Param", "Workload", "SimRun", "simulate_protocol", "PARTS", "Part", "Scenario",
            "ScenarioContext", "load_scenario", "parse_scenario", "register_part", "run_scenario", "load_twin", "load_system",
            "record_check", "twin_from_dict", "twin_to_dict", "twin_to_yaml", "write_twin", "config_cslo",
-           "PolicyComparison", "compare_policies", "PDSweep", "pd_sweep"]
+           "ScenarioTable", "cache_sweep", "compare_policies", "pd_sweep"]

@@ -20,14 +20,17 @@ does to a tight TTFT tail.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
+from .. import spec as S
 from ..slo import SLO
 from ..synth.config import SynthConfig
 from .capacity import REL_TOL, capacity_guess, config_counts, config_cslo
+from .parts import on_config, policy_scenario
+from .table import Layout, ScenarioTable
 
 
 def throughput_bound(cfg: SynthConfig, computed_tokens: float, answer_tokens: float) -> float:
@@ -43,59 +46,48 @@ def throughput_bound(cfg: SynthConfig, computed_tokens: float, answer_tokens: fl
     return n / (pre_s + dec_s)
 
 
-@dataclass(frozen=True)
-class CacheSweep:
-    """One row per setting: cache, hit rates, mean computed prompt tokens, C_SLO with its
-    interval, the predicted C_SLO and the gain over the baseline (the first row)."""
+def cache_figure(table):
+    """Simulated C_SLO per setting with its interval, and the prediction beside it."""
+    import plotly.graph_objects as go
 
-    slo: SLO
-    rows: pd.DataFrame = field(repr=False)
-    notes: tuple[str, ...] = ()
+    d = table.rows
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=d["setting"], y=d["cslo_rps"], name="simulated C_SLO",
+                         error_y={"type": "data", "symmetric": False, "array": d["cslo_ci_high_rps"] - d["cslo_rps"],
+                                  "arrayminus": d["cslo_rps"] - d["cslo_ci_low_rps"]}))
+    fig.add_trace(go.Scatter(x=d["setting"], y=d["predicted_cslo_rps"], mode="markers", name="predicted from "
+                             "the prefill time saved", marker={"symbol": "diamond", "size": 11}))
+    fig.update_layout(title="C_SLO by prefix-cache setting", yaxis_title="req/s", template="plotly_white")
+    return fig
 
-    def to_frame(self) -> pd.DataFrame:
-        return self.rows.copy()
 
-    def display_frame(self) -> pd.DataFrame:
-        d = self.rows
-        return pd.DataFrame({"Setting": d["setting"], "Cache (blocks per replica)": d["cache_blocks"],
-                             "Request hit rate": d["request_hit_rate"], "Token hit rate": d["token_hit_rate"],
-                             "Prompt tokens computed (mean)": d["mean_computed_tokens"], "C_SLO (req/s)": d["cslo_rps"],
-                             "Predicted C_SLO (req/s)": d["predicted_cslo_rps"], "Gain": d["gain"],
-                             "Predicted gain": d["predicted_gain"]})
-
-    def to_text(self) -> str:
-        lines = [f"Prefix-cache scenarios (SLO {self.slo})"]
-        for r in self.rows.to_dict("records"):
-            lines.append(f"  {r['setting']:>20}: hit rate {r['request_hit_rate']:.1%} of requests, "
-                         f"{r['token_hit_rate']:.1%} of prompt tokens; {r['mean_computed_tokens']:,.0f} prompt tokens "
-                         f"computed per request; C_SLO {r['cslo_rps']:.3g} req/s [{r['cslo_ci_low_rps']:.3g}, "
-                         f"{r['cslo_ci_high_rps']:.3g}] (×{r['gain']:.2f}; predicted ×{r['predicted_gain']:.2f})")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def figure(self):
-        import plotly.graph_objects as go
-
-        d = self.rows
-        fig = go.Figure()
-        fig.add_trace(go.Bar(x=d["setting"], y=d["cslo_rps"], name="simulated C_SLO",
-                             error_y={"type": "data", "symmetric": False, "array": d["cslo_ci_high_rps"] - d["cslo_rps"],
-                                      "arrayminus": d["cslo_rps"] - d["cslo_ci_low_rps"]}))
-        fig.add_trace(go.Scatter(x=d["setting"], y=d["predicted_cslo_rps"], mode="markers", name="predicted from "
-                                 "the prefill time saved", marker={"symbol": "diamond", "size": 11}))
-        fig.update_layout(title="C_SLO by prefix-cache setting", yaxis_title="req/s", template="plotly_white")
-        return fig
+#: how the cache sweep's table reads: one row per setting — cache, hit rates, mean computed prompt
+#: tokens, C_SLO with its interval, the predicted C_SLO and the gain over the baseline (the first row)
+CACHE_LAYOUT = Layout(
+    title="Prefix-cache scenarios (SLO {slo})", key="setting",
+    line=("{setting:>20}: hit rate {request_hit_rate:.1%} of requests, {token_hit_rate:.1%} of prompt tokens; "
+          "{mean_computed_tokens:,.0f} prompt tokens computed per request; C_SLO {cslo_rps:.3g} req/s "
+          "[{cslo_ci_low_rps:.3g}, {cslo_ci_high_rps:.3g}] (×{gain:.2f}; predicted ×{predicted_gain:.2f})",),
+    headers=(("Setting", "setting"), ("Cache (blocks per replica)", "cache_blocks"),
+             ("Request hit rate", "request_hit_rate"), ("Token hit rate", "token_hit_rate"),
+             ("Prompt tokens computed (mean)", "mean_computed_tokens"), ("C_SLO (req/s)", "cslo_rps"),
+             ("Predicted C_SLO (req/s)", "predicted_cslo_rps"), ("Gain", "gain"), ("Predicted gain", "predicted_gain")),
+    figure=cache_figure)
 
 
 def cache_sweep(cfg: SynthConfig, slo: SLO | str, settings: dict, *, runs: int = 2, duration_s: float = 900.0,
-                warmup_s: float | None = None, workers: int | None = None, rel_tol: float = REL_TOL) -> CacheSweep:
-    """``settings``: {name: (PrefixWorkload or None, PrefixCacheSpec or None)} applied to
-    ``cfg`` in turn; the first is the baseline of the gains (module docstring)."""
+                warmup_s: float | None = None, workers: int | None = None, rel_tol: float = REL_TOL) -> ScenarioTable:
+    """``settings``: {name: scenario} — each a mapping of ``prefixes`` / ``prefix_cache`` parts
+    (``{}``: no cache) or a Scenario of them — applied in turn to ``cfg`` without its cache (a
+    setting without ``prefix_cache`` is the system without one); the first is the baseline of the
+    gains (module docstring)."""
     s = SLO.parse(slo)
     warm = duration_s / 6 if warmup_s is None else warmup_s
-    rows = []
-    for name, (px, pc) in settings.items():
-        c = replace(cfg, prefixes=px if px is not None else cfg.prefixes, prefix_cache=pc)
+    rows, said = [], []
+    for name, spec in settings.items():
+        ctx = on_config(replace(cfg, prefix_cache=None), policy_scenario(name, spec, S.join("settings", name)))
+        c, pc = ctx.config, ctx.config.prefix_cache
+        said += [f"{name}: {n}" for n in ctx.notes]  # e.g. what prefixes from a study were read as
         est = config_cslo(c, s, start=capacity_guess(c), runs=runs, duration_s=duration_s, warmup_s=warm, workers=workers,
                           rel_tol=rel_tol)
         _, _, o, res = config_counts(c, max(est.estimate, 1e-3), s, duration_s=duration_s, warmup_s=warm, run=0,
@@ -122,5 +114,5 @@ def cache_sweep(cfg: SynthConfig, slo: SLO | str, settings: dict, *, runs: int =
     df["predicted_cslo_rps"] = base["cslo_rps"] * df["predicted_gain"]
     notes = (f"hit rates and computed tokens measured in one run at each setting's C_SLO (steady window after "
              f"{warm:g} s); the prediction scales the first setting's C_SLO by the service model's throughput bound "
-             "at the measured work per request",)
-    return CacheSweep(slo=s, rows=df, notes=notes)
+             "at the measured work per request",) + tuple(said)
+    return ScenarioTable("cache", s, df, CACHE_LAYOUT, notes=notes)

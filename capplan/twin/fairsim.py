@@ -19,84 +19,66 @@ steady window (requests scheduled after ``warmup_s``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
+from .. import spec as S
 from ..compare import fairness_stats
 from ..slo import SLO
 from ..synth.config import SynthConfig
-from ..synth.policy import PolicySpec
 from .capacity import config_counts
+from .parts import on_config, policy_scenario
 from .replay import good_mask
+from .table import Layout, ScenarioTable
 
 
-@dataclass(frozen=True)
-class PolicyComparison:
-    """``policies``: one row per policy; ``tenants``: one row per (policy, tenant)."""
+def policies_figure(table):
+    """Attainment per tenant, grouped by policy, against the SLO's target."""
+    import plotly.graph_objects as go
 
-    slo: SLO
-    rate_rps: float
-    policies: pd.DataFrame = field(repr=False)
-    tenants: pd.DataFrame = field(repr=False)
-    notes: tuple[str, ...] = ()
+    d = table.detail
+    fig = go.Figure()
+    for t in d["tenant"].unique():
+        s = d[d["tenant"] == t]
+        fig.add_trace(go.Bar(x=s["policy"], y=s["attainment"], name=str(t)))
+    fig.add_hline(y=table.slo.attainment, line_dash="dot", annotation_text="target")
+    fig.update_layout(barmode="group", title=f"Attainment per tenant at {table.rate_rps:g} req/s",
+                      yaxis_title="attainment", template="plotly_white")
+    return fig
 
-    def to_frame(self) -> pd.DataFrame:
-        return self.policies.copy()
 
-    def display_frame(self) -> pd.DataFrame:
-        d = self.policies
-        return pd.DataFrame({"Policy": d["policy"], "Goodput (req/s)": d["goodput_rps"],
-                             "Attainment": d["attainment"], "Rejected": d["rejected_share"],
-                             "Timed out": d["timeout_share"], "Jain's index": d["jain_index"],
-                             "Largest fair-share deviation": d["fair_share_deviation"]})
-
-    def tenants_display(self) -> pd.DataFrame:
-        d = self.tenants
-        return pd.DataFrame({"Policy": d["policy"], "Tenant": d["tenant"], "Offered": d["offered"],
-                             "Good": d["good"], "Attainment": d["attainment"], "TTFT p99 (ms)": d["ttft_p99_ms"],
-                             "Service share": d["service_share"], "Fair share": d["fair_share"]})
-
-    def to_text(self) -> str:
-        lines = [f"Policies at {self.rate_rps:g} req/s (SLO {self.slo})"]
-        for r in self.policies.to_dict("records"):
-            lines.append(f"  {r['policy']:>22}: goodput {r['goodput_rps']:.3g} req/s, attainment {r['attainment']:.3f}, "
-                         f"rejected {r['rejected_share']:.1%}, timed out {r['timeout_share']:.1%}; Jain "
-                         f"{r['jain_index']:.3f}, largest deviation {r['fair_share_deviation']:+.3f}")
-            for t in self.tenants[self.tenants["policy"] == r["policy"]].to_dict("records"):
-                lines.append(f"  {'':>22}  {t['tenant']}: attainment {t['attainment']:.3f} of {t['offered']:,} "
-                             f"offered; service share {t['service_share']:.3f} (fair {t['fair_share']:.3f})")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def figure(self):
-        import plotly.graph_objects as go
-
-        d = self.tenants
-        fig = go.Figure()
-        for t in d["tenant"].unique():
-            s = d[d["tenant"] == t]
-            fig.add_trace(go.Bar(x=s["policy"], y=s["attainment"], name=str(t)))
-        fig.add_hline(y=self.slo.attainment, line_dash="dot", annotation_text="target")
-        fig.update_layout(barmode="group", title=f"Attainment per tenant at {self.rate_rps:g} req/s",
-                          yaxis_title="attainment", template="plotly_white")
-        return fig
+#: how the policy comparison's table reads: one row per policy, one detail row per (policy, tenant)
+POLICIES_LAYOUT = Layout(
+    title="Policies at {rate_rps:g} req/s (SLO {slo})", key="policy",
+    line=("{policy:>22}: goodput {goodput_rps:.3g} req/s, attainment {attainment:.3f}, rejected {rejected_share:.1%}, "
+          "timed out {timeout_share:.1%}; Jain {jain_index:.3f}, largest deviation {fair_share_deviation:+.3f}",),
+    headers=(("Policy", "policy"), ("Goodput (req/s)", "goodput_rps"), ("Attainment", "attainment"),
+             ("Rejected", "rejected_share"), ("Timed out", "timeout_share"), ("Jain's index", "jain_index"),
+             ("Largest fair-share deviation", "fair_share_deviation")),
+    detail_line=(" " * 24 + "{tenant}: attainment {attainment:.3f} of {offered:,} offered; service share "
+                 "{service_share:.3f} (fair {fair_share:.3f})",),
+    detail_headers=(("Policy", "policy"), ("Tenant", "tenant"), ("Offered", "offered"), ("Good", "good"),
+                    ("Attainment", "attainment"), ("TTFT p99 (ms)", "ttft_p99_ms"), ("Service share", "service_share"),
+                    ("Fair share", "fair_share")),
+    figure=policies_figure)
 
 
 def compare_policies(cfg: SynthConfig, slo: SLO | str, *, rate: float, policies: dict,
                      duration_s: float = 600.0, warmup_s: float | None = None, run: int = 0,
                      entitlements: dict | None = None, prefill_weight: float = 1.0,
-                     decode_weight: float = 2.0) -> PolicyComparison:
-    """Run ``cfg`` at ``rate`` under each of ``policies`` ({name: PolicySpec or None for FIFO
-    without admission}) on the same requests (module docstring)."""
+                     decode_weight: float = 2.0) -> ScenarioTable:
+    """Run ``cfg`` at ``rate`` under each of ``policies`` ({name: scenario} — a mapping of
+    ``scheduling`` / ``admission`` parts, ``{}`` for FIFO without admission, or a Scenario of
+    them — applied to ``cfg`` without its policy) on the same requests (module docstring)."""
     s = SLO.parse(slo)
     warm = duration_s / 6 if warmup_s is None else warmup_s
     names = [t.name for t in cfg.tenants] or ["(all)"]
     ent = np.array([float((entitlements or {}).get(n, 1.0)) for n in names])
     rows, trows = [], []
-    for pname, pol in policies.items():
-        c = replace(cfg, policy=pol)
+    for pname, spec in policies.items():
+        c = on_config(replace(cfg, policy=None), policy_scenario(pname, spec, S.join("policies", pname))).config
         n, good_n, o, res = config_counts(c, rate, s, duration_s=duration_s, warmup_s=warm, run=run, outcome=True)
         w = o.sched >= int(round(warm * 1e9))
         good = good_mask(o, s) & w
@@ -135,6 +117,6 @@ def compare_policies(cfg: SynthConfig, slo: SLO | str, *, rate: float, policies:
              f"the first {warm:g} s left out",
              f"fairness: service = {prefill_weight:g} × prompt tokens served + {decode_weight:g} × tokens received, "
              "against the weighted max-min fair share of what each tenant asked for (capplan compare's numbers)")
-    return PolicyComparison(slo=s, rate_rps=float(rate), policies=pd.DataFrame(rows), tenants=pd.DataFrame(trows),
-                            notes=notes)
+    return ScenarioTable("policies", s, pd.DataFrame(rows), POLICIES_LAYOUT, detail=pd.DataFrame(trows),
+                         rate_rps=float(rate), notes=notes)
 

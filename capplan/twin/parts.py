@@ -21,7 +21,9 @@ from ..synth import disagg as D
 from ..synth import policy as PO
 from ..synth import prefix as PX
 from ..synth.engine import ReplicaParams
-from .scenario import Part, ScenarioContext, register_part
+from .. import spec as S
+from ..errors import SpecError
+from .scenario import Part, Scenario, ScenarioContext, apply_parts, parse_parts, register_part
 
 
 @register_part
@@ -101,6 +103,7 @@ class DisaggregationPart(Part):
                              "kv_blocks}, decode: {…}, kv_transfer: {bandwidth_gb_s, kv_bytes_per_token, " \
                              "latency_ms}, lanes"
     raw: dict | None = None
+    spec: D.DisaggSpec | None = None  # pools already built (``pd_sweep``'s splits): used as they are
 
     @classmethod
     def parse(cls, raw, fld):
@@ -109,8 +112,9 @@ class DisaggregationPart(Part):
 
     def apply(self, ctx: ScenarioContext) -> ScenarioContext:
         cfg = ctx.config
-        spec = D.parse_disagg(self.raw, self.key, cfg.replica, base_gpus=int(cfg.system.get("gpus_per_replica", 1)),
-                              base_gpu=str(cfg.system.get("gpu", "")))
+        spec = self.spec or D.parse_disagg(self.raw, self.key, cfg.replica,
+                                           base_gpus=int(cfg.system.get("gpus_per_replica", 1)),
+                                           base_gpu=str(cfg.system.get("gpu", "")))
         system = {**cfg.system, "replicas": 1, "gpus_per_replica": spec.gpus,
                   "engine": f"disaggregated prefill:decode {spec.ratio}"}
         return replace(ctx, config=replace(cfg, disagg=spec, system=system),
@@ -118,6 +122,9 @@ class DisaggregationPart(Part):
                                           f"decode replicas ({spec.gpus} GPUs) as one replica group",))
 
     def describe(self):
+        if self.spec is not None:
+            return (f"disaggregation: {self.spec.prefill.replicas} prefill and {self.spec.decode.replicas} "
+                    "decode replicas")
         return (f"disaggregation: {self.raw['prefill'].get('replicas', 1)} prefill and "
                 f"{self.raw['decode'].get('replicas', 1)} decode replicas")
 
@@ -177,3 +184,29 @@ class AdmissionPart(Part):
 
 
 assert {f.name for f in fields(PO.PolicySpec)} == set(_SCHED) | set(_ADM)  # every policy field has its part
+
+
+#: the parts that change the synth configuration alone, never the twin: what a serving-policy
+#: sweep varies (the sweeps file, ``cache_sweep``, ``pd_sweep``, ``compare_policies``)
+POLICY_PARTS = ("prefixes", "prefix_cache", "disaggregation", "scheduling", "admission")
+
+
+def policy_scenario(name: str, spec, fld: str = "", *, base_dir=None) -> Scenario:
+    """A serving-policy scenario named ``name``: a Scenario already, or its mapping of parts
+    (``{prefix_cache: {tokens: 400000}}``; None or ``{}``: nothing changed), each part read
+    through the registry; errors name ``fld.key``; ``base_dir``: where a ``prefixes: {from_study:
+    PATH}`` is relative to. Only :data:`POLICY_PARTS` (the others need a twin: ``run_scenario``)."""
+    if isinstance(spec, Scenario):
+        other = [p.key for p in spec.parts if p.key not in POLICY_PARTS]
+        if other:
+            raise SpecError(f"a serving-policy sweep varies only {', '.join(POLICY_PARTS)}; {', '.join(other)} "
+                            "needs a twin", field=fld or str(name), fix="run that scenario with run_scenario")
+        return spec
+    d = S.mapping(spec, fld or str(name), known=POLICY_PARTS, what=f"scenario {name!r}")
+    return Scenario(str(name), "", parse_parts(d, fld, base_dir=base_dir), dict(d))
+
+
+def on_config(cfg, scenario: Scenario) -> ScenarioContext:
+    """``scenario`` applied to the synth configuration ``cfg`` (a twin's ``synth_config()`` or
+    any), with no twin behind it: its configuration and the notes its parts add."""
+    return apply_parts(scenario.parts, ScenarioContext(None, cfg))

@@ -18,17 +18,21 @@ attainment) × 1,000 (the plan's definition at full utilisation of C_SLO).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from ..errors import SpecError
+from ..present import MISSING
 from ..slo import SLO
 from ..synth.config import SynthConfig
 from ..synth.disagg import DisaggSpec, KVTransfer, Pool
 from .capacity import REL_TOL, capacity_guess, config_counts, config_cslo
+from .parts import DisaggregationPart, on_config
 from .replay import good_mask
+from .scenario import Scenario
+from .table import Layout, ScenarioTable, When
 
 ABOVE = 1.05  # load factor above C_SLO at which the binding pool is read
 
@@ -54,62 +58,48 @@ def binding_pool(cfg: SynthConfig, rate: float, slo: SLO, *, duration_s: float, 
     return ("prefill" if pre >= dec else "decode"), counts
 
 
-@dataclass(frozen=True)
-class PDSweep:
-    """The sweep's result: ``rows`` one per configuration (disaggregated ratios, then the
-    colocated system), ``best`` the ratio with the most C_SLO per GPU (the cheapest per 1 000
-    good requests when prices are known)."""
+def pd_figure(table):
+    """C_SLO per GPU by split with its interval, labelled with the pool that binds; the best
+    split green, the colocated system grey."""
+    import plotly.graph_objects as go
 
-    slo: SLO
-    rows: pd.DataFrame = field(repr=False)
-    best: str
-    notes: tuple[str, ...] = ()
+    d = table.rows
+    y = d["cslo_per_gpu_rps"]
+    fig = go.Figure(go.Bar(
+        x=d["configuration"], y=y,
+        error_y={"type": "data", "symmetric": False, "array": d["cslo_ci_high_rps"] / d["gpus"] - y,
+                 "arrayminus": y - d["cslo_ci_low_rps"] / d["gpus"]},
+        text=d["binding_pool"], textposition="outside",
+        marker_color=["#2ca02c" if c == table.best else ("#7f7f7f" if k == "colocated" else "#1f77b4")
+                      for c, k in zip(d["configuration"], d["kind"])]))
+    fig.update_layout(title="C_SLO per GPU by prefill:decode split (label: the pool that binds; grey: colocated)",
+                      yaxis_title="req/s per GPU", xaxis_title="prefill:decode replicas",
+                      template="plotly_white")
+    return fig
 
-    def to_frame(self) -> pd.DataFrame:
-        return self.rows.copy()
 
-    def display_frame(self) -> pd.DataFrame:
-        d = self.rows
-        ci = [f"{a:.3g}–{b:.3g}" for a, b in zip(d["cslo_ci_low_rps"], d["cslo_ci_high_rps"])]
-        return pd.DataFrame({
-            "Configuration": d["configuration"], "Prefill replicas": d["prefill_replicas"],
-            "Decode replicas": d["decode_replicas"], "GPUs": d["gpus"], "C_SLO (req/s)": d["cslo_rps"],
-            "95 % interval": ci, "C_SLO per GPU (req/s)": d["cslo_per_gpu_rps"],
-            "Cost per 1 000 good requests (USD)": d["cost_usd_per_1k_good"], "Binding pool": d["binding_pool"]})
-
-    def to_text(self) -> str:
-        lines = [f"Prefill:decode sweep (SLO {self.slo}); best: {self.best}"]
-        for r in self.rows.to_dict("records"):
-            cost = "" if r["cost_usd_per_1k_good"] is None or not math.isfinite(r["cost_usd_per_1k_good"]) \
-                else f", ${r['cost_usd_per_1k_good']:.4g} per 1 000 good requests"
-            lines.append(f"  {r['configuration']:>14}: C_SLO {r['cslo_rps']:.3g} req/s [{r['cslo_ci_low_rps']:.3g}, "
-                         f"{r['cslo_ci_high_rps']:.3g}] on {r['gpus']} GPUs = {r['cslo_per_gpu_rps']:.3g} per GPU"
-                         f"{cost}; binding: {r['binding_pool']}")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def figure(self):
-        import plotly.graph_objects as go
-
-        d = self.rows
-        y = d["cslo_per_gpu_rps"]
-        fig = go.Figure(go.Bar(
-            x=d["configuration"], y=y,
-            error_y={"type": "data", "symmetric": False, "array": d["cslo_ci_high_rps"] / d["gpus"] - y,
-                     "arrayminus": y - d["cslo_ci_low_rps"] / d["gpus"]},
-            text=d["binding_pool"], textposition="outside",
-            marker_color=["#2ca02c" if c == self.best else ("#7f7f7f" if k == "colocated" else "#1f77b4")
-                          for c, k in zip(d["configuration"], d["kind"])]))
-        fig.update_layout(title="C_SLO per GPU by prefill:decode split (label: the pool that binds; grey: colocated)",
-                          yaxis_title="req/s per GPU", xaxis_title="prefill:decode replicas",
-                          template="plotly_white")
-        return fig
+#: how the sweep's table reads: one row per configuration (disaggregated splits, then the
+#: colocated system); ``best`` the split with the most C_SLO per GPU (the cheapest per 1 000 good
+#: requests when prices are known)
+PD_LAYOUT = Layout(
+    title="Prefill:decode sweep (SLO {slo}); best: {best}", key="configuration",
+    line=("{configuration:>14}: C_SLO {cslo_rps:.3g} req/s [{cslo_ci_low_rps:.3g}, {cslo_ci_high_rps:.3g}] on "
+          "{gpus} GPUs = {cslo_per_gpu_rps:.3g} per GPU",
+          When("cost_usd_per_1k_good", ", ${cost_usd_per_1k_good:.4g} per 1 000 good requests"),
+          "; binding: {binding_pool}"),
+    headers=(("Configuration", "configuration"), ("Prefill replicas", "prefill_replicas"),
+             ("Decode replicas", "decode_replicas"), ("GPUs", "gpus"), ("C_SLO (req/s)", "cslo_rps"),
+             ("95 % interval", "{cslo_ci_low_rps:.3g}–{cslo_ci_high_rps:.3g}"),
+             ("C_SLO per GPU (req/s)", "cslo_per_gpu_rps"),
+             ("Cost per 1 000 good requests (USD)", "cost_usd_per_1k_good"),
+             ("Binding pool", "binding_pool")),
+    figure=pd_figure)
 
 
 def pd_sweep(base: SynthConfig, slo: SLO | str, *, prefill: Pool, decode: Pool, total_replicas: int | None = None,
              ratios=None, transfer: KVTransfer = KVTransfer(), lanes: int = 1, colocated: bool = True,
              colocated_usd_per_gpu_hour: float | None = None, runs: int = 4, duration_s: float = 900.0,
-             warmup_s: float | None = None, workers: int | None = None, rel_tol: float = REL_TOL) -> PDSweep:
+             warmup_s: float | None = None, workers: int | None = None, rel_tol: float = REL_TOL) -> ScenarioTable:
     """Sweep prefill:decode splits (module docstring). ``base``: the configuration whose
     workload, client and arrival process are kept (a twin's ``synth_config()``); ``prefill`` /
     ``decode``: the pools (their ``replicas`` are replaced by the split); the splits are
@@ -126,7 +116,7 @@ def pd_sweep(base: SynthConfig, slo: SLO | str, *, prefill: Pool, decode: Pool, 
     def row(name, kind, cfg, npre, ndec, gpus, cost_h):
         est = config_cslo(cfg, s, start=capacity_guess(cfg), runs=runs, duration_s=duration_s, warmup_s=warm,
                           workers=workers, rel_tol=rel_tol)
-        bind, counts = ("—", {})
+        bind, counts = (MISSING, {})  # the colocated system has no pools
         if kind == "disaggregated" and est.estimate > 0 and math.isfinite(est.estimate):
             bind, counts = binding_pool(cfg, est.estimate * ABOVE, s, duration_s=duration_s, warmup_s=warm)
         per_1k = (cost_h / (est.estimate * 3600 * s.attainment) * 1000) if cost_h is not None and est.estimate > 0 \
@@ -142,8 +132,8 @@ def pd_sweep(base: SynthConfig, slo: SLO | str, *, prefill: Pool, decode: Pool, 
     for npre, ndec in ratios:
         d = DisaggSpec(replace(prefill, replicas=int(npre)), replace(decode, replicas=int(ndec)), transfer, lanes)
         gpus_all.add(d.gpus)
-        cfg = replace(base, disagg=d, system={**base.system, "replicas": 1, "gpus_per_replica": d.gpus,
-                                              "engine": f"disaggregated {d.ratio}"})
+        # the split as a scenario part (its note repeats the row's replicas and GPUs: not kept)
+        cfg = on_config(base, Scenario(d.ratio, "", (DisaggregationPart(spec=d),))).config
         rows.append(row(d.ratio, "disaggregated", cfg, int(npre), int(ndec), d.gpus, d.cost_usd_per_hour()))
     if colocated:
         g = int(base.system.get("gpus_per_replica", 1) or 1)
@@ -171,4 +161,4 @@ def pd_sweep(base: SynthConfig, slo: SLO | str, *, prefill: Pool, decode: Pool, 
     notes.append(f"KV transfer: {transfer.latency_ms:g} ms + {transfer.kv_bytes_per_token:,} bytes per prompt token "
                  f"at {transfer.bandwidth_gb_s:g} GB/s, no contention between transfers; prefill pools never wait for "
                  "decode memory")
-    return PDSweep(slo=s, rows=df, best=str(best), notes=tuple(notes))
+    return ScenarioTable("pd", s, df, PD_LAYOUT, best=str(best), notes=tuple(notes))

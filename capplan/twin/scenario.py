@@ -306,14 +306,32 @@ class Scenario:
 
     def apply(self, twin: "Twin") -> ScenarioContext:
         ctx = ScenarioContext(twin, twin.synth_config(name=self.name), (), Path(self.path).parent if self.path else None)
-        by_key = {p.key: p for p in self.parts}
-        for key in PARTS:  # registry order
-            if key in by_key:
-                ctx = by_key[key].apply(ctx)
-        return ctx
+        return apply_parts(self.parts, ctx)
 
     def describe(self) -> str:
         return "; ".join(p.describe() for p in self.parts) or "the twin as fitted"
+
+
+def parse_parts(d: dict, fld: str = "", *, base_dir: Path | None = None) -> tuple[Part, ...]:
+    """The parts of the mapping ``d`` (keys of :data:`PARTS`; others are the caller's to
+    check), each read by its registered class in registry order; errors name ``fld.key``."""
+    parts = []
+    for key, cls in PARTS.items():
+        if key in d:
+            if "base_dir" in inspect.signature(cls.parse).parameters:  # parts that read files
+                parts.append(cls.parse(d[key], S.join(fld, key), base_dir=base_dir))
+            else:
+                parts.append(cls.parse(d[key], S.join(fld, key)))
+    return tuple(parts)
+
+
+def apply_parts(parts, ctx: ScenarioContext) -> ScenarioContext:
+    """``parts`` applied to ``ctx`` in registry order (whatever order they were given in)."""
+    by_key = {p.key: p for p in parts}
+    for key in PARTS:
+        if key in by_key:
+            ctx = by_key[key].apply(ctx)
+    return ctx
 
 
 def parse_scenario(raw: dict, *, base_dir: Path | None = None) -> Scenario:
@@ -325,13 +343,7 @@ def parse_scenario(raw: dict, *, base_dir: Path | None = None) -> Scenario:
     fmt = d.get("format", FORMAT)
     if fmt != FORMAT:
         raise SpecError(f"unknown scenario format {fmt!r}", field="format", fix=f"this capplan reads {FORMAT}")
-    parts = []
-    for key, cls in PARTS.items():
-        if key in d:
-            if "base_dir" in inspect.signature(cls.parse).parameters:  # parts that read files
-                parts.append(cls.parse(d[key], key, base_dir=base_dir))
-            else:
-                parts.append(cls.parse(d[key], key))
+    parts = parse_parts(d, base_dir=base_dir)
     slo = None
     if d.get("slo") is not None:
         from ..slo import SLO
@@ -340,7 +352,7 @@ def parse_scenario(raw: dict, *, base_dir: Path | None = None) -> Scenario:
             slo = str(SLO.parse(d["slo"]))
         except SpecError as exc:
             raise SpecError(exc.message, field="slo", fix=exc.fix) from None
-    return Scenario(str(d.get("name") or "scenario"), str(d.get("description") or ""), tuple(parts), dict(raw),
+    return Scenario(str(d.get("name") or "scenario"), str(d.get("description") or ""), parts, dict(raw),
                     slo=slo)
 
 

@@ -32,11 +32,10 @@ from pathlib import Path
 
 from .. import spec as S
 from ..slo import SLO
-from ..synth import disagg as D
-from ..synth import policy as PO
-from ..synth import prefix as PX
 from ..synth.config import SynthConfig
-from ..synth.engine import ReplicaParams
+from .parts import DisaggregationPart, on_config, policy_scenario
+from .scenario import Scenario
+from .table import ScenarioTable
 
 FORMAT = "capplan-sweeps/1"
 TOP = ("format", "name", "protocol", "cache", "pd", "policies")
@@ -44,16 +43,21 @@ TOP = ("format", "name", "protocol", "cache", "pd", "policies")
 
 @dataclass(frozen=True)
 class Sweeps:
+    """A checked sweeps file: the protocol of each C_SLO and, per sweep, its scenarios already
+    read by the parts registry (so a bad part fails when the file is read, before any run)."""
+
     name: str = "sweeps"
     runs: int = 2
     duration_s: float = 900.0
-    cache: dict | None = None  # name → {prefixes, prefix_cache} (raw, checked)
-    pd: dict | None = None  # raw, checked
-    policies: dict | None = None  # {load | rate_rps, duration_s, policies: {name: {scheduling, admission}}}
+    cache: dict | None = None  # name → Scenario of prefixes / prefix_cache parts
+    pd: dict | None = None  # checked; "pools": the DisaggregationPart of prefill, decode, kv_transfer, lanes
+    policies: dict | None = None  # {load | rate_rps, duration_s, policies: {name: Scenario of scheduling / admission}}
     raw: dict = field(default_factory=dict, compare=False)
 
 
-def parse_sweeps(raw) -> Sweeps:
+def parse_sweeps(raw, *, base_dir: Path | None = None) -> Sweeps:
+    """The sweeps file's mapping checked, each setting and policy read as a scenario through the
+    parts registry (``base_dir``: where a ``prefixes: {from_study: PATH}`` path is relative to)."""
     d = S.mapping(raw, "", known=TOP, what="sweeps file", optional=False)
     fmt = d.get("format", FORMAT)
     if fmt != FORMAT:
@@ -67,12 +71,8 @@ def parse_sweeps(raw) -> Sweeps:
         cache = {}
         for name, v in st.items():
             f = S.join("cache.settings", name)
-            v = S.mapping(v, f, known=("prefixes", "prefix_cache")) or {}
-            if v.get("prefixes") is not None:
-                PX.parse_workload(v["prefixes"], S.join(f, "prefixes"))
-            if v.get("prefix_cache") is not None:
-                PX.parse_cache(v["prefix_cache"], S.join(f, "prefix_cache"))
-            cache[str(name)] = v
+            S.mapping(v, f, known=("prefixes", "prefix_cache"))
+            cache[str(name)] = policy_scenario(str(name), v, f, base_dir=base_dir)
     pd_ = None
     if d.get("pd") is not None:
         p = S.mapping(d["pd"], "pd", known=("total_replicas", "ratios", "prefill", "decode", "kv_transfer", "lanes",
@@ -87,9 +87,9 @@ def parse_sweeps(raw) -> Sweeps:
                     S.number(x, S.index(S.index("pd.ratios", i), j), integer=True, minimum=1)
         else:
             S.number(p["total_replicas"], "pd.total_replicas", integer=True, minimum=2)
-        D.parse_disagg({k: p.get(k, {}) for k in ("prefill", "decode", "kv_transfer")} | {"lanes": p.get("lanes", 1)},
-                       "pd", ReplicaParams())
-        pd_ = dict(p)
+        pools = DisaggregationPart.parse({k: p.get(k, {}) for k in ("prefill", "decode", "kv_transfer")}
+                                         | {"lanes": p.get("lanes", 1)}, "pd")
+        pd_ = dict(p) | {"pools": pools}
     pol = None
     if d.get("policies") is not None:
         p = S.mapping(d["policies"], "policies", known=("load", "rate_rps", "duration_s", "policies"))
@@ -97,12 +97,12 @@ def parse_sweeps(raw) -> Sweeps:
             S.fail("policies", "give policies.load (× C_SLO) or policies.rate_rps, one of them", "e.g. load: 1.5")
         items = S.mapping(p.get("policies"), "policies.policies", optional=False,
                           example="{FIFO: {}, fair queuing: {scheduling: {policy: vtc}}}")
+        scenarios = {}
         for name, v in items.items():
             f = S.join("policies.policies", name)
-            v = S.mapping(v, f, known=("scheduling", "admission")) or {}
-            PO.parse_policy(v.get("scheduling"), v.get("admission"), sched_fld=S.join(f, "scheduling"),
-                            adm_fld=S.join(f, "admission"))
-        pol = dict(p)
+            S.mapping(v, f, known=("scheduling", "admission"))
+            scenarios[str(name)] = policy_scenario(str(name), v, f)
+        pol = dict(p) | {"policies": scenarios}
     return Sweeps(name=str(d.get("name") or "sweeps"),
                   runs=S.number(pr.get("runs", 2), "protocol.runs", integer=True, minimum=1),
                   duration_s=S.duration_s(pr.get("duration_s", 900.0), "protocol.duration_s", above=0.0),
@@ -113,15 +113,15 @@ def load_sweeps(path: str | os.PathLike) -> Sweeps:
     """Read a sweeps file (SpecError with the file, line and field on any problem)."""
     doc = S.document(Path(path).expanduser(), what="sweeps file", fix="see docs/scenarios.md \"Sweeps file\"")
     with doc.located():
-        return parse_sweeps(doc.data)
+        return parse_sweeps(doc.data, base_dir=Path(path).expanduser().parent)
 
 
 @dataclass(frozen=True)
 class SweepResults:
     base_cslo: object = None  # SteadyCSLO of the base configuration (when the policies needed it)
-    cache: object = None  # CacheSweep
-    pd: object = None  # PDSweep
-    policies: object = None  # PolicyComparison
+    cache: ScenarioTable | None = None
+    pd: ScenarioTable | None = None
+    policies: ScenarioTable | None = None
 
 
 def run_sweeps(cfg: SynthConfig, slo: SLO | str, sweeps: Sweeps, *, workers: int | None = None) -> SweepResults:
@@ -133,19 +133,12 @@ def run_sweeps(cfg: SynthConfig, slo: SLO | str, sweeps: Sweeps, *, workers: int
 
     s = SLO.parse(slo)
     out: dict = {}
-    bs = cfg.replica.block_size
     if sweeps.cache:
-        settings = {}
-        for name, v in sweeps.cache.items():
-            px = PX.parse_workload(v["prefixes"], "prefixes") if v.get("prefixes") is not None else None
-            pc = PX.parse_cache(v["prefix_cache"], "prefix_cache", block_size=bs) if v.get("prefix_cache") else None
-            settings[name] = (px, pc)
-        out["cache"] = cache_sweep(cfg, s, settings, runs=sweeps.runs, duration_s=sweeps.duration_s, workers=workers)
+        out["cache"] = cache_sweep(cfg, s, sweeps.cache, runs=sweeps.runs, duration_s=sweeps.duration_s,
+                                   workers=workers)
     if sweeps.pd:
         p = sweeps.pd
-        g = int(cfg.system.get("gpus_per_replica", 1) or 1)
-        spec = D.parse_disagg({k: p.get(k, {}) for k in ("prefill", "decode", "kv_transfer")} | {"lanes": p.get("lanes", 1)},
-                              "pd", cfg.replica, base_gpus=g, base_gpu=str(cfg.system.get("gpu", "")))
+        spec = on_config(cfg, Scenario("pd", "", (p["pools"],))).config.disagg  # the pools on cfg's replica
         ratios = [tuple(int(x) for x in r) for r in p["ratios"]] if "ratios" in p else None
         out["pd"] = pd_sweep(cfg, s, prefill=spec.prefill, decode=spec.decode, total_replicas=p.get("total_replicas"),
                              ratios=ratios, transfer=spec.transfer, lanes=spec.lanes,
@@ -160,12 +153,6 @@ def run_sweeps(cfg: SynthConfig, slo: SLO | str, sweeps: Sweeps, *, workers: int
                                workers=workers)
             out["base_cslo"] = base
             rate = float(p["load"]) * base.estimate
-        pols = {}
-        for name, v in p["policies"].items():
-            v = v or {}
-            spec = PO.parse_policy(v.get("scheduling"), v.get("admission"))
-            pols[name] = spec if spec.active else None
-        out["policies"] = compare_policies(cfg, s, rate=float(rate), policies=pols,
+        out["policies"] = compare_policies(cfg, s, rate=float(rate), policies=p["policies"],
                                            duration_s=float(p.get("duration_s", sweeps.duration_s)))
     return SweepResults(**out)
-
