@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SpecError
+from ..present import fmt, fmt_pct
 from ..slo import SLO, good_array
 from .config import ArrivalSpec, SynthConfig
 from .engine import SimResult
@@ -206,6 +207,18 @@ class Steady:
         """Each run's own attainment (0 for a run with no in-window request)."""
         n, g = np.asarray(self.n, float), np.asarray(self.good, float)
         return tuple(float(a) for a in g / np.maximum(n, 1))
+
+    def to_dict(self) -> dict:
+        return {"offered_rps": self.offered_rps, "slo": self.slo, "duration_s": self.duration_s,
+                "warmup_s": self.warmup_s, "seed": self.seed, "first_run": self.first_run, "n": list(self.n),
+                "good": list(self.good), "attainment": self.attainment}
+
+    def to_text(self) -> str:
+        runs = len(self.n)
+        return (f"{fmt(self.offered_rps)} req/s under {self.slo}: attainment {fmt_pct(self.attainment, 2)} "
+                f"({self.n_good:,} of {self.n_requests:,} in-window requests, {runs} simulated run"
+                f"{'s' if runs != 1 else ''} of {fmt(self.duration_s)} s, the first {fmt(self.warmup_s)} s left out; "
+                f"seed {self.seed}, runs {self.first_run}–{self.first_run + runs - 1})")
 
 
 def steady(system, scenario=None, slo: SLO | str = "", *, rate_rps: float, runs: int = 1, first_run: int = 0,
