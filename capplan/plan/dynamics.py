@@ -42,7 +42,6 @@ from ..slo import SLO
 from ..synth.autoscale import AutoscalerSpec
 from ..synth.config import SynthConfig
 from ..synth.control import ControlSpec, FailureEvent, Placement, RolloutEvent
-from ..synth.demand import RateProfile
 from ..synth.evaluate import system_config
 from ..synth.retry import RetryPolicy
 from ..synth.sweep import generate_study
@@ -285,13 +284,6 @@ def burst_part(plan, quarter: int = 0, *, burst_rps_per_s: float | None = None,
     return DemandPart("ramps", mean, ((EVENT_AT_S, EVENT_AT_S + ramp, peak),)), mean, peak, ramp
 
 
-def burst_profile(plan, quarter: int = 0, *, burst_rps_per_s: float | None = None,
-                  mean_to_peak: float | None = None) -> tuple[RateProfile, float, float, float]:
-    """(profile, mean, peak, ramp seconds): :func:`burst_part`'s rate profile."""
-    part, mean, peak, ramp = burst_part(plan, quarter, burst_rps_per_s=burst_rps_per_s, mean_to_peak=mean_to_peak)
-    return part.profile(None), mean, peak, ramp
-
-
 def cold_start_scenario(plan, system, *, warm_floor: int | None = None, quarter: int = 0,
                         burst_rps_per_s: float | None = None, settings: SimSettings = SimSettings(),
                         budget=None, tmp: Path) -> DynamicCheck:
@@ -508,5 +500,5 @@ def smallest_fleet(plan, system, budget_slo_minutes: float, *, quarter: int = 0,
 
 __all__ = ["simulate_plan", "PlanDynamics", "DynamicCheck", "SimSettings", "smallest_warm_floor",
            "smallest_fleet", "BudgetSearch", "failure_scenario", "rollout_scenario",
-           "cold_start_scenario", "day_scenario", "burst_profile", "burst_part", "base_config", "fleet_config",
+           "cold_start_scenario", "day_scenario", "burst_part", "base_config", "fleet_config",
            "with_parts"]
