@@ -23,6 +23,7 @@ Results are printed as markdown tables and saved under benchmarks/_data/ (git-ig
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -64,7 +65,7 @@ def _load() -> str:
 def _config(name: str):
     from capplan.synth.config import PRESETS, parse_config
 
-    raw = json.loads(json.dumps(PRESETS["demo"]))
+    raw = copy.deepcopy(PRESETS["demo"])  # (a JSON round trip made sweep.repeats' rate keys text)
     for k, v in CONFIGS[name][1].items():
         raw[k] = {**raw.get(k, {}), **v}
     raw["name"] = f"twin-recovery-{name}"

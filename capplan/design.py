@@ -229,7 +229,9 @@ def _fit_outcome(env, rate: float, duration_s: float, warmup_s: float, rng) -> d
 
 def _model_outcomes(model, rate: float, duration_s: float, warmup_s: float, slo, sims: int,
                     seed: int) -> list[dict]:
-    """Runs simulated on a model (twin or synth config) — real synth runs, reduced."""
+    """Runs simulated on a model (twin or synth config) — real synth runs, reduced. Not the
+    evaluator's counts (``capplan.synth.evaluate.steady``): a trial fit needs each run's block
+    statistics and diagnostics, which the reduction of a written study gives."""
     import tempfile
 
     from .reduce import reduce_study
@@ -305,13 +307,11 @@ def fit_envelope_with_twin(study, slo, model, *, seed: int = 0, stats=None, **fi
 
 def model_config(model, *, rates, duration_s, warmup_s, repeats=1, seed=0):
     """A synth configuration for ``model``: a twin (anything with ``synth_config``) or a
-    ``SynthConfig``."""
-    if hasattr(model, "synth_config"):
-        return model.synth_config(rates=tuple(rates), duration_s=duration_s, warmup_s=warmup_s,
-                                  repeats=repeats, seed=seed, itl=False)
-    return model.with_(rates=tuple(float(r) for r in rates), duration_s=float(duration_s),
-                       warmup_s=float(warmup_s), repeats=int(repeats), requests_per_run=None,
-                       seed=int(seed), itl=False, power=None, load_model="open")
+    ``SynthConfig`` (``capplan.synth.evaluate.system_config``, without per-request ITL)."""
+    from .synth.evaluate import system_config
+
+    return system_config(model, rates=rates, duration_s=duration_s, warmup_s=warmup_s, repeats=repeats, seed=seed,
+                         itl=False)
 
 
 def add_runs(stats: BlockStats, new: list[dict]) -> BlockStats:

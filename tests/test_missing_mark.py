@@ -192,8 +192,15 @@ def _scenario_table(demo, envelope):
     return ScenarioTable("policies", SLOCls.parse(SLO), rows, POLICIES_LAYOUT, detail=detail, rate_rps=2.0), True
 
 
+def _steady(demo, envelope):
+    from capplan.synth.evaluate import Steady
+
+    return Steady(6.0, "ttft_ms=2000", 40.0, 5.0, 3, 0, (0, 0), (0, 0)), True  # no in-window request: no attainment
+
+
 #: class name → builder(demo, envelope) → (instance, whether it holds a missing value)
 COVERED = {
+    "Steady": _steady,
     "Bound": _bound,
     "RunSummary": _run_summary,
     "Timeline": _timeline,

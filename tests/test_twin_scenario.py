@@ -142,3 +142,16 @@ def test_protocol_simulation_matches_a_written_study(twin, tmp_path):
     env = fit_from_stats(stats, SLO, reps=50, seed=0)  # one draw of a parametric bootstrap
     assert len(env.runs) == 4
     assert yaml.safe_load((Path(path) / "study.yaml").read_text())["twin"]["name"] == twin.name
+
+
+def test_steady_runs_a_twin_under_a_scenario(twin):
+    """The one evaluator takes a twin and a scenario built from parts: the same counts as the
+    changed twin itself, on the same streams; more replicas serve more of the same requests."""
+    from capplan.synth.evaluate import steady
+
+    kw = dict(rate_rps=9.0, runs=2, duration_s=60.0, warmup_s=5.0, seed=4)
+    two = steady(twin, parse_scenario({"system": {"replicas": 2}}), SLO, **kw)
+    same = steady(twin.with_values(replicas=2), None, SLO, **kw)
+    one = steady(twin, None, SLO, **kw)
+    assert (two.n, two.good) == (same.n, same.good)
+    assert two.n == one.n and two.n_good > one.n_good  # same arrivals, more served within the SLO

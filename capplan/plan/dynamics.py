@@ -42,10 +42,12 @@ from ..slo import SLO
 from ..synth.autoscale import AutoscalerSpec
 from ..synth.config import SynthConfig
 from ..synth.control import ControlSpec, FailureEvent, Placement, RolloutEvent
-from ..synth.demand import RateProfile, ramps, steps
+from ..synth.evaluate import system_config
 from ..synth.retry import RetryPolicy
 from ..synth.sweep import generate_study
 from ..timeline import Timeline, analyse_timeline
+from ..twin.fleet import AutoscalerPart, DemandPart, FailurePart, RolloutPart
+from ..twin.scenario import Part, ScenarioContext
 from .sizing import failure_loss
 
 EVENT_AT_S = 300.0
@@ -136,16 +138,28 @@ class PlanDynamics:
 
 
 def base_config(system, *, duration_s: float, seed: int) -> SynthConfig:
-    """The twin as a synth configuration (a SynthConfig is taken as it is)."""
-    if isinstance(system, SynthConfig):
-        cfg = system
-    elif hasattr(system, "synth_config"):
-        cfg = system.synth_config()
-    else:
+    """The twin as a synth configuration (a SynthConfig is taken as it is): one run of
+    ``duration_s`` at the system's own rates, no warm-up."""
+    if not (isinstance(system, SynthConfig) or hasattr(system, "synth_config")):
         raise SpecError("simulating a plan needs a twin (capplan twin fit) or a synth config",
                         field="twin", fix="pass --twin twin.yaml")
-    return replace(cfg, duration_s=float(duration_s), warmup_s=0.0, repeats=1, seed=int(seed),
-                   requests_per_run=None, power=None, itl=False, load_model="open")
+    return system_config(system, duration_s=duration_s, warmup_s=0.0, seed=seed, itl=False)
+
+
+def fleet_config(cfg: SynthConfig, groups: int, placement: Placement, retry: RetryPolicy | None = None) -> SynthConfig:
+    """The planned fleet without any event: ``groups`` replicas placed as the plan places them
+    (zones, groups per node), the clients' retry policy; the control run of every check."""
+    return replace(cfg, replicas=int(groups), control=ControlSpec(initial=int(groups), placement=placement,
+                                                                  retry=retry))
+
+
+def with_parts(system, cfg: SynthConfig, *parts: Part) -> SynthConfig:
+    """``cfg`` changed by scenario parts (``capplan.twin.fleet``), applied in the order given:
+    the plan's checks say what happens with the twin's own parts, as a scenario file would."""
+    ctx = ScenarioContext(system, cfg)
+    for part in parts:
+        ctx = part.apply(ctx)
+    return ctx.config
 
 
 def _run(cfg: SynthConfig, slo: SLO, capacity: float, settings: SimSettings, tmp: Path,
@@ -225,15 +239,10 @@ def failure_scenario(plan, system, *, groups: int | None = None, quarter: int = 
             "none": f"losing 1 of {N} groups (the plan keeps no failure reserve)"}[pol]
     what += f" at the {plan.quarters[quarter].label} peak ({peak:.4g} req/s)"
     dur = EVENT_AT_S + settings.detect_s + T + settings.settle_s
-    cfg = base_config(system, duration_s=dur, seed=settings.seed)
-    cfg = replace(cfg, replicas=N, rates=(peak,), demand=steps(peak, []))
-    place = _placement(spec, g)
-    rt = settings.retry
-    tl, st = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, failures=(fail,),
-                                                   retry=rt)),
-                  plan.slo, C, settings, tmp, "failure")
-    ctl, _ = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, retry=rt)), plan.slo,
-                  C, settings, tmp, "failure-control")
+    fleet = with_parts(system, fleet_config(base_config(system, duration_s=dur, seed=settings.seed), N,
+                                            _placement(spec, g), settings.retry), DemandPart("steps", peak))
+    tl, st = _run(with_parts(system, fleet, FailurePart((fail,))), plan.slo, C, settings, tmp, "failure")
+    ctl, _ = _run(fleet, plan.slo, C, settings, tmp, "failure-control")
     return _outcome("failure", what, N, peak, tl, ctl, budget, st)
 
 
@@ -247,37 +256,32 @@ def rollout_scenario(plan, system, *, quarter: int = 0, settings: SimSettings = 
     r = spec.rollout
     steps_n = math.ceil(N / max(1, r.max_surge + r.max_unavailable))
     dur = EVENT_AT_S + steps_n * (T + 5.0) + settings.settle_s
-    cfg = base_config(system, duration_s=dur, seed=settings.seed)
-    cfg = replace(cfg, replicas=N, rates=(peak,), demand=steps(peak, []))
     roll = RolloutEvent(at_s=EVENT_AT_S, max_surge=r.max_surge, max_unavailable=r.max_unavailable,
                        ready_s=T)
     g = int(plan.value("gpus_per_group"))
-    place = _placement(spec, g)
+    fleet = with_parts(system, fleet_config(base_config(system, duration_s=dur, seed=settings.seed), N,
+                                            _placement(spec, g), settings.retry), DemandPart("steps", peak))
     what = (f"a rolling update of {N} groups (max surge {r.max_surge}, max unavailable "
             f"{r.max_unavailable}, ready in {T:g} s) at the {plan.quarters[quarter].label} peak "
             f"({peak:.4g} req/s)")
-    rt = settings.retry
-    tl, st = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, rollout=roll,
-                                                   retry=rt)),
-                  plan.slo, C, settings, tmp, "rollout")
-    ctl, _ = _run(replace(cfg, control=ControlSpec(initial=N, placement=place, retry=rt)), plan.slo,
-                  C, settings, tmp, "rollout-control")
+    tl, st = _run(with_parts(system, fleet, RolloutPart(roll)), plan.slo, C, settings, tmp, "rollout")
+    ctl, _ = _run(fleet, plan.slo, C, settings, tmp, "rollout-control")
     return _outcome("rollout", what, N, peak, tl, ctl, budget, st)
 
 
-def burst_profile(plan, quarter: int = 0, *, burst_rps_per_s: float | None = None,
-                  mean_to_peak: float | None = None) -> tuple[RateProfile, float, float, float]:
-    """(profile, mean, peak, ramp seconds): from the mean to the quarter's peak at b req/s/s
-    from t = 300 s (a step when b is 0 or infinite)."""
+def burst_part(plan, quarter: int = 0, *, burst_rps_per_s: float | None = None,
+               mean_to_peak: float | None = None) -> tuple[DemandPart, float, float, float]:
+    """(demand part, mean, peak, ramp seconds): from the mean to the quarter's peak at b
+    req/s/s from t = 300 s (a step when b is 0 or infinite)."""
     spec = plan.spec
     peak = plan.quarters[quarter].peak_rps
     mtp = mean_to_peak if mean_to_peak is not None else (spec.demand.mean_to_peak or 0.6)
     mean = peak * mtp
     b = spec.autoscaling.burst_growth_rps_per_s if burst_rps_per_s is None else burst_rps_per_s
     if not b or not math.isfinite(b) or b <= 0:
-        return steps(mean, [(EVENT_AT_S, peak)]), mean, peak, 0.0
+        return DemandPart("steps", mean, ((EVENT_AT_S, peak),)), mean, peak, 0.0
     ramp = (peak - mean) / b
-    return ramps(mean, [(EVENT_AT_S, EVENT_AT_S + ramp, peak)]), mean, peak, ramp
+    return DemandPart("ramps", mean, ((EVENT_AT_S, EVENT_AT_S + ramp, peak),)), mean, peak, ramp
 
 
 def cold_start_scenario(plan, system, *, warm_floor: int | None = None, quarter: int = 0,
@@ -288,7 +292,7 @@ def cold_start_scenario(plan, system, *, warm_floor: int | None = None, quarter:
     C = plan.capacity.rps_per_group
     T = _ready_s(spec)
     W = spec.autoscaling.warm_floor_groups if warm_floor is None else int(warm_floor)
-    prof, mean, peak, ramp = burst_profile(plan, quarter, burst_rps_per_s=burst_rps_per_s)
+    burst, mean, peak, ramp = burst_part(plan, quarter, burst_rps_per_s=burst_rps_per_s)
     start = max(W, 1, math.ceil(settings.safety * mean / C - 1e-9))
     start = min(start, N)
     a = AutoscalerSpec(capacity_rps=C, ready_s=T, safety=settings.safety,
@@ -297,18 +301,16 @@ def cold_start_scenario(plan, system, *, warm_floor: int | None = None, quarter:
                        max_replicas=max(N, start))
     dur = EVENT_AT_S + ramp + T + settings.settle_s
     cfg = base_config(system, duration_s=dur, seed=settings.seed)
-    cfg = replace(cfg, rates=(peak,), demand=prof)
     place = _placement(spec, int(plan.value("gpus_per_group")))
     b = spec.autoscaling.burst_growth_rps_per_s if burst_rps_per_s is None else burst_rps_per_s
     how = f"at {b:g} req/s per s" if ramp else "at once"
     what = (f"a burst from the mean {mean:.4g} to the {plan.quarters[quarter].label} peak "
             f"{peak:.4g} req/s {how}, autoscaled from {start} groups (warm floor {W}, new groups "
             f"ready in {T:g} s, at most {N})")
-    tl, st = _run(replace(cfg, replicas=start, control=ControlSpec(initial=start, placement=place,
-                                                                    autoscaler=a)),
+    tl, st = _run(with_parts(system, fleet_config(cfg, start, place), burst, AutoscalerPart(a)),
                   plan.slo, C, settings, tmp, f"cold-start-w{W}")
-    ctl, _ = _run(replace(cfg, replicas=N, control=ControlSpec(initial=N, placement=place)), plan.slo, C,
-                  settings, tmp, "cold-start-control")
+    ctl, _ = _run(with_parts(system, fleet_config(cfg, N, place), burst), plan.slo, C, settings, tmp,
+                  "cold-start-control")
     return _outcome("cold_start", what, start, peak, tl, ctl, budget, st)
 
 
@@ -340,11 +342,10 @@ def day_scenario(plan, system, *, quarter: int = 0, trace: str | None = None,
     shape = f"trace {Path(trace).name}" if trace else "a working day"
     what = (f"{span_s / 3600:g} h of {shape} peaking at the {plan.quarters[quarter].label} peak "
             f"{peak:.4g} req/s, autoscaled between {max(W, 1)} and {N} groups (ready in {T:g} s)")
-    tl, st = _run(replace(cfg, replicas=start, control=ControlSpec(initial=start, placement=place,
-                                                                    autoscaler=a)),
-                  plan.slo, C, settings, tmp, "day")
-    ctl, _ = _run(replace(cfg, replicas=N, control=ControlSpec(initial=N, placement=place)), plan.slo, C,
-                  settings, tmp, "day-control")
+    # a working day's shape (diurnal) has no demand part: the profile is set on the config
+    tl, st = _run(with_parts(system, fleet_config(cfg, start, place), AutoscalerPart(a)), plan.slo, C, settings,
+                  tmp, "day")
+    ctl, _ = _run(fleet_config(cfg, N, place), plan.slo, C, settings, tmp, "day-control")
     out = _outcome("day", what, start, peak, tl, ctl, budget, st)
     s = tl.summary_frame().iloc[0]
     sentence = (f"{what}: {out.slo_minutes:.3g} SLO-minutes caused, {max(out.good_lost, 0):,} good "
@@ -499,4 +500,5 @@ def smallest_fleet(plan, system, budget_slo_minutes: float, *, quarter: int = 0,
 
 __all__ = ["simulate_plan", "PlanDynamics", "DynamicCheck", "SimSettings", "smallest_warm_floor",
            "smallest_fleet", "BudgetSearch", "failure_scenario", "rollout_scenario",
-           "cold_start_scenario", "day_scenario", "burst_profile"]
+           "cold_start_scenario", "day_scenario", "burst_part", "base_config", "fleet_config",
+           "with_parts"]

@@ -1,9 +1,10 @@
 """Ground truth: the attainment a run protocol really has at an offered rate.
 
-The truth is estimated by simulation, with the same per-request metric definitions the
-pipeline uses (the runs are written as a temporary study and read through
-``capplan.metrics.request_view`` and ``good_predicate``), so that later tests can check
-fitted capacities and their confidence intervals against it.
+The truth is estimated by simulation with the one evaluator of the simulated side
+(:func:`capplan.synth.evaluate.steady`): per-request outcomes in memory, counted with the same
+SLO-good rule as the pipeline's SQL (``capplan.metrics.good_predicate``; both built from
+``capplan.slo.good_terms``) and the same steady window, so that later tests can check fitted
+capacities and their confidence intervals against it.
 
 Two notions, both useful:
 - ``mode="run"`` (default): the expected pooled attainment of a run of the configured protocol
@@ -19,7 +20,6 @@ attainment curve is smooth in the rate.
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +27,10 @@ import numpy as np
 from ..errors import SpecError
 from ..slo import SLO
 from .config import SynthConfig
+from .evaluate import TRUTH_SEED_OFFSET, bisect_crossing, steady
 
-TRUTH_SEED_OFFSET = 1_000_003  # keeps truth streams apart from a sweep's own runs
+__all__ = ["TRUTH_SEED_OFFSET", "TruthResult", "true_attainment", "CapacityTruth", "true_capacity", "CellTruth",
+           "true_cell_attainment", "true_mix_capacity"]
 
 
 @dataclass(frozen=True)
@@ -48,37 +50,6 @@ class TruthResult:
                                               "n_requests", "n_good", "replications")}
 
 
-def _count_runs(cfg: SynthConfig, rate_rps: float, s: SLO, group_sql: str, group_params: list, *,
-                replications: int, duration_s, warmup_s, seed) -> list[tuple]:
-    """Simulate ``replications`` independent runs at ``rate_rps``, write them as a temporary
-    study and count in-window requests and SLO-good ones per ``group_sql`` with the pipeline's
-    own definitions: rows (group, n, good) in group order."""
-    from ..study import open_study
-    from ..metrics import Window, good_predicate, request_view
-    from .sweep import RunPlan, generate_study
-
-    if replications < 1:
-        raise SpecError("replications must be ≥ 1", field="replications")
-    dur = float(duration_s if duration_s is not None else cfg.run_duration_s(rate_rps))
-    warm = float(cfg.warmup_s if warmup_s is None else warmup_s)
-    if warm >= dur:
-        raise SpecError(f"warm-up {warm:g} s must be shorter than the run ({dur:g} s)", field="warmup_s")
-    base = cfg.with_(seed=int(cfg.seed if seed is None else seed), rates=(float(rate_rps),), repeats=replications, repeats_at=(),
-                     duration_s=dur, requests_per_run=None, warmup_s=warm, power=None,
-                     itl=bool(s.itl_ms is not None))
-    # seeds: (seed, TRUTH_SEED_OFFSET + replication) — independent of the rate
-    plans = tuple(RunPlan(TRUTH_SEED_OFFSET + i, f"t{i:03d}", float(rate_rps), i, dur) for i in range(replications))
-    with tempfile.TemporaryDirectory(prefix="capplan-truth-") as tmp:
-        path, _ = generate_study(base, f"{tmp}/study", workers=1, plans=plans)
-        st = open_study(path)
-        view = request_view(st, Window.of(st))
-        pred, params = good_predicate(s)
-        rows = st.sql(f"SELECT {group_sql} AS grp, count(*) AS n, count(*) FILTER (WHERE {pred}) AS good "
-                      f"FROM {view} WHERE in_window GROUP BY grp ORDER BY grp", group_params + params).fetchall()
-        st.con.close()
-    return rows
-
-
 def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replications: int = 8,
                     duration_s: float | None = None, warmup_s: float | None = None,
                     seed: int | None = None) -> TruthResult:
@@ -89,10 +60,10 @@ def true_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, *, replic
     if cfg.load_model != "open":
         raise SpecError("true_attainment needs an open-loop config", field="sweep.load_model")
     s = SLO.parse(slo)
-    rows = _count_runs(cfg, rate_rps, s, "run_id", [], replications=replications, duration_s=duration_s,
-                       warmup_s=warmup_s, seed=seed)
-    n = np.array([r[1] for r in rows], float)
-    g = np.array([r[2] for r in rows], float)
+    st = steady(cfg, None, s, rate_rps=rate_rps, runs=replications, duration_s=duration_s, warmup_s=warmup_s,
+                seed=seed)
+    n = np.array(st.n, float)
+    g = np.array(st.good, float)
     att = float(g.sum() / n.sum()) if n.sum() else float("nan")
     k = len(n)
     if k >= 2 and n.sum() > 0:
@@ -138,15 +109,12 @@ def true_capacity(cfg: SynthConfig, slo: SLO | str, lo_rps: float, hi_rps: float
     if b.attainment >= s.attainment:
         raise SpecError(f"the high end {hi_rps:g} req/s still meets the SLO (attainment {b.attainment:.4f})",
                         field="hi_rps", fix="end the bracket at a higher rate")
-    lo, hi = lo_rps, hi_rps
-    while hi - lo > tol_rps:
-        mid = 0.5 * (lo + hi)
-        m = true_attainment(cfg, mid, s, **kw)
-        evals.append(m)
-        if m.attainment >= s.attainment:
-            lo = mid
-        else:
-            hi = mid
+
+    def passes(rate):
+        evals.append(true_attainment(cfg, rate, s, **kw))
+        return evals[-1].attainment >= s.attainment
+
+    lo, hi = bisect_crossing(passes, lo_rps, hi_rps, tol_rps=tol_rps)
     return CapacityTruth(str(s), 0.5 * (lo + hi), (lo, hi), tuple(evals))
 
 
@@ -181,13 +149,10 @@ def true_cell_attainment(cfg: SynthConfig, rate_rps: float, slo: SLO | str, inpu
     the pipeline's own definitions (as ``true_attainment``); common random numbers across rates."""
     s = SLO.parse(slo)
     edges = tuple(float(e) for e in input_edges)
-    bucket = " + ".join("CAST(input_tokens >= ? AS INTEGER)" for _ in edges) or "0"
-    rows = _count_runs(cfg, rate_rps, s, bucket, list(edges), replications=replications, duration_s=duration_s,
-                       warmup_s=warmup_s, seed=seed)
-    n = np.zeros(len(edges) + 1, dtype=np.int64)
-    g = np.zeros(len(edges) + 1, dtype=np.int64)
-    for b, cnt, good in rows:
-        n[int(b)], g[int(b)] = cnt, good
+    st = steady(cfg, None, s, rate_rps=rate_rps, runs=replications, duration_s=duration_s, warmup_s=warmup_s,
+                seed=seed, input_edges=edges)
+    n = np.sum(st.cell_n, axis=0, dtype=np.int64)
+    g = np.sum(st.cell_good, axis=0, dtype=np.int64)
     return CellTruth(float(rate_rps), str(s), edges, tuple(int(x) for x in n), tuple(int(x) for x in g))
 
 
@@ -210,11 +175,5 @@ def true_mix_capacity(cfg: SynthConfig, slo: SLO | str, lo_rps: float, hi_rps: f
     if att(hi_rps) >= s.attainment:
         raise SpecError(f"the high end {hi_rps:g} req/s still meets the SLO at this mix", field="hi_rps",
                         fix="end the bracket at a higher rate")
-    lo, hi = lo_rps, hi_rps
-    while hi - lo > tol_rps:
-        mid = 0.5 * (lo + hi)
-        if att(mid) >= s.attainment:
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = bisect_crossing(lambda x: att(x) >= s.attainment, lo_rps, hi_rps, tol_rps=tol_rps)
     return 0.5 * (lo + hi), evals

@@ -2,12 +2,13 @@
 attainment meets the SLO, with a 95 % interval.
 
 Each evaluation simulates ``runs`` independent long runs (``duration_s``, the first
-``warmup_s`` left out) and pools their SLO-good requests, counted with
-:func:`capplan.twin.replay.run_metrics` (the pipeline's definitions) — the same pooled
+``warmup_s`` left out) and pools their SLO-good requests, counted by the simulated side's one
+evaluator (:func:`capplan.synth.evaluate.steady`, the pipeline's definitions) — the same pooled
 attainment :func:`capplan.synth.truth.true_attainment` bisects, so the twin's C_SLO and the
 ``true_capacity`` of a generating configuration are the same quantity. (Pooling matters near
 saturation: a few runs with congestion episodes pull the pooled attainment below a typical
-run's.) The crossing is found by bracketing and bisection with common random numbers (the same
+run's.) The crossing is found by the one bracketing and bisection
+(:func:`capplan.synth.evaluate.bracket_crossing`) with common random numbers (the same
 workloads at every rate: arrival gaps scale with the rate).
 
 - **Monte-Carlo error**: each run's own crossing, from a logit-linear fit through its
@@ -22,17 +23,14 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import multiprocessing as mp
 import numpy as np
 
 from ..slo import SLO
-from ..synth.config import ArrivalSpec, SynthConfig
-from ..synth.events import token_times
-from ..synth.sweep import simulate_level
-from ..synth.truth import TRUTH_SEED_OFFSET
-from .replay import Outcome, itl_stats, run_metrics
+from ..synth.config import SynthConfig
+from ..synth.evaluate import bracket_crossing, steady
 
 STEADY_DURATION_S = 1800.0  # at least this long …
 STEADY_REQUESTS = 12_000  # … and long enough for this many requests per run at the first guess
@@ -63,32 +61,24 @@ class SteadyCSLO:
 
 def simulated_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
                      seed: int, run: int) -> tuple[int, int]:
-    """(in-window requests, SLO-good ones) of one long Poisson run of ``twin`` at ``rate``.
-    Run ``run`` draws from SeedSequence([seed, TRUTH_SEED_OFFSET + run]), the streams
+    """(in-window requests, SLO-good ones) of one long Poisson run of ``twin`` at ``rate``:
+    :func:`capplan.synth.evaluate.steady`'s run ``run`` at workload seed ``seed`` — the streams
     ``capplan.synth.truth.true_attainment`` gives its replication ``run`` of a config with that
-    seed: the twin and a generating configuration then see the same arrivals and the same
-    normal draws behind their lengths (common random numbers)."""
-    cfg = twin.synth_config(rates=(rate,), duration_s=duration_s, warmup_s=warmup_s, seed=seed,
-                            itl=slo.itl_ms is not None)
-    cfg = replace(cfg, arrival=ArrivalSpec("poisson"))
-    return config_counts(cfg, rate, slo, duration_s=duration_s, warmup_s=warmup_s, run=run)
+    seed, so the twin and a generating configuration see the same arrivals and the same normal
+    draws behind their lengths (common random numbers)."""
+    st = steady(twin, None, slo, rate_rps=rate, first_run=run, duration_s=duration_s, warmup_s=warmup_s,
+                seed=seed, arrival="poisson")
+    return st.n[0], st.good[0]
 
 
 def config_counts(cfg, rate: float, slo: SLO, *, duration_s: float, warmup_s: float, run: int,
                   outcome: bool = False):
     """(in-window requests, SLO-good ones) of one run of a synth configuration ``cfg`` (its
-    arrival process, seed and serving policies) at ``rate``, on the streams of
-    ``true_attainment``'s replication ``run``; with ``outcome`` also the run's ``Outcome`` and
-    the simulator's ``SimResult``."""
-    res = simulate_level(cfg, rate, duration_s=duration_s, seed_key=(TRUTH_SEED_OFFSET + int(run),))
-    need_itl = slo.itl_ms is not None
-    n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
-    p99 = mx = None
-    if need_itl:
-        p99, mx = itl_stats(off, val, n_recv > 1)
-    o = Outcome(res.sched_ns, first, last, n_recv, res.status.astype(np.int8), p99, mx)
-    m = run_metrics(o, slo, int(warmup_s * 1e9))
-    return (m["n"], m["n_good"], o, res) if outcome else (m["n"], m["n_good"])
+    arrival process, seed and serving policies) at ``rate``: :func:`capplan.synth.evaluate.steady`'s
+    run ``run``; with ``outcome`` also the run's ``Outcome`` and the simulator's ``SimResult``."""
+    st = steady(cfg, None, slo, rate_rps=rate, first_run=run, duration_s=duration_s, warmup_s=warmup_s,
+                outcomes=outcome)
+    return (st.n[0], st.good[0], *st.outcomes[0]) if outcome else (st.n[0], st.good[0])
 
 
 def _job(args):
@@ -132,7 +122,8 @@ def _logit(p):
 
 def pooled_crossing(sim: _Sim, twin, slo: SLO, *, start: float, runs: int, duration_s: float, warmup_s: float,
                     seed: int, rel_tol: float = REL_TOL):
-    """(rate, per-run crossings, note): bisection on the attainment pooled over ``runs``.
+    """(rate, per-run crossings, note): :func:`capplan.synth.evaluate.bracket_crossing` on the
+    attainment pooled over ``runs`` (each rate's runs simulated once, as one batch).
     ``twin``: a Twin (Poisson arrivals at its measured mix) or a SynthConfig (as configured)."""
     target = slo.attainment
     cache: dict[float, np.ndarray] = {}
@@ -142,42 +133,15 @@ def pooled_crossing(sim: _Sim, twin, slo: SLO, *, start: float, runs: int, durat
             return (twin, slo, r, duration_s, warmup_s, m)
         return (twin, slo, r, duration_s, warmup_s, int(seed), m)
 
-    def att(r):
+    def passes(r):
         if r not in cache:
             cache[r] = np.array(sim.map([job(r, m) for m in range(runs)]), float)
         c = cache[r]
-        return c[:, 1].sum() / max(c[:, 0].sum(), 1.0), c[:, 1] / np.maximum(c[:, 0], 1.0)
+        return c[:, 1].sum() / max(c[:, 0].sum(), 1.0) >= target
 
-    lo, hi = start / 1.2, start * 1.2
-    if att(lo)[0] < target:
-        hi = lo
-        lo = None
-        while lo is None:
-            r = hi / 1.5
-            if r < start / 1000:
-                return 0.0, (), f"misses the SLO even at {r:.3g} req/s (e.g. failures alone exceed 1 − target)"
-            if att(r)[0] >= target:
-                lo = r
-            else:
-                hi = r
-    elif att(hi)[0] >= target:
-        lo = hi
-        hi = None
-        while hi is None:
-            r = lo * 1.5
-            if r > 1000 * start:
-                return math.inf, (), f"meets the SLO even at {r:g} req/s"
-            if att(r)[0] >= target:
-                lo = r
-            else:
-                hi = r
-    while (hi - lo) / hi > rel_tol:
-        mid = 0.5 * (lo + hi)
-        if att(mid)[0] >= target:
-            lo = mid
-        else:
-            hi = mid
-    est = 0.5 * (lo + hi)
+    est, note = bracket_crossing(passes, start, rel_tol=rel_tol)
+    if note:
+        return est, (), note
     return est, _per_run_crossings(cache, est, target), ""
 
 

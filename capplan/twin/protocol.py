@@ -4,7 +4,10 @@ would have produced, as per-request arrays — fast enough to repeat the protoco
 
 Run ``i`` of :func:`simulate_protocol` draws from ``SeedSequence([seed, i])`` exactly as run
 ``i`` of ``capplan.synth.generate_study(twin.synth_config(...))`` does, so the in-memory runs
-and a written study agree request for request.
+and a written study agree request for request. (That is a sweep's seed map, not the
+evaluator's: :func:`capplan.synth.evaluate.steady` counts runs on streams kept apart from any
+sweep's. Both build a run's outcome with ``simulated_outcome`` and score it with the one
+outcome rule, ``good_mask`` / ``run_metrics``.)
 """
 
 from __future__ import annotations
@@ -18,9 +21,8 @@ import numpy as np
 
 from ..slo import SLO
 from ..synth.config import ArrivalSpec
-from ..synth.events import token_times
-from ..synth.sweep import plan_runs, simulate_level
-from .replay import Outcome, itl_stats, good_mask, run_metrics
+from ..synth.evaluate import Outcome, good_mask, run_metrics, simulated_outcome, warmup_ns
+from ..synth.sweep import plan_runs
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,11 +51,11 @@ class SimRun:
 
     @property
     def in_window(self) -> np.ndarray:
-        return self.sched >= int(round(self.warmup_s * 1e9))
+        return self.sched >= warmup_ns(self.warmup_s)
 
     def metrics(self, slo: SLO | str) -> dict:
         """Attainment, TTFT/TPOT p50/p99, throughput, shares rejected / timed out (steady window)."""
-        return run_metrics(self.outcome, SLO.parse(slo), int(round(self.warmup_s * 1e9)))
+        return run_metrics(self.outcome, SLO.parse(slo), warmup_ns(self.warmup_s))
 
     def series(self, slo: SLO | str) -> dict:
         """The run as ``capplan.reduce.stats_from_series`` wants it: in-window 0/1 good and ok
@@ -75,14 +77,9 @@ class SimRun:
 
 def _one(args):
     cfg, plan, need_itl = args
-    res = simulate_level(cfg, plan.level, duration_s=plan.duration_s, seed_key=(plan.index,))
-    n_recv, first, last, off, val = token_times(res, with_itl=need_itl)
-    p99 = mx = None
-    if need_itl:
-        p99, mx = itl_stats(off, val, n_recv > 1)
+    o, res = simulated_outcome(cfg, plan.level, duration_s=plan.duration_s, seed_key=(plan.index,), itl=need_itl)
     return SimRun(plan.run_id, float(plan.level), int(plan.repeat), float(plan.duration_s), float(cfg.warmup_s),
-                  res.sched_ns, first, last, n_recv, res.input_tokens, res.status.astype(np.int8), res.tenant,
-                  p99, mx)
+                  o.sched, o.first, o.last, o.out, res.input_tokens, o.status, res.tenant, o.itl_p99_ms, o.itl_max_ms)
 
 
 def simulate_protocol(twin, *, rates, duration_s: float, warmup_s: float = 0.0, repeats: int = 1, seed: int = 0,

@@ -7,27 +7,26 @@ run of the same requests could have asked). Requests the server failed whatever 
 (errors, stalls: :func:`capplan.twin.limits_fit.stalled`) keep their measured outcome, since
 the twin does not model why they failed.
 
-:func:`run_metrics` computes, from per-request arrays, the numbers ``capplan summarize`` and the
-envelope report for a run (same definitions: steady window = scheduled at or after the
-warm-up; percentiles type 7 over completed requests; throughput = completed requests / time
-from the first scheduled request to the last event), so measured and simulated runs are
-compared on identical arithmetic.
+Measured and simulated runs are compared on identical arithmetic: both become an ``Outcome``
+and are scored by the simulated side's one outcome rule (``capplan.synth.evaluate``:
+``good_mask``, ``run_metrics`` — the numbers ``capplan summarize`` and the envelope report for
+a run), which this module re-exports for its callers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..slo import SLO, good_array
+from ..slo import SLO
 from ..synth.engine import simulate
+from ..synth.evaluate import METRICS, Outcome, good_mask, itl_stats, run_metrics
 from ..synth.events import token_times
 from ..synth.sweep import lognormal_factors
-from .data import CANCELLED, ERROR, OK, REJECTED, TIMEOUT, RunArrays
+from .data import CANCELLED, ERROR, OK, RunArrays
 
-METRICS = ("attainment", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "achieved_rps",
-           "share_rejected", "share_timed_out")
+__all__ = ["METRICS", "METRIC_LABELS", "Outcome", "good_mask", "itl_stats", "run_metrics", "measured_outcome",
+           "carried", "run_end_ns", "draw_targets", "replay_run"]
+
 METRIC_LABELS = {
     "attainment": "SLO attainment", "ttft_p50_ms": "TTFT p50 (ms)", "ttft_p99_ms": "TTFT p99 (ms)",
     "tpot_p50_ms": "TPOT p50 (ms)", "tpot_p99_ms": "TPOT p99 (ms)", "achieved_rps": "throughput (req/s)",
@@ -35,88 +34,11 @@ METRIC_LABELS = {
 }
 
 
-@dataclass(frozen=True, eq=False)
-class Outcome:
-    """Per-request outcome of one run (measured or simulated), in the run's order."""
-
-    sched: np.ndarray
-    first: np.ndarray
-    last: np.ndarray
-    out: np.ndarray
-    status: np.ndarray
-    itl_p99_ms: np.ndarray | None = None
-    itl_max_ms: np.ndarray | None = None
-
-
 def measured_outcome(run: RunArrays, need_itl: bool = False) -> Outcome:
     p99 = mx = None
     if need_itl and run.itl_has is not None:
         p99, mx = itl_stats(run.itl_off, run.itl_val, run.itl_has)
     return Outcome(run.sched, run.first, run.last, run.out, run.status, p99, mx)
-
-
-def itl_stats(off: np.ndarray, val: np.ndarray, has: np.ndarray):
-    n = len(off) - 1
-    p99 = np.full(n, np.nan)
-    mx = np.full(n, np.nan)
-    for i in np.flatnonzero(has & (np.diff(off) > 0)):
-        g = val[off[i]:off[i + 1]] / 1e6
-        p99[i] = np.quantile(g, 0.99)
-        mx[i] = g.max()
-    return p99, mx
-
-
-def good_mask(o: Outcome, slo: SLO, sent_ns: np.ndarray | None = None) -> np.ndarray:
-    """capplan.metrics.good_predicate on arrays (both from ``capplan.slo.good_terms``), the
-    metrics as ``request_view`` defines them; a missing stamp (−1) is NULL. ``sent_ns``: the
-    client's send stamps for ``ttft_from = sent`` (None or −1: unknown, TTFT from scheduled
-    as the SQL's coalesce)."""
-    known = lambda x: np.where(x >= 0, x, np.nan).astype(np.float64)  # noqa: E731
-    first, last = known(o.first), known(o.last)
-    sched = o.sched.astype(np.float64)
-    sent = sched if sent_ns is None else np.where(sent_ns >= 0, sent_ns, o.sched).astype(np.float64)
-    nan = np.full(len(sched), np.nan)
-
-    def metric(col: str) -> np.ndarray:
-        if col == "ttft_ms":
-            return (first - sched) / 1e6
-        if col == "ttft_sent_ms":
-            return (first - sent) / 1e6
-        if col == "tpot_ms":
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return np.where(o.out > 1, (last - first) / 1e6 / np.maximum(o.out - 1, 1), np.nan)
-        if col == "e2e_ms":
-            return (last - sched) / 1e6
-        v = o.itl_p99_ms if col == "itl_p99_ms" else o.itl_max_ms
-        return nan if v is None else v
-
-    return good_array(slo, (o.status == OK) & (o.first >= 0), metric)
-
-
-def run_metrics(o: Outcome, slo: SLO, warmup_ns: int) -> dict:
-    w = o.sched >= warmup_ns
-    n = int(w.sum())
-    st = o.status[w]
-    ok = (st == OK) & (o.first[w] >= 0)
-    out = {"n": n}
-    if n == 0:
-        return {**out, **{m: float("nan") for m in METRICS}, "n_good": 0}
-    good = good_mask(o, slo)[w]
-    out["n_good"] = int(good.sum())
-    out["attainment"] = float(good.mean())
-    ttft = ((o.first[w] - o.sched[w]) / 1e6)[ok]
-    okm = ok & (o.out[w] > 1) & (o.last[w] >= 0)
-    tpot = ((o.last[w] - o.first[w]) / 1e6 / np.maximum(o.out[w] - 1, 1))[okm]
-    for name, v in (("ttft", ttft), ("tpot", tpot)):
-        q = np.quantile(v, [0.5, 0.99]) if len(v) else [np.nan, np.nan]
-        out[f"{name}_p50_ms"], out[f"{name}_p99_ms"] = float(q[0]), float(q[1])
-    ends = np.max(np.c_[o.sched[w], o.first[w], o.last[w]], axis=1)
-    elapsed = (ends.max() - o.sched[w].min()) / 1e9
-    completed = int((ok & (o.last[w] >= 0)).sum())
-    out["achieved_rps"] = completed / elapsed if elapsed > 0 else float("nan")
-    out["share_rejected"] = float(np.mean(st == REJECTED))
-    out["share_timed_out"] = float(np.mean((st == TIMEOUT) | (st == CANCELLED)))
-    return out
 
 
 def carried(run: RunArrays, stall: np.ndarray) -> np.ndarray:
