@@ -172,7 +172,7 @@ def simulated_candidate(name: str, spec, *, estimate: float, ci_low: float, ci_h
 
 
 def sweep_candidates(sweep, spec) -> list[Candidate]:
-    """One candidate per row of a prefill:decode sweep (``capplan.twin.pd.PDSweep``):
+    """One candidate per row of a prefill:decode sweep (``capplan.twin.pd.pd_sweep``, a ``ScenarioTable``):
     disaggregated units and the colocated system, each a group of its GPUs at its price."""
     out = []
     for r in sweep.rows.to_dict("records"):

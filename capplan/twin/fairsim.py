@@ -30,7 +30,7 @@ from ..slo import SLO
 from ..synth.config import SynthConfig
 from .capacity import config_counts
 from .parts import on_config, policy_scenario
-from .replay import good_mask
+from ..synth.evaluate import good_mask
 from .table import Layout, ScenarioTable
 
 

@@ -16,7 +16,8 @@ from .check import TwinCheck, check_twin, json_number
 from .data import load_study
 from .fit import fit_twin
 from .model import Twin
-from .replay import METRIC_LABELS, METRICS
+from ..synth.evaluate import METRICS
+from .replay import METRIC_LABELS
 
 
 def check_holdout(study, slo: SLO | str, below_rps: float, *, replays: int = 20, seed: int = 0,

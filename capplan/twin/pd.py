@@ -30,7 +30,7 @@ from ..synth.config import SynthConfig
 from ..synth.disagg import DisaggSpec, KVTransfer, Pool
 from .capacity import REL_TOL, capacity_guess, config_counts, config_cslo
 from .parts import DisaggregationPart, on_config
-from .replay import good_mask
+from ..synth.evaluate import good_mask
 from .scenario import Scenario
 from .table import Layout, ScenarioTable, When
 

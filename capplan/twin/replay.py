@@ -19,13 +19,12 @@ import numpy as np
 
 from ..slo import SLO
 from ..synth.engine import simulate
-from ..synth.evaluate import METRICS, Outcome, good_mask, itl_stats, run_metrics
+from ..synth.evaluate import Outcome, itl_stats
 from ..synth.events import token_times
 from ..synth.sweep import lognormal_factors
 from .data import CANCELLED, ERROR, OK, RunArrays
 
-__all__ = ["METRICS", "METRIC_LABELS", "Outcome", "good_mask", "itl_stats", "run_metrics", "measured_outcome",
-           "carried", "run_end_ns", "draw_targets", "replay_run"]
+__all__ = ["METRIC_LABELS", "measured_outcome", "carried", "run_end_ns", "draw_targets", "replay_run"]
 
 METRIC_LABELS = {
     "attainment": "SLO attainment", "ttft_p50_ms": "TTFT p50 (ms)", "ttft_p99_ms": "TTFT p99 (ms)",
