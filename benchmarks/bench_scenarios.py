@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from capplan.cache import cache_effect, cache_timeline  # noqa: E402
 from capplan.plan.candidates import compare_candidates, sweep_candidates
 from capplan.plan import load_plan_spec  # noqa: E402
-from capplan.synth.config import PRESETS, parse_config  # noqa: E402
-from capplan.synth.disagg import parse_pool  # noqa: E402
-from capplan.synth.policy import PolicySpec  # noqa: E402
-from capplan.synth.prefix import PrefixCacheSpec, PrefixWorkload  # noqa: E402
-from capplan.synth.sweep import generate_study, simulate_level  # noqa: E402
+from capplan.sim.config import PRESETS, parse_config  # noqa: E402
+from capplan.sim.disagg import parse_pool  # noqa: E402
+from capplan.sim.policy import PolicySpec  # noqa: E402
+from capplan.sim.prefix import PrefixCacheSpec, PrefixWorkload  # noqa: E402
+from capplan.sim.sweep import generate_study, simulate_level  # noqa: E402
 from capplan.twin.cachesim import cache_sweep  # noqa: E402
 from capplan.twin.capacity import config_cslo  # noqa: E402
 from capplan.twin.fairsim import compare_policies  # noqa: E402

@@ -33,8 +33,8 @@ TARGET_RPS = 20_000.0
 
 
 def _child(kind: str, n: int, workers: int, out: str) -> dict:
-    from capplan.synth.config import preset
-    from capplan.synth.sweep import generate_study, simulate_level
+    from capplan.sim.config import preset
+    from capplan.sim.sweep import generate_study, simulate_level
 
     cfg = preset("bench").with_(requests_per_run=n)
     cpu0 = _cpu_s()

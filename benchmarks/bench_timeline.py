@@ -40,9 +40,9 @@ def build_million(dest: Path) -> Path:
     """1 M requests on 4 replicas at 20 req/s (≈ 14 h), one replica lost every 4 hours and
     replaced after 330 s (the timeline has events to measure)."""
     from capplan import contract as C
-    from capplan.synth.config import preset
-    from capplan.synth.control import ControlSpec, FailureEvent
-    from capplan.synth.sweep import generate_study
+    from capplan.sim.config import preset
+    from capplan.sim.control import ControlSpec, FailureEvent
+    from capplan.sim.sweep import generate_study
 
     if (dest / C.MANIFEST_NAME).is_file():
         return dest
@@ -103,12 +103,12 @@ def child_pandas(path: str) -> dict:
 
 
 def child_day(trace: str, peak: float, out: str, twin: str = "") -> dict:
-    from capplan.synth.arrivals import load_trace
-    from capplan.synth.autoscale import AutoscalerSpec
-    from capplan.synth.config import preset
-    from capplan.synth.control import ControlSpec
-    from capplan.synth.demand import diurnal, from_trace
-    from capplan.synth.sweep import generate_study
+    from capplan.sim.arrivals import load_trace
+    from capplan.sim.autoscale import AutoscalerSpec
+    from capplan.sim.config import preset
+    from capplan.sim.control import ControlSpec
+    from capplan.sim.demand import diurnal, from_trace
+    from capplan.sim.sweep import generate_study
     from capplan.timeline import analyse_timeline
 
     day = 86_400.0

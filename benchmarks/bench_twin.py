@@ -63,7 +63,7 @@ def _load() -> str:
 
 
 def _config(name: str):
-    from capplan.synth.config import PRESETS, parse_config
+    from capplan.sim.config import PRESETS, parse_config
 
     raw = copy.deepcopy(PRESETS["demo"])  # (a JSON round trip made sweep.repeats' rate keys text)
     for k, v in CONFIGS[name][1].items():
@@ -133,7 +133,7 @@ def speed(args) -> None:
 
 def _truth(cfg, guess: float, replications: int, duration_s: float = 1800.0, warmup_s: float = 300.0):
     from capplan.errors import SpecError
-    from capplan.synth.truth import true_capacity
+    from capplan.sim.truth import true_capacity
 
     lo, hi = 0.6 * guess, 1.5 * guess
     for _ in range(6):
@@ -149,7 +149,7 @@ def _truth(cfg, guess: float, replications: int, duration_s: float = 1800.0, war
 
 
 def recovery(args) -> None:
-    from capplan.synth.sweep import generate_study
+    from capplan.sim.sweep import generate_study
     from capplan.twin import fit_twin, steady_cslo
 
     names = args.configs.split(",") if args.configs else list(CONFIGS)

@@ -111,8 +111,8 @@ def main(argv=None) -> int:
     from scipy import stats as st
 
     from capplan.reduce import reduce_study
-    from capplan.synth import preset
-    from capplan.synth.sweep import generate_study
+    from capplan.sim import preset
+    from capplan.sim.sweep import generate_study
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=100, help="independent runs per rate")

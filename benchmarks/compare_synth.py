@@ -1,6 +1,6 @@
 """`capplan compare` against synthetic truths, and its speed before/after (issue 14).
 
-The protocol (capplan.synth, the ``demo`` preset on ONE replica, no ITL lists or power):
+The protocol (capplan.sim, the ``demo`` preset on ONE replica, no ITL lists or power):
 8 Poisson rates 0.5 … 4.5 req/s from light load into overload (capacity under the SLO ≈
 2.7 req/s, throughput saturates near 3.5), 300-s runs with a 30-s warm-up, SLO
 ttft_ms=2000,tpot_ms=100,attainment=0.99. For pair k (seeds S = --seed0 + 2k):
@@ -68,7 +68,7 @@ print(json.dumps(out))
 
 def sweep(seed: int, slowdown: float = 1.0):
     """The one-replica demo protocol (see the module docstring)."""
-    from capplan.synth import preset
+    from capplan.sim import preset
 
     cfg = preset("demo")
     cfg = cfg.with_(seed=seed, replicas=1, system={**cfg.system, "replicas": 1}, rates=RATES,
@@ -131,7 +131,7 @@ def one_pair(args) -> dict:
     k, seed0, reps, tree = args
     from capplan.compare import compare
     from capplan.errors import SpecError, StudyError
-    from capplan.synth import generate_study
+    from capplan.sim import generate_study
 
     s = seed0 + 2 * k
     out = {"k": k, "seed": s}
@@ -223,7 +223,7 @@ def summarise(rows: list[dict], has_old: bool) -> str:
 
 def timing(tree: Path | None, repeats: int, reps: int) -> str:
     """`capplan compare` end to end on two demo-size studies, old and new, best of N."""
-    from capplan.synth import generate_study, preset
+    from capplan.sim import generate_study, preset
 
     demo = DATA / "demo-seeds"
     a, b = demo / "a", demo / "b"

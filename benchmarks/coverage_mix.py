@@ -7,7 +7,7 @@ Target: twice the long-prompt share (30 %). Sweep k uses synth seed ``--seed + k
 reduced once with the input-bucket cells and fitted by ``capplan.mix.fit_mix`` (unweighted and
 reweighted C_SLO from the same block draws).
 
-Truths (``capplan.synth.truth``, common random numbers, cached under benchmarks/_data/):
+Truths (``capplan.sim.truth``, common random numbers, cached under benchmarks/_data/):
 - **reweighted truth** — the rate where Σ_b w_b · A_b(λ) crosses the target, A_b being each
   bucket's true attainment *at the tested mix* (``true_mix_capacity``): what reweighting
   estimates, and the truth the coverage claim is about;
@@ -63,14 +63,14 @@ REPEATS_AT = ((3.5, 3), (4.0, 3), (4.5, 3), (5.0, 3))
 
 
 def config(**kw):
-    from capplan.synth import load_config
+    from capplan.sim import load_config
 
     return load_config(ROOT / "templates" / "synth-mix.yaml").with_(**kw)
 
 
 def config_at_share(long_share: float, **kw):
     """The same protocol with the docs tenant at ``long_share`` of the requests."""
-    from capplan.synth.config import parse_config
+    from capplan.sim.config import parse_config
     import yaml
 
     raw = yaml.safe_load((ROOT / "templates" / "synth-mix.yaml").read_text())
@@ -96,7 +96,7 @@ def _bisect(att, target: float, lo: float, hi: float, tol: float) -> float:
 
 def class_truth(replications: int, refresh: bool = False) -> dict:
     """Each class's true C_SLO at the tested mix and the joint one (their minimum)."""
-    from capplan.synth.truth import true_cell_attainment
+    from capplan.sim.truth import true_cell_attainment
 
     cfg = config()
     key = hashlib.sha256(json.dumps([repr(cfg), SLO_TEXT, replications, EDGES, CLASSES],
@@ -123,7 +123,7 @@ def class_truth(replications: int, refresh: bool = False) -> dict:
 
 
 def truth(replications: int, refresh: bool = False) -> dict:
-    from capplan.synth.truth import true_capacity, true_mix_capacity
+    from capplan.sim.truth import true_capacity, true_mix_capacity
 
     cfg = config()
     p = tested_share(cfg)
@@ -156,7 +156,7 @@ def one_sweep(args) -> dict:
     from capplan.mix import target_from_table
     from capplan.mix.classes import fit_classes
     from capplan.mix.reweight import fit_mix
-    from capplan.synth import generate_study
+    from capplan.sim import generate_study
 
     target = target_from_table(pd.DataFrame({"input_min": [0, EDGES[0]], "input_max": [EDGES[0], None],
                                              "share": [1 - TARGET_LONG, TARGET_LONG]}))

@@ -13,7 +13,7 @@ warm-up: MSER-5 finds it, as for an imported real client. SLO
 
 Truth: this protocol's capacity — pooled attainment of ``--truth-replications`` independent 60-s
 runs started idle at 5 rates around the crossing, crossed by a weighted logit-linear fit
-(``capplan.synth.truth.true_attainment``; benchmarks/coverage_synth.py's ``truth``, cached
+(``capplan.sim.truth.true_attainment``; benchmarks/coverage_synth.py's ``truth``, cached
 under benchmarks/_data/).
 
 Per rule: two-sided coverage of the interval, one-sided coverage of the lower bound (all sweeps,
@@ -66,7 +66,7 @@ def design() -> cs.Design:
 
 
 def plans(cfg):
-    from capplan.synth.sweep import RunPlan
+    from capplan.sim.sweep import RunPlan
 
     out = []
     for lv in COARSE:
@@ -93,7 +93,7 @@ def _fit(stats, rule: str, reps: int, seed: int) -> dict:
 def one_sweep(args) -> dict:
     k, seed, reps, fit_seed, rules = args
     from capplan.reduce import reduce_study
-    from capplan.synth import generate_study
+    from capplan.sim import generate_study
 
     d = design()
     cfg = d.config(seed + k)

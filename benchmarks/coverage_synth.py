@@ -1,5 +1,5 @@
 """Coverage of the C_SLO interval and lower bound against the REAL simulator's truth
-(capplan.synth), on several sweep designs, for the default interval ("run-effect") and the
+(capplan.sim), on several sweep designs, for the default interval ("run-effect") and the
 within-run block bootstrap it replaced ("within-run", the OLD method's row).
 
 Designs (``DESIGNS``; SLO ``ttft_ms=2000,tpot_ms=100,attainment=0.99``; no ITL lists, no power):
@@ -29,7 +29,7 @@ Designs (``DESIGNS``; SLO ``ttft_ms=2000,tpot_ms=100,attainment=0.99``; no ITL l
   protocol's.
 
 Truth (``truth``): pooled attainment of ``--truth-replications`` independent runs
-(``capplan.synth.truth.true_attainment``) at 5 rates around a pilot capacity, and the
+(``capplan.sim.truth.true_attainment``) at 5 rates around a pilot capacity, and the
 crossing of a weighted logit-linear fit through them (with its standard error); cached under
 benchmarks/_data/ (git-ignored), keyed by the configuration.
 
@@ -80,7 +80,7 @@ MEASURED_LEVELS = "measured-levels"
 
 def _demo_raw() -> dict:
     """The demo system and protocol as they were before the demo preset gained repeats."""
-    from capplan.synth.config import PRESETS
+    from capplan.sim.config import PRESETS
 
     raw = copy.deepcopy(PRESETS["demo"])
     raw["name"], raw["description"] = "coverage-demo", ""  # the truth cache keys on the model
@@ -122,14 +122,14 @@ class Design:
     stop_when_honest: bool = False
 
     def config(self, seed: int):
-        from capplan.synth import parse_config
+        from capplan.sim import parse_config
 
         raw = copy.deepcopy(self.raw)
         raw["seed"] = int(seed)
         return parse_config(raw)
 
     def plans(self, cfg):
-        from capplan.synth.sweep import RunPlan
+        from capplan.sim.sweep import RunPlan
 
         out, i = [], 0
         rng = np.random.default_rng([int(cfg.seed), 77])
@@ -200,7 +200,7 @@ def truth(design: Design, replications: int, refresh: bool = False) -> dict:
     logit-linear fit; cached by the configuration's inputs."""
     from scipy.special import logit
 
-    from capplan.synth.truth import true_attainment
+    from capplan.sim.truth import true_attainment
 
     cfg = design.config(20261129).with_(rates=(design.pilot,))  # the truth ignores the sweep
     grid = [round(design.pilot * f, 4) for f in (0.94, 0.97, 1.0, 1.03, 1.06)]
@@ -271,8 +271,8 @@ def one_sweep(args) -> dict:
     from capplan.design import propose
     from capplan.envelope import fit_from_stats
     from capplan.reduce import reduce_study
-    from capplan.synth import generate_study
-    from capplan.synth.sweep import RunPlan
+    from capplan.sim import generate_study
+    from capplan.sim.sweep import RunPlan
 
     design = DESIGNS[name]
     cfg = design.config(seed + k)

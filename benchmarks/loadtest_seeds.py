@@ -52,7 +52,7 @@ AIPERF = {"slo": "ttft_ms=75,tpot_ms=20,attainment=0.95", "rates": (8.0, 12.0, 1
 def _grid_synth(seed: int, kmax: int, reps: int) -> dict:
     """First k (repeats of every coarse rate) whose fit is honest; simulated on the model."""
     from capplan.design import model_config
-    from capplan.synth.sweep import generate_study
+    from capplan.sim.sweep import generate_study
 
     model = load_system(SYNTH["model"])
     for k in range(1, kmax + 1):

@@ -56,7 +56,7 @@ def one_sweep(args) -> dict:
     k, seed, reps, runs, draws, client, replays = args
     from capplan.mix.loadeffect import twin_mix
     from capplan.mix.reweight import fit_mix
-    from capplan.synth import generate_study
+    from capplan.sim import generate_study
     from capplan.twin import check_twin, fit_twin
     import warnings
 

@@ -57,7 +57,7 @@ Every result prints itself (``to_text()``), tabulates (``to_frame()``) and draws
 ``capplan.timeline``, ``capplan.mix``, ``capplan.kv``, ``capplan.design`` and ``capplan.report``
 are the modules (``from capplan.compare import compare`` still works); their verbs are the
 names above. Deeper parts are imported from their modules (``capplan.twin``, ``capplan.mix``,
-``capplan.synth``, …). Docs: docs/architecture.md (the map of modules), docs/report.md,
+``capplan.sim``, …). Docs: docs/architecture.md (the map of modules), docs/report.md,
 docs/plan.md, docs/envelope.md, docs/twin.md, docs/timeline.md, docs/glossary.md.
 """
 

@@ -166,7 +166,7 @@ def production_from_spec(arrivals: dict) -> BurstMeasure:
     w = float(arrivals.get("window_s", 1.0))
     f = "demand.arrivals"
     if arrivals.get("trace"):
-        from .synth.arrivals import load_trace
+        from .sim.arrivals import load_trace
 
         try:
             tr = load_trace(arrivals["trace"], arrivals.get("format", "auto"))

@@ -300,7 +300,7 @@ def timeline_figure(tl: pd.DataFrame, target: float | None = None):
 # ----------------------------------------------------------------------------- the workload's prefixes
 
 def prefix_workload(study, *, warmup="manifest"):
-    """The shared prefixes a study's requests show, as a ``capplan.synth.prefix.PrefixWorkload``
+    """The shared prefixes a study's requests show, as a ``capplan.sim.prefix.PrefixWorkload``
     a twin's scenario can replay (docs/scenarios.md, "Shared prefixes from a study"):
 
     - with ``session_id``: conversations — turns = requests per session (mean), active =
@@ -313,7 +313,7 @@ def prefix_workload(study, *, warmup="manifest"):
 
     Returns (PrefixWorkload, notes). Raises StudyError when the study shows no prefix at all."""
     from .metrics import Window, request_view
-    from .synth.prefix import PrefixWorkload
+    from .sim.prefix import PrefixWorkload
 
     study = open_study(study) if not isinstance(study, Study) else study
     if not (study.has("prefix_group") or study.has("session_id")):

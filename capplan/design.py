@@ -230,12 +230,12 @@ def _fit_outcome(env, rate: float, duration_s: float, warmup_s: float, rng) -> d
 def _model_outcomes(model, rate: float, duration_s: float, warmup_s: float, slo, sims: int,
                     seed: int) -> list[dict]:
     """Runs simulated on a model (twin or synth config) — real synth runs, reduced. Not the
-    evaluator's counts (``capplan.synth.evaluate.steady``): a trial fit needs each run's block
+    evaluator's counts (``capplan.sim.evaluate.steady``): a trial fit needs each run's block
     statistics and diagnostics, which the reduction of a written study gives."""
     import tempfile
 
     from .reduce import reduce_study
-    from .synth import generate_study
+    from .sim import generate_study
 
     cfg = model_config(model, rates=(rate,), duration_s=duration_s, warmup_s=warmup_s,
                        repeats=sims, seed=seed)
@@ -250,11 +250,11 @@ def twin_run_effect(env, model, *, runs: int = 20, seed: int = 0):
     """The between-run SD of logit attainment near the crossing from a model (a twin, or a
     synth configuration): ``runs`` simulated runs of the study's protocol (its run length and
     warm-up) at each tested rate bracketing the estimate, scored with the pipeline's own
-    definitions (``capplan.synth.truth.true_attainment``). Returns (RunEffect or None, note).
+    definitions (``capplan.sim.truth.true_attainment``). Returns (RunEffect or None, note).
     A twin whose last ``twin check`` disagreed is not used (None, and the note says why): the
     envelope then estimates τ from the sweep, as without a twin."""
     from .runeffect import RunEffect
-    from .synth.truth import true_attainment
+    from .sim.truth import true_attainment
 
     warn = str(getattr(model, "warning", "") or "")
     if warn:
@@ -307,8 +307,8 @@ def fit_envelope_with_twin(study, slo, model, *, seed: int = 0, stats=None, **fi
 
 def model_config(model, *, rates, duration_s, warmup_s, repeats=1, seed=0):
     """A synth configuration for ``model``: a twin (anything with ``synth_config``) or a
-    ``SynthConfig`` (``capplan.synth.evaluate.system_config``, without per-request ITL)."""
-    from .synth.evaluate import system_config
+    ``SynthConfig`` (``capplan.sim.evaluate.system_config``, without per-request ITL)."""
+    from .sim.evaluate import system_config
 
     return system_config(model, rates=rates, duration_s=duration_s, warmup_s=warmup_s, repeats=repeats, seed=seed,
                          itl=False)
@@ -620,7 +620,7 @@ def load_design(path: str | os.PathLike) -> dict:
 
 def design_plans(d: dict):
     """The synth RunPlans of a design: the existing sweep, then the next runs."""
-    from .synth.sweep import RunPlan
+    from .sim.sweep import RunPlan
 
     plans, i = [], 0
     for r in d.get("existing") or []:

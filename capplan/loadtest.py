@@ -478,7 +478,7 @@ class SynthTarget:
     def execute(self, run: RunRecord, cwd: str) -> None:
         import pyarrow.parquet as pq
 
-        from .synth.sweep import RunPlan, run_tables
+        from .sim.sweep import RunPlan, run_tables
 
         ev, _, _ = run_tables(self._cfg(run), RunPlan(run.index, _run_id(run), run.rate_rps, 0,
                                                       run.duration_s))
@@ -492,7 +492,7 @@ class SynthTarget:
         import pyarrow.parquet as pq
 
         from .io import write_study
-        from .synth.sweep import RunPlan, manifest_for
+        from .sim.sweep import RunPlan, manifest_for
 
         rec = load_record(Path(cwd) / RECORD)
         have = [RunRecord(**r) for r in rec["runs"] if r["state"] == "imported"]

@@ -1,7 +1,7 @@
 """The spec kit: read YAML documents and check their values, with errors written for people.
 
 Everything capplan reads from YAML — plan specs (:mod:`capplan.plan.spec`), study manifests
-(:func:`capplan.study.parse_manifest`), synth configs (:mod:`capplan.synth.config`), gates
+(:func:`capplan.study.parse_manifest`), synth configs (:mod:`capplan.sim.config`), gates
 files and twin scenarios — goes through this one kit, so a bad value reads the same
 everywhere: the file, the line and column, the field, what was found, and how to fix it::
 

@@ -52,7 +52,7 @@ def fixed_service_raw(replicas: int = 3, *, arrival: str = "poisson", timeout_s:
     """A synth config (YAML mapping) with deterministic service — fixed 128-token prompts and
     64-token answers, batch ≤ 16, no queue limit, no ITL lists or power — for the fleet,
     fluid and timeline tests."""
-    from capplan.synth.config import PRESETS
+    from capplan.sim.config import PRESETS
 
     raw = copy.deepcopy(PRESETS["small"])
     raw["system"]["replicas"] = replicas

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from capplan import burst as B
-from capplan.synth.arrivals import arrival_times_ns
+from capplan.sim.arrivals import arrival_times_ns
 
 
 def _gamma_times(cv: float, rate: float = 20.0, duration_s: float = 20_000.0, seed: int = 7) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""capplan compare on realistic synth sweeps (capplan.synth): one replica of the demo model,
+"""capplan compare on realistic synth sweeps (capplan.sim): one replica of the demo model,
 8 offered rates from light load into overload, 300-s runs — the setting where comparisons went
 wrong before (same-system seed pairs refused or failed; a slower decode refused as "a different
 workload"). Small versions here (a few pairs); the full rates over ≥ 40 pairs, with their
@@ -33,7 +33,7 @@ def sweep(seed: int, decode_slowdown: float = 1.0, *, rates=RATES, duration_s: f
     """The demo model on one replica (capacity under the SLO ≈ 2.7 req/s), no ITL lists or
     power samples; ``decode_slowdown`` multiplies every decode step (the same seed offers the
     same trace: arrivals, prompts and requested answer lengths do not depend on the server)."""
-    from capplan.synth import preset
+    from capplan.sim import preset
 
     cfg = preset("demo")
     cfg = cfg.with_(seed=seed, replicas=1, system={**cfg.system, "replicas": 1}, rates=tuple(rates),
@@ -53,7 +53,7 @@ def sweep(seed: int, decode_slowdown: float = 1.0, *, rates=RATES, duration_s: f
 
 @pytest.fixture(scope="module")
 def studies(tmp_path_factory):
-    from capplan.synth import generate_study
+    from capplan.sim import generate_study
 
     root = tmp_path_factory.mktemp("realistic")
     made = {}
@@ -137,7 +137,7 @@ def test_slower_decode_fails_with_the_long_answer_buckets_named(studies, tmp_pat
 def test_different_requested_answer_lengths_are_refused(tmp_path):
     """What the client asked for is the offered workload: a candidate run with other requested
     answer lengths is refused, the difference named."""
-    from capplan.synth import generate_study
+    from capplan.sim import generate_study
 
     short = dict(rates=(1.0, 2.0), duration_s=120.0, warmup_s=10.0)
     a, _ = generate_study(sweep(7, **short), tmp_path / "a", workers=1)
@@ -152,7 +152,7 @@ def test_without_requested_lengths_the_output_check_is_skipped_and_said(tmp_path
     """Studies that do not record max_output_tokens (vLLM, AIPerf, ...): the answer lengths
     are not compared (tokens received are an outcome), and the notes say so; output buckets
     then use the tokens received, said too."""
-    from capplan.synth import generate_study
+    from capplan.sim import generate_study
 
     short = dict(rates=(1.0, 2.0), duration_s=120.0, warmup_s=10.0)
     paths = []
@@ -198,7 +198,7 @@ def test_cslo_row_uses_the_same_window_as_every_other_row(tmp_path):
     those very statistics — not on the baseline's own manifest warm-up, which counts the first
     minute (a server that started empty) and gives another capacity."""
     from capplan.metrics import Window
-    from capplan.synth import generate_study
+    from capplan.sim import generate_study
 
     short = dict(rates=(1.5, 2.5, 3.0, 4.5), duration_s=150.0)
     a, _ = generate_study(sweep(11, warmup_s=0.0, **short), tmp_path / "a", workers=1)

@@ -11,7 +11,7 @@ from capplan.design import (design_plans, load_design, propose, write_design)
 from capplan.twin import load_system
 from capplan.envelope import fit_envelope
 from capplan.errors import SpecError
-from capplan.synth import generate_study, load_config
+from capplan.sim import generate_study, load_config
 
 FIX = Path(__file__).parent / "fixtures"
 SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"

@@ -1,5 +1,5 @@
 """One SLO-good rule: the SQL predicate (capplan.metrics.good_predicate, what summarize and the
-envelope count) and the array mask (capplan.synth.evaluate.good_mask, what every simulation counts) are
+envelope count) and the array mask (capplan.sim.evaluate.good_mask, what every simulation counts) are
 built from capplan.slo.good_terms, and must call exactly the same requests good — every limit,
 both TTFT clocks, both ITL statistics, and the rows with missing stamps or a failed status."""
 
@@ -13,7 +13,7 @@ from capplan.metrics import Window, good_predicate, request_view
 from capplan.slo import SLO, good_terms
 from capplan.study import open_study
 from capplan.twin.data import STATUS_CODE
-from capplan.synth.evaluate import Outcome, good_mask, itl_stats
+from capplan.sim.evaluate import Outcome, good_mask, itl_stats
 from tests.conftest import ev
 
 MS = 1_000_000

@@ -12,7 +12,7 @@ from capplan import bootstrap as boot
 from capplan.envelope import fit_envelope, fit_from_stats
 from capplan.errors import SpecError
 from capplan.reduce import reduce_study, stats_from_series
-from capplan.synth import generate_study, load_config
+from capplan.sim import generate_study, load_config
 
 FIX = Path(__file__).parent / "fixtures"
 SLO = "ttft_ms=2000,tpot_ms=100,attainment=0.99"

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("study", ("study", "sparkstudy", "telemetry", "engine_metrics", "importers", "loadtools")),
     ("measures", ("metrics", "validate", "cost", "kv")),
     ("statistics", ("diagnostics", "bootstrap", "reduce", "runeffect", "honesty")),
-    ("simulation", ("synth",)),
+    ("simulation", ("sim",)),
     ("analyses", ("envelope", "compare", "timeline", "mix", "cache", "twin", "fanout", "burst")),
     ("plan", ("plan", "design", "loadtest")),
     ("presentation", ("glossary", "viz", "export", "notebook", "whatif", "whatif_fleet", "provenance",
@@ -45,7 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def module_name(path: Path) -> str:
-    """capplan/synth/config.py → capplan.synth.config; capplan/__init__.py → capplan."""
+    """capplan/sim/config.py → capplan.sim.config; capplan/__init__.py → capplan."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -270,7 +270,7 @@ def test_the_checker_sees_function_level_relative_and_importlib_imports(tmp_path
 
 
 @pytest.mark.parametrize("module, layer", [
-    ("capplan", "shell"), ("capplan.importers.vllm", "study"), ("capplan.synth.truth", "simulation"),
+    ("capplan", "shell"), ("capplan.importers.vllm", "study"), ("capplan.sim.truth", "simulation"),
     ("capplan.commands.envelope", "shell"), ("capplan.compare.gates", "analyses"),
 ])
 def test_layer_lookup(module, layer):

@@ -1,6 +1,6 @@
 """The loop closes with real load tools (issue 25): real AIPerf 0.13 and GuideLLM 0.8.1 from the
 package index drive the project's own queueing server (tests/realtools: its capacity is known
-from an independent simulation, not from capplan.synth); capplan imports, fits, designs, and
+from an independent simulation, not from capplan.sim); capplan imports, fits, designs, and
 every command it prints runs exactly as printed, until the lower bound is honest.
 
 Short in the suite (a small server, 20-s runs, ≤ 3 rounds); benchmarks/loop_realtools.py runs

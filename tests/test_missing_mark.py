@@ -193,7 +193,7 @@ def _scenario_table(demo, envelope):
 
 
 def _steady(demo, envelope):
-    from capplan.synth.evaluate import Steady
+    from capplan.sim.evaluate import Steady
 
     return Steady(6.0, "ttft_ms=2000", 40.0, 5.0, 3, 0, (0, 0), (0, 0)), True  # no in-window request: no attainment
 

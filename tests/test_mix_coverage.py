@@ -121,7 +121,7 @@ SYNTH_TESTED_TRUTH = 4.948
 def test_synth_sweeps_long_prompts_fail_first(tmp_path):
     from pathlib import Path
 
-    from capplan.synth import generate_study, load_config
+    from capplan.sim import generate_study, load_config
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "templates" / "synth-mix.yaml")
     hits = []

@@ -39,7 +39,7 @@ TOLERANCE = 0.10  # the small test's bound; benchmarks/twin_mix.py measures the 
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
-    from capplan.synth import generate_study, load_config
+    from capplan.sim import generate_study, load_config
 
     tmp = tmp_path_factory.mktemp("mixtwin")
     cfg = load_config(ROOT / "templates" / "synth-mix.yaml").with_(

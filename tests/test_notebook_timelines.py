@@ -10,9 +10,9 @@ import re
 import pytest
 
 from capplan import report as R
-from capplan.synth.config import parse_config
-from capplan.synth.control import ControlSpec, FailureEvent
-from capplan.synth.sweep import generate_study
+from capplan.sim.config import parse_config
+from capplan.sim.control import ControlSpec, FailureEvent
+from capplan.sim.sweep import generate_study
 from capplan.timeline import analyse_timeline
 from capplan.twin import fit_twin, write_twin
 

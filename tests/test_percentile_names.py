@@ -43,7 +43,7 @@ def test_summary_and_envelope_share_the_spelling(tmp_path):
     from capplan.envelope import fit_envelope
     from capplan.metrics import summarize
     from capplan.study import open_study
-    from capplan.synth import generate_study, preset
+    from capplan.sim import generate_study, preset
 
     cfg = preset("small").with_(rates=(1.0, 2.0), duration_s=20.0, warmup_s=0.0)
     path, _ = generate_study(cfg, tmp_path / "s", workers=1)

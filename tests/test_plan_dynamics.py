@@ -10,7 +10,7 @@ import pytest
 
 from capplan.plan import load_plan_spec, make_plan
 from capplan.plan.dynamics import SimSettings, simulate_plan, smallest_fleet, smallest_warm_floor
-from capplan.synth.config import preset
+from capplan.sim.config import preset
 
 FAST = SimSettings(window_s=10.0, settle_s=150.0)
 
@@ -68,7 +68,7 @@ def test_plan_cli_states_the_simulated_checks(tmp_path, capsys):
     import yaml
 
     from capplan.cli import main
-    from capplan.synth.config import PRESETS
+    from capplan.sim.config import PRESETS
 
     system = tmp_path / "system.yaml"
     system.write_text(yaml.safe_dump(PRESETS["demo"]))
@@ -100,7 +100,7 @@ def test_a_day_under_the_autoscaler(plan):
 
 
 def test_client_retries_beside_good_requests_lost(plan):
-    from capplan.synth.retry import RetryPolicy
+    from capplan.sim.retry import RetryPolicy
 
     plain = simulate_plan(plan, preset("demo"), settings=FAST, checks=("failure",)).checks[0]
     assert plain.retries == 0 and plain.retry_amplification == 1.0

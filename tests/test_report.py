@@ -63,8 +63,8 @@ def small_sweeps(tmp_path_factory) -> dict[str, Path]:
     import copy
     from dataclasses import replace
 
-    from capplan.synth import generate_study, parse_config
-    from capplan.synth.config import PRESETS
+    from capplan.sim import generate_study, parse_config
+    from capplan.sim.config import PRESETS
 
     root = tmp_path_factory.getbasetemp() / "capplan-sweeps"
     if not root.exists():

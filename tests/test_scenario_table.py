@@ -15,9 +15,9 @@ import pytest
 from capplan.errors import SpecError
 from capplan.present import MISSING
 from capplan.slo import SLO
-from capplan.synth import disagg as D
-from capplan.synth import policy as PO
-from capplan.synth import prefix as PX
+from capplan.sim import disagg as D
+from capplan.sim import policy as PO
+from capplan.sim import prefix as PX
 from capplan.twin import ScenarioTable
 from capplan.twin.cachesim import CACHE_LAYOUT
 from capplan.twin.fairsim import POLICIES_LAYOUT

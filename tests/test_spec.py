@@ -253,7 +253,7 @@ def test_plan_spec_file_error_points_at_the_line(tmp_path, capsys):
 
 
 def test_synth_config_file_error_points_at_the_line(tmp_path):
-    from capplan.synth.config import PRESETS, load_config
+    from capplan.sim.config import PRESETS, load_config
 
     raw = dict(PRESETS["small"])
     raw["client"] = {"timeout_s": "30s", "drain_s": "1 min"}

@@ -1,4 +1,4 @@
-"""The one evaluator of the simulated side (capplan.synth.evaluate): counts at a rate on a case
+"""The one evaluator of the simulated side (capplan.sim.evaluate): counts at a rate on a case
 decided by hand, the same counts as the SQL predicate over a written study of the same runs
 (ttft_from and ITL included), the seed map, and the one bisection on a known crossing."""
 
@@ -13,9 +13,9 @@ from capplan.errors import SpecError
 from capplan.metrics import Window, good_predicate, request_view
 from capplan.slo import SLO
 from capplan.study import open_study
-from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.evaluate import TRUTH_SEED_OFFSET, bisect_crossing, bracket_crossing, steady
-from capplan.synth.sweep import RunPlan, generate_study
+from capplan.sim.config import PRESETS, parse_config
+from capplan.sim.evaluate import TRUTH_SEED_OFFSET, bisect_crossing, bracket_crossing, steady
+from capplan.sim.sweep import RunPlan, generate_study
 
 
 def _alone() -> "SynthConfig":  # noqa: F821

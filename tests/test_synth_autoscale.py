@@ -1,4 +1,4 @@
-"""The autoscaler policy (capplan.synth.autoscale): the R_desired formula step by step, the
+"""The autoscaler policy (capplan.sim.autoscale): the R_desired formula step by step, the
 other signals, hysteresis, stabilisation, step limit and cooldown."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from capplan.errors import SpecError
-from capplan.synth.autoscale import (AutoscalerPolicy, AutoscalerSpec, Signals, raw_desired,
+from capplan.sim.autoscale import (AutoscalerPolicy, AutoscalerSpec, Signals, raw_desired,
                                      work_weights)
-from capplan.synth.service import ServiceModel
+from capplan.sim.service import ServiceModel
 
 
 def _sig(lam, q, w=1.0):
@@ -107,8 +107,8 @@ def test_work_units_on_a_mix_shift_by_hand():
     an answer token weighs 10/0.5 = 20 prefill-equivalent tokens. Arrivals every 0.6 s with
     50-token answers; prompts of 100 tokens (work 100 + 20·50 = 1100, served in 555 ms) until
     request 101, then of 1000 tokens (work 2000, served in 1005 ms: a queue grows)."""
-    from capplan.synth.control import Control, ControlSpec
-    from capplan.synth.engine import ReplicaParams, simulate
+    from capplan.sim.control import Control, ControlSpec
+    from capplan.sim.engine import ReplicaParams, simulate
 
     n = 160
     i = np.arange(n)

@@ -1,4 +1,4 @@
-"""Rate profiles and their arrivals (capplan.synth.demand): Λ and Λ⁻¹ by hand, arrival counts
+"""Rate profiles and their arrivals (capplan.sim.demand): Λ and Λ⁻¹ by hand, arrival counts
 against the expected number per segment, builders."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from capplan.errors import SpecError
-from capplan.synth.arrivals import Trace
-from capplan.synth.demand import RateProfile, from_trace, oscillation, ramps, steps
+from capplan.sim.arrivals import Trace
+from capplan.sim.demand import RateProfile, from_trace, oscillation, ramps, steps
 
 
 def test_cumulative_and_inverse_by_hand():

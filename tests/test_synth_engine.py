@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capplan.synth.config import parse_config, PRESETS
-from capplan.synth.engine import ClosedLoop, ReplicaParams, simulate
-from capplan.synth.events import events_arrow
-from capplan.synth.service import ServiceModel
-from capplan.synth.sweep import simulate_level
+from capplan.sim.config import parse_config, PRESETS
+from capplan.sim.engine import ClosedLoop, ReplicaParams, simulate
+from capplan.sim.events import events_arrow
+from capplan.sim.service import ServiceModel
+from capplan.sim.sweep import simulate_level
 
 SM = ServiceModel((1, 64), (30.0, 50.0), 0.1, 0.0)
 
@@ -205,7 +205,7 @@ def test_closed_loop_obeys_littles_law():
 
 
 def test_power_samples_integrate_busy_time_and_match_md1_utilisation():
-    from capplan.synth.events import power_arrow
+    from capplan.sim.events import power_arrow
 
     sm = ServiceModel((1, 2), (20.0, 20.0), 0.1, 0.0)
     inp, out = 200, 11

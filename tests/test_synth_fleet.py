@@ -1,4 +1,4 @@
-"""The simulator's fleet control (capplan.synth.control + engine): a run without changes is the
+"""The simulator's fleet control (capplan.sim.control + engine): a run without changes is the
 same run; failures lose or resend what the replica held; a failed replica still routed takes
 requests until its routes are removed; drains finish their work; a rollout keeps its surge
 and unavailability bounds; the fluid check of a lost replica; the autoscaler's R_desired step
@@ -11,13 +11,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from capplan.synth.autoscale import AutoscalerSpec
-from capplan.synth.config import parse_config
-from capplan.synth.control import ControlSpec, FailureEvent, RolloutEvent
-from capplan.synth.demand import oscillation
-from capplan.synth.engine import ERROR, OK
-from capplan.synth.events import token_times
-from capplan.synth.sweep import generate_study, simulate_level
+from capplan.sim.autoscale import AutoscalerSpec
+from capplan.sim.config import parse_config
+from capplan.sim.control import ControlSpec, FailureEvent, RolloutEvent
+from capplan.sim.demand import oscillation
+from capplan.sim.engine import ERROR, OK
+from capplan.sim.events import token_times
+from capplan.sim.sweep import generate_study, simulate_level
 from capplan.timeline import analyse_timeline
 
 from conftest import fixed_service_raw

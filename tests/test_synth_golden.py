@@ -15,12 +15,12 @@ import json
 import pyarrow as pa
 import pytest
 
-from capplan.synth.autoscale import AutoscalerSpec
-from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.control import ControlSpec, FailureEvent, RolloutEvent
-from capplan.synth.demand import oscillation
-from capplan.synth.retry import RetryPolicy
-from capplan.synth.sweep import plan_runs, run_tables
+from capplan.sim.autoscale import AutoscalerSpec
+from capplan.sim.config import PRESETS, parse_config
+from capplan.sim.control import ControlSpec, FailureEvent, RolloutEvent
+from capplan.sim.demand import oscillation
+from capplan.sim.retry import RetryPolicy
+from capplan.sim.sweep import plan_runs, run_tables
 
 from conftest import fixed_service_raw
 
@@ -144,7 +144,7 @@ if __name__ == "__main__":  # print the hashes (to record them after a deliberat
 def test_no_request_is_routed_to_a_replica_before_it_is_ready(name, monkeypatch):
     """An added replica joins the router's list only when it is ready: the router's list was
     once the fleet's own list object, so a replica the control added took requests at once."""
-    from capplan.synth.run import Run
+    from capplan.sim.run import Run
 
     chosen = []
     route = Run.route

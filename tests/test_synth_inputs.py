@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from capplan.errors import SpecError
-from capplan.synth import arrivals as A
-from capplan.synth.config import parse_config, PRESETS
-from capplan.synth.lengths import LengthDist
-from capplan.synth.service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
+from capplan.sim import arrivals as A
+from capplan.sim.config import parse_config, PRESETS
+from capplan.sim.lengths import LengthDist
+from capplan.sim.service import DEFAULT_SERVICE_MODEL, ServiceModel, fit_service_model
 
 TRACES = Path(__file__).resolve().parents[2] / "shared/data/traces"
 

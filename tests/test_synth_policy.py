@@ -7,10 +7,10 @@ import copy
 
 import pandas as pd
 
-from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.engine import OK, REJECTED
-from capplan.synth.policy import ADMIT, DEFER, REJECT, Policy, PolicySpec
-from capplan.synth.sweep import simulate_level
+from capplan.sim.config import PRESETS, parse_config
+from capplan.sim.engine import OK, REJECTED
+from capplan.sim.policy import ADMIT, DEFER, REJECT, Policy, PolicySpec
+from capplan.sim.sweep import simulate_level
 
 S = 1_000_000_000  # ns per second
 MS = 1_000_000
@@ -142,7 +142,7 @@ def test_deferred_tenant_served_later_not_rejected():
 def test_every_registered_discipline_keeps_the_queue_contract():
     """The registry's classes share the base's tiers: a preempted request first, a deferred
     one last, the rest in the discipline's order; len, truth, iteration and clear agree."""
-    from capplan.synth.policy import ADMISSIONS, DISCIPLINES, Discipline
+    from capplan.sim.policy import ADMISSIONS, DISCIPLINES, Discipline
 
     assert set(DISCIPLINES) == {"fifo", "vtc", "priority"} and set(ADMISSIONS) == {"none", "deadline_slack"}
     for name, cls in DISCIPLINES.items():

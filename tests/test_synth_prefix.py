@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from capplan.cache import cache_effect, cache_timeline
-from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.prefix import PrefixCache, PrefixCacheSpec, Prefixes
-from capplan.synth.sweep import generate_study, simulate_level
+from capplan.sim.config import PRESETS, parse_config
+from capplan.sim.prefix import PrefixCache, PrefixCacheSpec, Prefixes
+from capplan.sim.sweep import generate_study, simulate_level
 from capplan.validate import validate_path
 
 SLO = "ttft_ms=1500,tpot_ms=100,attainment=0.99"
@@ -153,7 +153,7 @@ def test_mooncake_hash_ids_replayed():
     cfg = parse_config(raw)
     res = simulate_level(cfg, 0.4, duration_s=300.0, seed_key=(0,))
     # the same 120 rows with an unbounded cache, inserted at arrival: the ideal hit count
-    from capplan.synth.arrivals import load_trace, replay_rows
+    from capplan.sim.arrivals import load_trace, replay_rows
     tr = load_trace(MOONCAKE)
     _, rows, _ = replay_rows(tr, 0.4, 300.0)
     seen, ideal = set(), 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from capplan.synth.engine import ClosedLoop, ReplicaParams, simulate
-from capplan.synth.events import events_arrow
-from capplan.synth.service import ServiceModel
+from capplan.sim.engine import ClosedLoop, ReplicaParams, simulate
+from capplan.sim.events import events_arrow
+from capplan.sim.service import ServiceModel
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,4 @@
-"""Client retries (capplan.synth.retry + the engine's retry path): backoff with seeded jitter,
+"""Client retries (capplan.sim.retry + the engine's retry path): backoff with seeded jitter,
 the retry budget and the retry amplification, by hand; failures whose lost requests are
 retried; bad policies refused with the field named."""
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from capplan.errors import SpecError
-from capplan.synth.config import parse_config
-from capplan.synth.control import Control, ControlSpec, FailureEvent
-from capplan.synth.engine import ERROR, OK, REJECTED, ReplicaParams, simulate
-from capplan.synth.retry import Retrier, RetryPolicy, parse_retry
-from capplan.synth.service import ServiceModel
-from capplan.synth.sweep import simulate_level
+from capplan.sim.config import parse_config
+from capplan.sim.control import Control, ControlSpec, FailureEvent
+from capplan.sim.engine import ERROR, OK, REJECTED, ReplicaParams, simulate
+from capplan.sim.retry import Retrier, RetryPolicy, parse_retry
+from capplan.sim.service import ServiceModel
+from capplan.sim.sweep import simulate_level
 
 from conftest import fixed_service_raw
 
@@ -109,7 +109,7 @@ def test_a_failure_retried_under_a_policy_by_hand():
 
 
 def test_the_study_readme_states_the_retries(tmp_path):
-    from capplan.synth.sweep import generate_study
+    from capplan.sim.sweep import generate_study
 
     raw = fixed_service_raw(3, arrival="constant", timeout_s=300.0)
     cfg = parse_config(raw).with_(rates=(15.0,), duration_s=200.0, control=ControlSpec(

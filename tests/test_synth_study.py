@@ -9,9 +9,9 @@ import yaml
 
 from capplan import open_study
 from capplan.cli import main
-from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.sweep import generate_study
-from capplan.synth.truth import true_attainment
+from capplan.sim.config import PRESETS, parse_config
+from capplan.sim.sweep import generate_study
+from capplan.sim.truth import true_attainment
 from capplan.validate import validate_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,7 +132,7 @@ def test_truth_attainment_is_high_below_and_low_above_capacity(capsys):
 
 def test_true_capacity_brackets_the_crossing():
     from capplan.errors import SpecError
-    from capplan.synth.truth import true_capacity
+    from capplan.sim.truth import true_capacity
 
     cfg = parse_config(PRESETS["small"])
     kw = dict(replications=2, duration_s=40.0, warmup_s=5.0, tol_rps=0.5)
@@ -146,8 +146,8 @@ def test_true_capacity_brackets_the_crossing():
 
 
 def test_bench_preset_is_twelve_runs_of_a_million_requests_without_itl():
-    from capplan.synth.config import preset
-    from capplan.synth.sweep import manifest_for, plan_runs
+    from capplan.sim.config import preset
+    from capplan.sim.sweep import manifest_for, plan_runs
 
     cfg = preset("bench")
     plans = plan_runs(cfg)

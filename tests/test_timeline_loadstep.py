@@ -178,11 +178,11 @@ def test_a_demand_step_in_the_simulator_against_the_fluid_model(tmp_path):
     63 s (the prefill adds a few hundred ms)."""
     from conftest import fixed_service_raw
 
-    from capplan.synth.config import parse_config
-    from capplan.synth.demand import steps
-    from capplan.synth.engine import OK
-    from capplan.synth.events import token_times
-    from capplan.synth.sweep import generate_study, simulate_level
+    from capplan.sim.config import parse_config
+    from capplan.sim.demand import steps
+    from capplan.sim.engine import OK
+    from capplan.sim.events import token_times
+    from capplan.sim.sweep import generate_study, simulate_level
 
     cfg = parse_config(fixed_service_raw(1, arrival="constant", timeout_s=300.0))
     res = simulate_level(cfg.with_(rates=(40.0,)), 40.0, duration_s=120.0)

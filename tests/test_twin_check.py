@@ -16,7 +16,7 @@ from capplan.importers import import_paths, write_import
 from capplan.metrics import summarize
 from capplan.twin import check_holdout, check_twin, fit_twin, load_twin, write_twin
 from capplan.twin.data import load_study
-from capplan.synth.evaluate import run_metrics
+from capplan.sim.evaluate import run_metrics
 from capplan.twin.replay import measured_outcome
 from tests.test_twin_fit import small_study, small_twin  # noqa: F401  (shared fixtures)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from capplan.synth.engine import ClosedLoop, ReplicaParams, simulate
-from capplan.synth.events import events_arrow
-from capplan.synth.service import ServiceModel
+from capplan.sim.engine import ClosedLoop, ReplicaParams, simulate
+from capplan.sim.events import events_arrow
+from capplan.sim.service import ServiceModel
 
 
 def _books(res, timeout_s, end_s):
@@ -126,9 +126,9 @@ def test_config_reads_the_twin_extensions_and_keeps_old_bytes(tmp_path):
     import pytest
 
     from capplan.errors import SpecError
-    from capplan.synth.config import PRESETS, parse_config
-    from capplan.synth.lengths import LengthDist
-    from capplan.synth.sweep import simulate_level
+    from capplan.sim.config import PRESETS, parse_config
+    from capplan.sim.lengths import LengthDist
+    from capplan.sim.sweep import simulate_level
 
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS["small"].items()}
     base = parse_config(raw)
@@ -213,8 +213,8 @@ def test_a_binding_prefill_lane_gives_the_cache_gain_the_saved_prefill_predicts(
     3,000-token system prompt, a loose TTFT limit: the lane binds (decoding at full batch needs
     49 × 30 / 64 = 23 ms a request, the lane 320 ms without the cache and 50.7 with it), so the
     gain is 3,200 / 507.2 = ×6.31 by hand — within 5 % (before lanes admitted at once it was ×5.0)."""
-    from capplan.synth.config import parse_config
-    from capplan.synth.prefix import PrefixCacheSpec
+    from capplan.sim.config import parse_config
+    from capplan.sim.prefix import PrefixCacheSpec
     from capplan.twin.cachesim import cache_sweep
 
     cfg = parse_config({

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from capplan.errors import SpecError, StudyError
-from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.sweep import generate_study
+from capplan.sim.config import PRESETS, parse_config
+from capplan.sim.sweep import generate_study
 from capplan.twin import fit_twin, load_twin, twin_to_yaml, write_twin
 from capplan.twin.data import load_study
 from capplan.twin.limits_fit import nice_in, stalled
@@ -45,7 +45,7 @@ def small_twin(small_study):
 def test_timeline_rebuilds_iterations_exactly(small_study):
     """Decode-only iterations last exactly the decode step of their batch; prefill iterations
     exactly step + overhead + ms/token × prompt tokens (µs rounding aside)."""
-    from capplan.synth.service import ServiceModel
+    from capplan.sim.service import ServiceModel
 
     sm = ServiceModel.from_dict(SERVICE)
     tl = build_timeline(load_study(small_study))

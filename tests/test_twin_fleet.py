@@ -12,10 +12,10 @@ import yaml
 
 from capplan.cli import main
 from capplan.errors import SpecError
-from capplan.synth.config import ArrivalSpec, parse_config
-from capplan.synth.engine import OK
-from capplan.synth.events import token_times
-from capplan.synth.sweep import generate_study, simulate_level
+from capplan.sim.config import ArrivalSpec, parse_config
+from capplan.sim.engine import OK
+from capplan.sim.events import token_times
+from capplan.sim.sweep import generate_study, simulate_level
 from capplan.timeline import analyse_timeline
 from capplan.twin import fit_twin, parse_scenario, run_scenario, write_twin
 from capplan.validate import validate_path

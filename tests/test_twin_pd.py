@@ -9,10 +9,10 @@ import pytest
 
 from capplan.plan.candidates import compare_candidates, sweep_candidates
 from capplan.plan import load_plan_spec
-from capplan.synth.config import parse_config
-from capplan.synth.disagg import DisaggSpec, KVTransfer, parse_pool, simulate_disagg
-from capplan.synth.events import token_times
-from capplan.synth.sweep import generate_study
+from capplan.sim.config import parse_config
+from capplan.sim.disagg import DisaggSpec, KVTransfer, parse_pool, simulate_disagg
+from capplan.sim.events import token_times
+from capplan.sim.sweep import generate_study
 from capplan.twin.pd import pd_sweep
 from capplan.validate import validate_path
 

@@ -11,9 +11,9 @@ import pytest
 
 from capplan.cache import cache_timeline
 from capplan.errors import SpecError
-from capplan.synth.config import PRESETS, parse_config
-from capplan.synth.prefix import PrefixCacheSpec
-from capplan.synth.sweep import generate_study
+from capplan.sim.config import PRESETS, parse_config
+from capplan.sim.prefix import PrefixCacheSpec
+from capplan.sim.sweep import generate_study
 from capplan.twin import compare_policies, config_cslo, fit_twin, parse_scenario, run_scenario
 from capplan.twin.cachesim import cache_sweep
 from capplan.validate import validate_path

@@ -2,7 +2,7 @@
 tests/realtools (32 slots held from prefill start to last token, ONE prefill lane at
 30 + 0.5·prompt ms, decode steps of 20 + 2·batch ms), its study written by the replica's
 independent simulation (tests/realtools/truth_study.py: exact stamps, no admission stamps —
-what a load tool records), never by capplan.synth. Real AIPerf runs against the served replica
+what a load tool records), never by capplan.sim. Real AIPerf runs against the served replica
 are in benchmarks/twin_realtools.py (docs/twin.md has the table)."""
 
 from __future__ import annotations
@@ -202,10 +202,10 @@ def test_check_names_contention_with_the_dispersion_it_measured(tmp_path):
 
 @pytest.mark.parametrize("lanes", [1, 3, None])
 def test_lanes_recovered_where_they_are_known(lanes, tmp_path):
-    """A simulated server with separate prefill on a known number of lanes (capplan.synth):
+    """A simulated server with separate prefill on a known number of lanes (capplan.sim):
     prompts complete every prefill / lanes while they queue; without a lane limit no prompt
     waits for another and none is claimed."""
-    from capplan.synth.sweep import generate_study
+    from capplan.sim.sweep import generate_study
     from tests.test_twin_fit import small_cfg
 
     cfg = small_cfg(replica={"prefill": "separate", "prefill_lanes": lanes,

@@ -10,7 +10,7 @@ import pytest
 
 from capplan import report as R
 from capplan.cli import main
-from capplan.synth.sweep import generate_study
+from capplan.sim.sweep import generate_study
 from capplan.twin import fit_twin, write_twin
 from tests.test_twin_fit import small_cfg
 

@@ -16,7 +16,7 @@ from capplan import open_study
 from capplan.cli import main
 from capplan.errors import SpecError
 from capplan.metrics import summarize
-from capplan.synth.sweep import generate_study
+from capplan.sim.sweep import generate_study
 from capplan.twin import PARTS, Part, fit_twin, parse_scenario, register_part, run_scenario, write_twin
 from capplan.twin.data import load_study
 from capplan.validate import validate_study
@@ -147,7 +147,7 @@ def test_protocol_simulation_matches_a_written_study(twin, tmp_path):
 def test_steady_runs_a_twin_under_a_scenario(twin):
     """The one evaluator takes a twin and a scenario built from parts: the same counts as the
     changed twin itself, on the same streams; more replicas serve more of the same requests."""
-    from capplan.synth.evaluate import steady
+    from capplan.sim.evaluate import steady
 
     kw = dict(rate_rps=9.0, runs=2, duration_s=60.0, warmup_s=5.0, seed=4)
     two = steady(twin, parse_scenario({"system": {"replicas": 2}}), SLO, **kw)

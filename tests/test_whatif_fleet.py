@@ -9,7 +9,7 @@ import pytest
 
 from capplan.plan import load_plan_spec, make_plan
 from capplan.plan.dynamics import SimSettings
-from capplan.synth.config import preset
+from capplan.sim.config import preset
 from capplan.whatif_fleet import (FleetParams, FleetWhatIfPanel, fleet_defaults, fleet_state,
                                   scaled_parts)
 

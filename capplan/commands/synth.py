@@ -10,7 +10,7 @@ from ..errors import SpecError
 
 
 def _config(preset_name, config_path, seed, no_itl):
-    from ..synth.config import load_config, preset
+    from ..sim.config import load_config, preset
 
     if bool(preset_name) == bool(config_path):
         raise SpecError("give exactly one of --preset NAME or --config FILE", field="--preset/--config",
@@ -60,7 +60,7 @@ def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth
     cfg = _config(preset_name, config_path, seed, no_itl)
     if truth:
         from ..slo import SLO
-        from ..synth.truth import true_attainment
+        from ..sim.truth import true_attainment
 
         if not rates and not bracket:
             raise SpecError("--truth needs --rate R (repeatable) or --capacity-between LO HI", field="--rate",
@@ -77,7 +77,7 @@ def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth
             click.echo(f"{r:>11g} {t.attainment:>10.4f} {t.ci_low:>9.4f} {t.ci_high:>9.4f} {t.n_requests:>9d}  "
                        f"{'yes' if t.attainment >= s.attainment else 'no'}")
         if bracket:
-            from ..synth.truth import true_capacity
+            from ..sim.truth import true_capacity
 
             c = true_capacity(cfg, s, bracket[0], bracket[1], replications=replications, duration_s=duration_s)
             click.echo(f"true capacity: {c.capacity_rps:.3f} req/s (passes at {c.bracket[0]:.3f}, "
@@ -85,7 +85,7 @@ def cmd(preset_name, config_path, out, seed, workers, no_itl, no_progress, truth
         return 0
     if not out:
         raise SpecError("--out DIR is required", field="--out", fix="e.g. --out data/sample")
-    from ..synth.sweep import generate_study
+    from ..sim.sweep import generate_study
 
     path, stats = generate_study(cfg, out, workers=workers, progress=not no_progress)
     n = sum(s["requests"] for s in stats)
@@ -102,7 +102,7 @@ def _run_design(design_path, twin_path, out, seed, workers, no_progress) -> int:
     """``--design D --twin T``: simulate the designed sweep (existing runs + next runs) on T."""
     from ..design import design_plans, design_warmup, load_design, model_config
     from ..twin import load_system
-    from ..synth.sweep import generate_study
+    from ..sim.sweep import generate_study
 
     if not (design_path and twin_path):
         raise SpecError("--design and --twin go together", field="--design/--twin",

@@ -30,7 +30,7 @@ from ..errors import SpecError
 from ..reduce import NONE_LABEL
 from ..slo import SLO
 from ..study import Study, open_study
-from ..synth.config import Tenant
+from ..sim.config import Tenant
 from ..twin import SteadyCSLO, Twin, TwinWarning, load_twin, steady_cslo
 from ..twin.data import load_study
 from ..twin.params import notes_text

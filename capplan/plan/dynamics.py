@@ -4,7 +4,7 @@ twin at the planned size (docs/timeline.md "The plan, simulated").
 The plan's reserves are static inequalities: after losing the largest zone the rest covers
 the peak; during the worst rollout step the rest covers it; while a replica starts the fleet
 absorbs the burst. ``simulate_plan`` runs each as a scenario on the twin (any object with
-``synth_config(...)``, or a :class:`capplan.synth.SynthConfig`), one replica per planned
+``synth_config(...)``, or a :class:`capplan.sim.SynthConfig`), one replica per planned
 group, at a quarter's peak, and measures it with :func:`capplan.timeline.analyse_timeline`:
 
 - **failure**: at t = 300 s lose what the plan's failure policy names — the largest zone, one
@@ -39,12 +39,12 @@ import pandas as pd
 
 from ..errors import SpecError
 from ..slo import SLO
-from ..synth.autoscale import AutoscalerSpec
-from ..synth.config import SynthConfig
-from ..synth.control import ControlSpec, FailureEvent, Placement, RolloutEvent
-from ..synth.evaluate import system_config
-from ..synth.retry import RetryPolicy
-from ..synth.sweep import generate_study
+from ..sim.autoscale import AutoscalerSpec
+from ..sim.config import SynthConfig
+from ..sim.control import ControlSpec, FailureEvent, Placement, RolloutEvent
+from ..sim.evaluate import system_config
+from ..sim.retry import RetryPolicy
+from ..sim.sweep import generate_study
 from ..timeline import Timeline, analyse_timeline
 from ..twin.fleet import AutoscalerPart, DemandPart, FailurePart, RolloutPart
 from ..twin.scenario import Part, ScenarioContext
@@ -321,8 +321,8 @@ def day_scenario(plan, system, *, quarter: int = 0, trace: str | None = None,
     scaled so its busiest quarter-hour is the quarter's peak; a built-in working day without a
     trace), autoscaled as in the cold start; against the same day on the fixed planned fleet.
     The sentence adds the autoscaler's decisions, reversals and overshoot GPU-hours."""
-    from ..synth.arrivals import load_trace
-    from ..synth.demand import diurnal, from_trace
+    from ..sim.arrivals import load_trace
+    from ..sim.demand import diurnal, from_trace
 
     spec = plan.spec
     N = int(plan.value("total_groups"))

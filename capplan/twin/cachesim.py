@@ -27,7 +27,7 @@ import pandas as pd
 
 from .. import spec as S
 from ..slo import SLO
-from ..synth.config import SynthConfig
+from ..sim.config import SynthConfig
 from .capacity import REL_TOL, capacity_guess, config_counts, config_cslo
 from .parts import on_config, policy_scenario
 from .table import Layout, ScenarioTable

@@ -3,12 +3,12 @@ attainment meets the SLO, with a 95 % interval.
 
 Each evaluation simulates ``runs`` independent long runs (``duration_s``, the first
 ``warmup_s`` left out) and pools their SLO-good requests, counted by the simulated side's one
-evaluator (:func:`capplan.synth.evaluate.steady`, the pipeline's definitions) — the same pooled
-attainment :func:`capplan.synth.truth.true_attainment` bisects, so the twin's C_SLO and the
+evaluator (:func:`capplan.sim.evaluate.steady`, the pipeline's definitions) — the same pooled
+attainment :func:`capplan.sim.truth.true_attainment` bisects, so the twin's C_SLO and the
 ``true_capacity`` of a generating configuration are the same quantity. (Pooling matters near
 saturation: a few runs with congestion episodes pull the pooled attainment below a typical
 run's.) The crossing is found by the one bracketing and bisection
-(:func:`capplan.synth.evaluate.bracket_crossing`) with common random numbers (the same
+(:func:`capplan.sim.evaluate.bracket_crossing`) with common random numbers (the same
 workloads at every rate: arrival gaps scale with the rate).
 
 - **Monte-Carlo error**: each run's own crossing, from a logit-linear fit through its
@@ -29,8 +29,8 @@ import multiprocessing as mp
 import numpy as np
 
 from ..slo import SLO
-from ..synth.config import SynthConfig
-from ..synth.evaluate import bracket_crossing, steady
+from ..sim.config import SynthConfig
+from ..sim.evaluate import bracket_crossing, steady
 
 STEADY_DURATION_S = 1800.0  # at least this long …
 STEADY_REQUESTS = 12_000  # … and long enough for this many requests per run at the first guess
@@ -62,8 +62,8 @@ class SteadyCSLO:
 def simulated_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, warmup_s: float,
                      seed: int, run: int) -> tuple[int, int]:
     """(in-window requests, SLO-good ones) of one long Poisson run of ``twin`` at ``rate``:
-    :func:`capplan.synth.evaluate.steady`'s run ``run`` at workload seed ``seed`` — the streams
-    ``capplan.synth.truth.true_attainment`` gives its replication ``run`` of a config with that
+    :func:`capplan.sim.evaluate.steady`'s run ``run`` at workload seed ``seed`` — the streams
+    ``capplan.sim.truth.true_attainment`` gives its replication ``run`` of a config with that
     seed, so the twin and a generating configuration see the same arrivals and the same normal
     draws behind their lengths (common random numbers)."""
     st = steady(twin, None, slo, rate_rps=rate, first_run=run, duration_s=duration_s, warmup_s=warmup_s,
@@ -74,7 +74,7 @@ def simulated_counts(twin: "Twin", rate: float, slo: SLO, *, duration_s: float, 
 def config_counts(cfg, rate: float, slo: SLO, *, duration_s: float, warmup_s: float, run: int,
                   outcome: bool = False):
     """(in-window requests, SLO-good ones) of one run of a synth configuration ``cfg`` (its
-    arrival process, seed and serving policies) at ``rate``: :func:`capplan.synth.evaluate.steady`'s
+    arrival process, seed and serving policies) at ``rate``: :func:`capplan.sim.evaluate.steady`'s
     run ``run``; with ``outcome`` also the run's ``Outcome`` and the simulator's ``SimResult``."""
     st = steady(cfg, None, slo, rate_rps=rate, first_run=run, duration_s=duration_s, warmup_s=warmup_s,
                 outcomes=outcome)
@@ -122,7 +122,7 @@ def _logit(p):
 
 def pooled_crossing(sim: _Sim, twin, slo: SLO, *, start: float, runs: int, duration_s: float, warmup_s: float,
                     seed: int, rel_tol: float = REL_TOL):
-    """(rate, per-run crossings, note): :func:`capplan.synth.evaluate.bracket_crossing` on the
+    """(rate, per-run crossings, note): :func:`capplan.sim.evaluate.bracket_crossing` on the
     attainment pooled over ``runs`` (each rate's runs simulated once, as one batch).
     ``twin``: a Twin (Poisson arrivals at its measured mix) or a SynthConfig (as configured)."""
     target = slo.attainment

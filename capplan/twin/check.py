@@ -34,7 +34,7 @@ from .capacity import steady_cslo
 from .data import StudyData, load_study
 from .limits_fit import stall_masks, timeout_bounds
 from .params import notes_text
-from ..synth.evaluate import METRICS, run_metrics
+from ..sim.evaluate import METRICS, run_metrics
 from .replay import METRIC_LABELS, carried, measured_outcome, replay_run, run_end_ns
 
 #: metric → (absolute margin, relative margin): a run agrees when the measured value lies

@@ -27,10 +27,10 @@ import pandas as pd
 from .. import spec as S
 from ..compare import fairness_stats
 from ..slo import SLO
-from ..synth.config import SynthConfig
+from ..sim.config import SynthConfig
 from .capacity import config_counts
 from .parts import on_config, policy_scenario
-from ..synth.evaluate import good_mask
+from ..sim.evaluate import good_mask
 from .table import Layout, ScenarioTable
 
 

@@ -27,11 +27,11 @@ from typing import ClassVar
 
 from .. import spec as S
 from ..errors import SpecError
-from ..synth.arrivals import load_trace
-from ..synth.autoscale import SIGNALS, AutoscalerSpec
-from ..synth.control import ControlSpec, FailureEvent, Placement, RolloutEvent
-from ..synth.demand import RateProfile, from_trace, oscillation, ramps, steps
-from ..synth.retry import RetryPolicy, parse_retry
+from ..sim.arrivals import load_trace
+from ..sim.autoscale import SIGNALS, AutoscalerSpec
+from ..sim.control import ControlSpec, FailureEvent, Placement, RolloutEvent
+from ..sim.demand import RateProfile, from_trace, oscillation, ramps, steps
+from ..sim.retry import RetryPolicy, parse_retry
 from .scenario import Part, ScenarioContext, register_part
 
 FAILURE_KEYS = ("at_s", "lose", "count", "detect_s", "route_removal_s", "in_flight",

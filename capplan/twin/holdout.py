@@ -16,7 +16,7 @@ from .check import TwinCheck, check_twin, json_number
 from .data import load_study
 from .fit import fit_twin
 from .model import Twin
-from ..synth.evaluate import METRICS
+from ..sim.evaluate import METRICS
 from .replay import METRIC_LABELS
 
 

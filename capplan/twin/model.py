@@ -1,4 +1,4 @@
-"""The twin: a frozen, printable description of a measured serving system as a capplan.synth
+"""The twin: a frozen, printable description of a measured serving system as a capplan.sim
 configuration, with every parameter's value, unit, how it was estimated and its uncertainty.
 
 ``Twin`` is what ``fit_twin`` returns and what ``twin.yaml`` holds (capplan/twin/twinfile.py
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..synth.config import ArrivalSpec, FaultSpec, SynthConfig
-from ..synth.engine import ReplicaParams
-from ..synth.service import ServiceModel
-from ..synth.sweep import generate_study
+from ..sim.config import ArrivalSpec, FaultSpec, SynthConfig
+from ..sim.engine import ReplicaParams
+from ..sim.service import ServiceModel
+from ..sim.sweep import generate_study
 from .check import TwinCheck, check_twin
 from .params import EDITED, ESTIMATED, DecodePoint, Param, Workload, notes_text
 from .protocol import simulate_protocol
@@ -131,7 +131,7 @@ class Twin:
 
     def synth_config(self, *, rates=None, duration_s: float | None = None, warmup_s: float | None = None,
                      repeats: int = 1, seed: int = 0, itl: bool = True, name: str | None = None) -> SynthConfig:
-        """This twin as a capplan.synth configuration (so ``generate_study``, ``simulate_level``
+        """This twin as a capplan.sim configuration (so ``generate_study``, ``simulate_level``
         and ``true_attainment`` run it). Rates, duration and warm-up default to the measured
         study's runs (median duration and warm-up). A twin whose last check disagreed warns
         (TwinWarning) here, where every simulation of it starts."""

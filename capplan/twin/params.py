@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..synth.config import ArrivalSpec, Tenant
-from ..synth.lengths import LengthDist
+from ..sim.config import ArrivalSpec, Tenant
+from ..sim.lengths import LengthDist
 
 ESTIMATED, DEFAULT, MANIFEST, BOUND, EDITED = "estimated", "default", "manifest", "lower bound", "edited"
 ENGINE = "engine config"  # the engine's own configuration or metrics, as study.yaml records them

@@ -1,7 +1,7 @@
 """Scenario parts for serving policies (docs/scenarios.md): shared prompt prefixes, the prefix
 cache, disaggregated prefill/decode pools, the queue discipline and admission control. Each is a
 ``capplan.twin.Part`` registered by its YAML key; each sets one field of the synth configuration
-that ``capplan.synth`` simulates.
+that ``capplan.sim`` simulates.
 
 .. code-block:: yaml
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
-from ..synth import disagg as D
-from ..synth import policy as PO
-from ..synth import prefix as PX
-from ..synth.engine import ReplicaParams
+from ..sim import disagg as D
+from ..sim import policy as PO
+from ..sim import prefix as PX
+from ..sim.engine import ReplicaParams
 from .. import spec as S
 from ..errors import SpecError
 from .scenario import Part, Scenario, ScenarioContext, apply_parts, parse_parts, register_part

@@ -1,5 +1,5 @@
 """The prefill:decode ratio sweep: for each split of a GPU budget into a prefill and a decode
-pool (``capplan.synth.disagg``), the steady-state C_SLO of the disaggregated system, per GPU and
+pool (``capplan.sim.disagg``), the steady-state C_SLO of the disaggregated system, per GPU and
 per dollar, with the pool that binds — beside the colocated system on the same GPUs
 (docs/scenarios.md, "Disaggregated prefill and decode").
 
@@ -26,11 +26,11 @@ import pandas as pd
 from ..errors import SpecError
 from ..present import MISSING
 from ..slo import SLO
-from ..synth.config import SynthConfig
-from ..synth.disagg import DisaggSpec, KVTransfer, Pool
+from ..sim.config import SynthConfig
+from ..sim.disagg import DisaggSpec, KVTransfer, Pool
 from .capacity import REL_TOL, capacity_guess, config_counts, config_cslo
 from .parts import DisaggregationPart, on_config
-from ..synth.evaluate import good_mask
+from ..sim.evaluate import good_mask
 from .scenario import Scenario
 from .table import Layout, ScenarioTable, When
 

@@ -3,9 +3,9 @@ would have produced, as per-request arrays — fast enough to repeat the protoco
 (a parametric bootstrap of the envelope; docs/twin.md "Simulating a protocol").
 
 Run ``i`` of :func:`simulate_protocol` draws from ``SeedSequence([seed, i])`` exactly as run
-``i`` of ``capplan.synth.generate_study(twin.synth_config(...))`` does, so the in-memory runs
+``i`` of ``capplan.sim.generate_study(twin.synth_config(...))`` does, so the in-memory runs
 and a written study agree request for request. (That is a sweep's seed map, not the
-evaluator's: :func:`capplan.synth.evaluate.steady` counts runs on streams kept apart from any
+evaluator's: :func:`capplan.sim.evaluate.steady` counts runs on streams kept apart from any
 sweep's. Both build a run's outcome with ``simulated_outcome`` and score it with the one
 outcome rule, ``good_mask`` / ``run_metrics``.)
 """
@@ -20,9 +20,9 @@ import multiprocessing as mp
 import numpy as np
 
 from ..slo import SLO
-from ..synth.config import ArrivalSpec
-from ..synth.evaluate import Outcome, good_mask, run_metrics, simulated_outcome, warmup_ns
-from ..synth.sweep import plan_runs
+from ..sim.config import ArrivalSpec
+from ..sim.evaluate import Outcome, good_mask, run_metrics, simulated_outcome, warmup_ns
+from ..sim.sweep import plan_runs
 
 
 @dataclass(frozen=True, eq=False)

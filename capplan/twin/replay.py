@@ -8,7 +8,7 @@ run of the same requests could have asked). Requests the server failed whatever 
 the twin does not model why they failed.
 
 Measured and simulated runs are compared on identical arithmetic: both become an ``Outcome``
-and are scored by the simulated side's one outcome rule (``capplan.synth.evaluate``:
+and are scored by the simulated side's one outcome rule (``capplan.sim.evaluate``:
 ``good_mask``, ``run_metrics`` — the numbers ``capplan summarize`` and the envelope report for
 a run), which this module re-exports for its callers.
 """
@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..slo import SLO
-from ..synth.engine import simulate
-from ..synth.evaluate import Outcome, itl_stats
-from ..synth.events import token_times
-from ..synth.sweep import lognormal_factors
+from ..sim.engine import simulate
+from ..sim.evaluate import Outcome, itl_stats
+from ..sim.events import token_times
+from ..sim.sweep import lognormal_factors
 from .data import CANCELLED, ERROR, OK, RunArrays
 
 __all__ = ["METRIC_LABELS", "measured_outcome", "carried", "run_end_ns", "draw_targets", "replay_run"]

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import SpecError
-from ..synth.arrivals import PROCESSES
-from ..synth.config import ArrivalSpec, SynthConfig
-from ..synth.lengths import LengthDist
+from ..sim.arrivals import PROCESSES
+from ..sim.config import ArrivalSpec, SynthConfig
+from ..sim.lengths import LengthDist
 from .. import spec as S
 
 FORMAT = "capplan-scenario/1"
@@ -381,7 +381,7 @@ def run_scenario(twin: "Twin | str | os.PathLike", scenario: "Scenario | dict | 
     """Simulate ``scenario`` (a Scenario, its mapping or a scenario file) on ``twin`` (a Twin or
     a twin file) and write an ordinary study at ``out`` (atomically); its study.yaml records the
     twin (with its last check) and the scenario. Returns (path, per-run stats, context)."""
-    from ..synth.sweep import generate_study
+    from ..sim.sweep import generate_study
 
     if isinstance(twin, (str, os.PathLike)):  # a twin file
         from .twinfile import load_twin

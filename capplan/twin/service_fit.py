@@ -44,7 +44,7 @@ class DecodeFit:
     residual_cv: float  # spread of single observations around the curve
 
     def step_ms(self, n) -> np.ndarray:
-        from ..synth.service import ServiceModel
+        from ..sim.service import ServiceModel
 
         return ServiceModel(tuple(int(k) for k in self.knots), tuple(float(v) for v in self.ms), 0.0).step_ms(n)
 

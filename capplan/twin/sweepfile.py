@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .. import spec as S
 from ..slo import SLO
-from ..synth.config import SynthConfig
+from ..sim.config import SynthConfig
 from .parts import DisaggregationPart, on_config, policy_scenario
 from .scenario import Scenario
 from .table import ScenarioTable

@@ -18,8 +18,8 @@ import yaml
 
 from ..errors import SpecError
 from ..io import write_text_atomic
-from ..synth.config import ArrivalSpec, Tenant
-from ..synth.lengths import LengthDist
+from ..sim.config import ArrivalSpec, Tenant
+from ..sim.lengths import LengthDist
 from .model import Twin
 from .params import EDITED, PARAM_KEYS, DecodePoint, Param, Workload
 from .. import spec as S
@@ -218,7 +218,7 @@ def load_system(path: str | os.PathLike):
                       fix="a twin.yaml written by `capplan twin fit`, or a synth config YAML (docs/synth.md)")
     if isinstance(doc.data, dict) and str(doc.data.get("format", "")).startswith("capplan-twin/"):
         return load_twin(path)
-    from ..synth.config import load_config
+    from ..sim.config import load_config
 
     return load_config(path)
 

@@ -2,7 +2,7 @@
 distribution per tenant, the tenant mix, and the arrival process with its burstiness.
 
 Lengths are kept empirical — quantile tables of each marginal joined by a Gaussian copula
-(:meth:`capplan.synth.lengths.LengthDist.empirical`) — so that the twin replays the measured
+(:meth:`capplan.sim.lengths.LengthDist.empirical`) — so that the twin replays the measured
 mix without assuming a shape. Output lengths come from completed requests: a request cut by a
 timeout tells only that its answer was longer than what it received. Runs with load-related
 failures are left out of the output lengths when enough clean runs exist (long answers time
@@ -15,8 +15,8 @@ import numpy as np
 from scipy.special import ndtri
 from scipy.stats import rankdata
 
-from ..synth.config import ArrivalSpec, Tenant
-from ..synth.lengths import LengthDist
+from ..sim.config import ArrivalSpec, Tenant
+from ..sim.lengths import LengthDist
 from .data import OK, REJECTED, TIMEOUT, CANCELLED, RunArrays, StudyData
 from .limits_fit import stall_masks
 from .params import Workload

@@ -6,7 +6,7 @@ to completion (as AIPerf's grace period does at these rates), the events a strea
 with exact stamps: scheduled = arrival, first and last token, and one gap per output token
 (``itl_ns``). No admission stamps — a load tool does not see them. The replica's server was shown
 to reproduce this simulation to < 0.1 ms (tests/test_queue_server.py), so this is the replica's
-study without the client's jitter. Imports nothing from capplan.synth or capplan.twin.
+study without the client's jitter. Imports nothing from capplan.sim or capplan.twin.
 """
 
 from __future__ import annotations

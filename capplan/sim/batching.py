@@ -6,9 +6,9 @@ the next span (:meth:`Batching.plan`): drop expired queued requests, preempt whi
 decode step's KV blocks do not fit, give the token budget to prompt chunks of sequences in
 prefill and of newly admitted ones (:meth:`Batching.admit_head`), and either run one mixed
 iteration or commit k equal decode-only iterations at once (:meth:`Batching.decode_span`).
-Separate prefill plans on lanes instead (:mod:`capplan.synth.lanes`).
+Separate prefill plans on lanes instead (:mod:`capplan.sim.lanes`).
 
-A mix-in of :class:`capplan.synth.run.Run`: it reads and changes the run's per-request lists
+A mix-in of :class:`capplan.sim.run.Run`: it reads and changes the run's per-request lists
 and its replicas. Hot attributes are copied to locals once per call (speed: the engine handles
 millions of events per run).
 """

@@ -2,7 +2,7 @@
 lanes off the decode batch (the engine module's docstring). A lane is a server of its own: a
 queued prompt starts on it when it frees, not at the next decode boundary; lane starts between
 boundaries are booked at the boundary with their own times (batch slots and KV blocks change
-only at boundaries). A mix-in of :class:`capplan.synth.run.Run`.
+only at boundaries). A mix-in of :class:`capplan.sim.run.Run`.
 """
 
 from __future__ import annotations

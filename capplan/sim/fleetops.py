@@ -1,7 +1,7 @@
 """Fleet events in the simulator (only with a ``control``): a replica fails, drains, is removed
 or added; the requests a failed replica held are lost or resent (the engine module's
-docstring). :class:`FleetOps` is a mix-in of :class:`capplan.synth.run.Run`;
-:class:`FleetHandle` is what the control (:mod:`capplan.synth.control`) sees of the run,
+docstring). :class:`FleetOps` is a mix-in of :class:`capplan.sim.run.Run`;
+:class:`FleetHandle` is what the control (:mod:`capplan.sim.control`) sees of the run,
 including the autoscaler's signals.
 """
 
@@ -102,7 +102,7 @@ class FleetOps:
 
 
 class FleetHandle:
-    """The control's handle on the fleet (capplan.synth.control.Fleet), over one run."""
+    """The control's handle on the fleet (capplan.sim.control.Fleet), over one run."""
 
     __slots__ = ("run",)
 
@@ -188,7 +188,7 @@ class FleetHandle:
         self.run.tl.append((t, event, replica, cols))
 
     def signals(self, now, window, ttft_limit_ms):
-        """The autoscaler's view (capplan.synth.autoscale): work in prefill-equivalent
+        """The autoscaler's view (capplan.sim.autoscale): work in prefill-equivalent
         tokens — a prompt token ``wp`` (1; 0 when prompts cost nothing), an answer token
         ``wd``. Q_work: waiting requests whole
         (a preempted one: its prompt and the tokens it had, re-prefilled, plus the answer

@@ -1,15 +1,15 @@
-"""One simulation run's state and its event loop (:func:`capplan.synth.engine.simulate`).
+"""One simulation run's state and its event loop (:func:`capplan.sim.engine.simulate`).
 
 :class:`Run` holds the per-request state as Python lists (fast scalar access), the replicas
-(:class:`capplan.synth.replica.Replica`) and the hooks; its behaviour comes in pieces:
+(:class:`capplan.sim.replica.Replica`) and the hooks; its behaviour comes in pieces:
 
 - arrivals and admission (here): a request arrives (open loop: its scheduled time; closed
   loop: a user's next request; a resend or retry from the retry heap), is routed to the
   replica with the least outstanding work (or by prefix affinity), may be deferred or
   rejected by the admission policy, and joins that replica's queue;
-- the batching step, service and completion (:mod:`capplan.synth.batching`), with separate
-  prefill lanes (:mod:`capplan.synth.lanes`);
-- fleet events (:mod:`capplan.synth.fleetops`), fired by the control.
+- the batching step, service and completion (:mod:`capplan.sim.batching`), with separate
+  prefill lanes (:mod:`capplan.sim.lanes`);
+- fleet events (:mod:`capplan.sim.fleetops`), fired by the control.
 
 :meth:`Run.loop` takes the earliest of: the control's next event, a resend, the next arrival,
 the earliest replica boundary (ties in that order), until none is left before the end.
@@ -31,7 +31,7 @@ from .replica import (CANCELLED, DONE, ERROR, INF, REJECTED, TIMEOUT, UNRESOLVED
 
 
 class Run(Batching, Lanes, FleetOps):
-    """The state of one run (see :func:`capplan.synth.engine.simulate` for the arguments)."""
+    """The state of one run (see :func:`capplan.sim.engine.simulate` for the arguments)."""
 
     __slots__ = ("adm", "admit_cap", "arr_sum", "arr_t", "back_ns", "bs", "budget_tok", "cheap",
                  "closed", "comp", "ctl", "dl", "draw", "dur_ns", "ekey", "end_ns", "fin", "fleet",
@@ -125,7 +125,7 @@ class Run(Batching, Lanes, FleetOps):
         self.ctl = ctl = control
         self.rheap: list = []  # resent requests: (time, rid)
         self.resent: set = set()  # requests already resent once (no retry policy)
-        self.rtr = None  # the clients' retry policy at work (capplan.synth.retry), if the control has one
+        self.rtr = None  # the clients' retry policy at work (capplan.sim.retry), if the control has one
         if ctl is not None and getattr(ctl.spec, "retry", None) is not None:
             from .retry import Retrier
 
@@ -427,7 +427,7 @@ class Run(Batching, Lanes, FleetOps):
 
     # ---- the result ----------------------------------------------------------------------------
     def result(self, result_cls):
-        """The run as a ``result_cls`` (:class:`capplan.synth.engine.SimResult`)."""
+        """The run as a ``result_cls`` (:class:`capplan.sim.engine.SimResult`)."""
         reps = self.reps
         sched = self.sched
         status = self.status

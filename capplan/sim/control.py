@@ -1,7 +1,7 @@
 """What happens to the fleet during a simulated run: replicas that fail, a rollout that swaps
 them, an autoscaler that adds and drains them (docs/timeline.md "Scenario parts").
 
-The simulator (:func:`capplan.synth.engine.simulate`) runs a :class:`Control` beside its
+The simulator (:func:`capplan.sim.engine.simulate`) runs a :class:`Control` beside its
 requests: at each time the control asks for (``next_ns``) it calls ``fire(now, sim)``, and
 the control acts through the engine's :class:`Fleet` handle — add a replica (routable once
 ready), fail one (the requests it holds are lost or retried by their clients), remove a
@@ -30,7 +30,7 @@ NS = 1_000_000_000
 INF = 1 << 62
 
 
-class Fleet(Protocol):  # the engine's handle (capplan.synth.engine)
+class Fleet(Protocol):  # the engine's handle (capplan.sim.engine)
     def live(self) -> list[int]: ...  # replicas added and not failed, removed or draining
     def ready(self) -> list[int]: ...  # live and routable
     def outstanding(self, idx: int) -> int: ...  # work it holds (tokens)
@@ -126,7 +126,7 @@ class ControlSpec:
     rollout: RolloutEvent | None = None
     autoscaler: AutoscalerSpec | None = None
     ttft_limit_ms: float = 2000.0  # what the goodput signal counts as a good first token
-    #: the clients' retry policy (capplan.synth.retry): failed and rejected attempts are
+    #: the clients' retry policy (capplan.sim.retry): failed and rejected attempts are
     #: retried as it says; None: no client retries (a failure's ``in_flight: retried`` resends
     #: what the lost replica held once)
     retry: RetryPolicy | None = None

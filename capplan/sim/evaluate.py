@@ -3,7 +3,7 @@ in the steady window and how many of those met the SLO, and the one bisection fo
 where that attainment crosses the target.
 
 Every caller that asks "attainment (or counts) at a rate" of a simulated system — the ground
-truth (``capplan.synth.truth``), the twin's steady-state C_SLO and its policy and P/D sweeps
+truth (``capplan.sim.truth``), the twin's steady-state C_SLO and its policy and P/D sweeps
 (``capplan.twin.capacity``), the twin's in-memory protocol (``capplan.twin.protocol``) — goes
 through :func:`steady`, and every capacity search through :func:`bisect_crossing` (inside
 :func:`bracket_crossing` where the bracket is not given). So:

@@ -1,7 +1,7 @@
 """Ground truth: the attainment a run protocol really has at an offered rate.
 
 The truth is estimated by simulation with the one evaluator of the simulated side
-(:func:`capplan.synth.evaluate.steady`): per-request outcomes in memory, counted with the same
+(:func:`capplan.sim.evaluate.steady`): per-request outcomes in memory, counted with the same
 SLO-good rule as the pipeline's SQL (``capplan.metrics.good_predicate``; both built from
 ``capplan.slo.good_terms``) and the same steady window, so that later tests can check fitted
 capacities and their confidence intervals against it.

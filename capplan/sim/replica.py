@@ -2,7 +2,7 @@
 block arithmetic of a decode span (how many blocks k iterations need; the largest k that fits).
 
 A :class:`Replica` is plain mutable state; what happens to it lives in the engine's hooks
-(:mod:`capplan.synth.batching`, :mod:`capplan.synth.lanes`, :mod:`capplan.synth.fleetops`).
+(:mod:`capplan.sim.batching`, :mod:`capplan.sim.lanes`, :mod:`capplan.sim.fleetops`).
 """
 
 from __future__ import annotations

@@ -25,36 +25,36 @@ Model (vLLM-like, one FIFO queue per replica):
   the boundary with their own times (batch slots and KV blocks change only at boundaries);
 - ``fault`` (open loop) marks requests the server fails whatever the load: 1 = an immediate
   error, 2 = a stall (never served; the client gives up at its deadline).
-- a fleet ``control`` (:mod:`capplan.synth.control`) may change the replicas during the run:
+- a fleet ``control`` (:mod:`capplan.sim.control`) may change the replicas during the run:
   add one (routable once ready), fail one (the requests it holds are lost, or resent once by
   their clients after a delay, or retried as the clients' retry policy says
-  (:mod:`capplan.synth.retry`, which also retries rejections) — a resent request starts over,
+  (:mod:`capplan.sim.retry`, which also retries rejections) — a resent request starts over,
   its first attempt's tokens are dropped; requests routed to a failed replica before its
   routes are removed fail at once, or are resent), drain one (no new requests; removed when it holds none, or failed at a
   deadline). Every change is a timeline row (``SimResult.timeline``). Without a control the
   run is exactly as before (the presets' output is byte-identical).
 - serving-policy hooks (open loop; without them the run is exactly as before): ``prefix`` (a
-  :class:`capplan.synth.prefix.PrefixCache`) finds cached prompt tokens at admission — they are
+  :class:`capplan.sim.prefix.PrefixCache`) finds cached prompt tokens at admission — they are
   not prefilled — caches prompts and answers, and may route by prefix affinity; ``policy`` (a
-  :class:`capplan.synth.policy.Policy`) orders each replica's queue (FIFO, fair queuing by
+  :class:`capplan.sim.policy.Policy`) orders each replica's queue (FIFO, fair queuing by
   virtual token counters, priority with aging) and admits, defers or rejects at arrival;
   ``deadline_ns`` replaces each client's deadline (the decode pool of a disaggregated system,
-  :mod:`capplan.synth.disagg`).
+  :mod:`capplan.sim.disagg`).
 
 Speed: between scheduling events (arrival that can be admitted, completion, KV block shortage,
 client deadline, end of run) the batch is constant, so k decode iterations of equal length are
 committed at once. Token times are not stored per token: each sequence keeps "stints" (first
 iteration, token count) and each replica keeps piecewise-constant iteration segments; token
-timestamps and ITL lists are rebuilt vectorised in :mod:`capplan.synth.events`.
+timestamps and ITL lists are rebuilt vectorised in :mod:`capplan.sim.events`.
 
 Times are int64 ns. All state transitions are deterministic given the inputs.
 
 Code: this module holds the public types and :func:`simulate`; a run's state and its event
-loop are :class:`capplan.synth.run.Run` (arrivals, routing and admission), which takes its
-hooks from :mod:`capplan.synth.batching` (the batching step: admission into the batch, the
-iteration plan, service and completion), :mod:`capplan.synth.lanes` (separate prefill) and
-:mod:`capplan.synth.fleetops` (fleet events); a replica's state and the KV block arithmetic
-are in :mod:`capplan.synth.replica`. ``tests/test_synth_golden.py`` pins the output.
+loop are :class:`capplan.sim.run.Run` (arrivals, routing and admission), which takes its
+hooks from :mod:`capplan.sim.batching` (the batching step: admission into the batch, the
+iteration plan, service and completion), :mod:`capplan.sim.lanes` (separate prefill) and
+:mod:`capplan.sim.fleetops` (fleet events); a replica's state and the KV block arithmetic
+are in :mod:`capplan.sim.replica`. ``tests/test_synth_golden.py`` pins the output.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class SimResult:
     computed_input: np.ndarray | None = None
     #: replica names when not ``replica-<i>`` (the pools of a disaggregated system)
     replica_names: tuple | None = None
-    #: the run's prompt prefixes (capplan.synth.prefix.Prefixes) when the workload has them
+    #: the run's prompt prefixes (capplan.sim.prefix.Prefixes) when the workload has them
     prefixes: object = None
     #: with a control: retries each request's client sent (0: its first attempt only)
     retries: np.ndarray | None = None
@@ -179,7 +179,7 @@ def simulate(*, n_replicas: int, params: ReplicaParams, timeout_s: float, end_s:
 
     Requests unresolved at ``end_s`` (the hard stop, normally duration + drain) get status
     ``timeout`` when their client deadline had passed by then, else ``cancelled``; tokens
-    received before the end are kept. ``control``: a :class:`capplan.synth.control.Control`
+    received before the end are kept. ``control``: a :class:`capplan.sim.control.Control`
     (module docstring); ``n_replicas`` is then the initial fleet. ``prefix``, ``policy``,
     ``deadline_ns``: the serving-policy hooks of the module docstring (open loop only)."""
     run = Run(n_replicas=n_replicas, params=params, timeout_s=timeout_s, end_s=end_s, sched_ns=sched_ns,

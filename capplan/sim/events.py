@@ -125,7 +125,7 @@ def events_arrow(res: SimResult, run_id: str, *, tenants: tuple[str, ...] = (),
                  prefixes=None) -> pa.Table:
     """The run's events as a contract table (one row per offered request, in issue order).
     With a prefix cache: ``computed_input_tokens``; with ``prefixes`` (a
-    :class:`capplan.synth.prefix.Prefixes`): ``prefix_group`` and ``session_id``."""
+    :class:`capplan.sim.prefix.Prefixes`): ``prefix_group`` and ``session_id``."""
     n = len(res.sched_ns)
     n_recv, first, last, offsets, values = token_times(res, with_itl)
     status = res.status.astype(np.int64)

@@ -2,7 +2,7 @@
 count, GPU type (service speed or model) and limits, and the KV cache shipped between them
 (docs/scenarios.md, "Disaggregated prefill and decode").
 
-A request goes through three stages, each a run of the same engine (``capplan.synth.engine``):
+A request goes through three stages, each a run of the same engine (``capplan.sim.engine``):
 
 1. **prefill pool** — the router (least outstanding work) picks a prefill replica; it queues
    there (FIFO) and its prompt is computed on one of the replica's ``lanes`` (one prompt at a
