@@ -230,17 +230,17 @@ def _fit_outcome(env, rate: float, duration_s: float, warmup_s: float, rng) -> d
 def _model_outcomes(model, rate: float, duration_s: float, warmup_s: float, slo, sims: int,
                     seed: int) -> list[dict]:
     """Runs simulated on a model (twin or synth config) — real synth runs, reduced. Not the
-    evaluator's counts (``capplan.sim.evaluate.steady``): a trial fit needs each run's block
-    statistics and diagnostics, which the reduction of a written study gives."""
+    evaluator's counts (``capplan.sim.evaluate.steady``) but the study evaluator
+    (``run_study``): a trial fit needs each run's block statistics and diagnostics, which the
+    reduction of a written study gives."""
     import tempfile
 
     from .reduce import reduce_study
-    from .sim import generate_study
+    from .sim import run_study
 
-    cfg = model_config(model, rates=(rate,), duration_s=duration_s, warmup_s=warmup_s,
-                       repeats=sims, seed=seed)
     with tempfile.TemporaryDirectory(prefix="capplan-design-") as tmp:
-        path, _ = generate_study(cfg, Path(tmp) / "s", workers=1)
+        path, _ = run_study(model, None, Path(tmp) / "s", rates=(rate,), duration_s=duration_s,
+                            warmup_s=warmup_s, repeats=sims, seed=seed)
         st = reduce_study(path, slo)
     return [{"run": r, "diag": st.diagnostics[st.diagnostics["run_id"] == r.run_id]}
             for r in st.runs]

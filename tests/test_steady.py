@@ -137,3 +137,25 @@ def test_a_twin_and_its_scenario_go_through_the_same_evaluator():
     two = steady(cfg, Faster(), "ttft_ms=40", rate_rps=0.5, duration_s=20.0, warmup_s=5.0)
     assert base.n == two.n == (7,) and two.good == (7,)
     assert np.isfinite(two.attainment)
+
+
+def test_run_study_is_the_protocol_written_as_a_study(tmp_path):
+    """The study evaluator: ``system`` on the protocol given, written by ``generate_study`` as
+    an ordinary study (the same runs as the config built by hand); a config alone is
+    simulated as configured."""
+    from capplan.reduce import reduce_study
+    from capplan.sim import run_study
+    from capplan.sim.evaluate import system_config
+
+    cfg = parse_config(PRESETS["small"])
+    kw = dict(rates=(3.0,), duration_s=60.0, warmup_s=10.0, repeats=2, seed=5)
+    path, stats = run_study(cfg, None, tmp_path / "a", **kw)
+    hand, hand_stats = generate_study(system_config(cfg, **kw), tmp_path / "b", workers=1)
+    a, b = reduce_study(path, "ttft_ms=2000"), reduce_study(hand, "ttft_ms=2000")
+    assert [(r.n, r.n_good) for r in a.runs] == [(r.n, r.n_good) for r in b.runs]
+    assert len(a.runs) == 2 and stats == hand_stats
+    as_is, _ = run_study(system_config(cfg, **kw), None, tmp_path / "c")
+    assert [(r.n, r.n_good) for r in reduce_study(as_is, "ttft_ms=2000").runs] == \
+        [(r.n, r.n_good) for r in a.runs]
+    with pytest.raises(SpecError, match="output folder"):
+        run_study(cfg, None, None, **kw)

@@ -42,9 +42,8 @@ from ..slo import SLO
 from ..sim.autoscale import AutoscalerSpec
 from ..sim.config import SynthConfig
 from ..sim.control import ControlSpec, FailureEvent, Placement, RolloutEvent
-from ..sim.evaluate import system_config
+from ..sim.evaluate import run_study, system_config
 from ..sim.retry import RetryPolicy
-from ..sim.sweep import generate_study
 from ..timeline import Timeline, analyse_timeline
 from ..twin.fleet import AutoscalerPart, DemandPart, FailurePart, RolloutPart
 from ..twin.scenario import Part, ScenarioContext
@@ -165,7 +164,7 @@ def with_parts(system, cfg: SynthConfig, *parts: Part) -> SynthConfig:
 def _run(cfg: SynthConfig, slo: SLO, capacity: float, settings: SimSettings, tmp: Path,
          name: str) -> tuple[Timeline, dict]:
     """The run's timeline and its statistics (the clients' retries among them)."""
-    path, st = generate_study(cfg, tmp / name, workers=1)
+    path, st = run_study(cfg, None, tmp / name)
     return analyse_timeline(path, slo, window_s=settings.window_s, capacity_rps=capacity,
                             derive=False), st[0]
 

@@ -34,7 +34,7 @@ from .config import ArrivalSpec, SynthConfig
 from .engine import SimResult
 from .replica import CANCELLED, OK, REJECTED, TIMEOUT
 from .events import token_times
-from .sweep import simulate_level
+from .sweep import generate_study, simulate_level
 
 TRUTH_SEED_OFFSET = 1_000_003  # keeps evaluation streams apart from a sweep's own runs
 
@@ -164,6 +164,29 @@ def system_config(system, *, rates=None, duration_s: float, warmup_s: float, rep
     kw = {} if rates is None else {"rates": tuple(float(r) for r in rates)}
     return system.with_(**kw, duration_s=float(duration_s), warmup_s=float(warmup_s), repeats=int(repeats),
                         requests_per_run=None, seed=int(seed), itl=bool(itl), power=None, load_model="open")
+
+
+def run_study(system, scenario=None, out=None, *, rates=None, duration_s: float | None = None,
+              warmup_s: float = 0.0, repeats: int = 1, seed: int = 0, workers: int = 1):
+    """The other evaluator: simulated runs written as a study (a twin's output is a study), for
+    what needs a written study's reduction rather than counts — a trial fit's block statistics
+    and diagnostics (``capplan design``), a window-by-window timeline (``capplan.plan.dynamics``).
+    ``system`` under ``scenario`` (its ``apply(system).config``), or ``system`` on the protocol
+    given (``system_config``: ``rates``, ``duration_s``, ``warmup_s``, ``repeats``, ``seed``); a
+    ``SynthConfig`` with neither is simulated as configured. Returns ``generate_study``'s
+    (study path, per-run statistics)."""
+    if out is None:
+        raise SpecError("run_study needs an output folder", field="out")
+    if scenario is not None:
+        cfg = scenario.apply(system).config
+    elif isinstance(system, SynthConfig) and duration_s is None:
+        cfg = system
+    else:
+        if duration_s is None:
+            raise SpecError("simulating a twin needs a run length", field="duration_s")
+        cfg = system_config(system, rates=rates, duration_s=duration_s, warmup_s=warmup_s,
+                            repeats=repeats, seed=seed)
+    return generate_study(cfg, out, workers=workers)
 
 
 @dataclass(frozen=True, eq=False)
