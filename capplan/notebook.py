@@ -26,9 +26,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from .errors import CapplanError, SpecError
 from .resources import default_spec_path, demo_study_path
 from .slo import SLO
+
+if TYPE_CHECKING:  # imported when resolve runs: a notebook's first cell stays light
+    from .plan.inputs import PlanInputs
 
 
 @dataclass(frozen=True)
@@ -44,9 +49,9 @@ class Inputs:
     spec_path: Path
     engine: str = "duckdb"  # where envelope() reduces the events: "duckdb" or "spark"
     spark_master: str | None = None  # with "spark": the master URL (None: Spark's default)
-    #: every input with where it came from (``capplan.plan.inputs.PlanInputs``); ``spec`` above
-    #: is its spec, the resolved SLO and bootstrap written in
-    resolved: object = None
+    #: every input with where it came from; ``spec`` above is its spec, the resolved SLO and
+    #: bootstrap written in
+    resolved: "PlanInputs | None" = None
 
     def header(self) -> str:
         """'**Study** `name` (13 runs, open loop) · **SLO** …' (markdown)."""

@@ -514,9 +514,9 @@ class PlanSpec:
     mix: MixSpec = field(default_factory=MixSpec)
     #: one SLO per slo_class (``slo_file:`` or ``slo_classes:`` in the YAML); docs/mix.md
     slo_classes: SLOClasses | None = None
-    #: the keys the spec set (``slo``, ``capacity.reps``, …; ``with_`` adds the ones it changes),
-    #: so a resolved input can say whether a value is the spec's or capplan's default
-    #: (``capplan.plan.inputs``)
+    #: the keys the spec's YAML or mapping set (``slo``, ``capacity.reps``, …; ``with_`` adds the
+    #: ones it changes), so a resolved input can say whether a value is the spec's or capplan's
+    #: default (``capplan.plan.inputs``); a PlanSpec built field by field in Python records none
     file_keys: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     # flat name -> (section attribute, field)
