@@ -55,7 +55,6 @@ class MixPage:
         from .classes import fit_classes
         from .loadeffect import twin_periods
         from .reweight import fit_periods
-        from .target import Buckets
 
         inputs = resolve_inputs(spec, slo=slo, reps=reps, seed=seed, confidence=confidence,
                                 slo_file=slo_file or None, target=target or None, twin=twin or None,
@@ -75,9 +74,7 @@ class MixPage:
         m = spec.mix
         try:
             if path:  # the day's and the peak hour's mix, as `capplan mix` fits them
-                mixes, notes = fit_periods(study, slo, path, Buckets(
-                    input_edges=m.input_edges, output_edges=m.output_edges, tenant="tenant" in m.by,
-                    slo_class="slo_class" in m.by), drop_untested=m.drop_untested, **kw)
+                mixes, notes = fit_periods(study, slo, path, m.buckets(), drop_untested=m.drop_untested, **kw)
         except SpecError as exc:
             problems.append(f"target mix {path}: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         twin_path = inputs.twin

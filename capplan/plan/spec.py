@@ -482,6 +482,14 @@ class MixSpec:
         for i, d in enumerate(self.by):
             S.choice(d, S.index(f"{s}.by", i), ("tenant", "slo_class"))
 
+    def buckets(self):
+        """The cells the target mix is counted in (``capplan.mix.Buckets``): the plan's and the
+        mix page's alike."""
+        from ..mix.target import Buckets
+
+        return Buckets(input_edges=self.input_edges, output_edges=self.output_edges, tenant="tenant" in self.by,
+                       slo_class="slo_class" in self.by)
+
 
 _SECTIONS: dict[str, type] = {
     "demand": DemandSpec, "capacity": CapacitySpec, "replica_group": GroupSpec,
