@@ -38,8 +38,8 @@ from typing import Callable
 
 from .version import __version__
 from .errors import CapplanError, SpecError
+from .plan.inputs import BUILTIN_SLO
 from .plan.spec import CapacitySpec
-from .notebook import DEFAULT_SLO  # noqa: F401  (re-exported)
 from .resources import (baseline_study_path, bundled, default_spec_path,  # noqa: F401
                         demo_study_path, notebooks_dir, templates_dir)
 
@@ -69,11 +69,6 @@ ENGINE_NOTEBOOKS = ("02-envelope.ipynb", PLAN_NOTEBOOK)
 MIN_COMPARE_REPS = 100  # capplan.compare refuses fewer bootstrap replicates
 KERNEL_NAME = "capplan"
 OFFLINE_TEMPLATE = "capplan_offline"
-#: a report's bootstrap defaults are the plan spec's (``capacity.reps/seed/confidence``), so a
-#: ``ReportParams`` built in Python fits what ``capplan plan`` and the report's CLI fit
-DEFAULT_REPS = CapacitySpec.reps
-DEFAULT_SEED = CapacitySpec.seed
-DEFAULT_CONFIDENCE = CapacitySpec.confidence
 CELL_TIMEOUT_S = 900
 #: the build folder's subfolder that holds the report kernels' connection files while they run
 KERNEL_FILES_DIR = ".kernels"
@@ -353,10 +348,12 @@ class ReportParams:
 
     study: Path
     spec: Path
-    slo: str = DEFAULT_SLO
-    seed: int = DEFAULT_SEED
-    reps: int = DEFAULT_REPS
-    confidence: float = DEFAULT_CONFIDENCE
+    # a ReportParams built in Python has the defaults a spec without these keys has
+    # (``resolve_params`` resolves them: capplan.plan.inputs)
+    slo: str = BUILTIN_SLO
+    seed: int = CapacitySpec.seed
+    reps: int = CapacitySpec.reps
+    confidence: float = CapacitySpec.confidence
     time: str = ""  # provenance time of the plan export (ISO, UTC)
     baseline: Path | None = None  # baseline study: adds the comparison page (candidate = study)
     gates: Path | None = None  # gates YAML of the comparison (None: templates/gates.yaml defaults)
@@ -573,14 +570,16 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
                    accept_optimistic: bool = False, sweeps=None, engine: str = "duckdb",
                    spark_master: str | None = None):
     """Check every input before a kernel starts; returns (ReportParams, opened Study).
-    SLO, reps, seed and confidence default to the plan spec's (``slo``, ``capacity.*``), so
-    ``capplan plan`` and ``capplan report`` with one spec give one plan. ``baseline`` (a study
+    SLO, reps, seed and confidence are resolved as ``capplan plan`` resolves them
+    (``capplan.plan.inputs``: given, else the spec's ``slo`` / ``capacity.*``), so ``capplan
+    plan`` and ``capplan report`` with one spec give one plan; a spec without an SLO gets
+    capplan's default, said before the notebooks run. ``baseline`` (a study
     directory) adds the comparison; ``gates`` (YAML) sets its gates. ``engine`` ("duckdb" or
     "spark", with ``spark_master``) reduces the envelope and plan pages' events
     (``ENGINE_NOTEBOOKS``); the study must be on this machine's disk (plain or ``file://``)
     either way. Raises StudyError / SpecError (exit 2)."""
     from .plan import gpus_per_group, load_plan_spec
-    from .slo import SLO, check_confidence, check_reps, override_note
+    from .plan.inputs import resolve_inputs
     from .sparkstudy import local_path
     from .study import check_readable, open_study
 
@@ -594,16 +593,9 @@ def resolve_params(study=None, spec=None, *, slo=None, seed=None, reps=None, con
                         fix="pass --spec PATH to a plan YAML (see templates/plan.yaml)")
     plan_spec = load_plan_spec(spec_path)
     gpus_per_group(plan_spec, opened)  # a spec that disagrees with the study fails here, not in a kernel
-    slo_obj = SLO.parse(slo) if slo else (plan_spec.slo or SLO.parse(DEFAULT_SLO))
-    notes = tuple(n for n in (override_note(plan_spec.slo, slo_obj) if slo else None,) if n) + engine_notes
-    cap = plan_spec.capacity
-    reps = cap.reps if reps is None else int(reps)
-    seed = cap.seed if seed is None else int(seed)
-    confidence = cap.confidence if confidence is None else float(confidence)
-    check_reps(reps)
-    if seed < 0:
-        raise SpecError(f"--seed must be ≥ 0, got {seed}", field="seed")
-    check_confidence(confidence)
+    inputs = resolve_inputs(plan_spec, slo=slo or None, reps=reps, seed=seed, confidence=confidence)
+    notes = inputs.notes + engine_notes
+    slo_obj, reps, seed, confidence = inputs.slo, inputs.reps, inputs.seed, inputs.confidence
     if time:
         import datetime as dt
 

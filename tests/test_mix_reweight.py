@@ -76,6 +76,29 @@ def test_reweighted_cslo_by_hand(make_study):
     assert m.envelope.honesty.status == "optimistic"  # within-run: never an honest bound
 
 
+def test_day_and_peak_hour_fitted_on_one_reduction(make_study, tmp_path):
+    """fit_periods (what capplan mix and the report's mix page call): the day's mix of a
+    timestamped trace and its peak hour's, each reweighted, on one reduction of the study."""
+    from capplan.mix.reweight import fit_periods
+
+    path = _study(make_study)
+    t0 = pd.Timestamp("2026-03-02T09:00:00Z")
+    # hour 9: 6 short + 0 long; hour 10 (the peak): 4 short + 4 long → day 10:4 … peak 50/50
+    rows = [(s, 500) for s in range(0, 3600, 600)] + [(3600 + 60 * k, 500 if k % 2 else 5000) for k in range(8)]
+    trace = tmp_path / "trace.parquet"
+    pd.DataFrame({"timestamp": [t0 + pd.Timedelta(seconds=s) for s, _ in rows],
+                  "input_tokens": [i for _, i in rows]}).to_parquet(trace)
+    fits, notes = fit_periods(path, SLO, trace, Buckets(input_edges=(1024,)), reps=200, seed=0,
+                              min_cell_requests=10, method="within-run")
+    assert list(fits) == ["day", "peak_hour"] and notes == ()
+    assert fits["peak_hour"].base.stats is fits["day"].base.stats  # one reduction
+    att = [0.5 * s / 150 + 0.5 * k / 50 for s, k in zip(SHORT, LONG)]  # the peak hour: 50/50
+    assert list(fits["peak_hour"].runs["attainment"]) == pytest.approx(att)
+    assert fits["peak_hour"].cslo.estimate == pytest.approx(_crossing(1, 2, att[0], att[1], 0.9), rel=1e-6)
+    day = [(10 * s / 150 + 4 * k / 50) / 14 for s, k in zip(SHORT, LONG)]  # 10 short : 4 long
+    assert list(fits["day"].runs["attainment"]) == pytest.approx(day)
+
+
 def test_reweighted_fit_has_the_headline_run_effect_and_verdict(make_study):
     """By default both fits carry the headline envelope's between-run variation: at the tested
     mix the reweighted fit is the headline envelope (same τ, same crossing), and its lower bound

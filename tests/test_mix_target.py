@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from capplan.errors import SpecError
-from capplan.mix import Buckets, load_target, target_from_table, target_from_trace, target_from_trace_periods
+from capplan.mix import Buckets, load_target, load_target_periods, target_from_table, target_from_trace
 from capplan.mix.core import kish_ess, reweight_run
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
@@ -29,7 +29,8 @@ def test_day_and_peak_hour_mix_by_hand(tmp_path):
     p = _trace(tmp_path, [{"timestamp": t0 + pd.Timedelta(seconds=s), "input_tokens": i, "output_tokens": 10}
                           for s, i in rows])
     b = Buckets(input_edges=(1000,))
-    mixes = target_from_trace_periods(p, b)
+    mixes, notes = load_target_periods(p, b)
+    assert list(mixes) == ["day", "peak_hour"] and notes == ()
     day = mixes["day"].frame.set_index("input_bucket")["share"]
     assert day[0] == pytest.approx(3 / 7) and day[1] == pytest.approx(4 / 7)
     peak = mixes["peak_hour"]
@@ -69,6 +70,13 @@ def test_missing_columns_and_files_are_refused(tmp_path):
     q = _trace(tmp_path, [{"input_tokens": 5}], "q.parquet")
     with pytest.raises(SpecError) as e:
         target_from_trace(q, period="peak_hour")
+    assert e.value.field == "time_column"
+    # the periods of a trace without timestamps: the day's, the peak hour said to be missing;
+    # the peak hour alone is an error (capplan mix --period peak_hour)
+    mixes, notes = load_target_periods(q)
+    assert list(mixes) == ["day"] and notes == ("the target has no timestamps: the day's mix only",)
+    with pytest.raises(SpecError) as e:
+        load_target_periods(q, periods=("peak_hour",))
     assert e.value.field == "time_column"
 
 

@@ -150,7 +150,9 @@ def test_bad_cli_override(tmp_path, capsys):
     p = tmp_path / "plan.yaml"
     p.write_text(yaml.safe_dump(GOOD), encoding="utf-8")
     assert main(["plan", "--spec", str(p), "--out", str(tmp_path / "o"), "--confidence", "1.5"]) == 2
-    assert "capacity.confidence must be ≤ 0.999" in capsys.readouterr().err
+    assert "--confidence must be between 0.5 and 1, got 1.5" in capsys.readouterr().err  # slo.check_confidence
+    assert main(["plan", "--spec", str(p), "--out", str(tmp_path / "o"), "--confidence", "0.9995"]) == 2
+    assert "capacity.confidence must be ≤ 0.999" in capsys.readouterr().err  # the spec's own check
     assert main(["plan", "--spec", str(p), "--out", str(tmp_path / "o"), "--capacity-rps", "-3"]) == 2
     assert "capacity.rps_per_group must be > 0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -45,9 +45,8 @@ from ..errors import SpecError
 def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, drop_untested, min_cell_requests,
         confidence, reps, seed, scheme, warmup, twin_path, twin_runs, twin_draws, out) -> int:
     """C_SLO at a production mix (reweighting the tested per-cell attainment)."""
-    from ..mix import Buckets, load_target, parse_edges
-    from ..mix.reweight import MIN_CELL_REQUESTS, target_cells, fit_mix
-    from ..reduce import reduce_study
+    from ..mix import Buckets, parse_edges
+    from ..mix.reweight import MIN_CELL_REQUESTS, fit_periods
     from ..slo import SLO
     from ..study import open_study
 
@@ -65,48 +64,31 @@ def cmd(study, slo_text, target_path, input_edges, output_edges, by, period, dro
     buckets = Buckets(input_edges=parse_edges(input_edges, "--input-edges"),
                       output_edges=parse_edges(output_edges, "--output-edges"),
                       tenant="tenant" in dims, slo_class="slo_class" in dims)
-    periods = ["day", "peak_hour"] if period == "both" else [period]
-    targets = {}
-    for p in periods:
-        try:
-            targets[p] = load_target(target_path, buckets, period=p)
-        except SpecError as exc:
-            if period == "both" and p == "peak_hour" and exc.field == "time_column":
-                click.echo("note: the target has no timestamps: the day's mix only")
-                continue
-            raise
-        if targets[p].period == "table":
-            break  # a table has no periods
     try:
         w = float(warmup)
     except ValueError:
         w = warmup
-    st = open_study(study)
-    first = next(iter(targets.values()))
-    stats = reduce_study(st, slo, warmup=w, cells=target_cells(first.buckets))
-    results, twins = {}, {}
-    for p, tg in targets.items():
-        m = fit_mix(st, slo, tg, confidence=confidence, reps=reps, seed=seed, scheme=scheme, stats=stats,
-                    min_cell_requests=MIN_CELL_REQUESTS if min_cell_requests is None else min_cell_requests,
-                    drop_untested=drop_untested)
-        results[p] = m
+    min_cell = MIN_CELL_REQUESTS if min_cell_requests is None else min_cell_requests
+    # the day's and the peak hour's mix on one reduction (the report's mix page fits them alike)
+    results, notes = fit_periods(study, slo, target_path, buckets,
+                                 periods=("day", "peak_hour") if period == "both" else (period,),
+                                 confidence=confidence, reps=reps, seed=seed, scheme=scheme, warmup=w,
+                                 min_cell_requests=min_cell, drop_untested=drop_untested)
+    for note in notes:
+        click.echo(f"note: {note}")
+    twins = {}
+    if twin is not None:
+        from ..mix.loadeffect import twin_periods
+
+        twins = twin_periods(twin, open_study(study), slo, results, seed=seed, runs=twin_runs, draws=twin_draws,
+                             min_cell_requests=min_cell, drop_untested=drop_untested)
+    for p, m in results.items():
         click.echo(m.to_text())
         click.echo("")
-        if twin is not None:
-            import warnings
-
-            from ..mix.loadeffect import twin_mix
-            from ..twin import TwinWarning
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", TwinWarning)  # said below, in the result and on stderr
-                tm = twin_mix(twin, st, slo, tg, mixfit=m, seed=seed, runs=twin_runs, draws=twin_draws,
-                              min_cell_requests=MIN_CELL_REQUESTS if min_cell_requests is None else min_cell_requests,
-                              drop_untested=drop_untested)
-            if tm.warning:
-                click.echo(tm.warning, err=True)
-            twins[p] = tm
-            click.echo(tm.to_text())
+        if p in twins:
+            if twins[p].warning:
+                click.echo(twins[p].warning, err=True)
+            click.echo(twins[p].to_text())
             click.echo("")
     if out:
         from ..present import json_text

@@ -47,19 +47,17 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
         engine=None):
     """Size replica groups, GPUs, nodes and cost for a demand and write the finance export."""
     from ..export import export_plan
-    from ..plan import load_plan_spec, make_plan
+    from ..plan import make_plan
+    from ..plan.inputs import resolve_inputs
 
-    spec = load_plan_spec(spec_path)
-    if slo is not None:
-        from ..slo import SLO, override_note
-
-        note = override_note(spec.slo, SLO.parse(slo))
-        if note:
-            click.echo(f"note: {note}", err=True)
-    spec = _apply_overrides(spec, slo=slo, use=use, reps=reps, seed=seed, confidence=confidence,
-                            accept_optimistic=accept_optimistic)
-    if gpus_per_replica is not None:
-        spec = spec.with_(gpus_per_replica=gpus_per_replica)
+    # the given options, else the spec's (capplan.plan.inputs); no built-in SLO: a plan without
+    # one is refused by make_plan, naming the spec's slo
+    inputs = resolve_inputs(spec_path, slo=slo, use=use, reps=reps, seed=seed, confidence=confidence,
+                            accept_optimistic=accept_optimistic, gpus_per_replica=gpus_per_replica,
+                            builtin_slo=False)
+    for note in inputs.notes:
+        click.echo(f"note: {note}", err=True)
+    spec = inputs.spec
     if study is None and capacity_rps is None and spec.capacity.source == "study":
         raise SpecError("no study and no capacity number", field="capacity",
                         fix="pass a study directory, or --capacity-rps N, or set capacity.rps_per_group in the spec")
@@ -97,23 +95,6 @@ def cmd(study, spec_path, out_dir, slo, capacity_rps, use, reps, seed, confidenc
                    err=True)
         return 1
     return 0
-
-
-def _apply_overrides(spec, *, slo, use, reps, seed, confidence, accept_optimistic=None):
-    import dataclasses
-
-    from ..slo import SLO
-
-    cap = {k: v for k, v in (("use", use), ("reps", reps), ("seed", seed), ("confidence", confidence),
-                             ("accept_optimistic", accept_optimistic)) if v is not None}
-    if cap:
-        try:
-            spec = dataclasses.replace(spec, capacity=dataclasses.replace(spec.capacity, **cap))
-        except SpecError as exc:
-            raise SpecError(exc.args[0], field=exc.field, fix=exc.fix, file=spec.source) from None
-    if slo is not None:
-        spec = dataclasses.replace(spec, slo=SLO.parse(slo))
-    return spec
 
 
 def _simulate(plan, twin: str, quarter: int, budget: float | None, out_dir: str, *, day: bool = False,

@@ -407,3 +407,14 @@ def twin_mix(twin: Twin | str, study, slo, target: TargetMix, *, mixfit: MixFit 
 
 def _start(v) -> float | None:
     return float(v) if _finite(v) and v > 0 else None
+
+
+def twin_periods(twin: Twin | str, study, slo, fits: dict, **kw) -> dict[str, TwinMix]:
+    """Each period's fitted mix (``reweight.fit_periods``) run through ``twin`` (:func:`twin_mix`
+    with ``kw``). The TwinWarning of a twin whose last check disagreed is not raised: it is on
+    every result (``TwinMix.warning``), for the caller to say once."""
+    tw = load_twin(twin) if not isinstance(twin, Twin) else twin
+    st = study if isinstance(study, Study) else open_study(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TwinWarning)
+        return {period: twin_mix(tw, st, slo, m.target, mixfit=m, **kw) for period, m in fits.items()}

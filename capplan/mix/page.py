@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import CapplanError, SpecError
-from ..slo import SLO, load_slo_file
+from ..slo import SLO
 
 #: plan line items and checks this page shows (capplan.plan.bounds)
 BOUND_KEYS = ("prefill_tokens_per_s_per_group", "decode_tokens_per_s_per_group", "prefill_tokens_per_s_fleet",
@@ -21,47 +21,6 @@ BOUND_KEYS = ("prefill_tokens_per_s_per_group", "decode_tokens_per_s_per_group",
               "kv_bound_rps_per_group", "gpu_peak_w", "node_peak_kw", "peak_it_power_kw",
               "peak_it_power_rollout_kw", "peak_facility_power_kw", "racks")
 BOUND_CHECKS = ("weights_fit", "kv_bound", "rack_power", "row_power")
-
-
-def _mixes(study, slo, spec, path, kw) -> dict:
-    """The target's day and peak-hour mixes (a table: one), each reweighted."""
-    from .reweight import fit_mix
-    from .target import Buckets, load_target
-
-    m = spec.mix
-    b = Buckets(input_edges=m.input_edges, output_edges=m.output_edges, tenant="tenant" in m.by,
-                slo_class="slo_class" in m.by)
-    stats, mixes = None, {}
-    for period in ("day", "peak_hour"):
-        try:
-            tg = load_target(path, b, period=period)
-        except SpecError as exc:  # no timestamps: the day's mix only
-            if period == "peak_hour" and exc.field == "time_column":
-                break
-            raise
-        mf = fit_mix(study, slo, tg, stats=stats, drop_untested=m.drop_untested, **kw)
-        stats = mf.base.stats
-        mixes[period] = mf
-        if tg.period == "table":
-            break
-    return mixes
-
-
-def _twins(study, slo, mixes: dict, path, *, seed: int, runs, draws: int, drop_untested: bool) -> dict:
-    """Each fitted mix run through the twin (its warning, if any, is on every result)."""
-    import warnings
-
-    from ..twin import TwinWarning, load_twin
-    from .loadeffect import twin_mix
-
-    twin = load_twin(path)
-    out = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TwinWarning)  # the page states it (headline and each result)
-        for period, m in mixes.items():
-            out[period] = twin_mix(twin, study, slo, m.target, mixfit=m, seed=seed, runs=runs, draws=draws,
-                                   drop_untested=drop_untested)
-    return out
 
 
 @dataclass(frozen=True)
@@ -80,20 +39,28 @@ class MixPage:
     twin_source: str | None = None
     #: the headline envelope (run-to-run variation included): the plan's number, as on the plan page
     envelope: object = field(repr=False, default=None)
+    #: said on the page: a default that changed a number, a period the target could not give
+    notes: tuple[str, ...] = ()
 
     @classmethod
-    def build(cls, study, spec, slo, *, slo_file=None, target=None, reps: int = 1000, seed: int = 0,
-              confidence: float = 0.95, twin=None, twin_runs: int | None = None,
-              twin_draws: int = 10) -> "MixPage":
+    def build(cls, study, spec, slo=None, *, slo_file=None, target=None, reps: int | None = None,
+              seed: int | None = None, confidence: float | None = None, twin=None,
+              twin_runs: int | None = None, twin_draws: int = 10) -> "MixPage":
+        """The page's fits. The SLO, bootstrap, SLO classes (``slo_file``), target mix and twin
+        are those given, else the plan spec's (``capplan.plan.inputs``, as on every page)."""
         from ..cost import study_facts
         from ..envelope import fit_envelope, fit_from_stats
-        from ..plan import load_plan_spec, make_plan
+        from ..plan import make_plan
+        from ..plan.inputs import resolve_inputs
         from .classes import fit_classes
+        from .loadeffect import twin_periods
+        from .reweight import fit_periods
 
-        spec = load_plan_spec(spec)
-        slo = SLO.parse(slo)
-        spec = replace(spec, capacity=replace(spec.capacity, reps=reps, seed=seed, confidence=confidence))
-        classes = load_slo_file(slo_file) if slo_file else spec.slo_classes
+        inputs = resolve_inputs(spec, slo=slo, reps=reps, seed=seed, confidence=confidence,
+                                slo_file=slo_file or None, target=target or None, twin=twin or None,
+                                option_prefix="")
+        spec, slo, classes = inputs.spec, inputs.slo, inputs.slo_classes
+        reps, seed, confidence = inputs.reps, inputs.seed, inputs.confidence
         kw = dict(reps=reps, seed=seed, confidence=confidence)
         problems = []
         cfit = None
@@ -102,18 +69,20 @@ class MixPage:
                 cfit = fit_classes(study, classes, **kw)
             except SpecError as exc:  # a report page states the refusal instead of failing the report
                 problems.append(f"SLO classes: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
-        path = target or spec.mix.target
-        mixes = {}
+        path = inputs.target
+        mixes, notes = {}, ()
+        m = spec.mix
         try:
-            mixes = _mixes(study, slo, spec, path, kw) if path else {}
+            if path:  # the day's and the peak hour's mix, as `capplan mix` fits them
+                mixes, notes = fit_periods(study, slo, path, m.buckets(), drop_untested=m.drop_untested, **kw)
         except SpecError as exc:
             problems.append(f"target mix {path}: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
-        twin_path = twin or spec.mix.twin
+        twin_path = inputs.twin
         twins = {}
         if twin_path and mixes:
-            try:
-                twins = _twins(study, slo, mixes, twin_path, seed=seed, runs=twin_runs, draws=twin_draws,
-                               drop_untested=spec.mix.drop_untested)
+            try:  # the twin's warning is on the page (headline and each result)
+                twins = twin_periods(twin_path, study, slo, mixes, seed=seed, runs=twin_runs, draws=twin_draws,
+                                     drop_untested=m.drop_untested)
             except CapplanError as exc:  # a bad twin file or a refused cell: said on the page
                 msg, fix = getattr(exc, "message", str(exc)), getattr(exc, "fix", None)
                 problems.append(f"twin {twin_path}: {msg}" + (f" — {fix}" if fix else ""))
@@ -132,7 +101,8 @@ class MixPage:
             problems.append(f"plan bounds: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         return cls(study=study, spec=spec, slo=slo, classes=cfit, mixes=mixes, plan=plan,
                    target_source=str(path) if path else None, facts=facts, problems=tuple(problems),
-                   twins=twins, twin_source=str(twin_path) if twin_path else None, envelope=env)
+                   twins=twins, twin_source=str(twin_path) if twin_path else None, envelope=env,
+                   notes=inputs.notes + notes)
 
     def vs_plan(self, *, twins_only: bool = False) -> list[dict]:
         """Production's mix — each period reweighted and, with a twin, through the twin —
@@ -185,6 +155,7 @@ class MixPage:
     def headline(self) -> str:
         out = [f"**Study** `{self.study.name}` · **SLO** {self.slo.describe()}"]
         out += [f"**Not fitted** — {p}" for p in self.problems]
+        out += [f"**Note** — {n}" for n in self.notes]
         if self.classes is not None:
             c = self.classes.cslo
             out.append(f"**Every SLO class**: C_SLO {c.estimate:.4g} req/s, lower bound {c.lower_bound:.4g} "

@@ -18,7 +18,6 @@ import pandas as pd
 
 from ..errors import SpecError
 from ..present import MISSING
-from ..slo import SLO
 from ..viz import FigureArea
 
 ATTAINMENT_CHOICES = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
@@ -67,25 +66,25 @@ class MixModel:
     def build(cls, study, spec, slo=None, *, target=None, classes=None, reps: int | None = None,
               seed: int | None = None, confidence: float | None = None) -> "MixModel":
         from ..envelope import fit_envelope, fit_from_stats
+        from ..plan.inputs import resolve_inputs
         from ..study import open_study
-        from ..plan import load_plan_spec
         from ..reduce import reduce_study
         from .classes import fit_classes
         from .reweight import target_cells, fit_mix
 
         study = open_study(study) if not hasattr(study, "manifest") else study
-        spec = load_plan_spec(spec)
-        slo = SLO.parse(slo) if slo is not None else spec.slo
+        # given, else the spec's (capplan.plan.inputs); no built-in SLO: the panel asks for one
+        inputs = resolve_inputs(spec, slo=slo, reps=reps, seed=seed, confidence=confidence, builtin_slo=False,
+                                option_prefix="")
+        spec, slo = inputs.spec, inputs.slo
         if slo is None:
             raise SpecError("the mix panel needs an SLO", field="slo", fix="e.g. ttft_ms=2000,attainment=0.99")
-        c = spec.capacity
-        kw = dict(reps=c.reps if reps is None else reps, seed=c.seed if seed is None else seed,
-                  confidence=c.confidence if confidence is None else confidence)
+        kw = dict(reps=inputs.reps, seed=inputs.seed, confidence=inputs.confidence)
         stats = mixfit = classfit = None
         if target is not None:
             stats = reduce_study(study, slo, cells=target_cells(target.buckets))
             mixfit = fit_mix(study, slo, target, stats=stats, **kw)
-        classes = classes if classes is not None else spec.slo_classes
+        classes = classes if classes is not None else inputs.slo_classes
         if classes is not None:
             classfit = fit_classes(study, classes, **kw)
         envelope = (fit_from_stats(stats, slo, **kw) if stats is not None else fit_envelope(study, slo, **kw))

@@ -36,7 +36,7 @@ from ..slo import SLO
 from ..study import Study, open_study
 from ..present import fmt_num, json_text, records
 from .core import reweight_run
-from .target import Buckets, TargetMix
+from .target import PERIODS, Buckets, TargetMix, load_target_periods
 
 MIN_CELL_REQUESTS = 50   # a target cell needs this many tested requests over the usable runs …
 MIN_RUN_REQUESTS = 5     # … and this many in every usable run
@@ -296,3 +296,18 @@ def fit_mix(study, slo, target: TargetMix, *, confidence: float = 0.95, reps: in
         notes.append(f"the target mix's lower bound is {env.honesty.status}: {env.honesty.sentence}")
     return MixFit(target=target, base=base, envelope=env, cells=cells, runs=runs,
                   cell_runs=pd.DataFrame(cell_rows), notes=tuple(dict.fromkeys(notes)))
+
+
+def fit_periods(study, slo, path, buckets: Buckets = Buckets(), *, periods=PERIODS,
+                **fit_kw) -> tuple[dict[str, MixFit], tuple[str, ...]]:
+    """The target at ``path`` fitted for each period — the day's mix and the peak hour's
+    (``load_target_periods``: a table has one, a trace without timestamps only the day's, said
+    in the notes) — on one reduction of the study: the first fit's, reused by the next.
+    ``fit_kw`` go to :func:`fit_mix` (``stats`` there skips the first reduction too)."""
+    targets, notes = load_target_periods(path, buckets, periods)
+    stats = fit_kw.pop("stats", None)
+    fits = {}
+    for period, target in targets.items():
+        fits[period] = fit_mix(study, slo, target, stats=stats, **fit_kw)
+        stats = fits[period].base.stats
+    return fits, notes

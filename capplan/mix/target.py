@@ -251,15 +251,28 @@ def target_from_trace(path: str | os.PathLike, buckets: Buckets = Buckets(), *, 
     return _finish(buckets, df, label, str(p), notes)
 
 
-def target_from_trace_periods(path, buckets: Buckets = Buckets(), **kw) -> dict[str, TargetMix]:
-    """The day's mix and, when the trace has timestamps, the peak hour's."""
-    out = {"day": target_from_trace(path, buckets, period="day", **kw)}
-    try:
-        out["peak_hour"] = target_from_trace(path, buckets, period="peak_hour", **kw)
-    except SpecError as exc:
-        if exc.field != "time_column":
+#: the periods of a production trace's mix, in the order they are fitted and shown
+PERIODS = ("day", "peak_hour")
+
+
+def load_target_periods(path, buckets: Buckets = Buckets(), periods=PERIODS,
+                        **kw) -> tuple[dict[str, TargetMix], tuple[str, ...]]:
+    """The target's mix in each of ``periods`` (:func:`load_target`), and what was left out: a
+    bucket table has one mix (period "table") whatever was asked; a trace without timestamps has
+    no peak hour — left out with a note when the day is asked too, an error when it is not."""
+    out, notes = {}, []
+    for period in periods:
+        try:
+            tg = load_target(path, buckets, period=period, **kw)
+        except SpecError as exc:
+            if period == "peak_hour" and exc.field == "time_column" and "day" in periods:
+                notes.append("the target has no timestamps: the day's mix only")
+                continue
             raise
-    return out
+        out[period] = tg
+        if tg.period == "table":
+            break  # a table has no periods
+    return out, tuple(notes)
 
 
 def _finish(buckets: Buckets, df: pd.DataFrame, period: str, source: str, notes) -> TargetMix:

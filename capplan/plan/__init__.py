@@ -4,6 +4,8 @@
 each module of the package has one job:
 
 - ``spec``: the frozen, validated plan specification (``load_plan_spec``, ``PlanSpec.with_``);
+- ``inputs``: the inputs resolved once — given, else the spec's, else capplan's default, each
+  saying which (``resolve_inputs``); the command line, the report, the notebooks and the mix page;
 - ``make``: the plan put together per quarter (``make_plan``), the slow parts prepared once
   (``prepare_plan``), the plan on the capacity's other numbers (``compare_numbers``);
 - ``capacity``: the C_SLO per group a plan stands on (a number, an envelope, SLO classes, the

@@ -182,13 +182,11 @@ def resolve_capacity(spec: PlanSpec, capacity=None, *, study=None, envelope=None
 
 def _mix_fit(spec: PlanSpec, study, slo: SLO):
     """The study reweighted to the spec's target mix (``capplan.mix.reweight.fit_mix``)."""
-    from ..mix import Buckets, load_target
+    from ..mix import load_target
     from ..mix.reweight import fit_mix
 
     m, c = spec.mix, spec.capacity
-    b = Buckets(input_edges=m.input_edges, output_edges=m.output_edges, tenant="tenant" in m.by,
-                slo_class="slo_class" in m.by)
-    target = load_target(m.target, b, period=m.period)
+    target = load_target(m.target, m.buckets(), period=m.period)
     return fit_mix(study, slo, target, confidence=c.confidence, reps=c.reps, seed=c.seed,
                    drop_untested=m.drop_untested)
 

@@ -482,6 +482,14 @@ class MixSpec:
         for i, d in enumerate(self.by):
             S.choice(d, S.index(f"{s}.by", i), ("tenant", "slo_class"))
 
+    def buckets(self):
+        """The cells the target mix is counted in (``capplan.mix.Buckets``): the plan's and the
+        mix page's alike."""
+        from ..mix.target import Buckets
+
+        return Buckets(input_edges=self.input_edges, output_edges=self.output_edges, tenant="tenant" in self.by,
+                       slo_class="slo_class" in self.by)
+
 
 _SECTIONS: dict[str, type] = {
     "demand": DemandSpec, "capacity": CapacitySpec, "replica_group": GroupSpec,
@@ -514,6 +522,10 @@ class PlanSpec:
     mix: MixSpec = field(default_factory=MixSpec)
     #: one SLO per slo_class (``slo_file:`` or ``slo_classes:`` in the YAML); docs/mix.md
     slo_classes: SLOClasses | None = None
+    #: the keys the spec's YAML or mapping set (``slo``, ``capacity.reps``, …; ``with_`` adds the
+    #: ones it changes), so a resolved input can say whether a value is the spec's or capplan's
+    #: default (``capplan.plan.inputs``); a PlanSpec built field by field in Python records none
+    file_keys: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     # flat name -> (section attribute, field)
     ALIASES: ClassVar[dict[str, tuple[str, str]]] = {
@@ -580,7 +592,9 @@ class PlanSpec:
                 by_section.setdefault("capacity", {})["source"] = "number"
             by_section.setdefault(sec, {})[f] = value
         new = {sec: dataclasses.replace(getattr(self, sec), **kw) for sec, kw in by_section.items()}
-        return dataclasses.replace(self, **new, **top)
+        sections = {attr: key for key, attr in _ATTR.items()}
+        keys = self.file_keys | set(top) | {f"{sections[sec]}.{f}" for sec, kw in by_section.items() for f in kw}
+        return dataclasses.replace(self, **new, **top, file_keys=frozenset(keys))
 
     def _scaled_peaks(self, value):
         if isinstance(value, (Mapping, list, tuple)):
@@ -659,11 +673,13 @@ def _build(raw, base_dir) -> PlanSpec:
         if raw.get(req) is None:
             S.fail(req, f"plan spec is missing the '{req}' section", "copy it from templates/plan.yaml")
     kw: dict = {}
+    keys = {k for k in ("name", "tenant", "slo", "slo_file", "slo_classes", "start") if raw.get(k) is not None}
     for key, cls in _SECTIONS.items():
         if raw.get(key) is None:
             continue
         values = S.mapping(raw[key], key, known=[f.name for f in fields(cls) if f.metadata.get("yaml", True)],
                            example="see templates/plan.yaml")
+        keys |= {f"{key}.{name}" for name, v in values.items() if v is not None}
         if key == "demand" and values.get("history") and base_dir is not None:
             h = values["history"]
             if isinstance(h, str) and not os.path.isabs(h):
@@ -709,4 +725,5 @@ def _build(raw, base_dir) -> PlanSpec:
         except SpecError as exc:
             S.fail("slo_classes" + (f".{exc.field}" if exc.field else ""), exc.message, exc.fix)
     return PlanSpec(name=raw.get("name", "plan") if raw.get("name") is not None else "plan",
-                    tenant=raw.get("tenant"), slo=slo, slo_classes=classes, start=raw.get("start"), **kw)
+                    tenant=raw.get("tenant"), slo=slo, slo_classes=classes, start=raw.get("start"),
+                    file_keys=frozenset(keys), **kw)
