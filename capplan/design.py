@@ -409,14 +409,26 @@ def _run_length(env) -> tuple[float, float]:
     return (dur if dur == dur else 600.0), (warm if warm == warm else 0.0)
 
 
+def _capped(dur: float, warm: float, max_duration_s: float | None) -> tuple[float, float, str]:
+    """(duration, warm-up, note): a run longer than ``max_duration_s`` is cut to it, its
+    warm-up in proportion, and the note says so (a load test's cap on its runs' length)."""
+    if not max_duration_s or dur <= max_duration_s:
+        return dur, warm, ""
+    cut = float(max_duration_s)
+    return cut, warm * cut / dur, (f"the runs asked for are {dur:.0f} s long (runs near the crossing were "
+                                   f"still settling); capped at {cut:.0f} s, the longest run allowed")
+
+
 def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200,
             seed: int = 0, model=None, max_runs: int = 12, workload: dict | None = None,
-            study_path: str | os.PathLike | None = None) -> Design:
+            study_path: str | os.PathLike | None = None,
+            max_duration_s: float | None = None) -> Design:
     """Greedy proposal of next runs within ``budget_minutes`` (see the module docstring).
     ``env`` is the measured C_SLO (``Design.current``); the trial fits use ``reps`` replicates
     (fewer, for speed: their expected numbers are then labelled approximate, beside the trial
     fits' own reading of the sweep now). ``workload`` (the study manifest's) and ``study_path``
-    go into the printed commands; by default they come from the study the envelope was fitted on."""
+    go into the printed commands; by default they come from the study the envelope was fitted on.
+    ``max_duration_s``: no run longer than this (the load test's cap), said in the notes."""
     from .envelope import fit_from_stats
 
     if env.stats is None:
@@ -435,10 +447,10 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
                block_len=env.block_len, method="run-effect")
     cur = fit_from_stats(stats, slo, **fit)
     start = cur
-    dur, warm = _run_length(cur)
+    dur, warm, cap_note = _capped(*_run_length(cur), max_duration_s)
     chosen: list[ProposedRun] = []
     left = float(budget_minutes)
-    notes = []
+    notes = [cap_note] if cap_note else []
     cands = _candidates(start)
     if start.honesty is not None and start.honesty.status == "unsupported" \
             and start.honesty.runs_to_add:
@@ -446,7 +458,7 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
         # crossing), so the greedy step below would propose nothing: start from the runs the
         # honesty rule names, the cheapest set that can, checked on simulated outcomes
         chosen, cur, stats, note = _honest_package(start, stats, slo, fit, warm, sims, rng,
-                                                   model)
+                                                   model, max_duration_s)
         left -= sum(r.minutes for r in chosen)
         notes.append(note)
         if left < 0:
@@ -539,7 +551,7 @@ def _outcomes(cur, runs, warm, rng, model, slo) -> list[dict]:
     return out
 
 
-def _honest_package(start, stats, slo, fit, warm, sims, rng, model):
+def _honest_package(start, stats, slo, fit, warm, sims, rng, model, max_duration_s=None):
     """The cheapest runs expected to make an unsupported bound honest: the runs the honesty
     rule names (``Honesty.runs_to_add``), taken one at a time — nearest the estimate first,
     alternating between the rates — then runs at the estimate, until at least
@@ -551,11 +563,13 @@ def _honest_package(start, stats, slo, fit, warm, sims, rng, model):
     est = start.cslo.estimate
     add = sorted(start.honesty.runs_to_add,
                  key=lambda r: abs(r.rate_rps - est) if est == est else 0.0)
+    dur, warm, cap_note = _capped(add[0].duration_s, warm, max_duration_s)
+    if max_duration_s:
+        add = [replace(r, duration_s=min(r.duration_s, float(max_duration_s))) for r in add]
     singles = []
     for k in range(max(r.repeats for r in add)):
         singles += [r for r in add if r.repeats > k]
     at = askable(est) if est == est and est > 0 else add[0].rate_rps
-    dur = add[0].duration_s
     singles += [replace(add[0], rate_rps=at, repeats=1, duration_s=dur,
                         why="at the estimate: more runs with both outcomes")] * MAX_EXTRA
     sims = max(int(sims), 2)
@@ -577,7 +591,7 @@ def _honest_package(start, stats, slo, fit, warm, sims, rng, model):
     n = sum(r.repeats for r in runs)
     note = (f"the bound is unsupported: the honesty rule asks for repeats near the crossing; "
             f"the {n} run(s) proposed first are the fewest that came out honest in {honest} of "
-            f"{sims} simulated outcomes")
+            f"{sims} simulated outcomes" + (f"; {cap_note}" if cap_note else ""))
     return runs, med, med.stats, note
 
 

@@ -88,6 +88,9 @@ class Spec:
     #: no run above max_rate_factor × the current estimate (nor above max_rate_rps, if given)
     max_rate_factor: float = 2.0
     max_rate_rps: float | None = None
+    #: no run longer than this (default: 4 × duration_s): the design asks for longer runs when
+    #: those near the crossing are still settling (≥ 300 s), which 15-s tool runs cannot afford
+    max_run_s: float | None = None
     seed: int = 0
     reps: int = 400
     design_reps: int = 200
@@ -101,10 +104,16 @@ class Spec:
                   (self.max_requests > 0, "max_requests", "the request cap must be > 0"),
                   (0 < self.tolerance < 1, "tolerance", "the tolerance is a share in (0, 1)"),
                   (self.max_rate_factor > 1, "max_rate_factor", "the rate cap factor must be > 1"),
-                  (self.max_rounds >= 0, "max_rounds", "max_rounds must be ≥ 0")]
+                  (self.max_rounds >= 0, "max_rounds", "max_rounds must be ≥ 0"),
+                  (self.max_run_s is None or self.max_run_s >= self.duration_s, "max_run_s",
+                   "the longest run allowed must be at least the coarse runs' length")]
         for ok, name, msg in checks:
             if not ok:
                 raise SpecError(f"{msg} (got {getattr(self, name)!r})", field=name)
+
+    @property
+    def longest_run_s(self) -> float:
+        return float(self.max_run_s) if self.max_run_s else 4.0 * self.duration_s
 
     def round_budget(self, left_minutes: float) -> float:
         per = self.round_minutes if self.round_minutes else self.budget_minutes / 3.0
@@ -698,11 +707,11 @@ def _stop(target, st: _State, spec: Spec, env, b: Bound, k: int, out: Path, stud
         return ("requests", f"{requests:,.0f} of {spec.max_requests:,} requests sent", missing)
     budget = spec.round_budget(left)
     d = propose(env, budget_minutes=budget, sims=spec.sims, reps=spec.design_reps,
-                seed=spec.seed + k, study_path=study)
+                seed=spec.seed + k, study_path=study, max_duration_s=spec.longest_run_s)
     if not d.runs and budget < left and any("shorter than one run" in n for n in d.notes):
         budget = left  # the round's share is shorter than one run: the rest of the budget
         d = propose(env, budget_minutes=budget, sims=spec.sims, reps=spec.design_reps,
-                    seed=spec.seed + k, study_path=study)
+                    seed=spec.seed + k, study_path=study, max_duration_s=spec.longest_run_s)
     notes = list(d.notes)
     cap = spec.max_rate_factor * b.estimate if b.estimate == b.estimate else math.inf
     if spec.max_rate_rps is not None:

@@ -316,3 +316,20 @@ def test_live_chart_is_redrawn_after_each_fit(tmp_path):
     final = res.figure()
     assert list(final.data[1].y) == list(chart.widget.data[1].y)
     assert list(final.data[0].x) == list(chart.widget.data[0].x)
+
+
+def test_design_runs_are_capped_at_the_longest_run_allowed():
+    """A sweep whose runs near the crossing read as settling makes the design ask for ≥ 300-s
+    runs; ``max_duration_s`` (the load test's ``max_run_s``, default 4 × its run length) cuts
+    them, their warm-up in proportion, and the notes say so. Without a cap nothing changes."""
+    from capplan.design import _capped
+
+    assert _capped(300.0, 30.0, None) == (300.0, 30.0, "")
+    assert _capped(300.0, 30.0, 600.0) == (300.0, 30.0, "")
+    dur, warm, note = _capped(300.0, 30.0, 60.0)
+    assert (dur, warm) == (60.0, 6.0)
+    assert "300 s long" in note and "capped at 60 s" in note
+    assert _spec(duration_s=15.0).longest_run_s == 60.0
+    assert _spec(duration_s=15.0, max_run_s=120.0).longest_run_s == 120.0
+    with pytest.raises(SpecError, match="longest run"):
+        _spec(duration_s=15.0, max_run_s=10.0)

@@ -55,6 +55,9 @@ def _rates(text: str | None) -> tuple[float, ...]:
 @click.option("--max-rate-factor", type=float, default=2.0, show_default=True,
               help="no run above this × the current estimate")
 @click.option("--max-rate", type=float, default=None, help="no run above this rate (req/s)")
+@click.option("--max-run-s", type=float, default=None,
+              help="no run longer than this, seconds (default: 4 × --duration-s); the design asks "
+                   "for longer runs when those near the crossing are still settling")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--reps", type=int, default=400, show_default=True,
               help="bootstrap replicates of each fit")
@@ -63,7 +66,7 @@ def _rates(text: str | None) -> tuple[float, ...]:
 @click.option("--resume", is_flag=True, help="continue the load test recorded in --out")
 def cmd(tool, url, model_name, tokenizer, workload_path, synth_path, slo_text, rates_text,
         duration_s, budget_minutes, max_requests, tolerance, round_minutes, max_rounds,
-        max_rate_factor, max_rate, seed, reps, out, resume) -> int:
+        max_rate_factor, max_rate, max_run_s, seed, reps, out, resume) -> int:
     """Run the load tool until the planning number is honest, within a budget.
 
     \b
@@ -103,6 +106,7 @@ def cmd(tool, url, model_name, tokenizer, workload_path, synth_path, slo_text, r
     spec = Spec(slo=slo_text, coarse_rates=rates, duration_s=dur, budget_minutes=budget_minutes,
                 max_requests=max_requests, tolerance=tolerance, round_minutes=round_minutes,
                 max_rounds=max_rounds, max_rate_factor=max_rate_factor, max_rate_rps=max_rate,
+                max_run_s=max_run_s,
                 seed=seed, reps=reps)
     # SIGTERM stops the load test like Ctrl-C (the tool's process group stopped, finished runs
     # kept): Python's default for SIGTERM exits without running any ``finally``
