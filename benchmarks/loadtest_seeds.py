@@ -131,7 +131,8 @@ def one(target, spec: Spec) -> dict:
             return {"error": exc.format()[:2000], "wall_s": time.perf_counter() - t0}
         runs = _run_rates(res.study, spec.slo)
     f = res.final
-    return {"stop": res.stop, "honest": res.honest, "minutes": round(res.minutes, 3),
+    return {"stop": res.stop, "stop_reason": res.stop_reason, "missing": res.missing,
+            "honest": res.honest, "minutes": round(res.minutes, 3),
             "requests": res.requests, "rounds": len(res.rounds) - 1, "runs": len(res.runs),
             "estimate": f.estimate if f else math.nan, "lower_bound": f.lower_bound if f else math.nan,
             "ci_low": f.ci_low if f else math.nan, "ci_high": f.ci_high if f else math.nan,
