@@ -716,9 +716,10 @@ def _stop(target, st: _State, spec: Spec, env, b: Bound, k: int, out: Path, stud
     cap = spec.max_rate_factor * b.estimate if b.estimate == b.estimate else math.inf
     if spec.max_rate_rps is not None:
         cap = min(cap, spec.max_rate_rps)
+    proposed = list(d.runs) or _honesty_runs(env, spec, notes)
     runs, whys = [], []
     mins, reqs = minutes, requests
-    for r in d.runs:
+    for r in proposed:
         if r.rate_rps > cap:
             notes.append(f"{r.rate_rps:g} req/s left out: above the rate cap {cap:.3g} req/s")
             continue
@@ -741,8 +742,8 @@ def _stop(target, st: _State, spec: Spec, env, b: Bound, k: int, out: Path, stud
 
     write_design(d, dpath)
     if not runs:
-        if d.runs:
-            r0 = d.runs[0]
+        if proposed:
+            r0 = proposed[0]
             kind = "requests" if reqs + r0.rate_rps * r0.duration_s > spec.max_requests \
                 else "budget"
         else:
@@ -759,6 +760,22 @@ def _stop(target, st: _State, spec: Spec, env, b: Bound, k: int, out: Path, stud
                 str(dpath.relative_to(out)), out)
     st.save(out, study)
     return None
+
+
+def _honesty_runs(env, spec: Spec, notes: list) -> list:
+    """When the design proposes no run but the measured bound is unsupported: the honesty rule's
+    runs to add (capped at the longest run allowed). The design's trial fits use fewer
+    replicates and can read the same sweep as honest — stopping there would leave the bound
+    unsupported with the runs that fix it named but never sent."""
+    from .design import ProposedRun
+
+    h = env.honesty
+    if h is None or h.status != "unsupported" or not h.runs_to_add:
+        return []
+    notes.append("the design proposed no run (its trial fits, with fewer replicates, read the "
+                 "bound as honest); the honesty rule's runs to add are sent instead")
+    return [ProposedRun(r.rate_rps, r.repeats, min(r.duration_s, spec.longest_run_s), 0.0, r.why)
+            for r in h.runs_to_add]
 
 
 def _num(v) -> float:

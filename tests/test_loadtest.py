@@ -333,3 +333,30 @@ def test_design_runs_are_capped_at_the_longest_run_allowed():
     assert _spec(duration_s=15.0, max_run_s=120.0).longest_run_s == 120.0
     with pytest.raises(SpecError, match="longest run"):
         _spec(duration_s=15.0, max_run_s=10.0)
+
+
+def test_an_empty_design_on_an_unsupported_bound_sends_the_honesty_rules_runs(tmp_path, monkeypatch):
+    """The design's trial fits (fewer replicates) can read a sweep as honest that the measured
+    fit calls unsupported, and then propose nothing (GuideLLM seed 3 stopped there, "no-run",
+    with the runs that fix the bound named but never sent). The loop then sends the honesty
+    rule's runs to add, capped at the longest run, and says why."""
+    from dataclasses import replace
+
+    import capplan.design as D
+    from capplan.envelope import fit_envelope
+
+    # the coarse sweep alone (same seeds): its measured verdict names the runs to add
+    coarse = run_loadtest(SynthTarget(load_system(MODEL), seed=1), _spec(max_rounds=0),
+                          tmp_path / "coarse")
+    h = fit_envelope(coarse.study, SLO, reps=100, seed=1).honesty
+    assert h.status == "unsupported" and h.runs_to_add
+    real = D.propose
+    monkeypatch.setattr(D, "propose", lambda *a, **kw: replace(real(*a, **kw), runs=()))
+    res = run_loadtest(SynthTarget(load_system(MODEL), seed=1), _spec(max_rounds=1), tmp_path / "lt")
+    assert any("honesty rule's runs to add are sent instead" in n for n in res.rounds[1].notes)
+    sent = {}
+    for x in res.runs:
+        if x.round == 1:
+            sent[x.rate_rps] = sent.get(x.rate_rps, 0) + 1
+            assert x.why and x.duration_s <= 1200.0
+    assert sent == {r.rate_rps: r.repeats for r in h.runs_to_add}, res.to_text()
