@@ -563,9 +563,10 @@ def _honest_package(start, stats, slo, fit, warm, sims, rng, model, max_duration
     est = start.cslo.estimate
     add = sorted(start.honesty.runs_to_add,
                  key=lambda r: abs(r.rate_rps - est) if est == est else 0.0)
-    dur, warm, cap_note = _capped(add[0].duration_s, warm, max_duration_s)
-    if max_duration_s:
-        add = [replace(r, duration_s=min(r.duration_s, float(max_duration_s))) for r in add]
+    dur, cap_note = add[0].duration_s, ""
+    if max_duration_s and dur > max_duration_s:  # ``warm`` is already propose's (capped) one
+        dur, _, cap_note = _capped(dur, warm, max_duration_s)
+        add = [replace(r, duration_s=min(r.duration_s, dur)) for r in add]
     singles = []
     for k in range(max(r.repeats for r in add)):
         singles += [r for r in add if r.repeats > k]
