@@ -37,7 +37,7 @@ JARGON = (
 #: Capitals and symbols that are plain words or are defined where they stand.
 PLAIN = {
     "GPU", "GPUs", "USD", "CSV", "CSVs", "JSON", "XLSX", "HTML", "ISO", "UTC", "IT",  # IT power: in PUE
-    "FAIL", "PASS", "NO", "VERDICT", "AGREES", "DISAGREES", "OK", "CPU", "ID", "LLM", "A4",
+    "FAIL", "PASS", "NO", "VERDICT", "AGREES", "DISAGREES", "OK", "CPU", "ID", "LLM", "A4", "URL",
     "Σ", "λ",  # sums and rates in formulas
     # the plan's line items: each symbol is the label of the row that computes it
     "R_traffic", "N_failure", "N_rollout", "N_cold",
