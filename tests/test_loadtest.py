@@ -257,7 +257,11 @@ def test_a_real_sigint_to_the_command_keeps_the_finished_runs(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "capplan", "loadtest", "--synth", str(MODEL),
                           "--slo", SLO, "--rates", "1,2,3,4", "--duration-s", "300",
                           "--budget-minutes", "60", "--reps", "200", "--seed", "1",
-                          "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+                          "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True,
+                         # a shell's background job starts with SIGINT ignored, and Python keeps
+                         # it so: the command would then run to its end (a suite started with
+                         # `cmd &` failed here); the test is about Ctrl-C, so restore it
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     err = []
     for line in p.stderr:
         err.append(line)
