@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from capplan.twin import load_system  # noqa: E402
 from capplan.envelope import fit_envelope  # noqa: E402
 from capplan.errors import CapplanError  # noqa: E402
-from capplan.loadtest import InterruptedLoadtest, Spec, SynthTarget, run_loadtest  # noqa: E402
+from capplan.loadtest import Bound, InterruptedLoadtest, Spec, SynthTarget, run_loadtest  # noqa: E402
 
 SYNTH = {"model": ROOT / "tests/fixtures/synth_small_sweep.yaml",
          "slo": "ttft_ms=2000,tpot_ms=100,attainment=0.99", "truth": (2.589, 0.010),
@@ -86,7 +86,7 @@ def _grid_step(out: dict, k: int, env, tolerance: float) -> None:
     if honest and out["honest_k"] is None:
         out.update(honest_k=k, honest_minutes=k * out["minutes_per_k"],
                    honest_lower_bound=env.cslo.lower_bound)
-    if _fits_rule(env, tolerance):
+    if Bound.of(env).meets(tolerance):
         out.update(rule_k=k, rule_minutes=k * out["minutes_per_k"],
                    rule_lower_bound=env.cslo.lower_bound, rule_estimate=env.cslo.estimate)
 
@@ -147,14 +147,6 @@ def _run_rates(study: str, slo: str) -> list[list[float]]:
     r = env.runs
     return [[float(a), float(m), float(d), int(n)]
             for a, m, d, n in zip(r["asked_rps"], r["measured_rps"], r["duration_s"], r["n"])]
-
-
-def _fits_rule(env, tolerance: float) -> bool:
-    """The load test's stop rule: honest, and (estimate − bound) / estimate ≤ tolerance."""
-    if env.honesty is None or not env.honesty.honest:
-        return False
-    e, lb = env.cslo.estimate, env.cslo.lower_bound
-    return e == e and lb == lb and e > 0 and (e - lb) / e <= tolerance
 
 
 def fine_rates(coarse, step_rel: float = 0.10) -> tuple[float, ...]:

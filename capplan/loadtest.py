@@ -168,6 +168,19 @@ class Bound:
         e, lb = self.estimate, self.lower_bound
         return (e - lb) / e if e == e and lb == lb and e > 0 else math.nan
 
+    @classmethod
+    def of(cls, env) -> "Bound":
+        """A fitted envelope as the record keeps it."""
+        c = env.cslo
+        return cls(float(c.estimate), float(c.lower_bound), float(c.ci_low), float(c.ci_high),
+                   env.honesty.status if env.honesty is not None else "without a verdict",
+                   int(len(env.runs)))
+
+    def meets(self, tolerance: float) -> bool:
+        """The stop rule: honest, and (estimate − lower bound) / estimate at most ``tolerance``."""
+        g = self.gap_rel
+        return self.honesty == "honest" and g == g and g <= tolerance
+
     def to_text(self) -> str:
         return (f"estimate {fmt_num(self.estimate)} req/s, lower bound {fmt_num(self.lower_bound)} "
                 f"({self.honesty}, gap {fmt_pct(self.gap_rel)})")
@@ -632,13 +645,6 @@ def _fit(study: str, spec: Spec):
     return fit_envelope(study, spec.slo, reps=spec.reps, seed=spec.seed)
 
 
-def _as_bound(env) -> Bound:
-    c = env.cslo
-    return Bound(float(c.estimate), float(c.lower_bound), float(c.ci_low), float(c.ci_high),
-                 env.honesty.status if env.honesty is not None else "without a verdict",
-                 int(len(env.runs)))
-
-
 def _progress(st: _State, spec: Spec, k: int, t0: float) -> str:
     done = sum(r.state != "planned" for r in st.runs)
     spent = sum(r.minutes for r in st.runs if r.state != "planned")
@@ -670,7 +676,7 @@ def _loop(target, spec: Spec, st: _State, out: Path, study: str, say: Say,
             st.save(out, study)
             return _finish(st, spec, study, out, "no-usable-run",
                            f"no run of the study could be fitted: {exc}", "", say, t0)
-        b = _as_bound(env)
+        b = Bound.of(env)
         st.rounds[-1] = replace(st.rounds[-1], obtained=b)
         st.save(out, study)
         say("fit", _progress(st, spec, k, t0))
@@ -692,8 +698,7 @@ def _stop(target, st: _State, spec: Spec, env, b: Bound, k: int, out: Path, stud
     from .design import propose
 
     minutes, requests = _spent(st)
-    gap_ok = b.gap_rel == b.gap_rel and b.gap_rel <= spec.tolerance
-    if b.honesty == "honest" and gap_ok:
+    if b.meets(spec.tolerance):
         return ("honest", f"the lower bound is honest and {fmt_pct(b.gap_rel)} below the estimate "
                           f"(tolerance {fmt_pct(spec.tolerance)})", "")
     missing = _missing(env, b, spec)
