@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
-from scipy import stats as _st
+from scipy import special as _sp
 
 from . import sketch
 from .errors import SpecError
@@ -428,16 +428,15 @@ def bias_corrected_ci(values, estimate: float, confidence: float = 0.95) -> tupl
     Φ(2·z0 ± z_{1−α/2}) of the replicates. Where the replicates sit mostly on one side of the
     estimate (a statistic that is median-biased under resampling, as a crossing read off a
     monotone fit is), the plain percentile interval is short on the other side."""
-    norm = _st.norm
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
     if v.size == 0 or not estimate == estimate:
         return (math.nan, math.nan)
     p0 = float(np.mean(v < estimate) + 0.5 * np.mean(v == estimate))
     p0 = min(max(p0, 0.5 / v.size), 1.0 - 0.5 / v.size)
-    z0 = float(norm.ppf(p0))
-    za = float(norm.ppf(1.0 - (1.0 - confidence) / 2.0))
-    lo, hi = np.percentile(v, [100 * norm.cdf(2 * z0 - za), 100 * norm.cdf(2 * z0 + za)])
+    z0 = float(_sp.ndtri(p0))
+    za = float(_sp.ndtri(1.0 - (1.0 - confidence) / 2.0))
+    lo, hi = np.percentile(v, [100 * _sp.ndtr(2 * z0 - za), 100 * _sp.ndtr(2 * z0 + za)])
     return float(lo), float(hi)
 
 
@@ -457,8 +456,8 @@ def clopper_pearson(k: float, n: float, confidence: float = 0.95) -> tuple[float
         return (0.0, 1.0)
     a = 1.0 - confidence
     k = min(max(k, 0.0), n)
-    lo = 0.0 if k <= 0 else float(_st.beta.ppf(a / 2, k, n - k + 1))
-    hi = 1.0 if k >= n else float(_st.beta.ppf(1 - a / 2, k + 1, n - k))
+    lo = 0.0 if k <= 0 else float(_sp.betaincinv(k, n - k + 1, a / 2))
+    hi = 1.0 if k >= n else float(_sp.betaincinv(k + 1, n - k, 1 - a / 2))
     return lo, hi
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats as _st
+from scipy.special import stdtr
 
 #: thresholds (documented in docs/envelope.md)
 TREND_P = 0.01          # one-sided p-value of the upward slope
@@ -115,13 +115,29 @@ def trend_test(y, *, p: float = TREND_P, rel: float = TREND_REL) -> TrendResult:
     y = y[ok]
     if y.size < 4 or np.allclose(y, y[0]):
         return TrendResult(0.0, 1.0, 0.0, False)
-    t = np.arange(y.size, dtype=np.float64)[: y.size]
-    res = _st.linregress(t, y, alternative="greater")
+    t = np.arange(y.size, dtype=np.float64)
+    slope, p_value = _ols_slope_greater(t, y)
     mean = float(np.mean(y))
-    rise = float(res.slope * (y.size - 1))
+    rise = float(slope * (y.size - 1))
     rel_inc = rise / mean if mean > 0 else math.inf
-    return TrendResult(float(res.slope), float(res.pvalue), rel_inc,
-                       bool(res.pvalue < p and rel_inc > rel))
+    return TrendResult(float(slope), float(p_value), rel_inc, bool(p_value < p and rel_inc > rel))
+
+
+def _ols_slope_greater(x, y) -> tuple[float, float]:
+    """(slope, one-sided p-value for slope > 0): ``scipy.stats.linregress(x, y,
+    alternative="greater")``'s own arithmetic, step for step (tests/test_diagnostics.py checks
+    them equal). Written out because every run's diagnostics call it, and importing
+    ``scipy.stats`` was a third of ``capplan envelope``'s time (benchmarks/README.md)."""
+    ssxm, ssxym, _, ssym = np.cov(x, y, bias=1).flat
+    if ssxm == 0.0 or ssym == 0.0:
+        r = math.nan if ssxym == 0 else 0.0
+    else:
+        r = min(max(ssxym / np.sqrt(ssxm * ssym), -1.0), 1.0)
+    slope = ssxym / ssxm
+    df = x.size - 2
+    tiny = 1.0e-20
+    t = r * np.sqrt(df / ((1.0 - r + tiny) * (1.0 + r + tiny)))
+    return float(slope), float(stdtr(df, -t))
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,8 @@ def drift(y, metric: str = "TTFT", *, p: float = TREND_P, rel: float = TREND_REL
     y = y[~np.isnan(y)]
     if y.size < 4 or np.allclose(y, y[0]):
         return Drift(metric, "flat", 0.0, 0.0, 1.0, False)
+    from scipy import stats as _st  # here: only a run whose MSER-5 cut fell late gets here
+
     t = np.arange(y.size, dtype=np.float64)
     kt = _st.kendalltau(t, y)
     tau, pv = float(kt.statistic), float(kt.pvalue)

@@ -4,6 +4,8 @@ docs/statistics.md#sample-size-rules).
 One-sided binomial rule: with N requests of which t exceed the target, the run supports
 "p-th percentile ≤ target" at confidence c iff P[Binomial(N, 1−p) ≤ t] ≤ 1 − c.
 The rule assumes independent requests: apply it to N_eff = N / design effect.
+The binomial CDF is ``scipy.special.bdtr``, not ``scipy.stats.binom``: importing
+``scipy.stats`` is a third of ``capplan envelope``'s start (benchmarks/README.md, issue 29).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from scipy import stats
+from scipy.special import bdtr
 
 
 @lru_cache(maxsize=4096)
@@ -27,11 +29,11 @@ def n_min(p: float, t: int = 0, confidence: float = 0.99) -> int:
         return math.ceil(math.log(alpha) / math.log(p))
     lo = t + 1
     hi = max(lo, 2 * math.ceil((t + 1) / q))
-    while stats.binom.cdf(t, hi, q) > alpha:
+    while bdtr(t, hi, q) > alpha:
         hi *= 2
     while lo < hi:  # cdf(t; N, q) decreases in N
         mid = (lo + hi) // 2
-        if stats.binom.cdf(t, mid, q) <= alpha:
+        if bdtr(t, mid, q) <= alpha:
             hi = mid
         else:
             lo = mid + 1

@@ -295,3 +295,43 @@ def test_bias_corrected_interval_hand_computed():
     assert hi == pytest.approx(1.0 + 1.959964, abs=2e-3)
     assert B.bias_corrected_ci(v, 0.0, 0.95) == pytest.approx(B.percentile_ci(v, 0.95), abs=1e-3)
     assert all(math.isnan(x) for x in B.bias_corrected_ci([], 0.0))
+
+
+def test_special_functions_equal_the_scipy_stats_distributions():
+    """The envelope's path reads the normal, beta and binomial quantiles from scipy.special
+    (scipy.stats is a third of `capplan envelope`'s start): the same numbers as the
+    distributions' methods, bit for bit for the beta quantiles (Clopper–Pearson) and the normal,
+    and the same early-stopping N for every (p, t, confidence) the product asks."""
+    import itertools
+    from scipy import stats
+
+    from capplan.earlystop import n_min
+
+    rng = np.random.default_rng(3)
+    a = 1.0 - 0.95
+    for _ in range(500):
+        n = float(rng.uniform(1, 1e6))
+        k = float(rng.uniform(0, n))
+        lo, hi = B.clopper_pearson(k, n, 0.95)
+        assert lo == (0.0 if k <= 0 else float(stats.beta.ppf(a / 2, k, n - k + 1)))
+        assert hi == (1.0 if k >= n else float(stats.beta.ppf(1 - a / 2, k + 1, n - k)))
+    v = rng.normal(size=5000)
+    p0 = float(np.mean(v < 0.1))
+    z0, za = stats.norm.ppf(p0), stats.norm.ppf(0.975)
+    ref = np.percentile(v, [100 * stats.norm.cdf(2 * z0 - za), 100 * stats.norm.cdf(2 * z0 + za)])
+    assert B.bias_corrected_ci(v, 0.1, 0.95) == (float(ref[0]), float(ref[1]))
+
+    def by_stats(p, t, c):  # the smallest N with P[Binomial(N, 1 − p) ≤ t] ≤ 1 − c, by bisection
+        alpha, q = 1 - c, 1 - p
+        if t == 0:
+            return math.ceil(math.log(alpha) / math.log(p))
+        lo, hi = t + 1, t + 1
+        while stats.binom.cdf(t, hi, q) > alpha:
+            hi *= 2
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if stats.binom.cdf(t, mid, q) <= alpha else (mid + 1, hi)
+        return lo
+
+    for p, t, c in itertools.product((0.5, 0.9, 0.95, 0.99, 0.999), (0, 1, 2, 5, 17), (0.95, 0.99)):
+        assert n_min(p, t, c) == by_stats(p, t, c), (p, t, c)

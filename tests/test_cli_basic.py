@@ -104,3 +104,17 @@ def test_help_lists_every_command_without_importing_one():
         # a loaded command shows the same line (``capplan CMD`` inside a group listing)
         cmd = LazyGroup._load(name)
         assert cmd is not None and cmd.get_short_help_str(limit=200) == line
+
+
+def test_envelope_command_does_not_import_scipy_stats(sweep):
+    """`capplan envelope` reads its quantiles from scipy.special: importing scipy.stats was a
+    third of the command's time on a 12 M-request sweep (benchmarks/README.md, issue 29)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from capplan.cli import main; "
+            f"rc = main(['envelope', {str(sweep)!r}, '--slo', 'ttft_ms=2000,attainment=0.9', "
+            "'--reps', '50']); print('STATS', 'scipy.stats' in sys.modules, rc)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "C_SLO" in p.stdout, p.stderr
+    assert "STATS False" in p.stdout, p.stdout[-500:]
