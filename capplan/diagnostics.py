@@ -127,7 +127,7 @@ def _ols_slope_greater(x, y) -> tuple[float, float]:
     """(slope, one-sided p-value for slope > 0): ``scipy.stats.linregress(x, y,
     alternative="greater")``'s own arithmetic, step for step (tests/test_diagnostics.py checks
     them equal). Written out because every run's diagnostics call it, and importing
-    ``scipy.stats`` was a third of ``capplan envelope``'s time (benchmarks/README.md)."""
+    ``scipy.stats`` took 0.35–0.6 s of ``capplan envelope``'s start (benchmarks/README.md)."""
     ssxm, ssxym, _, ssym = np.cov(x, y, bias=1).flat
     if ssxm == 0.0 or ssym == 0.0:
         r = math.nan if ssxym == 0 else 0.0

@@ -5,7 +5,7 @@ One-sided binomial rule: with N requests of which t exceed the target, the run s
 "p-th percentile ≤ target" at confidence c iff P[Binomial(N, 1−p) ≤ t] ≤ 1 − c.
 The rule assumes independent requests: apply it to N_eff = N / design effect.
 The binomial CDF is ``scipy.special.bdtr``, not ``scipy.stats.binom``: importing
-``scipy.stats`` is a third of ``capplan envelope``'s start (benchmarks/README.md, issue 29).
+``scipy.stats`` takes 0.35–0.6 s of ``capplan envelope``'s start (benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -299,7 +299,7 @@ def test_bias_corrected_interval_hand_computed():
 
 def test_special_functions_equal_the_scipy_stats_distributions():
     """The envelope's path reads the normal, beta and binomial quantiles from scipy.special
-    (scipy.stats is a third of `capplan envelope`'s start): the same numbers as the
+    (importing scipy.stats takes 0.35–0.6 s of `capplan envelope`'s start): the same numbers as the
     distributions' methods, bit for bit for the beta quantiles (Clopper–Pearson) and the normal,
     and the same early-stopping N for every (p, t, confidence) the product asks."""
     import itertools

@@ -323,7 +323,7 @@ def test_late_warmup_verdict_keeps_trendless_short_runs_and_names_a_drift():
 
 def test_trend_test_is_scipy_linregress_step_for_step():
     """``trend_test`` computes linregress(alternative="greater") without importing
-    scipy.stats (a third of `capplan envelope`'s start): slope and p-value equal to the
+    scipy.stats (0.35–0.6 s of `capplan envelope`'s start): slope and p-value equal to the
     library's, bit for bit, over random, trending, flat-with-noise and perfectly linear series."""
     from scipy.stats import linregress
 
