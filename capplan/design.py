@@ -182,6 +182,16 @@ def _gap(env) -> float:
     return max(est - (c.lower_bound if c.lower_bound == c.lower_bound else 0.0), 0.0)
 
 
+def _expected_enough(env, gap_rel: float) -> bool:
+    """Honest, and (estimate − lower bound) / estimate ≤ ``gap_rel`` (the load test's stop rule
+    read on a trial fit)."""
+    c = env.cslo
+    honest = env.honesty is not None and env.honesty.honest
+    return bool(honest and c.estimate == c.estimate and c.estimate > 0
+                and c.lower_bound == c.lower_bound
+                and (c.estimate - c.lower_bound) / c.estimate <= gap_rel)
+
+
 # ------------------------------------------------------------------------------ outcomes
 
 def _curve(env):
@@ -422,13 +432,16 @@ def _capped(dur: float, warm: float, max_duration_s: float | None) -> tuple[floa
 def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200,
             seed: int = 0, model=None, max_runs: int = 12, workload: dict | None = None,
             study_path: str | os.PathLike | None = None,
-            max_duration_s: float | None = None) -> Design:
+            max_duration_s: float | None = None, enough_gap_rel: float | None = None) -> Design:
     """Greedy proposal of next runs within ``budget_minutes`` (see the module docstring).
     ``env`` is the measured C_SLO (``Design.current``); the trial fits use ``reps`` replicates
     (fewer, for speed: their expected numbers are then labelled approximate, beside the trial
     fits' own reading of the sweep now). ``workload`` (the study manifest's) and ``study_path``
     go into the printed commands; by default they come from the study the envelope was fitted on.
-    ``max_duration_s``: no run longer than this (the load test's cap), said in the notes."""
+    ``max_duration_s``: no run longer than this (the load test's cap), said in the notes.
+    ``enough_gap_rel``: stop adding runs once the expected sweep (the median trial outcome) is
+    honest with (estimate − lower bound) / estimate at most this — the load test's stop rule,
+    so that a round does not spend its whole budget past the point where it expects to stop."""
     from .envelope import fit_from_stats
 
     if env.stats is None:
@@ -467,6 +480,10 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
                          "bound honest")
     tried: list[tuple[float, float]] = []  # (rate, expected gap) of the first search step
     while left >= dur / 60.0 - 1e-9 and len(chosen) < max_runs:
+        if chosen and enough_gap_rel is not None and _expected_enough(cur, enough_gap_rel):
+            notes.append(f"stopped adding runs: with these the bound is expected honest within "
+                         f"{enough_gap_rel:.0%} of the estimate")
+            break
         g0 = _gap(cur)
         best = None
         first = not tried

@@ -711,12 +711,12 @@ def _stop(target, st: _State, spec: Spec, env, b: Bound, k: int, out: Path, stud
     if requests >= spec.max_requests:
         return ("requests", f"{requests:,.0f} of {spec.max_requests:,} requests sent", missing)
     budget = spec.round_budget(left)
-    d = propose(env, budget_minutes=budget, sims=spec.sims, reps=spec.design_reps,
-                seed=spec.seed + k, study_path=study, max_duration_s=spec.longest_run_s)
+    kw = dict(sims=spec.sims, reps=spec.design_reps, seed=spec.seed + k, study_path=study,
+              max_duration_s=spec.longest_run_s, enough_gap_rel=spec.tolerance)
+    d = propose(env, budget_minutes=budget, **kw)
     if not d.runs and budget < left and any("shorter than one run" in n for n in d.notes):
         budget = left  # the round's share is shorter than one run: the rest of the budget
-        d = propose(env, budget_minutes=budget, sims=spec.sims, reps=spec.design_reps,
-                    seed=spec.seed + k, study_path=study, max_duration_s=spec.longest_run_s)
+        d = propose(env, budget_minutes=budget, **kw)
     notes = list(d.notes)
     cap = spec.max_rate_factor * b.estimate if b.estimate == b.estimate else math.inf
     if spec.max_rate_rps is not None:

@@ -109,3 +109,26 @@ def test_cli_design(small_study, tmp_path):
     assert load_design(out)["budget_minutes"] == 5.0
     assert main(["design", str(small_study), "--slo", SLO, "--budget-minutes", "0",
                  "--out", str(out)]) == 2
+
+
+def test_a_round_stops_adding_runs_where_the_stop_rule_is_expected_met(tmp_path):
+    """``enough_gap_rel`` (the load test's tolerance): the greedy search stops once the
+    expected sweep is honest within that share of its estimate, and says so. What it proposes
+    is the start of what the search without it proposes (same seed, same candidates)."""
+    from capplan.design import model_config
+    from capplan.sim.sweep import generate_study as sweep_study
+
+    model = load_system(FIX / "synth_small_sweep.yaml")
+    cfg = model_config(model, rates=(1.5, 2.0, 2.3, 2.5, 2.7, 3.0), duration_s=300.0,
+                       warmup_s=0.0, repeats=1, seed=1)
+    sweep_study(cfg, tmp_path / "s", workers=1)
+    env = fit_envelope(tmp_path / "s", SLO, reps=100, seed=0)
+    free = propose(env, budget_minutes=60, sims=2, reps=60, seed=0)
+    for tol in (0.15, 0.5):
+        d = propose(env, budget_minutes=60, sims=2, reps=60, seed=0, enough_gap_rel=tol)
+        assert d.runs and d.minutes <= free.minutes
+        assert [(r.rate_rps, r.repeats) for r in d.runs] == \
+            [(r.rate_rps, r.repeats) for r in free.runs][:len(d.runs)]
+        e = d.expected
+        assert any(n.startswith("stopped adding runs") for n in d.notes)
+        assert e["honesty"] == "honest" and (e["estimate"] - e["lower_bound"]) / e["estimate"] <= tol
