@@ -439,9 +439,12 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     fits' own reading of the sweep now). ``workload`` (the study manifest's) and ``study_path``
     go into the printed commands; by default they come from the study the envelope was fitted on.
     ``max_duration_s``: no run longer than this (the load test's cap), said in the notes.
-    ``enough_gap_rel``: stop adding runs once the expected sweep (the median trial outcome) is
-    honest with (estimate − lower bound) / estimate at most this — the load test's stop rule,
-    so that a round does not spend its whole budget past the point where it expects to stop."""
+    ``enough_gap_rel``: where the bound is honest already, stop adding runs once the expected
+    sweep (the median trial outcome) has (estimate − lower bound) / estimate at most this — the
+    load test's stop rule — so that a round that only narrows the gap does not spend its whole
+    budget past the point where it expects to stop. Not where the bound is unsupported: the
+    honesty package is the smallest set whose *median* outcome is honest, and stopping there
+    left real AIPerf sweeps unsupported round after round (benchmarks/loadtest_seeds.py)."""
     from .envelope import fit_from_stats
 
     if env.stats is None:
@@ -480,7 +483,8 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
                          "bound honest")
     tried: list[tuple[float, float]] = []  # (rate, expected gap) of the first search step
     while left >= dur / 60.0 - 1e-9 and len(chosen) < max_runs:
-        if chosen and enough_gap_rel is not None and _expected_enough(cur, enough_gap_rel):
+        if chosen and enough_gap_rel is not None and start.honesty is not None \
+                and start.honesty.honest and _expected_enough(cur, enough_gap_rel):
             notes.append(f"stopped adding runs: with these the bound is expected honest within "
                          f"{enough_gap_rel:.0%} of the estimate")
             break
