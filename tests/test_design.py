@@ -111,11 +111,14 @@ def test_cli_design(small_study, tmp_path):
                  "--out", str(out)]) == 2
 
 
-def test_a_round_stops_adding_runs_where_the_stop_rule_is_expected_met(tmp_path):
-    """``enough_gap_rel`` (the load test's tolerance): the greedy search stops once the
-    expected sweep is honest within that share of its estimate, and says so. What it proposes
-    is the start of what the search without it proposes (same seed, same candidates)."""
-    from capplan.design import model_config
+def test_a_round_stops_adding_runs_only_where_the_bound_is_honest(tmp_path):
+    """``enough_gap_rel`` (the load test's tolerance) ends the greedy search once the expected
+    sweep meets the stop rule — but only where the bound is honest already. Where the trial fit
+    reads it unsupported, the proposal is the same as without it: the honesty package is the
+    smallest set whose median outcome is honest, and stopping there left real AIPerf sweeps
+    unsupported round after round. The rule itself: honest, and (estimate − lower bound) /
+    estimate ≤ the tolerance."""
+    from capplan.design import _expected_enough, model_config
     from capplan.sim.sweep import generate_study as sweep_study
 
     model = load_system(FIX / "synth_small_sweep.yaml")
@@ -124,11 +127,10 @@ def test_a_round_stops_adding_runs_where_the_stop_rule_is_expected_met(tmp_path)
     sweep_study(cfg, tmp_path / "s", workers=1)
     env = fit_envelope(tmp_path / "s", SLO, reps=100, seed=0)
     free = propose(env, budget_minutes=60, sims=2, reps=60, seed=0)
-    for tol in (0.15, 0.5):
-        d = propose(env, budget_minutes=60, sims=2, reps=60, seed=0, enough_gap_rel=tol)
-        assert d.runs and d.minutes <= free.minutes
-        assert [(r.rate_rps, r.repeats) for r in d.runs] == \
-            [(r.rate_rps, r.repeats) for r in free.runs][:len(d.runs)]
-        e = d.expected
-        assert any(n.startswith("stopped adding runs") for n in d.notes)
-        assert e["honesty"] == "honest" and (e["estimate"] - e["lower_bound"]) / e["estimate"] <= tol
+    d = propose(env, budget_minutes=60, sims=2, reps=60, seed=0, enough_gap_rel=0.5)
+    assert free.trial_now["honesty"] != "honest"  # the trial fit reads it unsupported
+    assert [(r.rate_rps, r.repeats) for r in d.runs] == [(r.rate_rps, r.repeats) for r in free.runs]
+    assert d.runs and not any(n.startswith("stopped adding runs") for n in d.notes)
+    assert env.honesty.honest
+    gap = (env.cslo.estimate - env.cslo.lower_bound) / env.cslo.estimate
+    assert _expected_enough(env, gap + 1e-9) and not _expected_enough(env, gap - 1e-9)
