@@ -34,7 +34,7 @@ import yaml
 from scipy.special import expit, logit
 
 from .errors import SpecError
-from .honesty import nominal_duration
+from .honesty import nominal_duration, within_tolerance
 from .present import fmt_num
 from .reduce import BlockStats, stats_from_series
 
@@ -180,16 +180,6 @@ def _gap(env) -> float:
     if env.honesty is not None and not env.honesty.honest:
         return max(est, 0.0)
     return max(est - (c.lower_bound if c.lower_bound == c.lower_bound else 0.0), 0.0)
-
-
-def _expected_enough(env, gap_rel: float) -> bool:
-    """Honest, and (estimate − lower bound) / estimate ≤ ``gap_rel`` (the load test's stop rule
-    read on a trial fit)."""
-    c = env.cslo
-    honest = env.honesty is not None and env.honesty.honest
-    return bool(honest and c.estimate == c.estimate and c.estimate > 0
-                and c.lower_bound == c.lower_bound
-                and (c.estimate - c.lower_bound) / c.estimate <= gap_rel)
 
 
 # ------------------------------------------------------------------------------ outcomes
@@ -484,7 +474,9 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     tried: list[tuple[float, float]] = []  # (rate, expected gap) of the first search step
     while left >= dur / 60.0 - 1e-9 and len(chosen) < max_runs:
         if chosen and enough_gap_rel is not None and start.honesty is not None \
-                and start.honesty.honest and _expected_enough(cur, enough_gap_rel):
+                and start.honesty.honest and within_tolerance(
+                    cur.honesty.status if cur.honesty is not None else "",
+                    cur.cslo.estimate, cur.cslo.lower_bound, enough_gap_rel):
             notes.append(f"stopped adding runs: with these the bound is expected honest within "
                          f"{enough_gap_rel:.0%} of the estimate")
             break

@@ -89,6 +89,21 @@ class Honesty:
         return "\n".join(lines)
 
 
+def gap_rel(estimate: float, lower_bound: float) -> float:
+    """(estimate − lower bound) / estimate: how far under the estimate a plan on the bound sits;
+    NaN where either is missing or the estimate is not > 0."""
+    e, lb = estimate, lower_bound
+    return (e - lb) / e if e == e and lb == lb and e > 0 else math.nan
+
+
+def within_tolerance(status: str, estimate: float, lower_bound: float, tolerance: float) -> bool:
+    """The load test's stop rule (docs/loadtest.md): the bound is honest and its ``gap_rel`` is
+    at most ``tolerance``. One rule for the loop's stop and for a design round that stops adding
+    runs once it expects to meet it."""
+    g = gap_rel(estimate, lower_bound)
+    return status == HONEST and g == g and g <= tolerance
+
+
 def _fmt_s(v: float) -> str:
     return f"{v:.0f} s" if v == v else "unknown length"
 

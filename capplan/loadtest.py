@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import CapplanError, SpecError, StudyError
+from .honesty import gap_rel, within_tolerance
 from .present import fmt_num, fmt_pct
 
 FORMAT = "capplan-loadtest/1"
@@ -165,8 +166,7 @@ class Bound:
 
     @property
     def gap_rel(self) -> float:
-        e, lb = self.estimate, self.lower_bound
-        return (e - lb) / e if e == e and lb == lb and e > 0 else math.nan
+        return gap_rel(self.estimate, self.lower_bound)
 
     @classmethod
     def of(cls, env) -> "Bound":
@@ -178,8 +178,7 @@ class Bound:
 
     def meets(self, tolerance: float) -> bool:
         """The stop rule: honest, and (estimate − lower bound) / estimate at most ``tolerance``."""
-        g = self.gap_rel
-        return self.honesty == "honest" and g == g and g <= tolerance
+        return within_tolerance(self.honesty, self.estimate, self.lower_bound, tolerance)
 
     def to_text(self) -> str:
         return (f"estimate {fmt_num(self.estimate)} req/s, lower bound {fmt_num(self.lower_bound)} "

@@ -118,7 +118,8 @@ def test_a_round_stops_adding_runs_only_where_the_bound_is_honest(tmp_path):
     smallest set whose median outcome is honest, and stopping there left real AIPerf sweeps
     unsupported round after round. The rule itself: honest, and (estimate − lower bound) /
     estimate ≤ the tolerance."""
-    from capplan.design import _expected_enough, model_config
+    from capplan.design import model_config
+    from capplan.honesty import within_tolerance
     from capplan.sim.sweep import generate_study as sweep_study
 
     model = load_system(FIX / "synth_small_sweep.yaml")
@@ -133,4 +134,6 @@ def test_a_round_stops_adding_runs_only_where_the_bound_is_honest(tmp_path):
     assert d.runs and not any(n.startswith("stopped adding runs") for n in d.notes)
     assert env.honesty.honest
     gap = (env.cslo.estimate - env.cslo.lower_bound) / env.cslo.estimate
-    assert _expected_enough(env, gap + 1e-9) and not _expected_enough(env, gap - 1e-9)
+    c = env.cslo
+    assert within_tolerance(env.honesty.status, c.estimate, c.lower_bound, gap + 1e-9)
+    assert not within_tolerance(env.honesty.status, c.estimate, c.lower_bound, gap - 1e-9)
