@@ -564,11 +564,38 @@ def _outcomes(cur, runs, warm, rng, model, slo) -> list[dict]:
     return out
 
 
+def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
+    """Single runs no more than ``MAX_BRACKET_REL`` apart across the bracket the estimate is
+    interpolated in, when the bracket is wider than that (nearest the estimate first): a fixed
+    fine grid's levels, only where the crossing is. On real AIPerf sweeps a fine grid of single
+    runs was honest at once where repeats at a coarse bracket's two levels stayed unsupported
+    round after round: levels this close put several runs in the estimate's neighbourhood
+    (repeats, whatever rate they were asked at: docs/envelope.md) and narrow the bracket too."""
+    from .honesty import MAX_BRACKET_REL, askable
+
+    c = env.cslo
+    est = c.estimate
+    if c.status != "bracketed" or getattr(c, "closed_loop", False) or not (est == est and est > 0):
+        return []
+    x = env.levels["x"].to_numpy(float)
+    nominal = env.levels["load_level"].to_numpy(float)
+    i = int(np.searchsorted(x, est, side="right"))
+    if i <= 0 or i >= x.size or not x[i] - x[i - 1] > MAX_BRACKET_REL * est:
+        return []
+    lo, hi = float(nominal[i - 1]), float(nominal[i])
+    n = int(np.ceil(np.log(hi / lo) / np.log1p(MAX_BRACKET_REL)))
+    rates = {askable(lo * (hi / lo) ** (j / n)) for j in range(1, n)} - {askable(lo), askable(hi)}
+    return [ProposedRun(r, 1, dur, warm, "across the bracket, levels ≤ "
+                        f"{MAX_BRACKET_REL:.0%} apart: runs on both sides of the crossing")
+            for r in sorted(rates, key=lambda r: (abs(r - est), r))]
+
+
 def _honest_package(start, stats, slo, fit, warm, sims, rng, model, max_duration_s=None):
-    """The cheapest runs expected to make an unsupported bound honest: the runs the honesty
-    rule names (``Honesty.runs_to_add``), taken one at a time — nearest the estimate first,
-    alternating between the rates — then runs at the estimate, until at least
-    ``HONEST_SHARE`` of ``sims`` simulated outcomes of the set come out honest.
+    """The cheapest runs expected to make an unsupported bound honest: first, where the bracket
+    is wide, single runs spread across it (``_spread``); then the runs the honesty rule names
+    (``Honesty.runs_to_add``), taken one at a time — nearest the estimate first, alternating
+    between the rates — then runs at the estimate, until at least ``HONEST_SHARE`` of ``sims``
+    simulated outcomes of the set come out honest.
     Returns (runs, the median outcome's envelope, its stats, a note saying what is expected)."""
     from .envelope import fit_from_stats
     from .honesty import askable
@@ -580,7 +607,7 @@ def _honest_package(start, stats, slo, fit, warm, sims, rng, model, max_duration
     if max_duration_s and dur > max_duration_s:  # ``warm`` is already propose's (capped) one
         dur, _, cap_note = _capped(dur, warm, max_duration_s)
         add = [replace(r, duration_s=min(r.duration_s, dur)) for r in add]
-    singles = []
+    singles = _spread(start, dur, warm)
     for k in range(max(r.repeats for r in add)):
         singles += [r for r in add if r.repeats > k]
     at = askable(est) if est == est and est > 0 else add[0].rate_rps
@@ -603,8 +630,10 @@ def _honest_package(start, stats, slo, fit, warm, sims, rng, model, max_duration
             break
     med = sorted(envs, key=lambda e: e.cslo.lower_bound)[len(envs) // 2]
     n = sum(r.repeats for r in runs)
-    note = (f"the bound is unsupported: the honesty rule asks for repeats near the crossing; "
-            f"the {n} run(s) proposed first are the fewest that came out honest in {honest} of "
+    spread = sum(r.why.startswith("across the bracket") for r in runs)
+    note = (f"the bound is unsupported: the honesty rule asks for repeats near the crossing"
+            + (f" ({spread} single run(s) spread across the wide bracket first)" if spread else "")
+            + f"; the {n} run(s) proposed first are the fewest that came out honest in {honest} of "
             f"{sims} simulated outcomes" + (f"; {cap_note}" if cap_note else ""))
     return runs, med, med.stats, note
 

@@ -137,3 +137,32 @@ def test_a_round_stops_adding_runs_only_where_the_bound_is_honest(tmp_path):
     c = env.cslo
     assert within_tolerance(env.honesty.status, c.estimate, c.lower_bound, gap + 1e-9)
     assert not within_tolerance(env.honesty.status, c.estimate, c.lower_bound, gap - 1e-9)
+
+
+def test_an_unsupported_wide_bracket_is_spread_with_single_runs_first(small_study):
+    """Where the estimate is interpolated across a bracket wider than the honesty rule allows,
+    the honesty package starts with single runs ≤ 10 % apart across it, nearest the estimate
+    first (a fine grid's levels, only where the crossing is); a bracket already narrow gets none."""
+    from capplan.design import _spread
+    from capplan.honesty import MAX_BRACKET_REL
+
+    env = fit_envelope(small_study, SLO, reps=100, seed=0)  # one run at 1, 2, 3, 4 req/s
+    c = env.cslo
+    x = env.levels["x"].tolist()
+    lo = max(v for v in x if v <= c.estimate)
+    hi = min(v for v in x if v > c.estimate)
+    assert hi - lo > MAX_BRACKET_REL * c.estimate
+    runs = _spread(env, 300.0, 0.0)
+    rates = [r.rate_rps for r in runs]
+    nominal = env.levels["load_level"].tolist()
+    nlo, nhi = nominal[x.index(lo)], nominal[x.index(hi)]
+    assert all(nlo < r < nhi for r in rates) and len(rates) >= 2
+    assert [abs(r - c.estimate) for r in rates] == sorted(abs(r - c.estimate) for r in rates)
+    ladder = sorted([nlo, nhi, *rates])
+    assert all(b / a - 1 <= MAX_BRACKET_REL + 0.01 for a, b in zip(ladder, ladder[1:]))
+    assert {(r.repeats, r.duration_s) for r in runs} == {(1, 300.0)}
+    assert env.honesty.status == "unsupported"
+    d = propose(env, budget_minutes=60, sims=2, reps=60, seed=0)
+    first = [r.rate_rps for r in d.runs[:2]]
+    assert first == rates[:2], d.to_text()
+    assert any("spread across the wide bracket first" in n for n in d.notes)
