@@ -575,7 +575,7 @@ def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
 
     c = env.cslo
     est = c.estimate
-    if c.status != "bracketed" or getattr(c, "closed_loop", False) or not (est == est and est > 0):
+    if c.status != "bracketed" or c.closed_loop or not (est == est and est > 0):
         return []
     x = env.levels["x"].to_numpy(float)
     nominal = env.levels["load_level"].to_numpy(float)
@@ -586,7 +586,7 @@ def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
     n = int(np.ceil(np.log(hi / lo) / np.log1p(MAX_BRACKET_REL)))
     rates = {askable(lo * (hi / lo) ** (j / n)) for j in range(1, n)} - {askable(lo), askable(hi)}
     return [ProposedRun(r, 1, dur, warm, "across the bracket, levels ≤ "
-                        f"{MAX_BRACKET_REL:.0%} apart: runs on both sides of the crossing")
+                        f"{100 * MAX_BRACKET_REL:g} % apart: runs on both sides of the crossing")
             for r in sorted(rates, key=lambda r: (abs(r - est), r))]
 
 
