@@ -458,6 +458,14 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     left = float(budget_minutes)
     notes = [cap_note] if cap_note else []
     cands = _candidates(start)
+    spread = _spread(start, dur, warm) if start.honesty is not None \
+        and start.honesty.status == "unsupported" else []
+    if spread:
+        # single runs across a wide bracket, alone: the fit after them decides whether repeats
+        # are needed (the trial fits' outcomes of the spread are the expectation, not a gate)
+        return _spread_design(env, start, stats, spread, slo, fit, warm, sims, rng, model,
+                              notes, budget_minutes=budget_minutes, workload=workload,
+                              study_path=study_path, reps=reps)
     if start.honesty is not None and start.honesty.status == "unsupported" \
             and start.honesty.runs_to_add:
         # one run alone cannot make an unsupported bound honest (it needs repeats near the
@@ -517,13 +525,20 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
         notes.append(f"the budget ({budget_minutes:g} min) is shorter than one run of {dur:.0f} s: "
                      "no run was tried")
     # with no run proposed nothing changes: the expectation is the measured C_SLO itself
-    expected = _summary(cur) if chosen else _summary(env)
+    return _design(env, start, stats, chosen, cur if chosen else env, notes, slo=slo,
+                   budget_minutes=budget_minutes, model=model, workload=workload,
+                   study_path=study_path, reps=reps)
+
+
+def _design(env, start, stats, runs, expected, notes, *, slo, budget_minutes, model, workload,
+            study_path, reps) -> Design:
+    """The ``Design`` of proposed ``runs``, with ``expected`` (an envelope) as the expectation."""
     src = "the current fit" if model is None else f"the model {getattr(model, 'name', 'given')}"
     return Design(study=str(getattr(stats, "name", "")), slo=str(slo),
                   budget_minutes=float(budget_minutes),
                   current={**_summary(env), "settings_note": env.settings_note()},
-                  expected=expected, runs=tuple(chosen), existing=_existing(start), source=src,
-                  notes=tuple(notes), workload=dict(workload or {}),
+                  expected=_summary(expected), runs=tuple(runs), existing=_existing(start),
+                  source=src, notes=tuple(notes), workload=dict(workload or {}),
                   study_path=str(study_path or ""), runs_in_study=len(env.runs),
                   trial_reps=int(reps), trial_now=_summary(start))
 
@@ -590,12 +605,39 @@ def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
             for r in sorted(rates, key=lambda r: (abs(r - est), r))]
 
 
+def _spread_design(env, start, stats, spread, slo, fit, warm, sims, rng, model, notes, *,
+                   budget_minutes, workload, study_path, reps) -> Design:
+    """The design of a spread round (``_spread``): those runs alone, whatever the budget (they
+    are the fewest that put levels ≤ 10 % apart across the crossing), and as expectation the
+    median of ``sims`` trial fits with their simulated outcomes. Not gated on those trial fits:
+    on real AIPerf sweeps they called such runs not honest enough and the design added repeats
+    and runs at the estimate in the same round, where the measured fit after the spread alone
+    (a fine grid near the crossing) was often honest already."""
+    from .envelope import fit_from_stats
+    from .honesty import MAX_BRACKET_REL
+
+    envs = [fit_from_stats(add_runs(stats, _outcomes(start, spread, warm, rng, model, slo)),
+                           slo, **fit) for _ in range(max(int(sims), 2))]
+    med = sorted(envs, key=lambda e: e.cslo.lower_bound)[len(envs) // 2]
+    honest = sum(e.honesty is not None and e.honesty.honest for e in envs)
+    minutes = sum(r.minutes for r in spread)
+    notes = [*notes, (
+        f"the bound is unsupported and the crossing is interpolated across a bracket wider than "
+        f"{100 * MAX_BRACKET_REL:g} % of the estimate: {len(spread)} single run(s) across it "
+        f"first, levels ≤ {100 * MAX_BRACKET_REL:g} % apart; the fit after them decides whether "
+        f"repeats are needed (they came out honest in {honest} of {len(envs)} simulated outcomes)")]
+    if minutes > budget_minutes:
+        notes.append(f"these runs take {minutes:.0f} min, more than the budget of "
+                     f"{budget_minutes:g} min: kept whole, the fewest that narrow the bracket")
+    return _design(env, start, stats, spread, med, notes, slo=slo, budget_minutes=budget_minutes,
+                   model=model, workload=workload, study_path=study_path, reps=reps)
+
+
 def _honest_package(start, stats, slo, fit, warm, sims, rng, model, max_duration_s=None):
-    """The cheapest runs expected to make an unsupported bound honest: first, where the bracket
-    is wide, single runs spread across it (``_spread``); then the runs the honesty rule names
-    (``Honesty.runs_to_add``), taken one at a time — nearest the estimate first, alternating
-    between the rates — then runs at the estimate, until at least ``HONEST_SHARE`` of ``sims``
-    simulated outcomes of the set come out honest.
+    """The cheapest runs expected to make an unsupported bound honest: the runs the honesty
+    rule names (``Honesty.runs_to_add``), taken one at a time — nearest the estimate first,
+    alternating between the rates — then runs at the estimate, until at least
+    ``HONEST_SHARE`` of ``sims`` simulated outcomes of the set come out honest.
     Returns (runs, the median outcome's envelope, its stats, a note saying what is expected)."""
     from .envelope import fit_from_stats
     from .honesty import askable
@@ -607,7 +649,7 @@ def _honest_package(start, stats, slo, fit, warm, sims, rng, model, max_duration
     if max_duration_s and dur > max_duration_s:  # ``warm`` is already propose's (capped) one
         dur, _, cap_note = _capped(dur, warm, max_duration_s)
         add = [replace(r, duration_s=min(r.duration_s, dur)) for r in add]
-    singles = _spread(start, dur, warm)
+    singles = []
     for k in range(max(r.repeats for r in add)):
         singles += [r for r in add if r.repeats > k]
     at = askable(est) if est == est and est > 0 else add[0].rate_rps
@@ -630,10 +672,8 @@ def _honest_package(start, stats, slo, fit, warm, sims, rng, model, max_duration
             break
     med = sorted(envs, key=lambda e: e.cslo.lower_bound)[len(envs) // 2]
     n = sum(r.repeats for r in runs)
-    spread = sum(r.why.startswith("across the bracket") for r in runs)
-    note = (f"the bound is unsupported: the honesty rule asks for repeats near the crossing"
-            + (f" ({spread} single run(s) spread across the wide bracket first)" if spread else "")
-            + f"; the {n} run(s) proposed first are the fewest that came out honest in {honest} of "
+    note = (f"the bound is unsupported: the honesty rule asks for repeats near the crossing; "
+            f"the {n} run(s) proposed first are the fewest that came out honest in {honest} of "
             f"{sims} simulated outcomes" + (f"; {cap_note}" if cap_note else ""))
     return runs, med, med.stats, note
 
