@@ -120,11 +120,17 @@ def _grid_tool(tool, url, venv, seed: int, kmax: int, reps: int, work: Path, rat
     return out
 
 
-def one(target, spec: Spec) -> dict:
+def one(target, spec: Spec, keep: str | None = None) -> dict:
+    """One load test; ``keep``: a folder where its record (loadtest.json) is kept as
+    seed{N}.json, so a seed's rounds can be read afterwards."""
     with tempfile.TemporaryDirectory(prefix="lt_seed_") as tmp:
         t0 = time.perf_counter()
         try:
             res = run_loadtest(target, spec, Path(tmp) / "lt")
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                (Path(keep) / f"seed{spec.seed}.json").write_text(
+                    (Path(tmp) / "lt" / "loadtest.json").read_text())
         except InterruptedLoadtest:
             raise  # Ctrl-C ends the benchmark, not only this seed
         except CapplanError as exc:
@@ -219,6 +225,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--truth-runs", type=int, default=300)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--keep", default=None, help="keep each seed's record here as seed{N}.json")
     a = ap.parse_args(argv)
     grids = [g for g in a.grids.split(",") if g]
     rows = []
@@ -229,7 +236,7 @@ def main(argv=None) -> int:
         for i in range(a.seeds):
             seed = a.first_seed + i
             spec = _spec(SYNTH, a, seed)
-            r = one(SynthTarget(model, name="synth_small_sweep", seed=seed), spec)
+            r = one(SynthTarget(model, name="synth_small_sweep", seed=seed), spec, a.keep)
             for g in grids if i < grid_n else ():
                 rates = SYNTH["rates"] if g == "coarse" else fine_rates(SYNTH["rates"])
                 r[f"grid_{g}"] = _grid_synth(seed, a.grid_kmax, a.reps, rates, spec.tolerance)
@@ -265,7 +272,7 @@ def main(argv=None) -> int:
                                     tokenizer=str(venv / "tokenizer"),
                                     path_prefix=(str(venv / "bin"),))
                 spec = _spec(REAL, a, seed)
-                r = one(target, spec)
+                r = one(target, spec, a.keep)
                 for g in grids if i < grid_n else ():
                     rates = REAL["rates"] if g == "coarse" else fine_rates(REAL["rates"])
                     with tempfile.TemporaryDirectory(prefix="lt_grid_") as tmp:

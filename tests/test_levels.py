@@ -116,22 +116,29 @@ def test_runs_to_add_name_rates_a_client_can_be_asked_for():
             assert r.repeats == 2  # three at the level in all, with the one it has
 
 
-def test_design_always_answers_while_the_bound_is_unsupported():
+@pytest.mark.parametrize("rates", [(4.0, 6.0, 8.0, 10.0, 12.0, 14.0), (6.0, 9.6, 10.4, 14.0)],
+                         ids=["wide-bracket", "narrow-bracket"])
+def test_design_always_answers_while_the_bound_is_unsupported(rates):
     """Round 0 of the issue's AIPerf loop: one run per rate, unsupported. A single run cannot
-    make the bound honest, so the greedy search alone proposed nothing; now the proposal starts
-    from the runs the honesty rule names, and says how often they made it honest in simulation."""
+    make the bound honest, so the greedy search alone proposed nothing. Now, across a bracket
+    wider than 10 % of the estimate the design spreads single runs (levels ≤ 10 % apart) and the
+    fit after them decides; across a narrow one it starts from the runs the honesty rule names,
+    and says how often they made it honest in simulation."""
     from capplan.design import propose
 
     rng = np.random.default_rng(5)
-    runs = [_run(rng, f"c{i}", r, r * (1 + rng.uniform(-0.04, 0.04)))
-            for i, r in enumerate((4.0, 6.0, 8.0, 10.0, 12.0, 14.0))]
+    runs = [_run(rng, f"c{i}", r, r * (1 + rng.uniform(-0.04, 0.04))) for i, r in enumerate(rates)]
     env = fit_from_stats(stats_from_series(runs, SLO), SLO, reps=200, seed=0)
-    assert env.honesty.status == "unsupported"
+    assert env.honesty.status == "unsupported", env.honesty.to_text()
+    wide = len(rates) == 6
+    want = "single run(s) across it first" if wide else "honesty rule asks for repeats"
     for budget in (5.0, 20.0):
         d = propose(env, budget_minutes=budget, sims=4, reps=100, seed=1)
         assert d.runs and sum(r.repeats for r in d.runs) >= 2
-        assert any("honesty rule asks for repeats" in n for n in d.notes)
+        assert any(want in n for n in d.notes), d.notes
         assert all(r.rate_rps == askable(r.rate_rps) for r in d.runs)
+        if wide:
+            assert {r.repeats for r in d.runs} == {1}
     assert any("more than the budget" in n for n in
                propose(env, budget_minutes=1.0, sims=2, reps=100, seed=1).notes)
 
