@@ -1,7 +1,11 @@
 """The next runs of a sweep: which rates, repeats and durations most shrink the distance between
 the C_SLO estimate and its honest lower bound per minute of load-test time.
 
-``propose(env, budget_minutes=...)`` works on a fitted envelope (``capplan.fit_envelope``):
+``propose(env, budget_minutes=...)`` works on a fitted envelope (``capplan.fit_envelope``).
+Where the bound is unsupported and the estimate is interpolated across a bracket wider than
+``honesty.MAX_BRACKET_REL`` of it, the proposal is single runs spread across that bracket and
+nothing else (``_spread``: the fit after them decides whether repeats are needed); where it is
+unsupported otherwise, it starts from the honesty rule's runs (``_honest_package``). Then:
 
 1. **candidates**: a run at each rate bracketing the estimate, at the estimate itself, and
    half-way between the lower bound and the estimate (rounded to 3 significant digits), each
