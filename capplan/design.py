@@ -490,7 +490,7 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
                     cur.honesty.status if cur.honesty is not None else "",
                     cur.cslo.estimate, cur.cslo.lower_bound, enough_gap_rel):
             notes.append(f"stopped adding runs: with these the bound is expected honest within "
-                         f"{enough_gap_rel:.0%} of the estimate")
+                         f"{100 * enough_gap_rel:g} % of the estimate")
             break
         g0 = _gap(cur)
         best = None
