@@ -462,8 +462,11 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     left = float(budget_minutes)
     notes = [cap_note] if cap_note else []
     cands = _candidates(start)
+    # not where the bound is 0 (replicates fail at the lowest rate): runs below the tested
+    # range are what it needs, and spreads round after round left a real GuideLLM loop there
+    lb0 = not start.cslo.lower_bound > 0
     spread = _spread(start, dur, warm) if start.honesty is not None \
-        and start.honesty.status == "unsupported" else []
+        and start.honesty.status == "unsupported" and not lb0 else []
     if spread:
         # single runs across a wide bracket, alone: the fit after them decides whether repeats
         # are needed (the trial fits' outcomes of the spread are the expectation, not a gate)
