@@ -462,19 +462,15 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     left = float(budget_minutes)
     notes = [cap_note] if cap_note else []
     cands = _candidates(start)
-    # not where the bound is 0 (replicates fail at the lowest rate): runs below the tested
-    # range are what it needs, and spreads round after round left a real GuideLLM loop there
-    lb0 = not start.cslo.lower_bound > 0
-    spread = _spread(start, dur, warm) if start.honesty is not None \
-        and start.honesty.status == "unsupported" and not lb0 else []
+    unsupported = start.honesty is not None and start.honesty.status == "unsupported"
+    spread = _spread(start, dur, warm) if unsupported else []
     if spread:
         # single runs across a wide bracket, alone: the fit after them decides whether repeats
         # are needed (the trial fits' outcomes of the spread are the expectation, not a gate)
         return _spread_design(env, start, stats, spread, slo, fit, warm, sims, rng, model,
                               notes, budget_minutes=budget_minutes, workload=workload,
                               study_path=study_path, reps=reps)
-    if start.honesty is not None and start.honesty.status == "unsupported" \
-            and start.honesty.runs_to_add:
+    if unsupported and start.honesty.runs_to_add:
         # one run alone cannot make an unsupported bound honest (it needs repeats near the
         # crossing), so the greedy step below would propose nothing: start from the runs the
         # honesty rule names, the cheapest set that can, checked on simulated outcomes
@@ -592,12 +588,15 @@ def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
     fine grid's levels, only where the crossing is. On real AIPerf sweeps a fine grid of single
     runs was honest at once where repeats at a coarse bracket's two levels stayed unsupported
     round after round: levels this close put several runs in the estimate's neighbourhood
-    (repeats, whatever rate they were asked at: docs/envelope.md) and narrow the bracket too."""
+    (repeats, whatever rate they were asked at: docs/envelope.md) and narrow the bracket too.
+    None where the lower bound is 0 (replicates fail at the lowest rate): that bound needs runs
+    below the tested range, and spread after spread left a real GuideLLM loop there."""
     from .honesty import MAX_BRACKET_REL, askable
 
     c = env.cslo
     est = c.estimate
-    if c.status != "bracketed" or c.closed_loop or not (est == est and est > 0):
+    if c.status != "bracketed" or c.closed_loop or not (est == est and est > 0) \
+            or not c.lower_bound > 0:
         return []
     x = env.levels["x"].to_numpy(float)
     nominal = env.levels["load_level"].to_numpy(float)

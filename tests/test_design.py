@@ -162,6 +162,9 @@ def test_an_unsupported_wide_bracket_is_spread_with_single_runs_first(small_stud
     ladder = sorted([nlo, nhi, *rates])
     assert all(b / a - 1 <= MAX_BRACKET_REL + 0.01 for a, b in zip(ladder, ladder[1:]))
     assert {(r.repeats, r.duration_s) for r in runs} == {(1, 300.0)}
+    # a bound of 0 (replicates fail at the lowest rate) needs runs below the range: no spread
+    from dataclasses import replace
+    assert _spread(replace(env, cslo=replace(c, lower_bound=0.0)), 300.0, 0.0) == []
     assert env.honesty.status == "unsupported"
     d = propose(env, budget_minutes=60, sims=2, reps=60, seed=0)
     assert list(d.runs) == runs, d.to_text()
