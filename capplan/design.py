@@ -591,7 +591,7 @@ def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
     (repeats, whatever rate they were asked at: docs/envelope.md) and narrow the bracket too.
     None where the lower bound is 0 (replicates fail at the lowest rate): that bound needs runs
     below the tested range, and spread after spread left a real GuideLLM loop there."""
-    from .honesty import MAX_BRACKET_REL, askable
+    from .honesty import MAX_BRACKET_REL, askable, rate_noise_rel
 
     c = env.cslo
     est = c.estimate
@@ -604,17 +604,23 @@ def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
     if i <= 0 or i >= x.size or not x[i] - x[i - 1] > MAX_BRACKET_REL * est:
         return []
     lo, hi = float(nominal[i - 1]), float(nominal[i])
-    n = int(np.ceil(np.log(hi / lo) / np.log1p(MAX_BRACKET_REL)))
+    # levels closer than a run of this length realises its rate merge into one (group_levels):
+    # then the step is that, a little over, so each run stays a level of its own
+    step = max(MAX_BRACKET_REL, 1.1 * rate_noise_rel(lo, dur))
+    n = int(np.ceil(np.log(hi / lo) / np.log1p(step)))
     rates = {askable(lo * (hi / lo) ** (j / n)) for j in range(1, n)} - {askable(lo), askable(hi)}
-    return [ProposedRun(r, 1, dur, warm, "across the bracket, levels ≤ "
-                        f"{100 * MAX_BRACKET_REL:g} % apart: runs on both sides of the crossing")
+    why = (f"across the bracket, levels ≤ {100 * MAX_BRACKET_REL:g} % apart" if step == MAX_BRACKET_REL
+           else f"across the bracket, levels {100 * step:.0f} % apart (a {dur:g}-s run realises "
+                f"its rate ± {100 * rate_noise_rel(lo, dur):.0f} %: closer levels would be one)")
+    return [ProposedRun(r, 1, dur, warm, why + ": runs on both sides of the crossing")
             for r in sorted(rates, key=lambda r: (abs(r - est), r))]
 
 
 def _spread_design(env, start, stats, spread, slo, fit, warm, sims, rng, model, notes, *,
                    budget_minutes, workload, study_path, reps) -> Design:
     """The design of a spread round (``_spread``): those runs alone, whatever the budget (they
-    are the fewest that put levels ≤ 10 % apart across the crossing), and as expectation the
+    are the fewest that put levels ≤ 10 % apart — or as close as runs of their length can be
+    told apart — across the crossing), and as expectation the
     median of ``sims`` trial fits with their simulated outcomes. Not gated on those trial fits:
     on real AIPerf sweeps they called such runs not honest enough and the design added repeats
     and runs at the estimate in the same round, where the measured fit after the spread alone
@@ -627,10 +633,11 @@ def _spread_design(env, start, stats, spread, slo, fit, warm, sims, rng, model, 
     med = sorted(envs, key=lambda e: e.cslo.lower_bound)[len(envs) // 2]
     honest = sum(e.honesty is not None and e.honesty.honest for e in envs)
     minutes = sum(r.minutes for r in spread)
+    spacing = spread[0].why.split(": runs on both sides")[0].removeprefix("across the bracket, ")
     notes = [*notes, (
         f"the bound is unsupported and the crossing is interpolated across a bracket wider than "
         f"{100 * MAX_BRACKET_REL:g} % of the estimate: {len(spread)} single run(s) across it "
-        f"first, levels ≤ {100 * MAX_BRACKET_REL:g} % apart; the fit after them decides whether "
+        f"first, {spacing}; the fit after them decides whether "
         f"repeats are needed (they came out honest in {honest} of {len(envs)} simulated outcomes)")]
     if minutes > budget_minutes:
         notes.append(f"these runs take {minutes:.0f} min, more than the budget of "

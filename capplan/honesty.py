@@ -222,6 +222,7 @@ def assess(*, method: str, status: str, iid: bool, estimate: float, lower_bound:
                 for r in rates if round(askable(r), 9) not in planned]
     if not (lower_bound == lower_bound) or lower_bound <= 0:
         reasons.append("the lower bound is 0: replicates fail already at the lowest rate")
+        add += _below_range(runs, add, run_len)
     if reasons:
         return Honesty(UNSUPPORTED, est_text,
                        "this sweep cannot support an honest lower bound here; the number "
@@ -312,6 +313,23 @@ def _variation_reasons(*, repeats_near: int, effect_source: str, n_near: int, ra
                             "runs at the estimate, where both outcomes occur, to measure "
                             "run-to-run variation"))
     return reasons, add
+
+
+def _below_range(runs, add: list[RunToAdd], run_len: float) -> list[RunToAdd]:
+    """A run a fifth below the lowest usable level, where a lower bound of 0 says replicates
+    fail already there: that bound can only rise on a level that clearly meets the target,
+    and repeats near the crossing never give one (a real GuideLLM loop, whose lowest run was
+    excluded for a lagging client, asked for them three rounds running)."""
+    if runs is None or "usable" not in runs or not runs["usable"].any():
+        return []
+    col = "load_level" if "load_level" in runs else "x"
+    low = float(runs.loc[runs["usable"].astype(bool), col].min())
+    rate = askable(0.8 * low)
+    if not rate > 0 or any(abs(a.rate_rps - rate) < 1e-9 for a in add):
+        return []
+    return [RunToAdd(rate, 1, run_len, f"below the lowest usable rate ({low:.3g} req/s), where "
+                     "replicates already fail: a level that meets the target lifts the "
+                     "lower bound from 0")]
 
 
 def _bracket_reasons(bracket: tuple[float, float], estimate: float, ci_width: float,

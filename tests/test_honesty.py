@@ -291,3 +291,31 @@ def test_a_twin_cannot_narrow_the_sweeps_own_run_to_run_variation(small_sweeps):
     assert wild.cslo.lower_bound < own.cslo.lower_bound
     assert "held at or above the twin's 0.01" in calm.run_effect.sentence()
     assert calm.refit(attainment=0.98).run_effect.twin_tau == 0.01
+
+
+def test_a_bound_of_zero_asks_for_a_run_below_the_lowest_usable_level():
+    """The failing real GuideLLM loop: its lowest run (5 req/s) was excluded for a lagging
+    client, the lowest usable level (7 req/s) meets the target narrowly, replicates fail there
+    and the lower bound is 0. Repeats near the crossing cannot lift that; a run a fifth below
+    the lowest *usable* level can, and the honesty rule names it."""
+    import pandas as pd
+
+    from capplan.honesty import assess
+
+    runs = pd.DataFrame({"run_id": ["r5", "r7", "r9a", "r9b", "r9c", "r11"],
+                         "x": [18.2, 7.3, 8.5, 8.8, 9.1, 9.5],
+                         "load_level": [5.0, 7.0, 9.0, 9.0, 9.0, 11.0],
+                         "usable": [False, True, True, True, True, True],
+                         "warnings": [""] * 6, "warmup_s": [0.0] * 6,
+                         "duration": [15.0] * 6})
+    kw = dict(method="run-effect", status="bracketed", iid=False, estimate=9.0, runs=runs,
+              near_rates=(9.0, 11.0), near_levels=(9.0, 11.0), n_near=4, effect_source="sweep",
+              repeats_near=3, target=0.95, level_runs={9.0: 3, 11.0: 1})
+    h = assess(lower_bound=0.0, **kw)
+    assert h.status == "unsupported"
+    assert any("lower bound is 0" in r for r in h.reasons)
+    below = [a for a in h.runs_to_add if a.rate_rps < 7.0]
+    assert [(a.rate_rps, a.repeats) for a in below] == [(5.6, 1)], h.to_text()
+    assert "below the lowest usable rate (7 req/s)" in below[0].why
+    # with a bound above 0 the rule asks for nothing below the range
+    assert not any(a.rate_rps < 7.0 for a in assess(lower_bound=7.5, **kw).runs_to_add)

@@ -82,18 +82,27 @@ def test_the_aiperf_case_no_longer_asks_for_the_runs_it_has():
 
 def test_runs_near_the_estimate_count_as_repeats_whatever_was_asked():
     """Single 60-s runs asked at rates 3 % apart — closer than a run realises its rate (± 4 %
-    at 10 req/s) — are one level of repeats; the coarse rates 20–60 % apart stay levels. Runs
-    within two Poisson SDs of the estimate (measured rates) count as repeats near the crossing
-    in the honesty rule as well."""
+    at 10 req/s) — are levels of repeats, each spanning at most two such SDs (9.4–10.0 and
+    10.3–10.6: a chain of rates each within one SD of the next is not one level); the coarse
+    rates 20–60 % apart stay levels. Runs within two Poisson SDs of the estimate (measured
+    rates) count as repeats near the crossing in the honesty rule as well."""
     rng = np.random.default_rng(11)
     runs = [_run(rng, f"c{i}", r, r) for i, r in enumerate((4.0, 6.0, 8.0, 13.0, 16.0))]
     runs += [_run(rng, f"n{i}", r, r) for i, r in enumerate((9.4, 9.7, 10.0, 10.3, 10.6))]
     env = fit_from_stats(stats_from_series(runs, SLO), SLO, reps=300, seed=0)
     lv = env.levels
-    assert len(lv) == 6 and int(lv["n_runs"].max()) == 5
+    assert len(lv) == 7 and sorted(lv["n_runs"].astype(int))[-2:] == [2, 3]
     assert group_levels([9.4, 9.7, 10.0], span_s=[60.0] * 3).tolist() == \
         pytest.approx([9.7] * 3)
     assert group_levels([9.4, 9.7, 10.0], span_s=[6000.0] * 3).tolist() == [9.4, 9.7, 10.0]
+    # a real GuideLLM loop's 15-s runs (± 10 % at 7 req/s), each within one SD of the next,
+    # once chained into one level from 6.4 to 10 req/s: no level spans more than two SDs
+    asked = [6.4, 7.0, 7.5, 7.66, 8.39, 9.0, 9.18, 10.0]
+    lv15 = group_levels(asked, span_s=[15.0] * len(asked))
+    assert len(set(lv15.tolist())) >= 2
+    for level in set(lv15.tolist()):
+        members = [a for a, v in zip(asked, lv15) if v == level]
+        assert max(members) <= min(members) * (1 + 2 / np.sqrt(min(members) * 15.0)) + 1e-9
     h = env.honesty
     assert not any("one run at each rate" in r for r in h.reasons), h.to_text()
     # the neighbourhood: 2 Poisson SDs of a 60-s run's realised rate at 10 req/s

@@ -242,8 +242,11 @@ def group_levels(asked, tol_rel: float = LEVEL_TOL_REL, span_s=None) -> np.ndarr
     length realises (1/√(λ·T) relative) when that is larger: a 60-s run at 10 req/s lands ± 4 %
     from its asked rate, so runs asked 2–3 % apart cannot be told apart by the data and, as
     separate one-run levels, gave intervals too narrow (the simulated short-run loop's lower
-    bound covered 0.77). Levels are *what was asked*; the fit's x is each level's mean
-    *measured* rate."""
+    bound covered 0.77). A level spans at most two such tolerances from its lowest rate (± one
+    SD about its middle): without that cap, rates each one SD apart chained into one level —
+    a real GuideLLM loop's 13-s runs asked from 6.4 to 10 req/s became one "level" of 8 runs
+    with attainments from 0 to 1, and its bracket was gone. Levels are *what was asked*; the
+    fit's x is each level's mean *measured* rate."""
     a = np.asarray(asked, dtype=np.float64)
     out = a.copy()
     u = np.unique(a[np.isfinite(a)])
@@ -254,12 +257,12 @@ def group_levels(asked, tol_rel: float = LEVEL_TOL_REL, span_s=None) -> np.ndarr
         sp = np.asarray(span_s, dtype=np.float64)
         ok = np.isfinite(sp) & (sp > 0)
         span = float(np.median(sp[ok])) if ok.any() else None
+    def tol(rate: float) -> float:
+        return tol_rel if span is None else max(tol_rel, hon.rate_noise_rel(rate, span))
     start = 0
     for i in range(1, u.size + 1):
-        tol = tol_rel
-        if span is not None and i < u.size:
-            tol = max(tol_rel, hon.rate_noise_rel(u[i - 1], span))
-        if i == u.size or u[i] > u[i - 1] * (1.0 + tol):
+        if i == u.size or u[i] > u[i - 1] * (1.0 + tol(u[i - 1])) \
+                or u[i] > u[start] * (1.0 + 2.0 * tol(u[start])):
             grp = u[start:i]
             if grp.size > 1:
                 sel = np.isin(a, grp)
