@@ -14,7 +14,9 @@ Per seed: does the load test end honest (and within the tolerance), is the final
 ≤ the truth, does its two-sided interval cover the truth, how many load-test minutes did it use,
 and how far each run's realised rate landed from the asked one (z = (measured − asked) /
 sqrt(asked / duration): SD 1 for a Poisson client). ``--target guidellm`` runs GuideLLM 0.8.1
-instead of AIPerf against the same server.
+instead of AIPerf against the same server; with ``--suite``, a tool's settings of the suite's
+loop test (tests/test_loop_realtools.py: GuideLLM drives the server 2× faster, truth ≈ 8.8
+req/s, at most 3 rounds), the loop the clean-clone CI runs.
 
 Two fixed grids it is measured against, each run with the same seed, k = 1, 2, … repeats of
 every rate, costed at the first k whose fit is honest ("honest") and at the first that meets the
@@ -27,6 +29,7 @@ load test's own stop rule ("rule": honest and within the tolerance):
     python benchmarks/loadtest_seeds.py --target synth --seeds 10 --out /tmp/lt_synth.json
     python benchmarks/loadtest_seeds.py --target aiperf --seeds 10 --grid-seeds 1 --grid-kmax 3 --out /tmp/lt_aiperf.json
     python benchmarks/loadtest_seeds.py --target guidellm --seeds 5 --grid-seeds 0 --out /tmp/lt_guidellm.json
+    python benchmarks/loadtest_seeds.py --target guidellm --suite --seeds 10 --keep records
 
 Measured results: docs/loadtest.md, "Measured".
 """
@@ -225,6 +228,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--truth-runs", type=int, default=300)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--suite", action="store_true",
+                    help="a tool's settings of the suite's loop test instead (tests/"
+                         "test_loop_realtools.py CONFIGS: GuideLLM drives the server 2x faster, "
+                         "truth ≈ 8.8 req/s; at most 3 rounds); no fixed grid")
     ap.add_argument("--keep", default=None, help="keep each seed's record here as seed{N}.json")
     a = ap.parse_args(argv)
     grids = [g for g in a.grids.split(",") if g]
@@ -250,15 +257,19 @@ def main(argv=None) -> int:
 
         venv = Path(os.environ.get("CAPPLAN_PEERS_VENV")
                     or Path.home() / ".cache/capplan/peers/aiperf-0.13.0_guidellm-0.8.1")
-        params = SMALL.with_(time_scale=0.25)
-        kv = dict(x.split("=") for x in REAL["slo"].split(","))
+        params, real = SMALL.with_(time_scale=0.25), dict(REAL)
+        if a.suite:
+            from tests.test_loop_realtools import CONFIGS
+            params, real["slo"], real["rates"] = CONFIGS[a.target]
+            real["max_rounds"] = 3
+        kv = dict(x.split("=") for x in real["slo"].split(","))
         slo = qt.SLO(float(kv["ttft_ms"]), float(kv["tpot_ms"]), float(kv["attainment"]))
-        _, tr = qt.true_cslo(slo, params=params, duration_s=REAL["duration_s"],
+        _, tr = qt.true_cslo(slo, params=params, duration_s=real["duration_s"],
                              runs=a.truth_runs, horizon_s=600.0, lo_rps=1.0, hi_rps=60.0,
                              tol_rps=0.05)
         truth, se = tr.rate_rps, tr.se_rps
         print(f"truth: {tr.to_text()}", flush=True)
-        grid_n = 1 if a.grid_seeds is None else a.grid_seeds
+        grid_n = 0 if a.suite else 1 if a.grid_seeds is None else a.grid_seeds
         from capplan.loadtest import ToolTarget
         from tests.realtools.loop import workload
 
@@ -271,7 +282,7 @@ def main(argv=None) -> int:
                 target = ToolTarget(a.target, url=url, model="mock-llm", workload=w,
                                     tokenizer=str(venv / "tokenizer"),
                                     path_prefix=(str(venv / "bin"),))
-                spec = _spec(REAL, a, seed)
+                spec = _spec(real, a, seed)
                 r = one(target, spec, a.keep)
                 for g in grids if i < grid_n else ():
                     rates = REAL["rates"] if g == "coarse" else fine_rates(REAL["rates"])
