@@ -285,7 +285,7 @@ def main(argv=None) -> int:
                 spec = _spec(real, a, seed)
                 r = one(target, spec, a.keep)
                 for g in grids if i < grid_n else ():
-                    rates = REAL["rates"] if g == "coarse" else fine_rates(REAL["rates"])
+                    rates = real["rates"] if g == "coarse" else fine_rates(real["rates"])
                     with tempfile.TemporaryDirectory(prefix="lt_grid_") as tmp:
                         try:
                             r[f"grid_{g}"] = _grid_tool(a.target, url, venv, seed, a.grid_kmax,

@@ -463,12 +463,12 @@ def propose(env, *, budget_minutes: float = 60.0, sims: int = 4, reps: int = 200
     notes = [cap_note] if cap_note else []
     cands = _candidates(start)
     unsupported = start.honesty is not None and start.honesty.status == "unsupported"
-    spread = _spread(start, dur, warm) if unsupported else []
+    spread, spacing = _spread(start, dur, warm) if unsupported else ([], "")
     if spread:
         # single runs across a wide bracket, alone: the fit after them decides whether repeats
         # are needed (the trial fits' outcomes of the spread are the expectation, not a gate)
-        return _spread_design(env, start, stats, spread, slo, fit, warm, sims, rng, model,
-                              notes, budget_minutes=budget_minutes, workload=workload,
+        return _spread_design(env, start, stats, spread, spacing, slo, fit, warm, sims, rng,
+                              model, notes, budget_minutes=budget_minutes, workload=workload,
                               study_path=study_path, reps=reps)
     if unsupported and start.honesty.runs_to_add:
         # one run alone cannot make an unsupported bound honest (it needs repeats near the
@@ -582,7 +582,7 @@ def _outcomes(cur, runs, warm, rng, model, slo) -> list[dict]:
     return out
 
 
-def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
+def _spread(env, dur: float, warm: float) -> tuple[list[ProposedRun], str]:
     """Single runs no more than ``MAX_BRACKET_REL`` apart across the bracket the estimate is
     interpolated in, when the bracket is wider than that (nearest the estimate first): a fixed
     fine grid's levels, only where the crossing is. On real AIPerf sweeps a fine grid of single
@@ -590,33 +590,36 @@ def _spread(env, dur: float, warm: float) -> list[ProposedRun]:
     round after round: levels this close put several runs in the estimate's neighbourhood
     (repeats, whatever rate they were asked at: docs/envelope.md) and narrow the bracket too.
     None where the lower bound is 0 (replicates fail at the lowest rate): that bound needs runs
-    below the tested range, and spread after spread left a real GuideLLM loop there."""
+    below the tested range, and spread after spread left a real GuideLLM loop there.
+    Returns the runs and their spacing in words (for the round's note)."""
     from .honesty import MAX_BRACKET_REL, askable, rate_noise_rel
 
     c = env.cslo
     est = c.estimate
     if c.status != "bracketed" or c.closed_loop or not (est == est and est > 0) \
             or not c.lower_bound > 0:
-        return []
+        return [], ""
     x = env.levels["x"].to_numpy(float)
     nominal = env.levels["load_level"].to_numpy(float)
     i = int(np.searchsorted(x, est, side="right"))
     if i <= 0 or i >= x.size or not x[i] - x[i - 1] > MAX_BRACKET_REL * est:
-        return []
+        return [], ""
     lo, hi = float(nominal[i - 1]), float(nominal[i])
     # levels closer than a run of this length realises its rate merge into one (group_levels):
     # then the step is that, a little over, so each run stays a level of its own
-    step = max(MAX_BRACKET_REL, 1.1 * rate_noise_rel(lo, dur))
+    noise = rate_noise_rel(lo, dur)
+    step = max(MAX_BRACKET_REL, 1.1 * noise)
     n = int(np.ceil(np.log(hi / lo) / np.log1p(step)))
     rates = {askable(lo * (hi / lo) ** (j / n)) for j in range(1, n)} - {askable(lo), askable(hi)}
-    why = (f"across the bracket, levels ≤ {100 * MAX_BRACKET_REL:g} % apart" if step == MAX_BRACKET_REL
-           else f"across the bracket, levels {100 * step:.0f} % apart (a {dur:g}-s run realises "
-                f"its rate ± {100 * rate_noise_rel(lo, dur):.0f} %: closer levels would be one)")
-    return [ProposedRun(r, 1, dur, warm, why + ": runs on both sides of the crossing")
-            for r in sorted(rates, key=lambda r: (abs(r - est), r))]
+    spacing = (f"levels ≤ {100 * MAX_BRACKET_REL:g} % apart" if step == MAX_BRACKET_REL
+               else f"levels {100 * step:.0f} % apart (a {dur:g}-s run realises its rate "
+                    f"± {100 * noise:.0f} %: closer levels would be one)")
+    why = f"across the bracket, {spacing}: runs on both sides of the crossing"
+    return ([ProposedRun(r, 1, dur, warm, why)
+             for r in sorted(rates, key=lambda r: (abs(r - est), r))], spacing)
 
 
-def _spread_design(env, start, stats, spread, slo, fit, warm, sims, rng, model, notes, *,
+def _spread_design(env, start, stats, spread, spacing, slo, fit, warm, sims, rng, model, notes, *,
                    budget_minutes, workload, study_path, reps) -> Design:
     """The design of a spread round (``_spread``): those runs alone, whatever the budget (they
     are the fewest that put levels ≤ 10 % apart — or as close as runs of their length can be
@@ -633,7 +636,6 @@ def _spread_design(env, start, stats, spread, slo, fit, warm, sims, rng, model, 
     med = sorted(envs, key=lambda e: e.cslo.lower_bound)[len(envs) // 2]
     honest = sum(e.honesty is not None and e.honesty.honest for e in envs)
     minutes = sum(r.minutes for r in spread)
-    spacing = spread[0].why.split(": runs on both sides")[0].removeprefix("across the bracket, ")
     notes = [*notes, (
         f"the bound is unsupported and the crossing is interpolated across a bracket wider than "
         f"{100 * MAX_BRACKET_REL:g} % of the estimate: {len(spread)} single run(s) across it "

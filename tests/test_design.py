@@ -153,7 +153,7 @@ def test_an_unsupported_wide_bracket_is_spread_with_single_runs_first(small_stud
     lo = max(v for v in x if v <= c.estimate)
     hi = min(v for v in x if v > c.estimate)
     assert hi - lo > MAX_BRACKET_REL * c.estimate
-    runs = _spread(env, 300.0, 0.0)
+    runs, _ = _spread(env, 300.0, 0.0)
     rates = [r.rate_rps for r in runs]
     nominal = env.levels["load_level"].tolist()
     nlo, nhi = nominal[x.index(lo)], nominal[x.index(hi)]
@@ -164,7 +164,7 @@ def test_an_unsupported_wide_bracket_is_spread_with_single_runs_first(small_stud
     assert {(r.repeats, r.duration_s) for r in runs} == {(1, 300.0)}
     # a bound of 0 (replicates fail at the lowest rate) needs runs below the range: no spread
     from dataclasses import replace
-    assert _spread(replace(env, cslo=replace(c, lower_bound=0.0)), 300.0, 0.0) == []
+    assert _spread(replace(env, cslo=replace(c, lower_bound=0.0)), 300.0, 0.0) == ([], "")
     assert env.honesty.status == "unsupported"
     d = propose(env, budget_minutes=60, sims=2, reps=60, seed=0)
     assert list(d.runs) == runs, d.to_text()
