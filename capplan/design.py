@@ -606,14 +606,18 @@ def _spread(env, dur: float, warm: float) -> tuple[list[ProposedRun], str]:
         return [], ""
     lo, hi = float(nominal[i - 1]), float(nominal[i])
     # levels closer than a run of this length realises its rate merge into one (group_levels):
-    # then the step is that, a little over, so each run stays a level of its own
+    # then the step is over 1.1 × that, so each run stays a level of its own
     noise = rate_noise_rel(lo, dur)
-    step = max(MAX_BRACKET_REL, 1.1 * noise)
-    n = int(np.ceil(np.log(hi / lo) / np.log1p(step)))
+    if 1.1 * noise <= MAX_BRACKET_REL:  # as many steps as keep levels ≤ 10 % apart
+        n = int(np.ceil(np.log(hi / lo) / np.log1p(MAX_BRACKET_REL)))
+        spacing = f"levels ≤ {100 * MAX_BRACKET_REL:g} % apart"
+    else:  # as few as keep them > 1.1 × the noise apart (none inside: no spread)
+        n = int(np.floor(np.log(hi / lo) / np.log1p(1.1 * noise)))
+        spacing = (f"levels {100 * ((hi / lo) ** (1 / max(n, 1)) - 1):.0f} % apart (a {dur:g}-s "
+                   f"run realises its rate ± {100 * noise:.0f} %: closer levels would be one)")
     rates = {askable(lo * (hi / lo) ** (j / n)) for j in range(1, n)} - {askable(lo), askable(hi)}
-    spacing = (f"levels ≤ {100 * MAX_BRACKET_REL:g} % apart" if step == MAX_BRACKET_REL
-               else f"levels {100 * step:.0f} % apart (a {dur:g}-s run realises its rate "
-                    f"± {100 * noise:.0f} %: closer levels would be one)")
+    if not rates:
+        return [], ""
     why = f"across the bracket, {spacing}: runs on both sides of the crossing"
     return ([ProposedRun(r, 1, dur, warm, why)
              for r in sorted(rates, key=lambda r: (abs(r - est), r))], spacing)

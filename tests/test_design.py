@@ -157,6 +157,16 @@ def test_an_unsupported_wide_bracket_is_spread_with_single_runs_first(small_stud
     rates = [r.rate_rps for r in runs]
     nominal = env.levels["load_level"].tolist()
     nlo, nhi = nominal[x.index(lo)], nominal[x.index(hi)]
+    # runs too short to realise their rate within 10 % are spaced more than 1.1 × their own
+    # precision (1/√(λT)) apart, or they would merge into one level; the runs and the note say so
+    short, spacing = _spread(env, 15.0, 0.0)
+    noise = 1 / (nlo * 15.0) ** 0.5
+    assert short and spacing.endswith(f"% apart (a 15-s run realises its rate ± {100 * noise:.0f} "
+                                      "%: closer levels would be one)")
+    assert {r.why for r in short} == {f"across the bracket, {spacing}: runs on both sides of "
+                                      "the crossing"}
+    steps = sorted([nlo, nhi, *(r.rate_rps for r in short)])
+    assert all(b / a - 1 > 1.1 * noise - 0.01 for a, b in zip(steps, steps[1:]))
     assert all(nlo < r < nhi for r in rates) and len(rates) >= 2
     assert [abs(r - c.estimate) for r in rates] == sorted(abs(r - c.estimate) for r in rates)
     ladder = sorted([nlo, nhi, *rates])
