@@ -39,8 +39,28 @@ def gamma_of(alpha: float = DEFAULT_ALPHA) -> float:
 
 def keys(x, alpha: float = DEFAULT_ALPHA) -> np.ndarray:
     """Bucket key ceil(ln x / ln γ) of each value (values below MIN_VALUE are clamped)."""
-    x = np.maximum(np.asarray(x, dtype=np.float64), MIN_VALUE)
-    return np.ceil(np.log(x) / math.log(gamma_of(alpha)) - KEY_EPS).astype(np.int64)
+    return keys_of_log(log_clamped(x), alpha).astype(np.int64)
+
+
+def log_clamped(x, out: np.ndarray | None = None) -> np.ndarray:
+    """ln of each value clamped at MIN_VALUE, as float64 (NaN stays NaN): the one logarithm
+    a value's key and its grid code share (``reduce.count.request_codes``). ``out``: a float64
+    array of x's shape to write into."""
+    x = np.asarray(x, dtype=np.float64)
+    if out is None and x.ndim == 0:
+        return np.log(np.maximum(x, MIN_VALUE))
+    out = np.maximum(x, MIN_VALUE, out=out)
+    return np.log(out, out=out)
+
+
+def keys_of_log(lnx: np.ndarray, alpha: float = DEFAULT_ALPHA,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """The keys of ``keys`` from ``log_clamped`` values, as float64 (NaN where the value is
+    missing): ⌈ln x / ln γ − KEY_EPS⌉, the operations of ``keys`` in its order. ``out``: as
+    in ``log_clamped``."""
+    k = np.divide(lnx, math.log(gamma_of(alpha)), out=out)
+    k = np.subtract(k, KEY_EPS, out=k if isinstance(k, np.ndarray) else None)
+    return np.ceil(k, out=k) if isinstance(k, np.ndarray) else np.ceil(k)
 
 
 def bucket_value(k, alpha: float = DEFAULT_ALPHA) -> np.ndarray:

@@ -17,7 +17,7 @@ from ..errors import SpecError, StudyError
 from ..slo import SLO
 from ..study import Study, open_study
 from .assemble import RunCounts, RunSeries, assemble_stats, grid_spec
-from .count import grid_counts, run_counts, run_series, unit_counts
+from .count import grid_counts, request_codes, run_counts, run_series, unit_counts
 from .plan import reduction_plan, resolve_window
 from .sql import KEY_COL, KEY_MISSING, TTFT_COL, order_sql, request_columns
 from .stats import TAIL_FROM, BlockStats
@@ -109,7 +109,8 @@ def reduce_study(study, slo, *, warmup="manifest", units: CountUnits | TimeUnits
 def _fetch_columns(plan, tie_break: bool) -> tuple[list[str], list]:
     """The per-request columns DuckDB fetches; with ``tie_break`` also a hash of request_id
     (to count events recorded twice: adjacent in the tie order, same time and hash)."""
-    return request_columns(plan, extra=("hash(m.request_id) AS h",) if tie_break else ())
+    return request_columns(plan, extra=("hash(m.request_id) AS h",) if tie_break else (),
+                           values=True)
 
 
 def _fetch(study: Study, plan, *, tie_break: bool, run_id: str | None = None,
@@ -126,6 +127,7 @@ def _fetch(study: Study, plan, *, tie_break: bool, run_id: str | None = None,
     order = "m.run_idx, " + (order_sql("m") if tie_break else "m.scheduled_ns")
     rq = fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE {where}"
                       + (f" ORDER BY {order}" if ordered else ""), params)
+    request_codes(rq, plan)
     pr = rq["run_idx"]
     if pr.size and np.any(pr[1:] < pr[:-1]):
         raise StudyError("internal: the reduction lost the scheduled order of requests",

@@ -136,33 +136,44 @@ def cell_sql(cells: Cells, tenants: list[str], classes: list[str],
     return f"CAST({code} AS INTEGER)", params, radix
 
 
-def request_columns(plan, *, extra: tuple[str, ...] = ()) -> tuple[list[str], list]:
+def request_columns(plan, *, extra: tuple[str, ...] = (), values: bool = False
+                    ) -> tuple[list[str], list]:
     """The per-request columns of the reduction (a ``ReducePlan``), in the plan's dialect:
     run, scheduled time, SLO-good, grid eligibility (``base``), status code, TTFT and sojourn
     (float32, as counted), every log-bucket key (each logarithm taken once, here; missing ⇒
     ``KEY_MISSING``), the grid codes of the axes the SLO limits, and with cells the cell code
-    and token counts. ``extra``: more expressions over the request view ``m``. Returns the
-    SELECT list and its parameters, in order."""
-    ln_g = math.log(sketch.gamma_of(plan.alpha))
+    and token counts. ``extra``: more expressions over the request view ``m``.
+
+    ``values``: instead of TTFT, sojourn, keys and grid codes, each latency they are computed
+    from as DOUBLE (``v_<column>``, ``value_columns``), for the numpy executor, which computes
+    them itself with the same operations (``count.request_codes``): on 12 runs of 10^6
+    requests that takes 0.7 of the query's 3.2 CPU seconds off (DuckDB evaluates the keys'
+    and codes' CASE, coalesce and casts row by row; numpy's passes are vectorised; the
+    numbers are the same, benchmarks/README.md, issue 29). Spark keeps them in SQL.
+    Returns the SELECT list and its parameters, in order."""
     good_sql, good_params = good_predicate(plan.slo, alias="m")
     fixed_sql, fixed_params = fixed_conditions(plan.slo, plan.y_metric)
     cols = ["CAST(m.run_idx AS SMALLINT) AS run_idx", "m.scheduled_ns AS sched", *extra,
             f"coalesce({good_sql}, FALSE) AS good",
             f"coalesce(m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}, "
             "FALSE) AS base",
-            f"CAST({STATUS_CODE_SQL} AS TINYINT) AS st",
-            f"CAST(m.{plan.ttft_col} AS FLOAT) AS ttft",
-            "CAST(m.e2e_ms / 1e3 AS FLOAT) AS soj"]
+            f"CAST({STATUS_CODE_SQL} AS TINYINT) AS st"]
     params: list = good_params + fixed_params
-    k_min = int(sketch.keys(sketch.MIN_VALUE, plan.alpha))
-    for k, c in plan.key_cols.items():
-        cols.append(f"coalesce({key_sql(c, plan.ktype)}, {KEY_MISSING}) AS {k}")
-        params += [k_min, ln_g]
-    for name, col, g in (("jx", f"m.{plan.ttft_col}", plan.grid_x),
-                         ("jy", f"m.{plan.y_col}", plan.grid_y)):
-        if g is not None:
-            cols.append(f"{grid_code_sql(col)} AS {name}")
-            params += grid_code_params(g[0], g[1], plan.grid_half)
+    if values:
+        cols += [f"CAST(m.{c} AS DOUBLE) AS v_{c}" for c in value_columns(plan)]
+    else:
+        cols += [f"CAST(m.{plan.ttft_col} AS FLOAT) AS ttft",
+                 "CAST(m.e2e_ms / 1e3 AS FLOAT) AS soj"]
+        ln_g = math.log(sketch.gamma_of(plan.alpha))
+        k_min = int(sketch.keys(sketch.MIN_VALUE, plan.alpha))
+        for k, c in plan.key_cols.items():
+            cols.append(f"coalesce({key_sql(c, plan.ktype)}, {KEY_MISSING}) AS {k}")
+            params += [k_min, ln_g]
+        for name, col, g in (("jx", f"m.{plan.ttft_col}", plan.grid_x),
+                             ("jy", f"m.{plan.y_col}", plan.grid_y)):
+            if g is not None:
+                cols.append(f"{grid_code_sql(col)} AS {name}")
+                params += grid_code_params(g[0], g[1], plan.grid_half)
     if plan.cells is not None:
         cols += [f"{plan.cell_sql} AS cell",
                  "CAST(coalesce(m.input_tokens, 0) AS BIGINT) AS tok_in",
@@ -172,6 +183,15 @@ def request_columns(plan, *, extra: tuple[str, ...] = ()) -> tuple[list[str], li
                  "m.first_token_ns IS NOT NULL AS started"]
         params += plan.cell_params
     return cols, params
+
+
+def value_columns(plan) -> list[str]:
+    """The request-view latencies TTFT, sojourn, the keys and the grid codes are computed
+    from (``request_columns(values=True)``), each once, in a fixed order."""
+    cols = [plan.ttft_col, "e2e_ms", *(c.removeprefix("m.") for c in plan.key_cols.values())]
+    if plan.grid_y is not None:
+        cols.append(plan.y_col)
+    return list(dict.fromkeys(cols))
 
 
 def mser_bins_sql(view: str, ttft_col: str) -> str:

@@ -238,9 +238,11 @@ def busy_np(t_s: np.ndarray, soj: np.ndarray, t_last: float) -> np.ndarray:
     """Seconds each request is in flight inside the window: from its scheduled time to its
     end (scheduled + sojourn), or to the window's last scheduled time when it has no end or
     ends later (Little's law, ``diagnostics``)."""
-    soj = soj.astype(np.float64)
-    end = np.where(np.isnan(soj), np.inf, t_s + soj)
-    return np.maximum(0.0, np.minimum(end, t_last) - t_s)
+    end = soj.astype(np.float64)
+    end += t_s
+    np.fmin(end, t_last, out=end)  # fmin: a missing end (NaN) reads the last scheduled time
+    end -= t_s
+    return np.maximum(0.0, end, out=end)
 
 
 def busy_sql(t_s: str, soj: str, t_last: str) -> str:
