@@ -6,7 +6,9 @@ and DuckDB's ``--memory-limit`` / ``--temp-dir`` for a study bigger than memory
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,3 +111,31 @@ def engine_options(f):
     for o in reversed(options):
         wrapper = o(wrapper)
     return wrapper
+
+
+class Preload:
+    """A module imported on a thread while the command works on (``.module`` waits for it).
+
+    `capplan envelope` needs the fit's modules (scipy.optimize for the isotonic fit, ≈ 0.25 s
+    of imports on one core) only after the reduction, which keeps both cores busy in DuckDB
+    and numpy but for short gaps; importing them meanwhile takes 0.15–0.25 s off the command
+    (benchmarks/README.md, issue 29). Start it once the modules the two share are loaded (the
+    caller's own imports first), so the threads never wait on each other's imports."""
+
+    def __init__(self, name: str):
+        self._name, self._got, self._error = name, None, None
+        self._thread = threading.Thread(target=self._load, name=f"import {name}", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            self._got = importlib.import_module(self._name)
+        except BaseException as exc:  # raised in the caller's thread by .module
+            self._error = exc
+
+    @property
+    def module(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._got

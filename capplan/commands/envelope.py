@@ -12,7 +12,7 @@ import click
 
 from ..errors import SpecError
 from ..present import MISSING
-from .engine import engine_options
+from .engine import Preload, engine_options
 
 
 @click.command("envelope")
@@ -45,7 +45,6 @@ from .engine import engine_options
 def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, warmup, method,
         twin_path, out, engine) -> int:
     """Fit the SLO capacity envelope of a load sweep."""
-    from ..envelope import fit_envelope, fit_summary_table
     from ..reduce import reduce_study
     from ..slo import SLO, check_confidence, check_reps
 
@@ -58,6 +57,7 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
                             fix="drop --engine spark, or fit one SLO at a time with --slo")
         return _classes(study, slo_file, confidence, reps, seed, scheme, block_len, warmup, out, method)
     slo = SLO.parse(slo_text)
+    fit = Preload("capplan.envelope")  # the fit's imports, while the study is reduced
     check_confidence(confidence)
     check_reps(reps)
     try:
@@ -65,18 +65,19 @@ def cmd(study, slo_text, slo_file, confidence, reps, seed, scheme, block_len, wa
     except ValueError:
         w = warmup
     if not engine.is_study(study):
-        env = fit_summary_table(Path(study), slo, confidence=confidence, reps=reps, seed=seed)
+        env = fit.module.fit_summary_table(Path(study), slo, confidence=confidence, reps=reps, seed=seed)
     else:
         st = engine.open(study)
         stats = reduce_study(st, slo, warmup=w, progress=engine.progress)
         fit_kw = dict(confidence=confidence, reps=reps, scheme=scheme, block_len=block_len, warmup=w,
                       method=method)
         if twin_path and method == "run-effect":
+            fit.module  # its imports done first: the two threads never wait on each other
             from ..design import fit_envelope_with_twin
 
             env = fit_envelope_with_twin(st, slo, twin_path, seed=seed, stats=stats, **fit_kw)
         else:
-            env = fit_envelope(st, slo, seed=seed, stats=stats, **fit_kw)
+            env = fit.module.fit_envelope(st, slo, seed=seed, stats=stats, **fit_kw)
     click.echo(env.to_text())
     if out:
         env.to_json(out)
