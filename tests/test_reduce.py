@@ -333,3 +333,86 @@ def test_block_length_from_fine_units():
     fine = block_length(x > 0, {"v": np.exp(x)})[1].circular
     assert 0.5 * exact < fine < 2.0 * exact
     assert fine <= np.ceil(min(3 * np.sqrt(n), n / 3))
+
+
+def test_numpy_grid_codes_match_the_sql_ones_on_every_edge():
+    """The numpy executor's grid codes (``count.grid_codes``) are those of
+    ``sql.grid_code_sql`` on the values where they could part: missing, 0, negative, below
+    the clamp, exactly on the anchor and on grid limits a·s^j, one ulp either side of them,
+    and beyond the grid at both ends."""
+    import math
+
+    import duckdb
+
+    from capplan.reduce.count import grid_codes
+    from capplan.reduce.sql import grid_code_params, grid_code_sql
+
+    anchor, step, half = 2000.0, 1.1, 14
+    lim = [anchor * step ** j for j in range(-20, 21)] + [math.exp(math.log(anchor) + j *
+                                                              math.log(step))
+                                                     for j in range(-20, 21)]
+    near = [np.nextafter(v, d) for v in lim for d in (0.0, np.inf)]
+    x = np.array([np.nan, 0.0, -5.0, 1e-4, sketch.MIN_VALUE, 1.0, anchor, 1e9, *lim, *near])
+    con = duckdb.connect()
+    con.register("t", pd.DataFrame({"v": x}))
+    got_sql = con.execute(f"SELECT {grid_code_sql('v')} AS c FROM t",
+                          grid_code_params(anchor, step, half)).fetchnumpy()["c"]
+    got_np = grid_codes(x, sketch.log_clamped(x), anchor, step, half)
+    assert got_np.dtype == np.int16
+    assert np.array_equal(np.asarray(got_sql, dtype=np.int16), got_np)
+    assert got_np[0] == 0 and got_np[list(x).index(anchor)] == half  # missing; the anchor meets
+
+
+@pytest.mark.parametrize("slo_text", ["ttft_ms=2000,tpot_ms=100,attainment=0.99",
+                                      "tpot_ms=80,attainment=0.9",
+                                      "ttft_ms=2000,itl_ms=150,attainment=0.99",
+                                      "ttft_ms=2000,e2e_ms=20000,ttft_from=sent,attainment=0.95"])
+def test_the_numpy_codes_are_the_sql_columns(slo_text):
+    """DuckDB fetches the latencies and numpy codes them (``request_columns(values=True)``,
+    ``count.request_codes``): every column equals the one SQL computes, dtype included, on
+    the bundled sample study (17 runs)."""
+    from pathlib import Path
+
+    from capplan.reduce import engine as E
+    from capplan.reduce.plan import reduction_plan, resolve_window
+    from capplan.reduce.sql import request_columns
+
+    study = open_study(Path(__file__).resolve().parents[1] / "data" / "sample")
+    slo = SLO.parse(slo_text)
+    window, _, _ = resolve_window(study, "manifest", E.TTFT_COL[slo.ttft_from])
+    plan = reduction_plan(study, slo, window, cells=None, alpha=sketch.DEFAULT_ALPHA,
+                          grid_step=E.GRID_STEP, grid_half=E.GRID_HALF)
+    cols, params = request_columns(plan)
+    want = E.fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m "
+                          "WHERE m.in_window ORDER BY m.run_idx, m.scheduled_ns", params)
+    got = E._fetch(study, plan, tie_break=False)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype, k
+        assert np.array_equal(got[k], want[k], equal_nan=want[k].dtype.kind == "f"), k
+
+
+def test_a_latency_beyond_the_key_range_is_a_clear_error(make_study):
+    """A key the SQL cast to SMALLINT would refuse (a TTFT of 10^200 ms: key ≈ 46 000) is an
+    error that names the latency, not a wrapped-around key."""
+    from capplan.errors import StudyError
+
+    rows = [ev("r1", f"x{i}", scheduled_ms=100.0 * i, ttft_ms=100.0) for i in range(20)]
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "warmup_s": 0.0}])
+    st = open_study(path)
+    from capplan.reduce import engine as E
+    from capplan.reduce.count import request_codes
+    from capplan.reduce.plan import reduction_plan, resolve_window
+    from capplan.reduce.sql import request_columns
+
+    slo = SLO.parse("ttft_ms=500,attainment=0.9")
+    window, _, _ = resolve_window(st, "none", "ttft_ms")
+    plan = reduction_plan(st, slo, window, cells=None, alpha=sketch.DEFAULT_ALPHA,
+                          grid_step=E.GRID_STEP, grid_half=E.GRID_HALF)
+    cols, params = request_columns(plan, values=True)
+    a = E.fetch_arrays(st, f"SELECT {', '.join(cols)} FROM {plan.view} m WHERE m.in_window",
+                       params)
+    a["v_ttft_ms"] = a["v_ttft_ms"].copy()
+    a["v_ttft_ms"][3] = 1e200
+    with pytest.raises(StudyError, match="ttft_ms of 1e\\+200 is beyond"):
+        request_codes(a, plan)

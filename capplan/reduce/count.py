@@ -28,9 +28,8 @@ def request_codes(a: dict, plan) -> dict:
     ``a`` in place and returns it. Two scratch arrays serve every latency (fresh 8-MB arrays
     per step cost more in page faults than the arithmetic)."""
     v = {c: a.pop(f"v_{c}") for c in value_columns(plan)}
-    a["ttft"] = v[plan.ttft_col].astype(np.float32)
-    a["soj"] = (v["e2e_ms"] / 1e3).astype(np.float32)
     ktype = np.int16 if plan.ktype == "SMALLINT" else np.int32
+    key_limit = KEY_MISSING if ktype is np.int16 else np.iinfo(np.int32).max
     keys = {col.removeprefix("m."): k for k, col in plan.key_cols.items()}
     grids = {col: (name, g) for name, col, g in (("jx", plan.ttft_col, plan.grid_x),
                                                  ("jy", plan.y_col, plan.grid_y))
@@ -41,18 +40,20 @@ def request_codes(a: dict, plan) -> dict:
         x = v[col]
         sketch.log_clamped(x, out=lnx)
         if col in keys:
-            kk = sketch.keys_of_log(lnx, plan.alpha, out=work)
-            miss = np.isnan(x)
-            kk[miss] = 0
-            if n and max(-kk.min(), kk.max()) >= KEY_MISSING:  # SQL's CAST would fail
+            kk = sketch.keys_of_log(lnx, plan.alpha, out=work)  # NaN where missing
+            # fmin/fmax skip NaN; a key the SQL cast would refuse, or one that would read
+            # as missing, is an error there and here
+            if n and max(-np.fmin.reduce(kk), np.fmax.reduce(kk)) >= key_limit:
                 raise StudyError(f"a {col} of {float(np.nanmax(np.abs(x))):.6g} is beyond the "
                                  "range of the latency histograms",
                                  fix="check the event timestamps' unit (nanoseconds)")
-            kk[miss] = KEY_MISSING
+            np.nan_to_num(kk, copy=False, nan=KEY_MISSING)
             a[keys[col]] = kk.astype(ktype)
         if col in grids:
             name, g = grids[col]
             a[name] = grid_codes(x, lnx, g[0], g[1], plan.grid_half, out=work)
+    a["ttft"] = v[plan.ttft_col].astype(np.float32)
+    a["soj"] = (v["e2e_ms"] / 1e3).astype(np.float32)
     return a
 
 
@@ -66,10 +67,9 @@ def grid_codes(x: np.ndarray, lnx: np.ndarray, anchor: float, step: float, half:
     c -= sketch.KEY_EPS
     np.ceil(c, out=c)
     c += half
-    np.maximum(c, np.where(x > anchor, half + 1, 0), out=c)  # above the anchor: ≥ h + 1
-    np.minimum(c, 2 * half + 1, out=c)
-    c[np.isnan(x)] = 0
-    return c.astype(np.int16)
+    np.maximum(c, half + 1, out=c, where=x > anchor)  # above the anchor: ≥ h + 1
+    np.clip(c, 0, 2 * half + 1, out=c)
+    return np.nan_to_num(c, copy=False, nan=0.0).astype(np.int16)  # missing: 0
 
 
 def run_series(a: dict, plan, tail_from: float, *, hist: dict | None = None) -> RunSeries:

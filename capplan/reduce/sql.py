@@ -2,9 +2,10 @@
 per-request columns (status code, SLO-good flag, grid eligibility, every log-bucket key, the
 grid codes, the cell code), the tie rule of the scheduled order, and the unit index. Values are
 bound parameters; identifiers come from the fixed tables here. DuckDB runs the per-request
-columns in one ordered query and counts in numpy (``engine``); Spark runs the same columns and
-aggregates them in SQL (``spark``); the aggregations of both are listed side by side in
-``sums``."""
+columns in one ordered query, with the latencies in place of their keys and grid codes, which
+numpy computes with the same operations (``count.request_codes``), and counts in numpy
+(``engine``); Spark runs the same columns and aggregates them in SQL (``spark``); the
+aggregations of both are listed side by side in ``sums``."""
 
 from __future__ import annotations
 
@@ -140,8 +141,7 @@ def request_columns(plan, *, extra: tuple[str, ...] = (), values: bool = False
                     ) -> tuple[list[str], list]:
     """The per-request columns of the reduction (a ``ReducePlan``), in the plan's dialect:
     run, scheduled time, SLO-good, grid eligibility (``base``), status code, TTFT and sojourn
-    (float32, as counted), every log-bucket key (each logarithm taken once, here; missing ⇒
-    ``KEY_MISSING``), the grid codes of the axes the SLO limits, and with cells the cell code
+    (float32, as counted), every log-bucket key (missing ⇒ ``KEY_MISSING``), the grid codes of the axes the SLO limits, and with cells the cell code
     and token counts. ``extra``: more expressions over the request view ``m``.
 
     ``values``: instead of TTFT, sojourn, keys and grid codes, each latency they are computed
