@@ -406,12 +406,12 @@ def quantile_replicates(counts: np.ndarray, hist, k0: int, p, alpha: float = ske
     keys k0, k0+1, …) and optional per-unit counts under bucket k0 (``below``)."""
     hist = np.asarray(hist, dtype=np.float64)
     below = None if below is None else np.asarray(below, dtype=np.float64)
-    h = _count_sum(counts, hist, below)
-    b = None if below is None else _count_sum(counts, below, hist)
+    h = count_sums(counts, hist, below)
+    b = None if below is None else count_sums(counts, below, hist)
     return sketch.quantile_from_counts(h, k0, p, alpha, below=b)
 
 
-def _count_sum(counts, values: np.ndarray, other: np.ndarray | None) -> np.ndarray:
+def count_sums(counts, values: np.ndarray, other: np.ndarray | None = None) -> np.ndarray:
     """Replicate sums of request counts (float64). With a float32 count matrix whose sums of
     these counts stay below 2^24 (each replicate draws n_units units, so no sum exceeds
     n_units × the largest unit's count, ``values`` and ``other`` together), the product runs

@@ -144,20 +144,21 @@ def run() -> None:  # console entry point
 
 def _keep_freed_memory() -> None:
     """Ask glibc's malloc to keep the memory the command frees for its next arrays (a
-    command's own process only; nothing where the variables MALLOC_*_ are set, or off glibc).
+    command's own process only; nothing where MALLOC_* or GLIBC_TUNABLES is set, or off glibc).
 
     The reduction makes and drops 1–8 MB numpy arrays run after run. glibc's defaults hand
     such blocks back to the kernel (mmap'ed, or trimmed off the heap top) and take them again
     on the next allocation, so every one is faulted in and zeroed anew: `capplan envelope` on
     12 runs × 10^6 requests took ≈ 300 000 page faults and 1.3–1.6 s of system time. Blocks up to
-    32 MB (the largest mmap threshold glibc accepts) from the heap, no trimming, and the heap
-    grown 256 MB at a time: ≈ 160 000 faults and 0.85–1.1 s (benchmarks/README.md, issue 29).
-    The peak resident memory is what the command holds at its peak either way (+5 %)."""
+    32 MB (the largest mmap threshold glibc accepts) from the heap, no trimming under 1 GB
+    free, and the heap grown 256 MB at a time: ≈ 170 000 faults and 0.85–1.1 s
+    (benchmarks/README.md, issue 29). The price: peak resident memory +5 % there, and a
+    long-lived command (`capplan whatif`) keeps up to 1 GB it freed until it exits."""
     import ctypes
     import os
 
-    if any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ):
-        return
+    if "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") for k in os.environ):
+        return  # the user tunes malloc
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc

@@ -383,11 +383,12 @@ def fit_from_stats(stats: BlockStats, slo: SLO | str, *, confidence: float = CSL
             notes.append(f"limits snapped to the reduction grid: {eff}")
         slo = eff
     good_units = stats.good_units(slo)
+    # first: it also leaves the replicate request totals run_table reads (cached, SLO-free)
+    pct = run_percentiles(stats, reps=reps, seed=seed, scheme=scheme,
+                           confidence=confidence)
     runs, good_rep, n_rep, err_rep = run_table(stats, slo, good_units, reps=reps, seed=seed,
                                                 scheme=scheme, confidence=confidence,
                                                 method=method)
-    pct = run_percentiles(stats, reps=reps, seed=seed, scheme=scheme,
-                           confidence=confidence)
     runs = runs.merge(pct, on="run_id", how="left")
     closed = stats.closed_loop
     runs["x"] = runs["concurrency"] if closed else runs["measured_rps"].fillna(runs["offered_rps"])

@@ -64,6 +64,19 @@ def replicate_counts(stats: BlockStats, run, *, reps: int, seed: int,
     return R.counts(_count_dtype(run.n_units, float(run.units["n"].max()) if run.n_units else 1.0))
 
 
+def request_total_replicates(stats: BlockStats, run, R, C: np.ndarray | None = None
+                             ) -> np.ndarray:
+    """Each replicate's request total of the run (the denominator of its replicate
+    attainment), cached per replicate set: SLO-independent. From the count matrix ``C`` of
+    ``R`` where the caller has it (the same integers as ``R``'s block sums, for less work)."""
+    key = ("n_rep", id(R))
+    nr = stats._cache.get(key)
+    if nr is None:
+        n = np.asarray(run.units["n"], dtype=np.float64)
+        nr = stats._cache[key] = boot.count_sums(C, n) if C is not None else R.sums(n)
+    return nr
+
+
 # ============================================================================ per-sweep core
 
 @dataclass(frozen=True)

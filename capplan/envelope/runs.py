@@ -18,7 +18,7 @@ from ..diagnostics import NO_STEADY_STATE  # the exclusion's reason prefix
 from ..earlystop import n_min
 from ..reduce import BlockStats
 from ..slo import SLO
-from .core import SEED_SWEEP, replicate_counts
+from .core import SEED_SWEEP, replicate_counts, request_total_replicates
 
 #: runs asked at rates closer than this (relative) are one load level: a design that asks for
 #: 3 × 10.0871 and 3 × 10.1189 req/s asked for six repeats, and a client cannot tell such rates
@@ -63,10 +63,7 @@ def run_table(stats: BlockStats, slo: SLO, good_units, *, reps, seed, scheme: bo
         else:
             R = stats.resample(r, scheme, reps=reps, seed=seed)
             gr = R.sums(gu)
-            key = ("n_rep", id(R))
-            nr_ = stats._cache.get(key)
-            if nr_ is None:  # SLO-independent: computed once per replicate set
-                nr_ = stats._cache[key] = R.sums(r.units["n"])
+            nr_ = request_total_replicates(stats, r, R)
         att_rep = gr / nr_
         deff = boot.design_effect(float(np.var(att_rep)), a, n)
         per.append((r, usable, n, k, gr, nr_, deff))
@@ -213,6 +210,8 @@ def run_percentiles(stats: BlockStats, *, reps, seed, scheme: boot.Scheme, confi
         row = {"run_id": r.run_id}
         C = (replicate_counts(stats, r, reps=reps, seed=seed, scheme=scheme)
              if r.n_units and r.tail else None)
+        if C is not None:  # the attainments' denominators, while the matrix is at hand
+            request_total_replicates(stats, r, stats.resample(r, scheme, reps=reps, seed=seed), C)
         for m in ("ttft", "tpot", "itl", "e2e"):
             for p in PERCENTILES:
                 row[pct_col(m, p)] = r.percentile(m, p, stats.alpha)
