@@ -118,3 +118,34 @@ def test_envelope_command_does_not_import_scipy_stats(sweep):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "C_SLO" in p.stdout, p.stderr
     assert "STATS False" in p.stdout, p.stdout[-500:]
+
+
+def test_preload_hands_over_the_module_or_its_import_error():
+    """``Preload`` (the envelope command imports the fit's modules on a thread while the
+    study is reduced): ``.module`` is the imported module, and an import that failed raises
+    its own error in the caller's thread, not a None."""
+    from capplan.commands.engine import Preload
+
+    assert Preload("json").module.dumps([1]) == "[1]"
+    with pytest.raises(ModuleNotFoundError, match="capplan_no_such_module"):
+        Preload("capplan_no_such_module").module
+
+
+def test_the_command_tunes_malloc_only_when_the_user_does_not(monkeypatch):
+    """The entry point's allocator tuning steps aside for a user's own MALLOC_* settings
+    (and never fails off glibc)."""
+    import capplan.cli as cli
+
+    import os
+
+    for k in [k for k in os.environ if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"]:
+        monkeypatch.delenv(k)
+    called = []
+    monkeypatch.setattr("ctypes.CDLL", lambda name: type("L", (), {
+        "mallopt": staticmethod(lambda p, v: called.append((p, v)))})())
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    cli._keep_freed_memory()
+    assert called == []
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    cli._keep_freed_memory()
+    assert sorted(called) == [(-3, 32 << 20), (-2, 256 << 20), (-1, 1 << 30)]
