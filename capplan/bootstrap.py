@@ -405,25 +405,24 @@ def quantile_replicates(counts: np.ndarray, hist, k0: int, p, alpha: float = ske
     """Replicates of quantile(s) p from per-unit log-bucket histograms ``hist`` (units × bins,
     keys k0, k0+1, …) and optional per-unit counts under bucket k0 (``below``)."""
     hist = np.asarray(hist, dtype=np.float64)
-    below = None if below is None else np.asarray(below, dtype=np.float64)
-    h = count_sums(counts, hist, below)
-    b = None if below is None else count_sums(counts, below, hist)
-    return sketch.quantile_from_counts(h, k0, p, alpha, below=b)
+    if below is None:
+        return sketch.quantile_from_counts(count_sums(counts, hist), k0, p, alpha)
+    s = count_sums(counts, np.column_stack([hist, np.asarray(below, dtype=np.float64)]))
+    return sketch.quantile_from_counts(s[:, :-1], k0, p, alpha, below=s[:, -1])
 
 
-def count_sums(counts, values: np.ndarray, other: np.ndarray | None = None) -> np.ndarray:
-    """Replicate sums of request counts (float64). With a float32 count matrix whose sums of
-    these counts stay below 2^24 (each replicate draws n_units units, so no sum exceeds
-    n_units × the largest unit's count, ``values`` and ``other`` together), the product runs
-    in float32: every partial sum is an integer below 2^24, hence exact, and the same numbers
-    come out at half the bytes and no float64 copy of the matrix (issue 29's benchmark)."""
+def count_sums(counts, values: np.ndarray) -> np.ndarray:
+    """Replicate sums of per-unit request counts ``values`` ((units,) or units × k), as
+    float64. With a float32 count matrix whose sums stay below 2^24 (each replicate draws
+    n_units units, so no sum exceeds n_units × the largest row sum of ``values``), the product
+    runs in float32: every partial sum is an integer below 2^24, hence exact, and the same
+    numbers come out at half the bytes and no float64 copy of the matrix (issue 29's
+    benchmark)."""
     if (isinstance(counts, np.ndarray) and counts.dtype == np.float32 and values.size
-            and np.array_equal(values, np.floor(values)) and values.min() >= 0):
-        rows = values.reshape(values.shape[0], -1).sum(axis=1)
-        if other is not None:
-            rows = rows + np.asarray(other, dtype=np.float64).reshape(values.shape[0], -1).sum(axis=1)
-        if counts.shape[1] * float(rows.max()) < 2**24:
-            return (counts @ values.astype(np.float32)).astype(np.float64)
+            and values.min() >= 0 and np.array_equal(values, np.floor(values))
+            and counts.shape[1] * float(values.reshape(values.shape[0], -1).sum(axis=1).max())
+            < 2**24):
+        return (counts @ values.astype(np.float32)).astype(np.float64)
     return _sum(counts, values)
 
 
