@@ -53,7 +53,6 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
-from scipy import special as _sp
 
 from . import sketch
 from .errors import SpecError
@@ -450,6 +449,7 @@ def bias_corrected_ci(values, estimate: float, confidence: float = 0.95) -> tupl
     Φ(2·z0 ± z_{1−α/2}) of the replicates. Where the replicates sit mostly on one side of the
     estimate (a statistic that is median-biased under resampling, as a crossing read off a
     monotone fit is), the plain percentile interval is short on the other side."""
+    from scipy import special as _sp
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
     if v.size == 0 or not estimate == estimate:
@@ -474,6 +474,7 @@ def lower_bound(values, confidence: float = 0.95) -> float:
 def clopper_pearson(k: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
     """Exact binomial (Clopper & Pearson 1934) two-sided interval for k successes in n.
     Fractional k, n (effective sample sizes) are allowed through the beta quantiles."""
+    from scipy import special as _sp
     if n <= 0:
         return (0.0, 1.0)
     a = 1.0 - confidence

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from scipy.special import stdtr
+
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+    import pandas as pd
 
 #: thresholds (documented in docs/envelope.md)
 TREND_P = 0.01          # one-sided p-value of the upward slope
@@ -128,6 +130,7 @@ def _ols_slope_greater(x, y) -> tuple[float, float]:
     alternative="greater")``'s own arithmetic, step for step (tests/test_diagnostics.py checks
     them equal). Written out because every run's diagnostics call it, and importing
     ``scipy.stats`` took 0.35–0.6 s of ``capplan envelope``'s start (benchmarks/README.md)."""
+    from scipy.special import stdtr
     ssxm, ssxym, _, ssym = np.cov(x, y, bias=1).flat
     if ssxm == 0.0 or ssym == 0.0:
         r = math.nan if ssxym == 0 else 0.0
@@ -354,6 +357,7 @@ def run_diagnostics(*, run_id: str, n: int, warmup_s: float, warmup_source: str,
 
 def to_frame(diags) -> pd.DataFrame:
     """Diagnostics of all runs as a frame (one row per run)."""
+    import pandas as pd
     from dataclasses import asdict
 
     return pd.DataFrame([asdict(d) for d in diags])

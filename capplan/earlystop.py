@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from scipy.special import bdtr
 
 
 @lru_cache(maxsize=4096)
 def n_min(p: float, t: int = 0, confidence: float = 0.99) -> int:
     """Smallest N for which t requests over the target still support the p-quantile claim."""
+    from scipy.special import bdtr
     if not (0.0 < p < 1.0):
         raise ValueError(f"percentile p must be in (0, 1), got {p}")
     if t < 0:

@@ -26,9 +26,9 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from . import contract as C
 from .dialect import Dialect
@@ -37,6 +37,9 @@ from .errors import StudyError
 from .present import MISSING, fmt
 from .slo import SLO, good_terms
 from .study import Study
+
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+    import pandas as pd
 
 #: a percentile cell of a metric the study does not record (the notebooks hide such tables)
 NOT_RECORDED = f"{MISSING} (not recorded)"
@@ -101,6 +104,7 @@ def request_view(study: Study, window: Window) -> str:
 def window_runs(manifest: C.Manifest, window: Window) -> pd.DataFrame:
     """The manifest's runs with their index and warm-up in ns: the table the per-request
     metrics join (``request_select``)."""
+    import pandas as pd
     rows = []
     for i, r in enumerate(manifest.runs):
         rows.append({
@@ -216,6 +220,7 @@ def insufficient_text(n: int, p: float, confidence: float = EARLY_STOP_CONFIDENC
 def measured_rate_rps(n: int, first_ns, last_ns) -> float:
     """Offered rate measured from scheduled stamps, (N − 1) / (last − first): the interarrival
     estimator needs no nominal duration, so a harness that bunches its schedule shows."""
+    import pandas as pd
     if n is None or first_ns is None or last_ns is None:
         return float("nan")
     if pd.isna(n) or pd.isna(first_ns) or pd.isna(last_ns) or n < 2 or not last_ns > first_ns:
@@ -250,6 +255,7 @@ class RunSummary:
 
     def cell_text(self, row, metric: str, p: float) -> str:
         """A percentile as printed: the value, or why it is not shown."""
+        import pandas as pd
         n = row[f"{metric}_n"]
         if pd.isna(n):
             return NOT_RECORDED
@@ -259,6 +265,7 @@ class RunSummary:
         return fmt(v, ",.1f")
 
     def _key(self) -> pd.DataFrame:
+        import pandas as pd
         t = self.table
         out = pd.DataFrame({"run_id": t["run_id"]})
         if t["offered_rps"].notna().any():
@@ -270,6 +277,7 @@ class RunSummary:
     def display_frame(self, section: str = "all") -> pd.DataFrame:
         """Readable strings, one row per run keyed by run_id and load.
         ``section``: funnel, rates, latency, slo, engine or all."""
+        import pandas as pd
         if section not in ("funnel", "rates", "latency", "slo", "engine", "all"):
             raise ValueError(f"unknown section {section!r}")
         t = self.table
@@ -312,6 +320,7 @@ class RunSummary:
     def _engine_cells(self, with_attainment: bool) -> pd.DataFrame:
         """Preemptions (count, per 1k requests), peak KV usage, peak running and waiting, each
         "not recorded" where the engine's metrics do not say; attainment beside them."""
+        import pandas as pd
         t = self.table
 
         def cells(col, fmt):
@@ -450,6 +459,7 @@ def summarize(study: Study, slo: SLO | str | dict | None = None, *,
 def _with_engine(study: Study, window: Window, agg: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """The engine's KV pressure beside each run (``capplan.engine_metrics.pressure``) over the
     run's steady window: from its warm-up to the last stamp of a window request."""
+    import pandas as pd
     from . import engine_metrics
 
     ends = dict(zip(agg["run_id"], agg["end_ns"]))
@@ -470,6 +480,7 @@ def _assemble(study: Study, window: Window, agg: pd.DataFrame, itl: pd.DataFrame
               slo: SLO | None, confidence: float) -> pd.DataFrame:
     """Manifest order, one row per run (runs without events included), derived rates and the
     early-stopping rule applied to every percentile."""
+    import pandas as pd
     by_run = {r["run_id"]: r for r in agg.to_dict("records")}
     itl_by_run = {r["run_id"]: r for r in itl.to_dict("records")} if itl is not None else {}
     rows = []
@@ -547,6 +558,7 @@ def _assemble(study: Study, window: Window, agg: pd.DataFrame, itl: pd.DataFrame
 
 
 def _num(v, default):
+    import pandas as pd
     return default if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else v
 
 
@@ -638,6 +650,7 @@ def breakdown(study: Study, by: str, *, slo: SLO | str | None = None,
 
 def ecdf(values) -> pd.DataFrame:
     """Empirical CDF of finite values: columns value, cdf (i/n), for step plots."""
+    import pandas as pd
     x = np.sort(np.asarray(pd.Series(values).dropna(), dtype=float))
     x = x[np.isfinite(x)]
     return pd.DataFrame({"value": x, "cdf": np.arange(1, len(x) + 1) / max(len(x), 1)})

@@ -120,6 +120,22 @@ def test_envelope_command_does_not_import_scipy_stats(sweep):
     assert "STATS False" in p.stdout, p.stdout[-500:]
 
 
+def test_the_reduction_path_leaves_pandas_and_scipy_to_the_preload():
+    """What `capplan envelope` imports before it reduces a study (the command, the study, its
+    checks, the reduction) loads neither pandas nor scipy: those 0.7 s of imports run on the
+    ``Preload`` thread beside the reduction instead of before it (benchmarks/README.md,
+    issue 29). A module-level ``import pandas`` on that path fails this."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import capplan.cli, capplan.commands.envelope, capplan.reduce, "
+            "capplan.study, capplan.validate, capplan.slo; "
+            "print('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'scipy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
 def test_preload_hands_over_the_module_or_its_import_error():
     """``Preload`` (the envelope command imports the fit's modules on a thread while the
     study is reduced): ``.module`` is the imported module, and an import that failed raises

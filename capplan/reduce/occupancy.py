@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .. import contract as C
 from ..errors import SpecError
@@ -23,6 +23,9 @@ from ..metrics import Window, request_view
 from ..study import Study, open_study
 from .engine import fetch_arrays, resolve_window
 from .units import TimeUnits
+
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+    import pandas as pd
 
 
 @dataclass(frozen=True)

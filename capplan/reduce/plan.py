@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from .. import diagnostics as dg
 from ..dialect import Dialect
@@ -27,6 +26,7 @@ def resolve_window(study, warmup, ttft_col: str = "ttft_ms") -> tuple[Window, di
     {run_id: s} too; "none" is 0; "manifest" uses the manifest's warmup_s and MSER-5 where it
     is absent; "mser" always MSER-5 (on time-bin TTFT means over the whole run). Returns
     (window, source, mser_second_half) — the last two keyed by run_id."""
+    import pandas as pd
     runs = study.manifest.runs
     late = {r.run_id: False for r in runs}
     if isinstance(warmup, Window):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .. import bootstrap as boot
 from .. import contract as C
@@ -19,6 +19,9 @@ from ..metrics import Window
 from ..slo import SLO
 from .sql import KEY_MISSING
 from .units import MAX_UNITS, Cells, CountUnits, TimeUnits
+
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+    import pandas as pd
 
 TAIL_FROM = 0.95
 
@@ -319,6 +322,7 @@ def stats_from_series(runs: list[dict], slo: SLO | str, *, max_units: int = MAX_
     positive per-request latency series, e.g. TTFT, joining the block-length rule as in
     ``reduce_study``). Only the given SLO (any target) can be re-fitted; there are no latency
     histograms."""
+    import pandas as pd
     slo = SLO.parse(slo)
     out, diags = [], []
     for i, r in enumerate(runs):
