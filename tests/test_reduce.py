@@ -335,11 +335,13 @@ def test_block_length_from_fine_units():
     assert fine <= np.ceil(min(3 * np.sqrt(n), n / 3))
 
 
-def test_numpy_grid_codes_match_the_sql_ones_on_every_edge():
+@pytest.mark.parametrize("half", [14, 0])
+def test_numpy_grid_codes_match_the_sql_ones_on_every_edge(half):
     """The numpy executor's grid codes (``count.grid_codes``) are those of
     ``sql.grid_code_sql`` on the values where they could part: missing, 0, negative, below
     the clamp, exactly on the anchor and on grid limits a·s^j, one ulp either side of them,
-    and beyond the grid at both ends."""
+    and beyond the grid at both ends; with the full grid and with the one-limit grid
+    (``half`` 0, the comparison the envelope command counts)."""
     import math
 
     import duckdb
@@ -347,7 +349,7 @@ def test_numpy_grid_codes_match_the_sql_ones_on_every_edge():
     from capplan.reduce.count import grid_codes
     from capplan.reduce.sql import grid_code_params, grid_code_sql
 
-    anchor, step, half = 2000.0, 1.1, 14
+    anchor, step = 2000.0, 1.1
     lim = [anchor * step ** j for j in range(-20, 21)] + [math.exp(math.log(anchor) + j *
                                                               math.log(step))
                                                      for j in range(-20, 21)]

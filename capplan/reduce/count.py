@@ -47,7 +47,7 @@ def request_codes(a: dict, plan) -> dict:
                 raise StudyError(f"a {col} of {float(np.nanmax(np.abs(x))):.6g} is beyond the "
                                  "range of the latency histograms",
                                  fix="check the event timestamps' unit (nanoseconds)")
-            np.nan_to_num(kk, copy=False, nan=KEY_MISSING)
+            np.copyto(kk, KEY_MISSING, where=np.isnan(kk))  # no ±inf is left to map
             a[keys[col]] = kk.astype(ktype)
         if col in grids:
             name, g = grids[col]
@@ -61,7 +61,12 @@ def grid_codes(x: np.ndarray, lnx: np.ndarray, anchor: float, step: float, half:
                out: np.ndarray | None = None) -> np.ndarray:
     """``sql.grid_code_sql`` in numpy: 0…2h+1 on an axis anchored at a limit, exact at the
     anchor (a comparison), 0 where the value is missing. ``lnx``: ``sketch.log_clamped(x)``;
-    ``out``: a float64 scratch array of x's size."""
+    ``out``: a float64 scratch array of x's size. With ``half`` 0 the two codes are the
+    comparison itself (a value at or below the anchor has ⌈…⌉ ≤ 0, clipped to 0; one above
+    it at least 1, clipped to 1; a missing one compares false), which the command's one-SLO
+    reduction takes without the logarithm's arithmetic."""
+    if half == 0:
+        return np.greater(x, anchor).astype(np.int16)
     c = np.subtract(lnx, math.log(anchor), out=out)
     c /= math.log(step)
     c -= sketch.KEY_EPS
@@ -69,7 +74,8 @@ def grid_codes(x: np.ndarray, lnx: np.ndarray, anchor: float, step: float, half:
     c += half
     np.maximum(c, half + 1, out=c, where=x > anchor)  # above the anchor: ≥ h + 1
     np.clip(c, 0, 2 * half + 1, out=c)
-    return np.nan_to_num(c, copy=False, nan=0.0).astype(np.int16)  # missing: 0
+    np.copyto(c, 0.0, where=np.isnan(c))  # missing: 0 (a third of nan_to_num's time: it
+    return c.astype(np.int16)             # looks for ±inf too, which the clip has removed)
 
 
 def run_series(a: dict, plan, tail_from: float, *, hist: dict | None = None) -> RunSeries:
