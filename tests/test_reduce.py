@@ -294,9 +294,17 @@ def test_run_by_run_gives_the_one_fetch_statistics(make_study, monkeypatch):
         pd.testing.assert_frame_equal(a.diagnostics, b.diagnostics)
         assert a.diagnostics["duplicates"].tolist() == [0, 1]
     for path in (one, apart):  # the study's connection is left free for the caller's queries
-        study = open_study(path)
+        study = open_study(path)  # and with its own thread setting (run by run: 1 meanwhile)
+        study.con.sql("SET threads = 3")
         reduce_study(study, SLO_TEXT)
         assert study.con.sql("SELECT 1").fetchall() == [(1,)]
+        assert study.con.sql("SELECT current_setting('threads')").fetchall() == [(3,)]
+    study = open_study(apart)
+    study.con.sql("SET threads = 2")
+    with pytest.raises(RuntimeError), engine._one_query_thread(study):  # restored on an error
+        assert study.con.sql("SELECT current_setting('threads')").fetchall() == [(1,)]
+        raise RuntimeError
+    assert study.con.sql("SELECT current_setting('threads')").fetchall() == [(2,)]
 
 
 def test_ties_are_ordered_by_request_id(make_study):
