@@ -119,11 +119,11 @@ class Preload:
 
     `capplan envelope` needs the fit's modules (pandas, scipy.optimize for the isotonic fit:
     0.7–0.9 s of imports on one core) only after the reduction, whose own path imports
-    neither (tests/test_cli_basic.py); importing them meanwhile starts the reduction 0.5 s
-    sooner, and the overlap takes 0.15–0.3 s off the command, the rest being CPU the two
-    busy cores share (benchmarks/README.md, issue 29). Start it once the modules the two
-    share are loaded (the caller's own imports first), so the threads never wait on each
-    other's imports."""
+    neither (tests/test_cli_basic.py); importing them meanwhile starts the reduction ≈ 0.5 s
+    sooner, and the reduction, whose two threads keep both cores busy, takes ≈ 0.3 s
+    longer while it shares them with the imports (benchmarks/README.md, issue 29). Start it
+    once the modules the two share are loaded (the caller's own imports first), so the
+    threads never wait on each other's imports."""
 
     def __init__(self, name: str):
         self._name, self._got, self._error = name, None, None
