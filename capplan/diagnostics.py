@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (test_cli_basic)
     import pandas as pd
 
 #: thresholds (documented in docs/envelope.md)

@@ -14,7 +14,6 @@ import math
 from functools import lru_cache
 
 
-
 @lru_cache(maxsize=4096)
 def n_min(p: float, t: int = 0, confidence: float = 0.99) -> int:
     """Smallest N for which t requests over the target still support the p-quantile claim."""

@@ -38,7 +38,7 @@ from .present import MISSING, fmt
 from .slo import SLO, good_terms
 from .study import Study
 
-if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (test_cli_basic)
     import pandas as pd
 
 #: a percentile cell of a metric the study does not record (the notebooks hide such tables)

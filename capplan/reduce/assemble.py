@@ -17,7 +17,7 @@ from .. import sketch
 from .stats import BlockStats, CellStats, GridSpec, RunStats, max_length
 from .units import CACHE_LABELS, METRICS, bucket_labels
 
-if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (test_cli_basic)
     import pandas as pd
 
 

@@ -24,7 +24,7 @@ from ..study import Study, open_study
 from .engine import fetch_arrays, resolve_window
 from .units import TimeUnits
 
-if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (test_cli_basic)
     import pandas as pd
 
 

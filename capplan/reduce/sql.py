@@ -142,7 +142,8 @@ def request_columns(plan, *, extra: tuple[str, ...] = (), values: bool = False
     """The per-request columns of the reduction (a ``ReducePlan``), in the plan's dialect:
     run, scheduled time, SLO-good, grid eligibility (``base``), status code, TTFT and sojourn
     (float32, as counted), every log-bucket key (missing ⇒ ``KEY_MISSING``), the grid codes
-    of the axes the SLO limits, and with cells the cell code and token counts. ``extra``: more expressions over the request view ``m``.
+    of the axes the SLO limits, and with cells the cell code and token counts. ``extra``:
+    more expressions over the request view ``m``.
 
     ``values``: instead of TTFT, sojourn, keys and grid codes, each latency they are computed
     from as DOUBLE (``v_<column>``, ``value_columns``), for the numpy executor, which computes

@@ -20,7 +20,7 @@ from ..slo import SLO
 from .sql import KEY_MISSING
 from .units import MAX_UNITS, Cells, CountUnits, TimeUnits
 
-if TYPE_CHECKING:  # imported where used: the reduction's path stays light (docs/scale.md)
+if TYPE_CHECKING:  # imported where used: the reduction's path stays light (test_cli_basic)
     import pandas as pd
 
 TAIL_FROM = 0.95
