@@ -160,12 +160,15 @@ def good_terms(slo: SLO) -> tuple[GoodTerm, ...]:
     return tuple(terms)
 
 
-def good_array(slo: SLO, ok: np.ndarray, metric) -> np.ndarray:
+def good_array(slo: SLO, ok: np.ndarray, metric, without: tuple[str, ...] = ()) -> np.ndarray:
     """:func:`good_terms` on arrays: ``ok`` = status ok with a first token; ``metric(column)``
     gives that column per request, NaN where the SQL view has NULL (NaN ≤ limit is false,
-    as NULL ≤ limit is not true)."""
+    as NULL ≤ limit is not true). ``without``: columns whose terms are left out (the
+    reduction's grid eligibility, which keeps only the limits off the grid's axes)."""
     g = np.asarray(ok, dtype=bool).copy()
     for t in good_terms(slo):
+        if t.column in without:
+            continue
         v = np.asarray(metric(t.column), dtype=np.float64)
         with np.errstate(invalid="ignore"):
             hold = v <= t.limit_ms

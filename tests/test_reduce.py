@@ -402,6 +402,50 @@ def test_the_numpy_codes_are_the_sql_columns(slo_text):
         assert np.array_equal(got[k], want[k], equal_nan=want[k].dtype.kind == "f"), k
 
 
+@pytest.mark.parametrize("slo_text", ["ttft_ms=500,tpot_ms=50,attainment=0.9",
+                                      "ttft_ms=500,e2e_ms=2000,ttft_from=sent,attainment=0.9",
+                                      "tpot_ms=50,itl_ms=60,e2e_ms=2000,attainment=0.9",
+                                      "ttft_ms=500,itl_ms=60,itl_stat=max,attainment=0.9"])
+def test_numpy_slo_good_and_base_are_the_sql_predicates_on_their_edges(make_study, slo_text):
+    """SLO-good and grid eligibility (``base``) computed in numpy from the fetched latencies
+    (``count.request_codes``, ``slo.good_array``) equal the SQL predicates request by request
+    where they are hard: a latency exactly at its limit and just above it, an ok request
+    without a first token or a last one, a failed request with fine latencies, one output
+    token (no TPOT: passes), a late send (TTFT from sent), ITL gaps and none."""
+    from capplan.reduce import engine as E
+    from capplan.reduce.plan import reduction_plan, resolve_window
+    from capplan.reduce.sql import request_columns
+
+    ms = 1_000_000
+    rows = [ev("r1", scheduled_ms=0.0, ttft_ms=500.0, e2e_ms=1000.0, output_tokens=11),  # both at limit
+            ev("r1", scheduled_ms=10.0, ttft_ms=500.000001, e2e_ms=900.0),
+            ev("r1", scheduled_ms=20.0, ttft_ms=None, e2e_ms=None),                      # ok, no token
+            ev("r1", scheduled_ms=30.0, ttft_ms=100.0, e2e_ms=None),                     # no last token
+            ev("r1", scheduled_ms=40.0, ttft_ms=100.0, e2e_ms=300.0, status="error"),
+            ev("r1", scheduled_ms=50.0, ttft_ms=100.0, e2e_ms=2000.0, output_tokens=1),  # no TPOT
+            ev("r1", scheduled_ms=60.0, ttft_ms=100.0, e2e_ms=2000.000001, output_tokens=0),
+            ev("r1", scheduled_ms=70.0, ttft_ms=550.0, e2e_ms=1500.0, sent_ms=120.0),    # late send
+            ev("r1", scheduled_ms=80.0, ttft_ms=100.0, e2e_ms=600.0, output_tokens=11),  # TPOT 50
+            ev("r1", scheduled_ms=90.0, ttft_ms=100.0, e2e_ms=601.0, output_tokens=11),
+            ev("r1", scheduled_ms=100.0, ttft_ms=None, e2e_ms=None, status="timeout")]
+    for i, r in enumerate(rows):  # ITL gaps: none, within 60 ms, at it, above it
+        r["itl_ns"] = [None, [40 * ms, 50 * ms], [60 * ms], [30 * ms, 61 * ms]][i % 4]
+    path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "warmup_s": 0.0}])
+    st = open_study(path)
+    slo = SLO.parse(slo_text)
+    window, _, _ = resolve_window(st, "none", E.TTFT_COL[slo.ttft_from])
+    plan = reduction_plan(st, slo, window, cells=None, alpha=sketch.DEFAULT_ALPHA,
+                          grid_step=E.GRID_STEP, grid_half=E.GRID_HALF)
+    cols, params = request_columns(plan)
+    want = E.fetch_arrays(st, f"SELECT {', '.join(cols)} FROM {plan.view} m "
+                          "WHERE m.in_window ORDER BY m.scheduled_ns", params)
+    got = E._fetch(st, plan, tie_break=False)
+    for k in ("good", "base"):
+        assert got[k].dtype == want[k].dtype == np.bool_, k
+        assert got[k].tolist() == want[k].tolist(), k
+    assert 0 < want["good"].sum() < len(rows) - 1  # the edges split both ways
+
+
 def test_a_latency_beyond_the_key_range_is_a_clear_error(make_study):
     """A key the SQL cast to SMALLINT would refuse (a TTFT of 10^200 ms: key ≈ 46 000) is an
     error that names the latency, not a wrapped-around key."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import sketch
 from ..errors import StudyError
+from ..slo import good_array
 from .assemble import RunCounts, RunSeries
 from .sql import KEY_COL, KEY_MISSING, value_columns
 from .stats import FINE_UNITS, CellStats, GridSpec, block_length_fine, fine_index
@@ -21,10 +22,11 @@ from .units import METRICS, CountUnits
 
 
 def request_codes(a: dict, plan) -> dict:
-    """The TTFT and sojourn (float32), log-bucket keys and grid codes of the fetched
-    latencies (``sql.request_columns(values=True)``): what ``request_columns`` computes in
-    SQL, with the same operations in the same order (a key is ``sketch.keys``, a grid code
-    ``grid_codes``), each logarithm taken once per latency. Replaces the ``v_`` columns of
+    """SLO-good, grid eligibility (``base``), the TTFT and sojourn (float32), log-bucket keys
+    and grid codes of the fetched latencies (``sql.request_columns(values=True)``): what
+    ``request_columns`` computes in SQL, with the same operations in the same order (a key
+    is ``sketch.keys``, a grid code ``grid_codes``, SLO-good ``slo.good_array``), each
+    logarithm taken once per latency. Replaces the ``v_`` columns of
     ``a`` in place and returns it. Two scratch arrays serve every latency (fresh 8-MB arrays
     per step cost more in page faults than the arithmetic)."""
     v = {c: a.pop(f"v_{c}") for c in value_columns(plan)}
@@ -52,6 +54,12 @@ def request_codes(a: dict, plan) -> dict:
         if col in grids:
             name, g = grids[col]
             a[name] = grid_codes(x, lnx, g[0], g[1], plan.grid_half, out=work)
+    # SLO-good and grid eligibility by the SLO's one rule (``good_terms``). A request has a
+    # first token where its TTFT is known: the TTFT is NULL only without one, as the
+    # scheduled stamp, which the contract requires, is never NULL
+    ok = (a["st"] == 0) & ~np.isnan(v[plan.ttft_col])
+    a["good"] = good_array(plan.slo, ok, v.__getitem__)
+    a["base"] = good_array(plan.slo, ok, v.__getitem__, without=(plan.ttft_col, plan.y_col))
     a["ttft"] = v[plan.ttft_col].astype(np.float32)
     a["soj"] = (v["e2e_ms"] / 1e3).astype(np.float32)
     return a

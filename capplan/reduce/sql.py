@@ -16,7 +16,7 @@ from .. import sketch
 from ..dialect import Dialect
 from ..errors import SpecError
 from ..metrics import good_predicate
-from ..slo import SLO
+from ..slo import SLO, good_terms
 from .units import CACHE_LABELS, NONE_LABEL, Cells
 
 TTFT_COL = {"scheduled": "ttft_ms", "sent": "ttft_sent_ms"}
@@ -140,26 +140,31 @@ def cell_sql(cells: Cells, tenants: list[str], classes: list[str],
 def request_columns(plan, *, extra: tuple[str, ...] = (), values: bool = False
                     ) -> tuple[list[str], list]:
     """The per-request columns of the reduction (a ``ReducePlan``), in the plan's dialect:
-    run, scheduled time, SLO-good, grid eligibility (``base``), status code, TTFT and sojourn
-    (float32, as counted), every log-bucket key (missing ⇒ ``KEY_MISSING``), the grid codes
-    of the axes the SLO limits, and with cells the cell code and token counts. ``extra``:
-    more expressions over the request view ``m``.
+    run, scheduled time, SLO-good, grid eligibility (``base``: status ok, a first token, the
+    SLO's limits off the grid's axes), status code, TTFT and sojourn (float32, as counted),
+    every log-bucket key (missing ⇒ ``KEY_MISSING``), the grid codes of the axes the SLO
+    limits, and with cells the cell code and token counts. ``extra``: more expressions over
+    the request view ``m``.
 
-    ``values``: instead of TTFT, sojourn, keys and grid codes, each latency they are computed
-    from as DOUBLE (``v_<column>``, ``value_columns``), for the numpy executor, which computes
-    them itself with the same operations (``count.request_codes``): on 12 runs of 10^6
-    requests that takes 0.7 of the query's 3.2 CPU seconds off (DuckDB evaluates the keys'
-    and codes' CASE, coalesce and casts row by row; numpy's passes are vectorised; the
-    numbers are the same, benchmarks/README.md, issue 29). Spark keeps them in SQL.
-    Returns the SELECT list and its parameters, in order."""
-    good_sql, good_params = good_predicate(plan.slo, alias="m")
-    fixed_sql, fixed_params = fixed_conditions(plan.slo, plan.y_metric)
-    cols = ["CAST(m.run_idx AS SMALLINT) AS run_idx", "m.scheduled_ns AS sched", *extra,
-            f"coalesce({good_sql}, FALSE) AS good",
-            f"coalesce(m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}, "
-            "FALSE) AS base",
-            f"CAST({STATUS_CODE_SQL} AS TINYINT) AS st"]
-    params: list = good_params + fixed_params
+    ``values``: instead of SLO-good, ``base``, TTFT, sojourn, keys and grid codes, each
+    latency they are computed from as DOUBLE (``v_<column>``, ``value_columns``), for the
+    numpy executor, which computes them itself with the same operations
+    (``count.request_codes``; SLO-good from the one rule's array form,
+    ``capplan.slo.good_array``). DuckDB evaluates the CASE, coalesce, casts and boolean
+    terms row by row, numpy's passes are vectorised: on 12 runs of 10^6 requests the keys
+    and codes took 0.7 of the query's 3.2 CPU seconds, SLO-good and ``base`` ≈ 0.5 of the
+    rest (benchmarks/README.md, issue 29); the numbers are the same. Spark keeps them in
+    SQL. Returns the SELECT list and its parameters, in order."""
+    cols = ["CAST(m.run_idx AS SMALLINT) AS run_idx", "m.scheduled_ns AS sched", *extra]
+    params: list = []
+    if not values:
+        good_sql, good_params = good_predicate(plan.slo, alias="m")
+        fixed_sql, fixed_params = fixed_conditions(plan.slo, plan.y_metric)
+        cols += [f"coalesce({good_sql}, FALSE) AS good",
+                 f"coalesce(m.status = 'ok' AND m.first_token_ns IS NOT NULL AND {fixed_sql}, "
+                 "FALSE) AS base"]
+        params += good_params + fixed_params
+    cols.append(f"CAST({STATUS_CODE_SQL} AS TINYINT) AS st")
     if values:
         cols += [f"CAST(m.{c} AS DOUBLE) AS v_{c}" for c in value_columns(plan)]
     else:
@@ -187,11 +192,12 @@ def request_columns(plan, *, extra: tuple[str, ...] = (), values: bool = False
 
 
 def value_columns(plan) -> list[str]:
-    """The request-view latencies TTFT, sojourn, the keys and the grid codes are computed
-    from (``request_columns(values=True)``), each once, in a fixed order."""
+    """The request-view latencies TTFT, sojourn, the keys, the grid codes and SLO-good are
+    computed from (``request_columns(values=True)``), each once, in a fixed order."""
     cols = [plan.ttft_col, "e2e_ms", *(c.removeprefix("m.") for c in plan.key_cols.values())]
     if plan.grid_y is not None:
         cols.append(plan.y_col)
+    cols += [t.column for t in good_terms(plan.slo)]
     return list(dict.fromkeys(cols))
 
 
