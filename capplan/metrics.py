@@ -101,24 +101,26 @@ def request_view(study: Study, window: Window) -> str:
     return name
 
 
-def window_runs(manifest: C.Manifest, window: Window) -> pd.DataFrame:
+def window_runs(manifest: C.Manifest, window: Window) -> dict[str, np.ndarray]:
     """The manifest's runs with their index and warm-up in ns: the table the per-request
-    metrics join (``request_select``)."""
-    import pandas as pd
-    rows = []
-    for i, r in enumerate(manifest.runs):
-        rows.append({
-            "run_id": r.run_id, "run_idx": i, "offered_rps": r.offered_rps,
-            "concurrency": r.concurrency,
-            "load_level": r.load_level, "repeat": r.repeat, "duration_s": r.duration_s,
-            "warmup_ns": int(round(window.seconds(r.run_id) * C.NS_PER_S)),
-        })
-    return pd.DataFrame(rows, columns=["run_id", "run_idx", "offered_rps", "concurrency",
-                                       "load_level", "repeat", "duration_s", "warmup_ns"]
-                        ).astype({"run_id": "object", "run_idx": "int16",
-                                  "offered_rps": "float64", "concurrency": "float64",
-                                  "load_level": "float64", "repeat": "int64",
-                                  "duration_s": "float64", "warmup_ns": "int64"})
+    metrics join (``request_select``), as numpy columns (NaN: missing), which DuckDB
+    registers as they are. Not a pandas frame, nor an Arrow table (pyarrow looks for pandas
+    types and so imports it): the reduction's path stays free of pandas, which `capplan
+    envelope` imports beside the reduction (tests/test_cli_basic.py)."""
+    runs = manifest.runs
+
+    def floats(name: str) -> np.ndarray:
+        return np.array([np.nan if getattr(r, name) is None else getattr(r, name)
+                         for r in runs], dtype=np.float64)
+
+    return {"run_id": np.array([r.run_id for r in runs], dtype=object),
+            "run_idx": np.arange(len(runs), dtype=np.int16),
+            "offered_rps": floats("offered_rps"), "concurrency": floats("concurrency"),
+            "load_level": floats("load_level"),
+            "repeat": np.array([r.repeat for r in runs], dtype=np.int64),
+            "duration_s": floats("duration_s"),
+            "warmup_ns": np.array([int(round(window.seconds(r.run_id) * C.NS_PER_S))
+                                   for r in runs], dtype=np.int64)}
 
 
 def request_select(dialect: Dialect, has_itl: bool, events: str, runs: str) -> str:

@@ -141,7 +141,12 @@ class SparkStudy(StudyBase):
         return bool(self.spark.catalog.tableExists(name))
 
     def register(self, name: str, frame) -> None:
-        """A small pandas frame as a temporary view (NaN → NULL)."""
+        """A small table (a pandas frame, or a dict of numpy columns) as a temporary view
+        (NaN → NULL)."""
+        if isinstance(frame, dict):  # numpy columns (metrics.window_runs)
+            import pandas as pd
+
+            frame = pd.DataFrame(frame)
         clean = frame.astype(object).where(frame.notna(), None)
         self.spark.createDataFrame(clean.to_dict("records") if len(clean) else [],
                                    schema=_schema_of(frame)).createOrReplaceTempView(name)

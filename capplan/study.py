@@ -72,7 +72,8 @@ class Study(StudyBase):
                                      [name]).fetchall()[0][0])
 
     def register(self, name: str, frame) -> None:
-        """A small pandas frame as a table of this study's connection."""
+        """A small table (a pandas frame, or a dict of numpy columns whose NaN is NULL) as
+        a table of this study's connection."""
         self.con.register("_capplan_frame", frame)
         self.con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM _capplan_frame")
         self.con.unregister("_capplan_frame")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -134,6 +136,31 @@ def test_the_reduction_path_leaves_pandas_and_scipy_to_the_preload():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+def test_planning_a_reduction_leaves_pandas_to_the_preload():
+    """Opening the study and planning its reduction (the manifest's warm-ups, the request
+    view and its table of runs) import no pandas either: the command's main thread would
+    otherwise wait for the ``Preload`` thread's import before it counts a request. (The
+    fetch's Arrow-to-numpy conversion loads pandas inside pyarrow, by then in memory.)"""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; "
+            "from capplan.commands.engine import Engine; from capplan.slo import SLO; "
+            "from capplan import sketch; from capplan.reduce import engine as E; "
+            "from capplan.reduce.plan import reduction_plan, resolve_window; "
+            "st = Engine().open(Path('data/sample')); "
+            "slo = SLO.parse('ttft_ms=2000,tpot_ms=100,attainment=0.99'); "
+            "w, _, _ = resolve_window(st, 'manifest', 'ttft_ms'); "
+            "plan = reduction_plan(st, slo, w, cells=None, alpha=sketch.DEFAULT_ALPHA, "
+            "grid_step=E.GRID_STEP, grid_half=0); "
+            "print('ROWS', st.sql(f'SELECT count(*) FROM {plan.view}').fetchall()[0][0]); "
+            "print('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'scipy'}))")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=root)
+    assert "HEAVY []" in out.stdout and "ROWS 0" not in out.stdout, out.stdout + out.stderr
 
 
 def test_preload_hands_over_the_module_or_its_import_error():

@@ -26,7 +26,6 @@ def resolve_window(study, warmup, ttft_col: str = "ttft_ms") -> tuple[Window, di
     {run_id: s} too; "none" is 0; "manifest" uses the manifest's warmup_s and MSER-5 where it
     is absent; "mser" always MSER-5 (on time-bin TTFT means over the whole run). Returns
     (window, source, mser_second_half) — the last two keyed by run_id."""
-    import pandas as pd
     runs = study.manifest.runs
     late = {r.run_id: False for r in runs}
     if isinstance(warmup, Window):
@@ -42,8 +41,9 @@ def resolve_window(study, warmup, ttft_col: str = "ttft_ms") -> tuple[Window, di
         raise SpecError(f"unknown warmup {warmup!r}",
                         fix="use 'manifest', 'mser', 'none', seconds, or {run_id: seconds}")
     need = {r.run_id for r in runs if warmup == "mser" or r.warmup_s is None}
-    bins = pd.DataFrame(columns=["run_id", "bin", "n", "ttft", "t0"])
-    if need:
+    if need:  # pandas only here: where the manifest gives every warm-up, `capplan envelope`
+        import pandas as pd  # imports it beside the reduction, not before (Preload)
+
         whole = request_view(study, Window.of(study, 0.0))
         bins = study.sql(mser_bins_sql(whole, ttft_col), [MSER_BINS, MSER_BINS]).df()
     out, src = {}, {}
