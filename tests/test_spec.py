@@ -4,6 +4,7 @@ three documents that use it (plan spec, study manifest, synth config) pointing a
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 import math
 
 import numpy as np
@@ -70,6 +71,23 @@ def test_yaml_syntax_error_has_line_and_column():
     assert e.line is not None and e.line >= 2 and e.col is not None
     assert f"line {e.line}" in e.message and "g.yaml, line" in e.format()
     assert "check indentation and quoting" in e.fix and e.code == "bad_yaml"
+
+
+def test_libyaml_and_the_python_loader_give_one_document_and_one_message(monkeypatch):
+    """parse_yaml reads with libyaml's loader (faster on every command's start) and the same
+    Document comes out as from PyYAML's pure-Python one — data and every field's mark, merge
+    keys, anchors, non-ASCII text included; a refused document is parsed again by the Python
+    loader, whose message names the character it found."""
+    text = open(Path(__file__).resolve().parents[1] / "data" / "sample" / "study.yaml",
+                encoding="utf-8").read()
+    text += "note: café — naïve\nbase: &b {x: 1, y: 2}\nd:\n  <<: *b\n  y: 3\n  z: [1, 2.5, null]\n"
+    fast = S.parse_yaml(text)
+    monkeypatch.delattr(yaml, "CSafeLoader")
+    slow = S.parse_yaml(text)
+    assert fast.data == slow.data and fast.marks == slow.marks and len(fast.marks) > 100
+    monkeypatch.undo()
+    e = raises(S.parse_yaml, "a:\n\tb: 1\n", what="plan spec")
+    assert "found character '\\t' that cannot start any token" in e.message
 
 
 def test_a_key_written_twice_is_refused_with_both_lines():
