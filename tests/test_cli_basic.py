@@ -176,7 +176,7 @@ def test_preload_hands_over_the_module_or_its_import_error():
 
 def test_the_command_tunes_malloc_only_when_the_user_does_not(monkeypatch):
     """The entry point's allocator tuning steps aside for a user's own MALLOC_* settings
-    (and never fails off glibc)."""
+    (and never fails off glibc), and for their own DUCKDB_JE_MALLOC_CONF."""
     import capplan.cli as cli
 
     import os
@@ -192,3 +192,10 @@ def test_the_command_tunes_malloc_only_when_the_user_does_not(monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX")
     cli._keep_freed_memory()
     assert sorted(called) == [(-3, 32 << 20), (-2, 256 << 20), (-1, 1 << 30)]
+    # DuckDB's jemalloc: its own variable, set for the DuckDB loaded later, never overridden
+    monkeypatch.delenv("DUCKDB_JE_MALLOC_CONF", raising=False)
+    cli._keep_freed_memory()
+    assert os.environ["DUCKDB_JE_MALLOC_CONF"] == "dirty_decay_ms:10000"
+    monkeypatch.setenv("DUCKDB_JE_MALLOC_CONF", "narenas:1")
+    cli._keep_freed_memory()
+    assert os.environ["DUCKDB_JE_MALLOC_CONF"] == "narenas:1"
