@@ -193,7 +193,8 @@ def test_the_command_tunes_malloc_only_when_the_user_does_not(monkeypatch):
     cli._keep_freed_memory()
     assert sorted(called) == [(-3, 32 << 20), (-2, 256 << 20), (-1, 1 << 30)]
     # DuckDB's jemalloc: its own variable, set for the DuckDB loaded later, never overridden
-    monkeypatch.delenv("DUCKDB_JE_MALLOC_CONF", raising=False)
+    monkeypatch.setenv("DUCKDB_JE_MALLOC_CONF", "")  # so that the undo restores this process's
+    monkeypatch.delenv("DUCKDB_JE_MALLOC_CONF")      # own setting, whatever it was
     cli._keep_freed_memory()
     assert os.environ["DUCKDB_JE_MALLOC_CONF"] == "dirty_decay_ms:10000"
     monkeypatch.setenv("DUCKDB_JE_MALLOC_CONF", "narenas:1")
