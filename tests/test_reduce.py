@@ -373,6 +373,24 @@ def test_numpy_grid_codes_match_the_sql_ones_on_every_edge(half):
     assert got_np[0] == 0 and got_np[list(x).index(anchor)] == half  # missing; the anchor meets
 
 
+def _sql_and_numpy_columns(study, slo_text: str, warmup: str) -> tuple[dict, dict]:
+    """The per-request columns of a reduction as SQL computes them (``request_columns``) and
+    as the numpy executor does (``engine._fetch``: DuckDB's latencies, numpy's codes), in the
+    same scheduled order."""
+    from capplan.reduce import engine as E
+    from capplan.reduce.plan import reduction_plan, resolve_window
+    from capplan.reduce.sql import request_columns
+
+    slo = SLO.parse(slo_text)
+    window, _, _ = resolve_window(study, warmup, E.TTFT_COL[slo.ttft_from])
+    plan = reduction_plan(study, slo, window, cells=None, alpha=sketch.DEFAULT_ALPHA,
+                          grid_step=E.GRID_STEP, grid_half=E.GRID_HALF)
+    cols, params = request_columns(plan)
+    want = E.fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m "
+                          "WHERE m.in_window ORDER BY m.run_idx, m.scheduled_ns", params)
+    return want, E._fetch(study, plan, tie_break=False)
+
+
 @pytest.mark.parametrize("slo_text", ["ttft_ms=2000,tpot_ms=100,attainment=0.99",
                                       "tpot_ms=80,attainment=0.9",
                                       "ttft_ms=2000,itl_ms=150,attainment=0.99",
@@ -383,19 +401,8 @@ def test_the_numpy_codes_are_the_sql_columns(slo_text):
     the bundled sample study (17 runs)."""
     from pathlib import Path
 
-    from capplan.reduce import engine as E
-    from capplan.reduce.plan import reduction_plan, resolve_window
-    from capplan.reduce.sql import request_columns
-
     study = open_study(Path(__file__).resolve().parents[1] / "data" / "sample")
-    slo = SLO.parse(slo_text)
-    window, _, _ = resolve_window(study, "manifest", E.TTFT_COL[slo.ttft_from])
-    plan = reduction_plan(study, slo, window, cells=None, alpha=sketch.DEFAULT_ALPHA,
-                          grid_step=E.GRID_STEP, grid_half=E.GRID_HALF)
-    cols, params = request_columns(plan)
-    want = E.fetch_arrays(study, f"SELECT {', '.join(cols)} FROM {plan.view} m "
-                          "WHERE m.in_window ORDER BY m.run_idx, m.scheduled_ns", params)
-    got = E._fetch(study, plan, tie_break=False)
+    want, got = _sql_and_numpy_columns(study, slo_text, "manifest")
     assert set(got) == set(want)
     for k in want:
         assert got[k].dtype == want[k].dtype, k
@@ -412,10 +419,6 @@ def test_numpy_slo_good_and_base_are_the_sql_predicates_on_their_edges(make_stud
     where they are hard: a latency exactly at its limit and just above it, an ok request
     without a first token or a last one, a failed request with fine latencies, one output
     token (no TPOT: passes), a late send (TTFT from sent), ITL gaps and none."""
-    from capplan.reduce import engine as E
-    from capplan.reduce.plan import reduction_plan, resolve_window
-    from capplan.reduce.sql import request_columns
-
     ms = 1_000_000
     rows = [ev("r1", scheduled_ms=0.0, ttft_ms=500.0, e2e_ms=1000.0, output_tokens=11),  # both at limit
             ev("r1", scheduled_ms=10.0, ttft_ms=500.000001, e2e_ms=900.0),
@@ -431,15 +434,7 @@ def test_numpy_slo_good_and_base_are_the_sql_predicates_on_their_edges(make_stud
     for i, r in enumerate(rows):  # ITL gaps: none, within 60 ms, at it, above it
         r["itl_ns"] = [None, [40 * ms, 50 * ms], [60 * ms], [30 * ms, 61 * ms]][i % 4]
     path = make_study(rows, runs=[{"run_id": "r1", "offered_rps": 10.0, "warmup_s": 0.0}])
-    st = open_study(path)
-    slo = SLO.parse(slo_text)
-    window, _, _ = resolve_window(st, "none", E.TTFT_COL[slo.ttft_from])
-    plan = reduction_plan(st, slo, window, cells=None, alpha=sketch.DEFAULT_ALPHA,
-                          grid_step=E.GRID_STEP, grid_half=E.GRID_HALF)
-    cols, params = request_columns(plan)
-    want = E.fetch_arrays(st, f"SELECT {', '.join(cols)} FROM {plan.view} m "
-                          "WHERE m.in_window ORDER BY m.scheduled_ns", params)
-    got = E._fetch(st, plan, tie_break=False)
+    want, got = _sql_and_numpy_columns(open_study(path), slo_text, "none")
     for k in ("good", "base"):
         assert got[k].dtype == want[k].dtype == np.bool_, k
         assert got[k].tolist() == want[k].tolist(), k
