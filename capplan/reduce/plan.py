@@ -41,8 +41,10 @@ def resolve_window(study, warmup, ttft_col: str = "ttft_ms") -> tuple[Window, di
         raise SpecError(f"unknown warmup {warmup!r}",
                         fix="use 'manifest', 'mser', 'none', seconds, or {run_id: seconds}")
     need = {r.run_id for r in runs if warmup == "mser" or r.warmup_s is None}
-    if need:  # pandas only here: where the manifest gives every warm-up, `capplan envelope`
-        import pandas as pd  # imports it beside the reduction, not before (Preload)
+    if need:
+        # pandas only here: where the manifest gives every warm-up, `capplan envelope`
+        # imports it beside the reduction (its Preload thread), not before it
+        import pandas as pd
 
         whole = request_view(study, Window.of(study, 0.0))
         bins = study.sql(mser_bins_sql(whole, ttft_col), [MSER_BINS, MSER_BINS]).df()
