@@ -109,9 +109,8 @@ def window_runs(manifest: C.Manifest, window: Window) -> dict[str, np.ndarray]:
     envelope` imports beside the reduction (tests/test_cli_basic.py)."""
     runs = manifest.runs
 
-    def floats(name: str) -> np.ndarray:
-        return np.array([np.nan if getattr(r, name) is None else getattr(r, name)
-                         for r in runs], dtype=np.float64)
+    def floats(name: str) -> np.ndarray:  # None reads NaN in a float64 array
+        return np.array([getattr(r, name) for r in runs], dtype=np.float64)
 
     return {"run_id": np.array([r.run_id for r in runs], dtype=object),
             "run_idx": np.arange(len(runs), dtype=np.int16),
